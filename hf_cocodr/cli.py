@@ -1,0 +1,180 @@
+"""The ``hf-cocodr`` command line.
+
+Each sub-command's last printed line is one JSON object (where it has a result), so scripts can parse it.
+Errors in the input print one clear line (``hf-cocodr: error: ...``) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .utils import setup_logging
+
+logger = logging.getLogger("hf_cocodr.cli")
+
+
+class UsageError(Exception):
+    """Bad command-line input: printed as one line, exit status 2."""
+
+
+@dataclass
+class Command:
+    name: str
+    help: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+    passthrough: bool = False  # accepts any TrainingArguments flag after its own
+
+
+COMMANDS: dict[str, Command] = {}
+
+
+def register(name: str, help: str, add_args, run, passthrough: bool = False) -> None:
+    COMMANDS[name] = Command(name, help, add_args, run, passthrough)
+
+
+# --------------------------------------------------------------------------------------------------- evaluate
+def _add_evaluate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="sentence-transformers directory, raw transformers checkpoint, or Hub id")
+    p.add_argument("data_dir", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/<split>.tsv)")
+    p.add_argument("--split", default="test")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--query-max-length", type=int, default=None)
+    p.add_argument("--doc-max-length", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=1000)
+    p.add_argument("--backend", choices=["auto", "faiss", "torch"], default="auto")
+    p.add_argument("--output", default=None, help="also write the JSON result and the run (top-100 per query) here")
+    p.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with the checkpoint")
+
+
+def _run_evaluate(args, _rest) -> int:
+    from .evaluation.retrieval import evaluate_retrieval, print_result_line
+    from .modeling.loading import load_encoder
+
+    _positive("--batch-size", args.batch_size)
+    _positive("--top-k", args.top_k)
+    model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
+    result = evaluate_retrieval(
+        model, args.data_dir, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
+        doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, output=args.output,
+    )
+    print_result_line(result)
+    return 0
+
+
+register("evaluate", "exact dense retrieval evaluation of a model on a BEIR split", _add_evaluate, _run_evaluate)
+
+
+# ------------------------------------------------------------------------------------------------------- bm25
+def _add_bm25(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data_dir", help="BEIR folder")
+    p.add_argument("--split", default="test")
+    p.add_argument("--top-k", type=int, default=1000)
+    p.add_argument("--output", default=None)
+
+
+def _run_bm25(args, _rest) -> int:
+    from .evaluation.bm25 import evaluate_bm25
+    from .evaluation.retrieval import print_result_line
+
+    _positive("--top-k", args.top_k)
+    print_result_line(evaluate_bm25(args.data_dir, args.split, top_k=args.top_k, output=args.output))
+    return 0
+
+
+register("bm25", "BM25 baseline (bm25s, English stemmer and stop words) on a BEIR split", _add_bm25, _run_bm25)
+
+
+# ----------------------------------------------------------------------------------------------------- export
+def _add_export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", help="SentenceTransformer directory, raw transformers checkpoint, or Hub id")
+    p.add_argument("out", help="output directory (replaced atomically)")
+    p.add_argument("--pooling", choices=["cls", "mean"], default="cls")
+    p.add_argument("--similarity", choices=["dot", "cosine"], default="dot")
+    p.add_argument("--max-seq-length", type=int, default=None)
+    p.add_argument("--legacy-format", action="store_true", help="write the sentence-transformers 5.x module layout")
+
+
+def _run_export(args, _rest) -> int:
+    from .export import export_sentence_transformer
+
+    if args.max_seq_length is not None:
+        _positive("--max-seq-length", args.max_seq_length)
+    model = export_sentence_transformer(
+        args.src, args.out, pooling=args.pooling, similarity=args.similarity, max_seq_length=args.max_seq_length,
+        legacy_format=args.legacy_format,
+    )
+    print(json.dumps({"output_dir": os.path.abspath(args.out), "pooling": args.pooling,
+                      "similarity": str(model.similarity_fn_name), "max_seq_length": model.max_seq_length}))
+    return 0
+
+
+register("export", "write a correct sentence-transformers directory (CLS/dot by default)", _add_export, _run_export)
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+def _positive(flag: str, value: int | float) -> None:
+    if value is None or value <= 0:
+        raise UsageError(f"{flag} must be positive, got {value}")
+
+
+def _load_more_commands() -> None:
+    """Commands defined next to their feature register themselves on import."""
+    import importlib
+
+    for mod in ("hf_cocodr.cli_training", "hf_cocodr.cli_hub"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_more_commands()
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="hf-cocodr",
+        description="COCO-DR domain adaptation for dense retrievers: pretrain, fine-tune, evaluate, export, push.",
+    )
+    parser.add_argument("--version", action="version", version=f"hf-cocodr {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and the result line")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for cmd in COMMANDS.values():
+        sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_args(sp)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    cmd = COMMANDS[args.command]
+    if rest and not cmd.passthrough:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    setup_logging(logging.WARNING if args.quiet else logging.INFO)
+    from .errors import USER_ERRORS
+
+    try:
+        return cmd.run(args, rest)
+    except (UsageError, *USER_ERRORS) as e:
+        if os.environ.get("HF_COCODR_DEBUG"):
+            raise
+        msg = str(e) or type(e).__name__
+        print(f"hf-cocodr {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Loading and validating BEIR-format folders (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
+
+Every line is checked once; a bad line raises :class:`BEIRFormatError` naming the file and the line. The
+validated corpus and queries are written to an Arrow file in a cache (keyed by path, size and modification
+time) and memory-mapped as a :class:`datasets.Dataset`, so a multi-gigabyte corpus never sits in Python lists
+and a second load is instant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+logger = logging.getLogger(__name__)
+
+CORPUS_FILE = "corpus.jsonl"
+QUERIES_FILE = "queries.jsonl"
+QRELS_DIR = "qrels"
+_BATCH_ROWS = 8192
+_CACHE_VERSION = "1"
+
+
+class BEIRFormatError(ValueError):
+    """A BEIR file is malformed. The message names the file, the line and how to fix it."""
+
+    def __init__(self, message: str, path: str | os.PathLike | None = None, line: int | None = None):
+        where = ""
+        if path is not None:
+            where = f"{path}" + (f", line {line}" if line is not None else "") + ": "
+        super().__init__(where + message)
+        self.path = None if path is None else str(path)
+        self.line = line
+
+
+@dataclass
+class BEIRData:
+    """A BEIR split: ``corpus`` and ``queries`` are Arrow-backed datasets, ``qrels`` maps query → doc → grade."""
+
+    corpus: object  # datasets.Dataset with columns _id, title, text, metadata (JSON string)
+    queries: object  # datasets.Dataset with columns _id, text, metadata (JSON string)
+    qrels: dict[str, dict[str, int]]
+    folder: Path
+    split: str | None
+    num_empty_docs: int = 0
+
+    def __iter__(self):  # allows ``corpus, queries, qrels = load_beir(...)``
+        return iter((self.corpus, self.queries, self.qrels))
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("HF_COCODR_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr"
+    )
+    path = Path(base) / "beir"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _cache_key(path: Path, kind: str) -> str:
+    st = path.stat()
+    raw = f"{_CACHE_VERSION}|{kind}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BEIRFormatError(
+            f"not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8.",
+            path,
+            lineno,
+        ) from None
+
+
+def _iter_jsonl_records(path: Path, kind: str):
+    """Yield ``(line_number, record)`` for every non-blank line, with clear errors."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _decode_line(raw, path, lineno).strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                snippet = line[:80] + ("..." if len(line) > 80 else "")
+                raise BEIRFormatError(
+                    f"malformed JSON ({e.msg} at column {e.colno}): {snippet!r}. Each line of a BEIR {kind} file "
+                    'must be one JSON object such as {"_id": "d1", "title": "", "text": "..."}.',
+                    path,
+                    lineno,
+                ) from None
+            if not isinstance(rec, dict):
+                raise BEIRFormatError(f"expected a JSON object, got {type(rec).__name__}.", path, lineno)
+            yield lineno, rec
+
+
+def _build_table(path: Path, kind: str) -> pa.Table:
+    """Validate a corpus/queries JSONL file and return it as an Arrow table (built in record batches)."""
+    with_title = kind == "corpus"
+    names = ["_id", "title", "text", "metadata", "line"] if with_title else ["_id", "text", "metadata", "line"]
+    schema = pa.schema(
+        [(n, pa.int64() if n == "line" else pa.string()) for n in names]
+    )
+    batches: list[pa.RecordBatch] = []
+    cols: dict[str, list] = {n: [] for n in names}
+
+    def flush():
+        if cols["_id"]:
+            batches.append(pa.RecordBatch.from_pydict(cols, schema=schema))
+            for v in cols.values():
+                v.clear()
+
+    for lineno, rec in _iter_jsonl_records(path, kind):
+        for field in ("_id", "text"):
+            if field not in rec:
+                alt = [k for k in ("id", "doc_id", "docid", "query_id", "contents", "body", "abstract") if k in rec]
+                hint = f" (found {alt!r}: rename to '_id'/'text')" if alt else ""
+                raise BEIRFormatError(
+                    f"missing required field {field!r}{hint}; keys present: {sorted(rec)}.", path, lineno
+                )
+        _id = rec["_id"]
+        if isinstance(_id, int) and not isinstance(_id, bool):
+            _id = str(_id)
+        if not isinstance(_id, str) or not _id.strip():
+            raise BEIRFormatError(f"'_id' must be a non-empty string, got {rec['_id']!r}.", path, lineno)
+        text = rec["text"]
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            raise BEIRFormatError(f"'text' must be a string, got {type(text).__name__}.", path, lineno)
+        cols["_id"].append(_id)
+        if with_title:
+            title = rec.get("title") or ""
+            if not isinstance(title, str):
+                raise BEIRFormatError(f"'title' must be a string, got {type(title).__name__}.", path, lineno)
+            cols["title"].append(title)
+        cols["text"].append(text)
+        meta = rec.get("metadata")
+        cols["metadata"].append(json.dumps(meta, ensure_ascii=False) if meta else "{}")
+        cols["line"].append(lineno)
+        if len(cols["_id"]) >= _BATCH_ROWS:
+            flush()
+    flush()
+    table = pa.Table.from_batches(batches, schema=schema)
+    if table.num_rows == 0:
+        raise BEIRFormatError(
+            f"the {kind} file is empty (no JSON lines). A BEIR folder needs at least one record.", path
+        )
+    ids = table.column("_id")
+    if pc.count_distinct(ids).as_py() != table.num_rows:
+        seen: dict[str, int] = {}
+        for _id, line in zip(ids.to_pylist(), table.column("line").to_pylist()):
+            if _id in seen:
+                raise BEIRFormatError(
+                    f"duplicate _id {_id!r} (first seen on line {seen[_id]}); ids must be unique.", path, line
+                )
+            seen[_id] = line
+    return table
+
+
+def _load_jsonl_dataset(path: Path, kind: str):
+    """Validated, cached, memory-mapped dataset for a corpus or queries file."""
+    import datasets
+
+    if not path.is_file():
+        raise BEIRFormatError(f"{kind} file not found. A BEIR folder holds corpus.jsonl, queries.jsonl and qrels/.", path)
+    cache_file = _cache_dir() / f"{kind}-{_cache_key(path, kind)}.arrow"
+    if not cache_file.exists():
+        table = _build_table(path, kind)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=_BATCH_ROWS)
+        os.replace(tmp, cache_file)
+        del table
+    ds = datasets.Dataset.from_file(str(cache_file))
+    return ds
+
+
+def _check_folder(folder: str | os.PathLike) -> Path:
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise BEIRFormatError(
+            "BEIR folder not found (expected a directory with corpus.jsonl, queries.jsonl and qrels/<split>.tsv).",
+            folder,
+        )
+    return folder
+
+
+def load_corpus(folder: str | os.PathLike):
+    """The validated corpus of a BEIR folder as a memory-mapped dataset (``_id``, ``title``, ``text``, ...)."""
+    folder = _check_folder(folder)
+    return _load_jsonl_dataset(folder / CORPUS_FILE, "corpus")
+
+
+def load_queries(folder: str | os.PathLike):
+    """The validated queries of a BEIR folder as a memory-mapped dataset (``_id``, ``text``, ...)."""
+    folder = _check_folder(folder)
+    return _load_jsonl_dataset(folder / QUERIES_FILE, "queries")
+
+
+def available_splits(folder: str | os.PathLike) -> list[str]:
+    qdir = Path(folder) / QRELS_DIR
+    return sorted(p.stem for p in qdir.glob("*.tsv")) if qdir.is_dir() else []
+
+
+def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str, str], int]]:
+    """Parse a qrels TSV; returns the qrels and the line number of each pair (for later error messages)."""
+    qrels: dict[str, dict[str, int]] = {}
+    lines: dict[tuple[str, str], int] = {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _decode_line(raw, path, lineno).rstrip("\r\n")
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) == 4:  # TREC style: qid 0 docid score
+                parts = [parts[0], parts[2], parts[3]]
+            if len(parts) != 3:
+                raise BEIRFormatError(
+                    f"expected 3 tab-separated fields (query-id, corpus-id, score), got {len(parts)}: {line[:80]!r}.",
+                    path,
+                    lineno,
+                )
+            qid, did, score = (p.strip() for p in parts)
+            try:
+                grade = int(float(score))
+            except ValueError:
+                if lineno == 1:  # the header line
+                    continue
+                raise BEIRFormatError(f"score {score!r} is not a number.", path, lineno) from None
+            if not qid or not did:
+                raise BEIRFormatError("empty query-id or corpus-id.", path, lineno)
+            qrels.setdefault(qid, {})[did] = grade
+            lines.setdefault((qid, did), lineno)
+    if not qrels:
+        raise BEIRFormatError("the qrels file has no judgement rows.", path)
+    return qrels, lines
+
+
+def load_qrels(folder: str | os.PathLike, split: str) -> dict[str, dict[str, int]]:
+    """Parse ``qrels/<split>.tsv`` (no id validation; :func:`load_beir` checks ids against the corpus)."""
+    folder = _check_folder(folder)
+    return _parse_qrels(_qrels_path(folder, split))[0]
+
+
+def _qrels_path(folder: Path, split: str) -> Path:
+    path = folder / QRELS_DIR / f"{split}.tsv"
+    if not path.is_file():
+        avail = available_splits(folder)
+        raise BEIRFormatError(
+            f"split {split!r} not found; available splits: {avail or 'none (the qrels/ folder is missing or empty)'}.",
+            path,
+        )
+    return path
+
+
+def _id_set(ds) -> set[str]:
+    return set(ds.data.column("_id").to_pylist())
+
+
+def load_beir(folder: str | os.PathLike, split: str | None = "test", *, keep_all_queries: bool = False) -> BEIRData:
+    """Load and validate a BEIR folder.
+
+    Args:
+        folder: A directory with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv`` (header line).
+        split: The qrels split to load; ``None`` loads corpus and queries only.
+        keep_all_queries: Keep every query instead of only those judged in ``split`` (BEIR's behaviour).
+
+    Returns:
+        :class:`BEIRData` with ``corpus`` (documents whose title and text are both empty are removed and
+        counted in a log line), ``queries`` and ``qrels`` (``{query_id: {doc_id: grade}}``). It unpacks as
+        ``corpus, queries, qrels = load_beir(...)``.
+
+    Raises:
+        BEIRFormatError: naming the file and the line of the first problem found.
+    """
+    folder = _check_folder(folder)
+    corpus = load_corpus(folder)
+    queries = load_queries(folder)
+    qrels: dict[str, dict[str, int]] = {}
+    if split is not None:
+        qpath = _qrels_path(folder, split)
+        qrels, lines = _parse_qrels(qpath)
+        qids, dids = _id_set(queries), _id_set(corpus)
+        for (qid, did), lineno in sorted(lines.items(), key=lambda kv: kv[1]):
+            if qid not in qids:
+                raise BEIRFormatError(
+                    f"query-id {qid!r} is not in {folder / QUERIES_FILE}; every judged query must exist.", qpath, lineno
+                )
+            if did not in dids:
+                raise BEIRFormatError(
+                    f"corpus-id {did!r} is not in {folder / CORPUS_FILE}; every judged document must exist.",
+                    qpath,
+                    lineno,
+                )
+        if not keep_all_queries:
+            keep = pc.is_in(column_array(queries, "_id"), value_set=pa.array(sorted(qrels), pa.string()))
+            queries = queries.select(keep.to_numpy(zero_copy_only=False).nonzero()[0])
+    empty_mask = pc.and_(
+        pc.equal(pc.utf8_trim_whitespace(corpus.data.column("text")), ""),
+        pc.equal(pc.utf8_trim_whitespace(corpus.data.column("title")), ""),
+    )
+    num_empty = pc.sum(empty_mask).as_py() or 0
+    if num_empty:
+        keep = pc.invert(empty_mask).to_numpy(zero_copy_only=False).nonzero()[0]
+        corpus = corpus.select(keep)
+        logger.info("%s: %d documents with empty title and text were left out of the index.", folder.name, num_empty)
+    if len(corpus) == 0:
+        raise BEIRFormatError("every document has empty text; there is nothing to index.", folder / CORPUS_FILE)
+    return BEIRData(corpus=corpus, queries=queries, qrels=qrels, folder=folder, split=split, num_empty_docs=num_empty)
+
+
+def doc_text(title: str | None, text: str | None) -> str:
+    """The text encoded for a document: ``title + " " + text`` (BEIR's convention), stripped."""
+    title = title or ""
+    text = text or ""
+    return f"{title} {text}".strip() if title else text.strip()
+
+
+def corpus_texts(corpus, batch_size: int = 10_000):
+    """Yield ``(ids, texts)`` batches of a corpus dataset, each text being ``title + " " + text``."""
+    n = len(corpus)
+    for start in range(0, n, batch_size):
+        b = corpus[start : start + batch_size]
+        titles = b.get("title") or [""] * len(b["_id"])
+        yield b["_id"], [doc_text(t, x) for t, x in zip(titles, b["text"])]
+
+
+def column_array(ds, name: str) -> pa.ChunkedArray:
+    """An Arrow column of a dataset, honouring a ``select``/``filter`` view, without Python objects."""
+    col = ds.data.column(name)
+    if getattr(ds, "_indices", None) is not None:
+        col = col.take(ds._indices.column(0))
+    return col
+
+
+def column_numpy(ds, name: str) -> np.ndarray:
+    """A dataset column as a NumPy array (object dtype for strings)."""
+    return column_array(ds, name).to_numpy()

@@ -1,0 +1,211 @@
+"""Exact dense retrieval evaluation on a BEIR folder: encode, index, search top-k, score with pytrec_eval."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from ..data.beir import BEIRData, column_array, column_numpy, doc_text, load_beir
+from ..index import DenseIndex
+from ..utils import atomic_write_json
+from .metrics import compute_metrics
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SIMILARITIES = ("dot", "cosine")
+
+
+def model_similarity(model) -> str:
+    """The similarity a SentenceTransformer declares (``dot`` or ``cosine``); other metrics are refused."""
+    name = getattr(model, "similarity_fn_name", None) or "cosine"
+    name = str(getattr(name, "value", name))
+    if name not in SUPPORTED_SIMILARITIES:
+        raise ValueError(
+            f"the model's similarity is {name!r}; exact inner-product retrieval supports {SUPPORTED_SIMILARITIES}."
+        )
+    return name
+
+
+def _processing_kwargs(max_length: int | None) -> dict[str, Any]:
+    return {"processing_kwargs": {"text": {"max_length": int(max_length), "truncation": True}}} if max_length else {}
+
+
+def encode_texts(
+    model,
+    texts: list[str],
+    *,
+    kind: str,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    normalize: bool | None = None,
+) -> np.ndarray:
+    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths."""
+    if normalize is None:
+        normalize = model_similarity(model) == "cosine"
+    fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
+    emb = fn(
+        texts,
+        batch_size=batch_size,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+        normalize_embeddings=normalize,
+        **_processing_kwargs(max_length),
+    )
+    return np.asarray(emb, dtype=np.float32)
+
+
+def length_sorted_order(corpus) -> np.ndarray:
+    """Corpus row order by decreasing ``title + text`` length, computed in Arrow (no Python strings)."""
+    lengths = pc.utf8_length(column_array(corpus, "text")).to_numpy()
+    if "title" in corpus.column_names:
+        lengths = lengths + pc.utf8_length(column_array(corpus, "title")).to_numpy()
+    return np.argsort(-lengths, kind="stable")
+
+
+def build_index(
+    model,
+    corpus,
+    *,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    chunk_docs: int = 4096,
+    backend: str = "auto",
+    show_progress_bar: bool = True,
+) -> tuple[DenseIndex, np.ndarray]:
+    """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
+
+    Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
+    one chunk of embeddings, never a second full copy.
+    """
+    from tqdm.auto import tqdm
+
+    order = length_sorted_order(corpus)
+    dim = model.get_embedding_dimension()
+    index = DenseIndex(dim, backend=backend, capacity=len(order))
+    normalize = model_similarity(model) == "cosine"
+    bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
+    for s in range(0, len(order), chunk_docs):
+        rows = order[s : s + chunk_docs]
+        b = corpus[rows]
+        titles = b.get("title") or [""] * len(rows)
+        texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
+        index.add(
+            encode_texts(model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize)
+        )
+        bar.update(len(rows))
+    bar.close()
+    return index, order
+
+
+def search_run(
+    index: DenseIndex,
+    order: np.ndarray,
+    doc_ids,
+    query_ids: list[str],
+    query_emb: np.ndarray,
+    top_k: int,
+) -> dict[str, dict[str, float]]:
+    """``{query_id: {doc_id: score}}`` for the top-``k`` of each query."""
+    scores, idx = index.search(query_emb, top_k)
+    ids = np.asarray(doc_ids, dtype=object)
+    run: dict[str, dict[str, float]] = {}
+    for qi, qid in enumerate(query_ids):
+        valid = idx[qi] >= 0
+        rows = order[idx[qi][valid]]
+        run[qid] = dict(zip(ids[rows].tolist(), scores[qi][valid].astype(float).tolist()))
+    return run
+
+
+def evaluate_retrieval(
+    model,
+    folder: str | os.PathLike | BEIRData,
+    split: str = "test",
+    *,
+    batch_size: int = 64,
+    query_max_length: int | None = None,
+    doc_max_length: int | None = None,
+    top_k: int = 1000,
+    k_values: tuple[int, ...] = (1, 3, 5, 10, 100, 1000),
+    backend: str = "auto",
+    output: str | os.PathLike | None = None,
+    show_progress_bar: bool = True,
+    return_run: bool = False,
+) -> dict[str, Any]:
+    """Evaluate a SentenceTransformer on a BEIR split with exact search.
+
+    The corpus is encoded as ``title + " " + text`` in length-sorted batches and streamed into an exact
+    inner-product index (faiss ``IndexFlatIP`` when installed, torch otherwise); the model's own similarity is
+    honoured (cosine models are normalised). Metrics come from pytrec_eval.
+
+    Args:
+        model: a ``SentenceTransformer`` (or a path / Hub id, loaded with :func:`hf_cocodr.load_encoder`).
+        folder: a BEIR folder or an already loaded :class:`~hf_cocodr.data.BEIRData`.
+        split: the qrels split.
+        query_max_length / doc_max_length: token limits (default: the model's own query/document lengths).
+        top_k: documents retrieved per query.
+        output: also write the result JSON and the run (top-100 per query) to this file (atomically).
+
+    Returns:
+        A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
+        ``num_docs``, ``encode_seconds``, ``search_seconds``.
+    """
+    if isinstance(model, (str, os.PathLike)):
+        from ..modeling.loading import load_encoder
+
+        model = load_encoder(str(model))
+    data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
+    corpus, queries, qrels = data.corpus, data.queries, data.qrels
+
+    t0 = time.perf_counter()
+    index, order = build_index(
+        model, corpus, batch_size=batch_size, max_length=doc_max_length, backend=backend,
+        show_progress_bar=show_progress_bar,
+    )
+    qids = list(queries["_id"])
+    q_emb = encode_texts(model, list(queries["text"]), kind="query", batch_size=batch_size, max_length=query_max_length)
+    encode_seconds = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    run = search_run(index, order, column_numpy(corpus, "_id"), qids, q_emb, top_k)
+    search_seconds = time.perf_counter() - t1
+
+    result = summarize(qrels, run, k_values=k_values)
+    result.update(
+        num_queries=len(qids),
+        num_docs=len(corpus),
+        encode_seconds=round(encode_seconds, 3),
+        search_seconds=round(search_seconds, 3),
+        index_backend=index.backend,
+    )
+    if output is not None:
+        write_result(output, result, run)
+    if return_run:
+        result["run"] = run
+    return result
+
+
+def summarize(qrels, run, k_values=(1, 3, 5, 10, 100, 1000)) -> dict[str, Any]:
+    metrics = compute_metrics(qrels, run, k_values)
+    return {k: round(v, 6) for k, v in metrics.items()}
+
+
+def write_result(output: str | os.PathLike, result: Mapping[str, Any], run: Mapping[str, Mapping[str, float]]) -> None:
+    """Write the metrics plus the run (top-100 per query, rounded scores) as one JSON file, atomically."""
+    top = {
+        q: dict(sorted(((d, round(s, 6)) for d, s in docs.items()), key=lambda x: -x[1])[:100])
+        for q, docs in run.items()
+    }
+    atomic_write_json(Path(output), {**result, "run": top})
+
+
+def print_result_line(result: Mapping[str, Any]) -> None:
+    """The contract of the CLI: the last printed line is one JSON object."""
+    print(json.dumps({k: v for k, v in result.items() if k != "run"}, sort_keys=False), flush=True)

@@ -1,0 +1,210 @@
+"""Export any encoder as a correct sentence-transformers directory (CLS pooling, dot product by default).
+
+The directory is written to a temporary sibling and renamed into place, so a crash never leaves a half-written
+model under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .modeling.loading import (
+    COCODR_POOLING,
+    COCODR_SIMILARITY,
+    build_sentence_transformer,
+    is_sentence_transformers_dir,
+    load_encoder,
+)
+from .utils import atomic_directory
+
+logger = logging.getLogger(__name__)
+
+POOLING_CHOICES = ("cls", "mean", "max", "lasttoken")
+SIMILARITY_CHOICES = ("dot", "cosine")
+
+
+def _transformer_module(model):
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    first = model[0]
+    if not isinstance(first, Transformer):
+        raise ValueError(f"the model's first module is {type(first).__name__}; export expects a Transformer module.")
+    extra = [type(m).__name__ for m in list(model)[1:] if not isinstance(m, (Pooling, Normalize))]
+    if extra:
+        raise ValueError(
+            f"the model has modules {extra} after the Transformer; export rebuilds Transformer + Pooling only and would "
+            "drop them. Save the model with model.save(...) instead."
+        )
+    return first
+
+
+def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: bool):
+    from sentence_transformers import SentenceTransformer
+
+    if isinstance(model_or_path, SentenceTransformer):
+        return model_or_path
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover
+        PreTrainedModel = ()  # type: ignore[assignment]
+    if isinstance(model_or_path, PreTrainedModel):
+        raise TypeError(
+            "pass a SentenceTransformer or a path; for a bare transformers model call model.save_pretrained(dir) and "
+            "tokenizer.save_pretrained(dir) first and export the directory."
+        )
+    path = str(model_or_path)
+    if Path(path).exists() and not Path(path).is_dir():
+        raise FileNotFoundError(f"{path} is a file; expected a model directory.")
+    return load_encoder(path, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code)
+
+
+def export_sentence_transformer(
+    model_or_path,
+    out_dir: str | os.PathLike,
+    pooling: str = COCODR_POOLING,
+    similarity: str = COCODR_SIMILARITY,
+    max_seq_length: int | None = None,
+    legacy_format: bool = False,
+    *,
+    query_length: int | None = None,
+    document_length: int | None = None,
+    card_data: dict[str, Any] | None = None,
+    extra_files: dict[str, str | os.PathLike] | None = None,
+    trust_remote_code: bool = False,
+):
+    """Write a complete sentence-transformers directory: Transformer + Pooling, the similarity stored, a model card.
+
+    Args:
+        model_or_path: a ``SentenceTransformer``, a sentence-transformers directory, a raw transformers checkpoint
+            directory, or a Hub id.
+        out_dir: the target directory (replaced atomically if it exists).
+        pooling: ``"cls"`` (COCO-DR), ``"mean"``, ``"max"`` or ``"lasttoken"``.
+        similarity: ``"dot"`` (COCO-DR) or ``"cosine"``. No Normalize module is added.
+        max_seq_length: token limit stored with the tokenizer (default: keep the source's).
+        legacy_format: also make the directory loadable by sentence-transformers 5.x (its module layout).
+        query_length / document_length: per-task token limits used by ``encode_query`` / ``encode_document``
+            (sentence-transformers 6; not kept by ``legacy_format``).
+        card_data: fields for the model card (see :mod:`hf_cocodr.model_card`).
+        extra_files: ``{name_in_out_dir: source_path}`` copied into the directory (e.g. the Condenser head).
+
+    Returns:
+        The exported ``SentenceTransformer`` (loaded from the written directory).
+    """
+    if pooling not in POOLING_CHOICES:
+        raise ValueError(f"pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
+    if similarity not in SIMILARITY_CHOICES:
+        raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
+    from sentence_transformers import SentenceTransformer
+
+    src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code)
+    transformer = _transformer_module(src)
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix=".hf_cocodr-export-") as staging:
+        # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
+        # the tokenizer (and its lower-casing) exactly as it was and works for any source layout.
+        transformer.save(staging)
+        model = build_sentence_transformer(
+            staging,
+            pooling=pooling,
+            similarity=similarity,
+            max_seq_length=max_seq_length or transformer.max_seq_length,
+            query_length=query_length if query_length is not None else getattr(transformer, "query_length", None),
+            document_length=(
+                document_length if document_length is not None else getattr(transformer, "document_length", None)
+            ),
+            trust_remote_code=trust_remote_code,
+        )
+        with atomic_directory(out_dir) as tmp:
+            model.save(str(tmp))
+            if legacy_format:
+                write_legacy_layout(tmp, model)
+            for name, source in (extra_files or {}).items():
+                import shutil
+
+                shutil.copy2(source, tmp / name)
+            from .model_card import write_model_card
+
+            write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)
+    logger.info("exported %s pooling / %s similarity encoder to %s", pooling, similarity, out_dir)
+    return SentenceTransformer(str(out_dir))
+
+
+def write_legacy_layout(directory: str | os.PathLike, model) -> None:
+    """Rewrite a sentence-transformers 6 directory in the 5.x module layout (it still loads in 6.x)."""
+    import sentence_transformers
+    import torch
+    import transformers
+
+    from .modeling.loading import pooling_mode
+
+    directory = Path(directory)
+    modules = json.loads((directory / "modules.json").read_text())
+    legacy_types = {"Transformer": "sentence_transformers.models.Transformer",
+                    "Pooling": "sentence_transformers.models.Pooling",
+                    "Normalize": "sentence_transformers.models.Normalize"}
+    for entry in modules:
+        short = entry["type"].rsplit(".", 1)[-1]
+        if short not in legacy_types:
+            raise ValueError(f"module {short} has no sentence-transformers 5.x equivalent")
+        entry["type"] = legacy_types[short]
+    (directory / "modules.json").write_text(json.dumps(modules, indent=2))
+    transformer = model[0]
+    (directory / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": transformer.max_seq_length, "do_lower_case": False}, indent=2)
+    )
+    mode = pooling_mode(model)
+    pool_cfg = {
+        "word_embedding_dimension": transformer.get_embedding_dimension(),
+        "pooling_mode_cls_token": mode == "cls",
+        "pooling_mode_mean_tokens": mode == "mean",
+        "pooling_mode_max_tokens": mode == "max",
+        "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False,
+        "pooling_mode_lasttoken": mode == "lasttoken",
+        "include_prompt": True,
+    }
+    for entry in modules:
+        if entry["type"].endswith("Pooling"):
+            (directory / entry["path"] / "config.json").write_text(json.dumps(pool_cfg, indent=4))
+    cfg_path = directory / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["__version__"] = {
+        "sentence_transformers": "5.1.0",
+        "transformers": transformers.__version__,
+        "pytorch": torch.__version__,
+        "written_by": f"hf_cocodr legacy export (sentence-transformers {sentence_transformers.__version__})",
+    }
+    cfg.setdefault("prompts", {"query": "", "document": ""})
+    cfg.setdefault("default_prompt_name", None)
+    cfg["similarity_fn_name"] = str(model.similarity_fn_name)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def convert_checkpoint(
+    src: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    name: str | None = None,
+    query_length: int = 64,
+    document_length: int = 256,
+    max_seq_length: int = 512,
+    legacy_format: bool = False,
+    card_data: dict[str, Any] | None = None,
+):
+    """Convert a raw COCO-DR / Condenser checkpoint (plain BERT) into a CLS/dot sentence-transformers directory.
+
+    Query and document lengths default to the paper's evaluation setting (64 / 256 tokens).
+    """
+    src_s = str(src)
+    if Path(src_s).exists() and is_sentence_transformers_dir(src_s):
+        logger.warning("%s is already a sentence-transformers directory; re-exporting it with CLS/dot.", src_s)
+    card = {"model_name": name, "base_model": src_s if not Path(src_s).exists() else None, **(card_data or {})}
+    return export_sentence_transformer(
+        src_s, out_dir, pooling="cls", similarity="dot", max_seq_length=max_seq_length, legacy_format=legacy_format,
+        query_length=query_length, document_length=document_length, card_data=card,
+    )

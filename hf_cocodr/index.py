@@ -1,0 +1,203 @@
+"""Exact inner-product search and K-Means, with faiss when installed and a torch fallback otherwise.
+
+Both backends give the same results on the same inputs (up to float rounding and tie order): the tests check it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from .utils import faiss_available
+
+logger = logging.getLogger(__name__)
+
+
+def _want_faiss(backend: str) -> bool:
+    if backend not in ("auto", "faiss", "torch"):
+        raise ValueError(f"backend must be 'auto', 'faiss' or 'torch', got {backend!r}")
+    if backend == "torch":
+        return False
+    ok = faiss_available()
+    if backend == "faiss" and not ok:
+        raise ImportError("backend='faiss' needs faiss: pip install 'hf-cocodr[faiss-cpu]' (or [faiss-gpu]).")
+    return ok
+
+
+def _faiss_gpu_count() -> int:
+    import faiss
+
+    try:
+        return faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    except Exception:  # pragma: no cover - GPU builds only
+        return 0
+
+
+class DenseIndex:
+    """An exact inner-product index that embeddings are streamed into.
+
+    Args:
+        dim: embedding dimension.
+        backend: ``"auto"`` (faiss ``IndexFlatIP`` when installed, else torch), ``"faiss"`` or ``"torch"``.
+        capacity: optional number of vectors to pre-allocate for the torch backend (avoids re-allocation).
+        use_gpu: move the faiss index to the GPUs when faiss-gpu and a GPU are present (logged either way).
+    """
+
+    def __init__(self, dim: int, backend: str = "auto", capacity: int | None = None, use_gpu: bool = True):
+        self.dim = dim
+        self.use_faiss = _want_faiss(backend)
+        self.ntotal = 0
+        if self.use_faiss:
+            import faiss
+
+            index = faiss.IndexFlatIP(dim)
+            if use_gpu and _faiss_gpu_count() > 0:  # pragma: no cover - needs a GPU
+                index = faiss.index_cpu_to_all_gpus(index)
+                logger.info("faiss search on %d GPU(s)", _faiss_gpu_count())
+            self._index = index
+        else:
+            self._buf = torch.empty((capacity or 1024, dim), dtype=torch.float32)
+
+    @property
+    def backend(self) -> str:
+        return "faiss" if self.use_faiss else "torch"
+
+    def add(self, embeddings: np.ndarray | torch.Tensor) -> None:
+        x = _as_f32_numpy(embeddings)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"expected embeddings of shape (n, {self.dim}), got {x.shape}")
+        if self.use_faiss:
+            self._index.add(x)
+        else:
+            need = self.ntotal + len(x)
+            if need > self._buf.shape[0]:
+                new = torch.empty((max(need, int(self._buf.shape[0] * 1.5)), self.dim), dtype=torch.float32)
+                new[: self.ntotal] = self._buf[: self.ntotal]
+                self._buf = new
+            self._buf[self.ntotal : need] = torch.from_numpy(x)
+        self.ntotal += len(x)
+
+    def search(self, queries: np.ndarray | torch.Tensor, k: int, query_batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` by inner product: ``(scores, indices)`` of shape ``(n_queries, min(k, ntotal))``."""
+        q = _as_f32_numpy(queries)
+        k = min(k, self.ntotal)
+        if k == 0:
+            return np.zeros((len(q), 0), np.float32), np.zeros((len(q), 0), np.int64)
+        if self.use_faiss:
+            scores, idx = self._index.search(q, k)
+            return scores, idx.astype(np.int64)
+        docs = self._buf[: self.ntotal]
+        out_s = np.empty((len(q), k), np.float32)
+        out_i = np.empty((len(q), k), np.int64)
+        for s in range(0, len(q), query_batch):
+            sims = torch.from_numpy(q[s : s + query_batch]) @ docs.T
+            top = torch.topk(sims, k, dim=1)
+            out_s[s : s + query_batch] = top.values.numpy()
+            out_i[s : s + query_batch] = top.indices.numpy()
+        return out_s, out_i
+
+    def reconstruct_all(self) -> np.ndarray:
+        if self.use_faiss:
+            return self._index.reconstruct_n(0, self.ntotal)
+        return self._buf[: self.ntotal].numpy().copy()
+
+
+def _as_f32_numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().to("cpu", torch.float32).numpy()
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def kmeans(
+    x: np.ndarray | torch.Tensor,
+    k: int,
+    *,
+    niter: int = 20,
+    seed: int = 42,
+    max_points_per_centroid: int | None = None,
+    spherical: bool = False,
+    backend: str = "auto",
+    init_centroids: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's K-Means; returns ``(centroids (k, d), assignments (n,))``.
+
+    Args:
+        max_points_per_centroid: faiss trains on at most this many points per centroid (its own default is 256,
+            i.e. a 12,800-point sample for k=50). ``None`` means *all points*, which is what iDRO wants.
+        spherical: normalise centroids after each iteration (for cosine geometry).
+        init_centroids: start from these centroids instead of a random sample (used to keep cluster identities
+            stable when re-clustering).
+    """
+    x = _as_f32_numpy(x)
+    n, d = x.shape
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k > n:
+        raise ValueError(f"k={k} clusters need at least k points, got {n}")
+    if _want_faiss(backend):
+        import faiss
+
+        km = faiss.Kmeans(
+            d,
+            k,
+            niter=niter,
+            seed=seed,
+            spherical=spherical,
+            max_points_per_centroid=max_points_per_centroid if max_points_per_centroid else max(1, (n + k - 1) // k),
+            min_points_per_centroid=1,
+            gpu=_faiss_gpu_count() > 0,
+            verbose=False,
+        )
+        km.train(x, init_centroids=None if init_centroids is None else _as_f32_numpy(init_centroids))
+        _, assign = km.index.search(x, 1)
+        return km.centroids.copy(), assign[:, 0].astype(np.int64)
+    return _torch_kmeans(x, k, niter, seed, max_points_per_centroid, spherical, init_centroids)
+
+
+def _torch_kmeans(x, k, niter, seed, max_points_per_centroid, spherical, init_centroids):
+    gen = np.random.default_rng(seed)
+    n = len(x)
+    train = x
+    if max_points_per_centroid and n > k * max_points_per_centroid:
+        train = x[np.sort(gen.choice(n, k * max_points_per_centroid, replace=False))]
+    t = torch.from_numpy(train)
+    if init_centroids is not None:
+        c = torch.from_numpy(_as_f32_numpy(init_centroids)).clone()
+    else:
+        c = t[torch.from_numpy(gen.choice(len(t), k, replace=False))].clone()
+    t_sq = (t * t).sum(1, keepdim=True)
+    for _ in range(niter):
+        assign = _nearest(t, t_sq, c)
+        sums = torch.zeros_like(c).index_add_(0, assign, t)
+        counts = torch.bincount(assign, minlength=k).to(t.dtype)
+        empty = counts == 0
+        c_new = sums / counts.clamp(min=1).unsqueeze(1)
+        if empty.any():  # re-seed empty clusters by splitting the largest ones (as faiss does)
+            big = torch.argsort(counts, descending=True)
+            for j, e in enumerate(torch.nonzero(empty).flatten().tolist()):
+                src = big[j % len(big)]
+                c_new[e] = c_new[src] * (1 + 1e-4 * (j + 1))
+        if spherical:
+            c_new = torch.nn.functional.normalize(c_new, dim=1)
+        c = c_new
+    full = torch.from_numpy(x)
+    assign = _nearest(full, (full * full).sum(1, keepdim=True), c)
+    return c.numpy(), assign.numpy().astype(np.int64)
+
+
+def _nearest(x: torch.Tensor, x_sq: torch.Tensor, c: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
+    c_sq = (c * c).sum(1)
+    out = torch.empty(len(x), dtype=torch.long)
+    for s in range(0, len(x), chunk):
+        d = x_sq[s : s + chunk] - 2 * x[s : s + chunk] @ c.T + c_sq
+        out[s : s + chunk] = d.argmin(1)
+    return out
+
+
+def assign_to_centroids(x: np.ndarray | torch.Tensor, centroids: np.ndarray) -> np.ndarray:
+    """Nearest-centroid ids (squared L2) for every row of ``x``."""
+    t = torch.from_numpy(_as_f32_numpy(x))
+    c = torch.from_numpy(_as_f32_numpy(centroids))
+    return _nearest(t, (t * t).sum(1, keepdim=True), c).numpy().astype(np.int64)

@@ -1,0 +1,128 @@
+"""Loading encoders as SentenceTransformers, with the COCO-DR convention (CLS pooling, dot product) for raw checkpoints."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+COCODR_POOLING = "cls"
+COCODR_SIMILARITY = "dot"
+
+
+def is_sentence_transformers_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / "modules.json").is_file()
+
+
+def _hub_has_modules_json(repo_id: str, revision: str | None, token: str | bool | None) -> bool:
+    """Whether a Hub repo is a sentence-transformers repo (has ``modules.json``)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        hf_hub_download(repo_id, "modules.json", revision=revision, token=token)
+        return True
+    except EntryNotFoundError:
+        return False
+
+
+def build_sentence_transformer(
+    transformer_path: str,
+    *,
+    pooling: str = COCODR_POOLING,
+    similarity: str = COCODR_SIMILARITY,
+    max_seq_length: int | None = None,
+    query_length: int | None = None,
+    document_length: int | None = None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    device: str | None = None,
+):
+    """A SentenceTransformer made of ``Transformer(transformer_path)`` + ``Pooling(pooling)`` with the given similarity."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    model_kwargs = {"trust_remote_code": trust_remote_code}
+    common = {"revision": revision, "token": token} if (revision or token) else {}
+    transformer = Transformer(
+        transformer_path,
+        max_seq_length=max_seq_length,
+        query_length=query_length,
+        document_length=document_length,
+        model_kwargs={**model_kwargs, **common},
+        processor_kwargs={"trust_remote_code": trust_remote_code, **common},
+        config_kwargs={"trust_remote_code": trust_remote_code, **common},
+    )
+    pool = Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
+    return SentenceTransformer(modules=[transformer, pool], similarity_fn_name=similarity, device=device)
+
+
+def load_encoder(
+    path: str | os.PathLike,
+    *,
+    pooling: str = COCODR_POOLING,
+    similarity: str = COCODR_SIMILARITY,
+    max_seq_length: int | None = None,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    token: str | bool | None = None,
+    device: str | None = None,
+):
+    """Load any encoder as a :class:`~sentence_transformers.SentenceTransformer`.
+
+    * A sentence-transformers directory or Hub repo (with ``modules.json``) loads as it is, with its own pooling
+      and similarity.
+    * A raw transformers checkpoint (no ``modules.json``, e.g. the published ``OpenMatch/cocodr-*`` BERT
+      checkpoints) loads with **CLS pooling and dot-product similarity** (``pooling``/``similarity`` to change it),
+      and a log line says so, instead of sentence-transformers' silent mean-pooling fallback.
+
+    Args:
+        path: a local directory or a Hub id.
+        trust_remote_code: run custom modelling code from the checkpoint (off unless you ask).
+    """
+    from sentence_transformers import SentenceTransformer
+
+    name = str(path)
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise FileNotFoundError(f"{local} is a file; expected a model directory.")
+        if is_sentence_transformers_dir(local):
+            return SentenceTransformer(str(local), trust_remote_code=trust_remote_code, device=device)
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{local} is neither a sentence-transformers directory (modules.json) nor a transformers checkpoint "
+                "(config.json)."
+            )
+        is_st = False
+    else:
+        from ..utils import is_hub_id
+
+        if not is_hub_id(name):
+            raise FileNotFoundError(f"model {name!r} not found: no such directory, and it is not a Hub id (org/name).")
+        is_st = _hub_has_modules_json(name, revision, token)
+        if is_st:
+            return SentenceTransformer(
+                name, trust_remote_code=trust_remote_code, revision=revision, token=token, device=device
+            )
+    logger.info(
+        "%s has no modules.json: loading it as a raw transformers checkpoint with %s pooling and %s similarity "
+        "(the COCO-DR convention), not sentence-transformers' mean-pooling fallback.",
+        name, pooling.upper() if pooling == "cls" else pooling, similarity,
+    )
+    return build_sentence_transformer(
+        name, pooling=pooling, similarity=similarity, max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code, revision=revision, token=token, device=device,
+    )
+
+
+def pooling_mode(model) -> str | None:
+    """The pooling mode of a SentenceTransformer (``"cls"``, ``"mean"``, ...), or None if it has no Pooling."""
+    for module in model:
+        mode = getattr(module, "pooling_mode", None)
+        if mode is not None:
+            return mode if isinstance(mode, str) else "+".join(mode)
+    return None

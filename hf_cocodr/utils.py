@@ -1,0 +1,130 @@
+"""Small shared helpers: logging, atomic writes, data location, environment checks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("hf_cocodr")
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def get_data_root() -> Path:
+    """The folder holding BEIR-format datasets: ``$HF_COCODR_DATA`` or ``../shared/data``."""
+    env = os.environ.get("HF_COCODR_DATA")
+    if env:
+        return Path(env).expanduser().resolve()
+    # Relative to the current directory first (the documented default), then to the checkout.
+    cwd_default = Path("..", "shared", "data").resolve()
+    return cwd_default if cwd_default.is_dir() else DEFAULT_DATA_DIR
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """Configure the ``hf_cocodr`` logger for command-line use (idempotent)."""
+    root = logging.getLogger("hf_cocodr")
+    if not any(getattr(h, "_hf_cocodr", False) for h in root.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler._hf_cocodr = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
+    root.propagate = False
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding=encoding) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+@contextlib.contextmanager
+def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a temporary sibling directory; on success it replaces ``out_dir`` in one rename.
+
+    A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed), so a
+    half-written model directory is never visible under the final name.
+    """
+    out_dir = Path(out_dir).resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it.")
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+        replace_directory(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def replace_directory(src: Path, dst: Path) -> None:
+    """Move the finished directory ``src`` to ``dst``, replacing an existing ``dst`` with two renames."""
+    src, dst = Path(src), Path(dst)
+    backup = None
+    if dst.exists():
+        backup = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(dst, backup)
+    os.replace(src, dst)
+    _fsync_dir(dst.parent)
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: str = "path") -> Path:
+    """Resolve ``relative`` under ``base`` and refuse anything that escapes it (``..``, absolute paths, links)."""
+    base_p = Path(base).resolve()
+    candidate = (base_p / relative).resolve()
+    if candidate != base_p and base_p not in candidate.parents:
+        raise ValueError(f"{what} {str(relative)!r} resolves to {candidate}, outside {base_p}; refusing to write there.")
+    return candidate
+
+
+def is_hub_id(name: str) -> bool:
+    """True for something that looks like ``org/name`` and is not an existing local path."""
+    if Path(name).exists():
+        return False
+    parts = str(name).split("/")
+    return len(parts) == 2 and all(parts) and not str(name).startswith((".", "~"))
+
+
+def faiss_available() -> bool:
+    try:
+        import faiss  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the extra
+        return False
+    return True

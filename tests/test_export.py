@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from hf_cocodr import export_sentence_transformer, load_encoder
+from hf_cocodr.modeling.loading import pooling_mode
+
+TEXTS = ["Cardiac artery pressure and the pulse.", "a melody on the piano", "orbit of the moon around a planet"]
+
+
+def raw_cls_vectors(path, texts):
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModel.from_pretrained(path).eval()
+    with torch.no_grad():
+        batch = tok(texts, padding=True, truncation=True, return_tensors="pt")
+        return model(**batch).last_hidden_state[:, 0]
+
+
+def test_raw_checkpoint_loads_with_cls_and_dot(tiny_bert_dir, caplog):
+    with caplog.at_level(logging.INFO):
+        model = load_encoder(tiny_bert_dir)
+    assert pooling_mode(model) == "cls"
+    assert model.similarity_fn_name == "dot"
+    assert any("CLS pooling and dot similarity" in r.getMessage() for r in caplog.records)
+    emb = model.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(emb, raw_cls_vectors(str(tiny_bert_dir), TEXTS), atol=1e-5, rtol=1e-5)
+
+
+def test_export_round_trip_equals_automodel_cls(tiny_bert_dir, tmp_path, caplog):
+    out = tmp_path / "exported"
+    export_sentence_transformer(str(tiny_bert_dir), out, max_seq_length=64)
+    from sentence_transformers import SentenceTransformer
+
+    with caplog.at_level(logging.DEBUG):
+        model = SentenceTransformer(str(out))
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "No modules.json found" not in messages  # ST's silent mean-pooling fallback did not run
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"]  # no Normalize
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "cls"
+    assert json.loads((out / "config_sentence_transformers.json").read_text())["similarity_fn_name"] == "dot"
+    assert model.max_seq_length == 64
+    emb = model.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(emb, raw_cls_vectors(str(out), TEXTS), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(emb, raw_cls_vectors(str(tiny_bert_dir), TEXTS), atol=1e-5, rtol=1e-5)
+    # The card exists and states pooling and similarity.
+    card = (out / "README.md").read_text()
+    assert "CLS token" in card and "dot product" in card
+
+
+def test_export_keeps_lower_casing(tiny_bert_dir, tmp_path):
+    out = tmp_path / "exported"
+    model = export_sentence_transformer(str(tiny_bert_dir), out)
+    a = model.encode(["CARDIAC ARTERY"], convert_to_tensor=True)
+    b = model.encode(["cardiac artery"], convert_to_tensor=True)
+    torch.testing.assert_close(a, b)
+
+
+def test_export_of_mean_pooling_st_model_switches_to_cls(minilm_dir, tmp_path):
+    out = tmp_path / "minilm_cls"
+    model = export_sentence_transformer(minilm_dir, out)
+    assert pooling_mode(model) == "cls" and model.similarity_fn_name == "dot"
+    emb = model.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(emb, raw_cls_vectors(minilm_dir, TEXTS), atol=1e-5, rtol=1e-5)
+
+
+def test_export_mean_cosine_option(tiny_bert_dir, tmp_path):
+    model = export_sentence_transformer(str(tiny_bert_dir), tmp_path / "m", pooling="mean", similarity="cosine")
+    assert pooling_mode(model) == "mean" and model.similarity_fn_name == "cosine"
+
+
+def test_legacy_format_loads_identically(tiny_bert_dir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    new = export_sentence_transformer(str(tiny_bert_dir), tmp_path / "new", max_seq_length=64)
+    export_sentence_transformer(str(tiny_bert_dir), tmp_path / "old", max_seq_length=64, legacy_format=True)
+    modules = json.loads((tmp_path / "old" / "modules.json").read_text())
+    assert [m["type"] for m in modules] == ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling"]
+    pool_cfg = json.loads((tmp_path / "old" / "1_Pooling" / "config.json").read_text())
+    assert pool_cfg["pooling_mode_cls_token"] is True and pool_cfg["pooling_mode_mean_tokens"] is False
+    assert json.loads((tmp_path / "old" / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
+    old = SentenceTransformer(str(tmp_path / "old"))
+    assert pooling_mode(old) == "cls" and old.similarity_fn_name == "dot"
+    torch.testing.assert_close(old.encode(TEXTS, convert_to_tensor=True), new.encode(TEXTS, convert_to_tensor=True))
+
+
+def test_export_is_atomic_on_failure(tiny_bert_dir, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    export_sentence_transformer(str(tiny_bert_dir), out)
+    before = sorted(p.name for p in out.iterdir())
+    import hf_cocodr.model_card as mc
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(mc, "write_model_card", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean")
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "cls"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".model.tmp")]
+
+
+def test_export_bad_inputs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        export_sentence_transformer(str(tmp_path / "missing"), tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="neither a sentence-transformers directory"):
+        export_sentence_transformer(str(tmp_path / "empty"), tmp_path / "out")
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        export_sentence_transformer(str(tmp_path / "empty"), tmp_path / "out", pooling="weird")

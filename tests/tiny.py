@@ -1,0 +1,115 @@
+"""Tiny, fully offline building blocks for tests: a WordPiece tokenizer, a 2-layer BERT, a synthetic BEIR folder.
+
+Imported by ``conftest.py`` and by worker scripts launched with ``torchrun`` (which add this folder to sys.path).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+TOPICS = {
+    "heart": "cardiac artery blood pressure vessel pulse cholesterol statin infarction rhythm",
+    "brain": "neuron cortex memory synapse cognition dementia signal hippocampus plasticity stroke",
+    "plant": "leaf photosynthesis chlorophyll root soil seed growth nitrogen flower pollen",
+    "ocean": "wave salt coral reef tide current plankton whale fish marine",
+    "space": "planet orbit star galaxy telescope comet gravity rocket moon asteroid",
+    "music": "melody rhythm chord guitar piano song tempo harmony concert violin",
+    "code": "compiler function variable loop python bug memory thread kernel cache",
+    "food": "bread cheese tomato pasta spice recipe oven butter sugar flavor",
+}
+FILLER = "the a of and in to is was for with on by as at from this that which are were be".split()
+
+
+def sentence(rng: random.Random, topic: str, n: int | None = None) -> str:
+    words = TOPICS[topic].split()
+    n = n or rng.randint(6, 12)
+    out = [rng.choice(words) if rng.random() < 0.6 else rng.choice(FILLER) for _ in range(n)]
+    return " ".join(out).capitalize() + "."
+
+
+def document(rng: random.Random, topic: str, n_sent: int | None = None) -> str:
+    return " ".join(sentence(rng, topic) for _ in range(n_sent or rng.randint(3, 6)))
+
+
+def training_lines(n: int = 400, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [document(rng, rng.choice(sorted(TOPICS)), 2) for _ in range(n)]
+
+
+def make_tokenizer(out_dir: str | Path, vocab_size: int = 400):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    )
+    tok.train_from_iterator(training_lines(), trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, model_max_length=128)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def make_tiny_bert(out_dir: str | Path, *, layers: int = 2, hidden: int = 32, seed: int = 0, mlm: bool = True,
+                   dropout: float = 0.1) -> Path:
+    """A random BERT (MLM head optional) with its tokenizer, saved as a raw transformers checkpoint."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, BertModel
+
+    out_dir = Path(out_dir)
+    tok = make_tokenizer(out_dir)
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=hidden * 2, max_position_embeddings=128, hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout, type_vocab_size=2,
+    )
+    model = BertForMaskedLM(config) if mlm else BertModel(config, add_pooling_layer=False)
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def make_beir(out_dir: str | Path, *, n_docs: int = 80, n_queries: int = 40, seed: int = 0,
+              splits=("train", "dev"), multi_positive: bool = False) -> Path:
+    """A synthetic BEIR folder whose queries share words with their relevant documents."""
+    rng = random.Random(seed)
+    out_dir = Path(out_dir)
+    (out_dir / "qrels").mkdir(parents=True, exist_ok=True)
+    topics = sorted(TOPICS)
+    docs = []
+    for i in range(n_docs):
+        t = topics[i % len(topics)]
+        docs.append({"_id": f"d{i}", "title": f"{t} study {i}", "text": document(rng, t), "metadata": {}, "topic": t})
+    with open(out_dir / "corpus.jsonl", "w") as f:
+        for d in docs:
+            f.write(json.dumps({k: v for k, v in d.items() if k != "topic"}) + "\n")
+    queries, qrels = [], {s: [] for s in splits}
+    for j in range(n_queries):
+        d = docs[rng.randrange(n_docs)]
+        words = d["text"].split()
+        q = " ".join(rng.sample(words, min(5, len(words)))).lower()
+        qid = f"q{j}"
+        queries.append({"_id": qid, "text": q})
+        split = splits[j % len(splits)]
+        qrels[split].append((qid, d["_id"], 1))
+        if multi_positive:
+            same = [x for x in docs if x["topic"] == d["topic"] and x["_id"] != d["_id"]]
+            for x in rng.sample(same, min(2, len(same))):
+                qrels[split].append((qid, x["_id"], 1))
+    with open(out_dir / "queries.jsonl", "w") as f:
+        for q in queries:
+            f.write(json.dumps(q) + "\n")
+    for split, rows in qrels.items():
+        with open(out_dir / "qrels" / f"{split}.tsv", "w") as f:
+            f.write("query-id\tcorpus-id\tscore\n")
+            for r in rows:
+                f.write("\t".join(map(str, r)) + "\n")
+    return out_dir
