@@ -20,6 +20,12 @@ _LAZY = {
     "load_beir": "hf_cocodr.data.beir",
     "BEIRFormatError": "hf_cocodr.data.beir",
     "write_model_card": "hf_cocodr.model_card",
+    "IDROLoss": "hf_cocodr.finetuning",
+    "IDROTrainer": "hf_cocodr.finetuning",
+    "IDROTrainingArguments": "hf_cocodr.finetuning",
+    "KMeansClusteringCallback": "hf_cocodr.finetuning",
+    "HardNegativeRefreshCallback": "hf_cocodr.finetuning",
+    "RetrievalTrainingData": "hf_cocodr.data.training",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

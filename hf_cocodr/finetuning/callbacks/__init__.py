@@ -1,0 +1,4 @@
+from .kmeans import KMeansClusteringCallback
+from .negatives import HardNegativeRefreshCallback
+
+__all__ = ["HardNegativeRefreshCallback", "KMeansClusteringCallback"]

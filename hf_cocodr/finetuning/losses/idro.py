@@ -1,0 +1,418 @@
+"""IDROLoss: per-cluster reweighted InfoNCE (iDRO from COCO-DR), with GroupDRO and uniform baselines."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ...model_card import CITATIONS
+from .grad_gram import (
+    ParamSubset,
+    PooledPositionProbe,
+    _gather_cat,
+    find_blocks,
+    gram_autograd,
+    gram_pooled_position,
+    has_normalize,
+    unwrap,
+)
+from .infonce import BatchLayout, per_sample_infonce
+
+logger = logging.getLogger(__name__)
+
+PRESETS = ("paper", "reference", "groupdro", "uniform")
+_MAX_LOG_STEP = 1e30  # keeps log-weights finite for absurdly small tau
+
+
+def _dist_info() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def text_keys(features: dict[str, Tensor]) -> Tensor:
+    """A 62-bit hash of each row's token ids: identical texts get identical keys (for false-negative masking)."""
+    ids = features["input_ids"].long()
+    mask = features.get("attention_mask")
+    if mask is not None:
+        ids = ids * mask.long()
+    mod = (1 << 61) - 1
+    pos = torch.arange(ids.shape[1], device=ids.device)
+    mult = torch.remainder(pos * 1_000_003 + 7919, mod)
+    return torch.remainder((ids * mult).sum(1) + ids.shape[1], mod)
+
+
+class IDROLoss(nn.Module):
+    def __init__(
+        self,
+        model,
+        preset: str = "paper",
+        num_clusters: int = 50,
+        beta: float = 0.25,
+        tau: float = 1.0,
+        grad_params: str | Sequence[str] | None = None,
+        in_batch_negatives: bool = True,
+        gather_across_devices: bool = False,
+        similarity: str | None = None,
+        scale: float = 1.0,
+        rho: float = 0.05,
+        omega_power: float = 0.1,
+        omega_floor: float = 0.01,
+        groupdro_step_size: float = 0.01,
+        compute_gram: bool | None = None,
+    ) -> None:
+        """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
+
+        Each row is a query with its positive document and optional hard negatives; ``labels`` are the rows'
+        cluster ids (supplied by :class:`~hf_cocodr.KMeansClusteringCallback` through the
+        :class:`~hf_cocodr.IDROTrainer`). The per-sample InfoNCE loss ℓ_b is averaged per present cluster
+        (ℓ_i), and the clusters are reweighted:
+
+        * ``preset="paper"``: α_i = ℓ_i^β / Σ_j ℓ_j^β; r_ij = (ℓ_iℓ_j)^β ⟨∇ℓ_i, ∇ℓ_j⟩;
+          log ω_i += (1/τ) Σ_j r_ij (present i), renormalised over all K in log space;
+          L = Σ α_i ω_i ℓ_i / Σ α_i ω_i with this step's ω.
+        * ``preset="reference"``: what the authors' released code does: L = Σ ω_i ℓ_i with the previous ω and
+          no α; e_i = ρ·(1/K) Σ_j (ℓ_iℓ_j)^β cos(∇ℓ_i, ∇ℓ_j); ω ← ω^0.1·exp(e) on present clusters, 0 elsewhere,
+          normalised, floored at 0.01; gradients of the last 3 blocks (2 for 24+ layer models).
+        * ``preset="groupdro"``: online GroupDRO (Sagawa et al.): log q_i += η ℓ_i, L = Σ q_i ℓ_i / Σ q_i over
+          the present clusters.
+        * ``preset="uniform"``: the plain mean of ℓ_b (for ablations); gradients equal plain InfoNCE.
+
+        The gradient inner products are exact (see :mod:`hf_cocodr.finetuning.losses.grad_gram`) and cheap for
+        the default subset. After each forward, :attr:`last_stats` holds ``cluster_ids``, ``cluster_losses``,
+        ``cluster_sizes``, ``alpha``, ``weights`` (ω of the present clusters after this step's update),
+        ``grad_gram`` (raw ⟨∇ℓ_i, ∇ℓ_j⟩ before β or normalisation), ``grad_param_names`` and ``skipped``.
+
+        Args:
+            model: the SentenceTransformer being trained.
+            preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
+            num_clusters: K, the number of query clusters (clamped by the callback if there are fewer queries).
+            beta: the exponent β of the loss-scaling terms (≥ 0).
+            tau: the temperature τ of the ω update (> 0; ``float("inf")`` freezes ω).
+            grad_params: the parameter subset of the gradient similarity: ``"auto"`` (default for the paper
+                preset: the position-wise parameters of the last block for CLS pooling, which is cheap and exact;
+                the last LayerNorm otherwise), ``"last_layer"``, ``"last_norm"``, ``"last_blocks:N"`` (default
+                for the reference preset) or explicit parameter names.
+            in_batch_negatives: use every other document of the batch as a negative (default) besides the row's
+                own hard negatives.
+            gather_across_devices: gather candidates from all ranks under DDP (the global batch).
+            similarity: ``"dot"`` or ``"cosine"``; default: the model's own similarity.
+            scale: multiplies the similarities (1/temperature of the InfoNCE).
+            rho, omega_power, omega_floor: constants of the reference preset.
+            groupdro_step_size: η of the GroupDRO preset.
+            compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
+
+        References:
+            - Yu et al., COCO-DR, EMNLP 2022: https://arxiv.org/abs/2210.15212
+            - Sagawa et al., Distributionally Robust Neural Networks, ICLR 2020: https://arxiv.org/abs/1911.08731
+
+        Requirements:
+            1. (query, positive) pairs or (query, positive, negative_1, ..., negative_m) tuples
+            2. cluster ids as labels (the IDROTrainer supplies them)
+
+        Inputs:
+            +-------------------------------------------+--------------------------+
+            | Texts                                     | Labels                   |
+            +===========================================+==========================+
+            | (query, positive, negative_1, ..., neg_m) | cluster id of each query |
+            +-------------------------------------------+--------------------------+
+
+        Relations:
+            - ``preset="uniform"`` equals :class:`~sentence_transformers.losses.MultipleNegativesRankingLoss`
+              with the same similarity and scale (and masks labelled positives out of the negatives).
+
+        Example:
+            ::
+
+                from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments, load_encoder
+                from hf_cocodr.data import RetrievalTrainingData
+
+                model = load_encoder("OpenMatch/cocodr-base")
+                data = RetrievalTrainingData.from_beir("data/msmarco", split="train", negatives="bm25")
+                loss = IDROLoss(model, preset="paper", num_clusters=50, tau=1.0)
+                args = IDROTrainingArguments(output_dir="out", per_device_train_batch_size=32, max_steps=1000)
+                trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+                trainer.train()
+        """
+        super().__init__()
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+        if not (isinstance(tau, (int, float)) and tau > 0):
+            raise ValueError(f"tau must be > 0 (use float('inf') to freeze the weights), got {tau!r}")
+        if not (isinstance(beta, (int, float)) and beta >= 0 and math.isfinite(beta)):
+            raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+        if int(num_clusters) < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        self.model = model
+        self.preset = preset
+        self.beta = float(beta)
+        self.tau = float(tau)
+        self.in_batch_negatives = in_batch_negatives
+        self.gather_across_devices = gather_across_devices
+        st = unwrap(model)
+        self.similarity = similarity or str(getattr(st, "similarity_fn_name", None) or "dot")
+        if self.similarity not in ("dot", "cosine"):
+            raise ValueError(f"similarity must be 'dot' or 'cosine', got {self.similarity!r}")
+        self.scale = float(scale)
+        self.rho, self.omega_power, self.omega_floor = rho, omega_power, omega_floor
+        self.groupdro_step_size = groupdro_step_size
+        self.needs_gram = preset in ("paper", "reference") if compute_gram is None else bool(compute_gram)
+        if grad_params is None:
+            grad_params = "auto"
+            if preset == "reference":
+                n_layers = len(find_blocks(st)[1])
+                grad_params = f"last_blocks:{min(n_layers, 2 if n_layers >= 24 else 3)}"
+        self.grad_params_spec = grad_params
+        self.subset = ParamSubset(st, grad_params) if self.needs_gram else None
+        self.register_buffer("log_weights", torch.empty(0, dtype=torch.float64), persistent=False)
+        self.reset_weights(int(num_clusters))
+        self.last_stats: dict[str, Any] = {}
+        self.skipped_steps = 0
+        if self.subset is not None:
+            logger.info(
+                "iDRO gradient similarity over %d parameters (%s, %s engine): %s",
+                self.subset.num_elements, self.subset.resolved, "pooled-position" if self.subset.fast else "autograd",
+                ", ".join(self.subset.names),
+            )
+
+    # ------------------------------------------------------------------------------------------ weights
+    @property
+    def num_clusters(self) -> int:
+        return int(self.log_weights.numel())
+
+    @property
+    def weights(self) -> Tensor:
+        """ω over all K clusters (sums to 1)."""
+        return self.log_weights.exp()
+
+    def reset_weights(self, num_clusters: int | None = None) -> None:
+        k = num_clusters or self.num_clusters
+        self.log_weights = torch.full((k,), -math.log(k), dtype=torch.float64, device=self.log_weights.device)
+
+    def set_log_weights(self, log_weights: Tensor) -> None:
+        lw = log_weights.to(torch.float64)
+        lw = lw - lw.max()  # exact for ties even when the log-weights are astronomically large
+        self.log_weights = lw - torch.logsumexp(lw, 0)
+
+    # ------------------------------------------------------------------------------------------ encoding
+    def _embed(self, sentence_features: Iterable[dict[str, Tensor]], probe: PooledPositionProbe | None):
+        from sentence_transformers.base.losses.merged_forward import embed_columns
+
+        features = list(sentence_features)
+        if probe is None:
+            return features, embed_columns(self.model, features)
+        with probe:
+            return features, embed_columns(self.model, features)
+
+    def _layout(self, features, embeddings, doc_keys, pos_keys, world: int):
+        B = embeddings[0].shape[0]
+        M = len(embeddings) - 1
+        if M < 1:
+            raise ValueError("IDROLoss needs at least (query, positive) columns")
+        if doc_keys is None:
+            doc_keys = torch.stack([text_keys(f) for f in features[1:]], dim=1)  # B×M
+            if pos_keys is None:
+                pos_keys = doc_keys[:, :1]
+        if pos_keys is None:
+            pos_keys = doc_keys[:, :1]
+        doc_flat = doc_keys.t().reshape(-1).to(embeddings[0].device)  # column-major, like the candidates
+        pos_keys = pos_keys.to(embeddings[0].device)
+        if world > 1:
+            doc_flat = _gather_cat(doc_flat, 0)
+            pos_keys = _gather_padded(pos_keys)
+        return B, M, doc_flat, pos_keys
+
+    def per_sample_loss(self, sentence_features, labels=None, doc_keys=None, pos_keys=None) -> Tensor:
+        """The differentiable per-row InfoNCE loss vector that the cluster losses average."""
+        features, embeddings = self._embed(sentence_features, None)
+        return self._local_losses(features, embeddings, doc_keys, pos_keys)[0]
+
+    def _local_losses(self, features, embeddings, doc_keys, pos_keys):
+        world, rank = _dist_info()
+        B, M, doc_flat, pos_all = self._layout(features, embeddings, doc_keys, pos_keys, world)
+        q = embeddings[0]
+        cands = torch.cat(embeddings[1:], dim=0)
+        rows = torch.arange(B, device=q.device)
+        if world > 1 and self.gather_across_devices:
+            from sentence_transformers.util import all_gather_with_grad
+
+            cands = all_gather_with_grad(cands)
+            layout, row_rank = BatchLayout(B, M, world, doc_flat, pos_all), rank
+        else:
+            local = BatchLayout(B, M, 1, doc_flat.reshape(world, -1)[rank], pos_all[rank * B:(rank + 1) * B])
+            layout, row_rank = local, 0
+        allowed, targets = layout.mask_and_targets(
+            torch.full_like(rows, row_rank), rows, self.in_batch_negatives, cross_rank=True
+        )
+        ell = per_sample_infonce(q, cands, allowed, targets, self.similarity, self.scale)
+        return ell, (B, M, doc_flat, pos_all, world, rank)
+
+    # ------------------------------------------------------------------------------------------ forward
+    def forward(self, sentence_features, labels: Tensor, doc_keys: Tensor | None = None,
+                pos_keys: Tensor | None = None) -> Tensor:
+        if labels is None:
+            raise ValueError("IDROLoss needs cluster ids as labels; train it with IDROTrainer (which supplies them)")
+        fast = self.subset is not None and self.subset.fast
+        probe = PooledPositionProbe(self.subset.last_block) if fast else None
+        features, embeddings = self._embed(sentence_features, probe)
+        ell, (B, M, doc_flat, pos_all, world, rank) = self._local_losses(features, embeddings, doc_keys, pos_keys)
+        labels = labels.to(ell.device).long().reshape(-1)
+        if labels.numel() != B:
+            raise ValueError(f"got {labels.numel()} cluster ids for a batch of {B} queries")
+        if (labels < 0).any() or (labels >= self.num_clusters).any():
+            raise ValueError(f"cluster ids must be in [0, {self.num_clusters}), got {labels.min()}..{labels.max()}")
+        if self.log_weights.device != ell.device:
+            self.log_weights = self.log_weights.to(ell.device)
+
+        # Global statistics from detached, gathered embeddings (identical on every rank).
+        q_all = _gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
+        c_all = _gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
+        cl_all = _gather_cat(labels, 0)
+        with torch.enable_grad():
+            layout = BatchLayout(B, M, world, doc_flat, pos_all)
+            rows = torch.arange(world * B, device=ell.device)
+            allowed, targets = layout.mask_and_targets(
+                rows // B, rows % B, self.in_batch_negatives, cross_rank=self.gather_across_devices or world == 1
+            )
+            ell_all = per_sample_infonce(q_all, c_all, allowed, targets, self.similarity, self.scale)
+            present, inverse = torch.unique(cl_all, sorted=True, return_inverse=True)
+            P = present.numel()
+            sizes = torch.bincount(inverse, minlength=P).to(ell_all.dtype)
+            cluster_losses = torch.zeros(P, dtype=ell_all.dtype, device=ell.device).index_add(0, inverse, ell_all) / sizes
+        finite = bool(torch.isfinite(ell_all.detach()).all())
+        stats: dict[str, Any] = {
+            "cluster_ids": present.detach(),
+            "cluster_sizes": sizes.detach().long(),
+            "cluster_losses": cluster_losses.detach(),
+            "grad_param_names": list(self.subset.names) if self.subset is not None else [],
+            "grad_gram": None,
+            "skipped": not finite,
+        }
+        if not finite:
+            self.skipped_steps += 1
+            stats.update(alpha=None, weights=self.weights[present].detach(), coefficients=None)
+            self.last_stats = stats
+            # A zero loss that still reaches every embedding, so DDP's reducer sees every parameter.
+            return sum(e.sum() for e in embeddings) * 0.0
+
+        gram = None
+        if self.needs_gram:
+            cot_q, cot_c = torch.autograd.grad(
+                cluster_losses, [q_all, c_all], grad_outputs=torch.eye(P, dtype=cluster_losses.dtype, device=ell.device),
+                is_grads_batched=True,
+            )
+            local_cot = torch.cat([cot_q[:, rank * B:(rank + 1) * B], cot_c[:, rank * B * M:(rank + 1) * B * M]], dim=1)
+            if fast:
+                gram = gram_pooled_position(self.subset, probe, local_cot.detach(), has_normalize(self.model))
+            else:
+                gram = gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot.detach())
+            stats["grad_gram"] = gram.detach()
+
+        ell_c = cluster_losses.detach().double()
+        alpha = self._alpha(ell_c)
+        coef = self._update_and_coefficients(present, ell_c, alpha, gram)
+        stats.update(alpha=alpha.float(), weights=self.weights[present].detach().float(),
+                     coefficients=coef.float(), all_weights=self.weights.detach().float())
+        self.last_stats = stats
+        if self.preset == "uniform":
+            return ell.mean()
+        # Each local row carries its cluster's coefficient / cluster size; ×world undoes DDP gradient averaging.
+        local_inv = inverse[rank * B:(rank + 1) * B]
+        row_w = (coef / sizes.double())[local_inv].to(ell.dtype)
+        return world * (row_w * ell).sum()
+
+    def _alpha(self, ell_c: Tensor) -> Tensor:
+        powered = ell_c.clamp(min=0) ** self.beta
+        total = powered.sum()
+        return powered / total if total > 0 else torch.full_like(ell_c, 1.0 / ell_c.numel())
+
+    def _update_and_coefficients(self, present: Tensor, ell_c: Tensor, alpha: Tensor, gram: Tensor | None) -> Tensor:
+        lw = self.log_weights
+        if self.preset == "paper":
+            scaled = (ell_c.clamp(min=0) ** self.beta)
+            r = scaled[:, None] * scaled[None, :] * gram.double()
+            step = (r.sum(1) / self.tau) if math.isfinite(self.tau) else torch.zeros_like(ell_c)
+            step = step.clamp(-_MAX_LOG_STEP, _MAX_LOG_STEP)
+            new = lw.clone()
+            new[present] = new[present] + step
+            self.set_log_weights(new)
+            # normalised in log space: no 0/0 when the present clusters' weights underflow
+            return torch.softmax(alpha.clamp(min=1e-300).log() + self.log_weights[present], 0)
+        if self.preset == "reference":
+            prev = self.weights[present].clone()
+            d = gram.double().diagonal().clamp(min=0).sqrt()
+            denom = d[:, None] * d[None, :]
+            cos = torch.where(denom > 0, gram.double() / denom.clamp(min=1e-300), torch.zeros_like(denom))
+            scaled = (ell_c.clamp(min=0) ** self.beta)
+            e = self.rho * (scaled[:, None] * scaled[None, :] * cos).sum(1) / self.num_clusters
+            w = torch.zeros_like(lw)
+            w[present] = self.weights[present] ** self.omega_power * torch.exp(e)
+            w = w / w.sum()
+            w = w.clamp(min=self.omega_floor)
+            self.log_weights = w.log()
+            return prev
+        if self.preset == "groupdro":
+            new = lw.clone()
+            new[present] = new[present] + self.groupdro_step_size * ell_c
+            self.set_log_weights(new)
+            return torch.softmax(self.log_weights[present], 0)
+        # uniform: coefficient ∝ cluster size, i.e. the plain mean over rows
+        return torch.ones_like(ell_c)
+
+    # ------------------------------------------------------------------------------------------ plumbing
+    def get_config_dict(self) -> dict[str, Any]:
+        cfg = {
+            "preset": self.preset,
+            "num_clusters": self.num_clusters,
+            "beta": self.beta,
+            "tau": self.tau,
+            "grad_params": self.subset.resolved if self.subset is not None else None,
+            "in_batch_negatives": self.in_batch_negatives,
+            "gather_across_devices": self.gather_across_devices,
+            "similarity": self.similarity,
+            "scale": self.scale,
+        }
+        if self.preset == "reference":
+            cfg.update(rho=self.rho, omega_power=self.omega_power, omega_floor=self.omega_floor)
+        if self.preset == "groupdro":
+            cfg.update(groupdro_step_size=self.groupdro_step_size)
+        return cfg
+
+    @property
+    def citation(self) -> str:
+        key = "groupdro" if self.preset == "groupdro" else "cocodr"
+        return CITATIONS[key]["bibtex"]
+
+    def remap_clusters(self, mapping: Tensor | None, num_clusters: int) -> None:
+        """After re-clustering: new cluster j takes ω of old cluster ``mapping[j]`` (or a reset when None)."""
+        if mapping is None:
+            self.reset_weights(num_clusters)
+            return
+        old = self.log_weights
+        new = torch.full((num_clusters,), float(torch.logsumexp(old, 0) - math.log(max(1, old.numel()))),
+                         dtype=torch.float64, device=old.device)
+        valid = mapping >= 0
+        new[valid] = old[mapping[valid]]
+        self.set_log_weights(new)
+
+
+def _gather_padded(x: Tensor) -> Tensor:
+    """all_gather of (B, P_r) tensors whose second dimension differs across ranks (padded with -1)."""
+    world, _ = _dist_info()
+    if world == 1:
+        return x
+    width = torch.tensor([x.shape[1]], device=x.device)
+    widths = [torch.zeros_like(width) for _ in range(world)]
+    dist.all_gather(widths, width)
+    w = int(max(int(v) for v in widths))
+    if x.shape[1] < w:
+        x = torch.cat([x, torch.full((x.shape[0], w - x.shape[1]), -1, dtype=x.dtype, device=x.device)], 1)
+    return _gather_cat(x, 0)

