@@ -26,6 +26,9 @@ _LAZY = {
     "KMeansClusteringCallback": "hf_cocodr.finetuning",
     "HardNegativeRefreshCallback": "hf_cocodr.finetuning",
     "RetrievalTrainingData": "hf_cocodr.data.training",
+    "CocoPretrainer": "hf_cocodr.pretraining",
+    "CocoPretrainingArguments": "hf_cocodr.pretraining",
+    "CondenserForPretraining": "hf_cocodr.modeling.condenser",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

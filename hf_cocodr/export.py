@@ -76,6 +76,7 @@ def export_sentence_transformer(
     card_data: dict[str, Any] | None = None,
     extra_files: dict[str, str | os.PathLike] | None = None,
     trust_remote_code: bool = False,
+    preserve: list[str] | None = None,
 ):
     """Write a complete sentence-transformers directory: Transformer + Pooling, the similarity stored, a model card.
 
@@ -91,6 +92,8 @@ def export_sentence_transformer(
             (sentence-transformers 6; not kept by ``legacy_format``).
         card_data: fields for the model card (see :mod:`hf_cocodr.model_card`).
         extra_files: ``{name_in_out_dir: source_path}`` copied into the directory (e.g. the Condenser head).
+        preserve: names of entries of an existing ``out_dir`` to keep (e.g. ``checkpoint-*`` folders); they are
+            hard-linked into the new directory before the swap, so they survive even a crash mid-export.
 
     Returns:
         The exported ``SentenceTransformer`` (loaded from the written directory).
@@ -123,10 +126,16 @@ def export_sentence_transformer(
             model.save(str(tmp))
             if legacy_format:
                 write_legacy_layout(tmp, model)
-            for name, source in (extra_files or {}).items():
-                import shutil
+            import shutil
 
+            for name, source in (extra_files or {}).items():
                 shutil.copy2(source, tmp / name)
+            for name in preserve or []:
+                old = out_dir / name
+                if old.is_dir():
+                    shutil.copytree(old, tmp / name, copy_function=os.link)
+                elif old.is_file():
+                    os.link(old, tmp / name)
             from .model_card import write_model_card
 
             write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)

@@ -66,6 +66,7 @@ class IDROLoss(nn.Module):
         omega_floor: float = 0.01,
         groupdro_step_size: float = 0.01,
         compute_gram: bool | None = None,
+        gram_engine: str = "auto",
     ) -> None:
         """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
 
@@ -107,6 +108,8 @@ class IDROLoss(nn.Module):
             rho, omega_power, omega_floor: constants of the reference preset.
             groupdro_step_size: η of the GroupDRO preset.
             compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
+            gram_engine: ``"auto"`` (the pooled-position engine whenever the subset allows it), ``"autograd"``
+                (always one vector-Jacobian product per cluster, for comparison) or ``"pooled"`` (require it).
 
         References:
             - Yu et al., COCO-DR, EMNLP 2022: https://arxiv.org/abs/2210.15212
@@ -171,7 +174,16 @@ class IDROLoss(nn.Module):
                 n_layers = len(find_blocks(st)[1])
                 grad_params = f"last_blocks:{min(n_layers, 2 if n_layers >= 24 else 3)}"
         self.grad_params_spec = grad_params
+        if gram_engine not in ("auto", "autograd", "pooled"):
+            raise ValueError(f"gram_engine must be 'auto', 'autograd' or 'pooled', got {gram_engine!r}")
         self.subset = ParamSubset(st, grad_params) if self.needs_gram else None
+        if self.subset is not None and gram_engine == "autograd":
+            self.subset.fast = False
+        if self.subset is not None and gram_engine == "pooled" and not self.subset.fast:
+            raise ValueError(
+                "gram_engine='pooled' needs CLS pooling on a BERT-family encoder and a subset of the last block's "
+                f"position-wise parameters; got pooling={self.subset.pooling!r}, grad_params={grad_params!r}"
+            )
         self.register_buffer("log_weights", torch.empty(0, dtype=torch.float64), persistent=False)
         self.reset_weights(int(num_clusters))
         self.last_stats: dict[str, Any] = {}

@@ -1,0 +1,130 @@
+"""Training sub-commands of ``hf-cocodr``: ``finetune`` (iDRO), ``pretrain`` (COCO) and ``recipe``.
+
+Each accepts its own flags, ``--config FILE.yaml`` (any of its flags and any TrainingArguments field) and every
+TrainingArguments flag after them (``--max_steps``, ``--learning_rate``, ...). Command-line values win over the
+config file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from .cli import UsageError, register
+from .errors import ConfigError
+
+logger = logging.getLogger("hf_cocodr.cli")
+
+
+def load_config(path: str | None) -> dict[str, Any]:
+    if not path:
+        return {}
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"--config {path}: file not found")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"--config {path}: not valid YAML ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {path}: expected a mapping of option names to values")
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: str):
+    """TrainingArguments from ``defaults`` (config + our flags) overridden by the remaining command-line flags."""
+    from transformers import HfArgumentParser
+
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(k for k in defaults if k not in names)
+    if unknown:
+        raise UsageError(f"unknown option(s) {unknown} (not a flag of {prog} nor a {cls.__name__} field)")
+    parser = HfArgumentParser(cls, prog=prog)
+    parser.set_defaults(**{"report_to": "none", **defaults})
+    (args, leftover) = parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=True)
+    if leftover:
+        raise UsageError(f"unrecognized arguments: {' '.join(leftover)}")
+    if not args.output_dir:
+        raise UsageError("--output_dir is required")
+    return args
+
+
+def _split_config(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    return {k: v for k, v in config.items() if k in own}, {k: v for k, v in config.items() if k not in own}
+
+
+def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaults: dict[str, Any]) -> None:
+    """Config values for our own flags, unless the flag was given on the command line."""
+    for k, v in own_config.items():
+        if getattr(ns, k, None) == parser_defaults.get(k):
+            setattr(ns, k, v)
+
+
+# ------------------------------------------------------------------------------------------------------ finetune
+FINETUNE_FLAGS = {"model", "train_data", "train_split", "idro_preset", "num_clusters", "tau", "negatives",
+                  "refresh_negatives_every", "max_queries", "method", "config", "eval"}
+
+
+def _add_finetune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="starting encoder (directory or Hub id)")
+    p.add_argument("--train-data", dest="train_data", default=None, help="BEIR folder with labelled source data")
+    p.add_argument("--train-split", dest="train_split", default="train")
+    p.add_argument("--idro-preset", dest="idro_preset", default=None, choices=["paper", "reference", "groupdro", "uniform"])
+    p.add_argument("--num-clusters", dest="num_clusters", type=int, default=None)
+    p.add_argument("--tau", type=float, default=None)
+    p.add_argument("--negatives", choices=["bm25", "none"], default="bm25")
+    p.add_argument("--refresh-negatives-every", dest="refresh_negatives_every", type=int, default=None)
+    p.add_argument("--max-queries", dest="max_queries", type=int, default=None, help="train on a random subset")
+    p.add_argument("--method", action="append", default=None,
+                   help="extra seed method(s) combined with the loss (modir, berm, rmsc); repeatable")
+    p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT",
+                   help="evaluate the final model on this BEIR split (repeatable)")
+    p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
+
+
+def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
+    from .finetuning import IDROTrainingArguments
+
+    config = load_config(ns.config)
+    own_cfg, ta_cfg = _split_config(config, FINETUNE_FLAGS)
+    _apply_own(ns, own_cfg, {"train_split": "train", "negatives": "bm25"})
+    if not ns.model:
+        raise UsageError("--model is required")
+    if not ns.train_data:
+        raise UsageError("--train-data is required (a BEIR folder with qrels/<split>.tsv)")
+    mapped = {"idro_preset": ns.idro_preset, "num_clusters": ns.num_clusters, "idro_tau": ns.tau,
+              "refresh_negatives_every_steps": ns.refresh_negatives_every}
+    defaults = {**ta_cfg, **{k: v for k, v in mapped.items() if v is not None}}
+    if ns.negatives == "none" and "num_negatives" not in defaults:
+        defaults["num_negatives"] = 0
+    args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune")
+    from .training_api import run_finetune
+
+    result = run_finetune(
+        model=ns.model, train_data=ns.train_data, train_split=ns.train_split, args=args, negatives=ns.negatives,
+        max_queries=ns.max_queries, methods=ns.method or [], evals=ns.eval or [],
+    )
+    print(json.dumps(result))
+    return 0
+
+
+register("finetune", "iDRO fine-tuning on labelled source data (K-Means clusters, BM25 + self-mined negatives)",
+         _add_finetune, _run_finetune, passthrough=True)
+
+
+def parse_eval_spec(spec: str) -> tuple[str, str]:
+    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted."""
+    if ":" in spec and not os.path.isdir(spec):
+        folder, split = spec.rsplit(":", 1)
+    else:
+        folder, split = spec, "test"
+    if not os.path.isdir(folder):
+        raise ConfigError(f"--eval {spec!r}: {folder} is not a directory")
+    return folder, split

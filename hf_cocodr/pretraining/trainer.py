@@ -1,0 +1,358 @@
+"""CocoPretrainer: continuous contrastive pretraining (COCO) as a transformers Trainer."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from transformers import Trainer
+
+from .. import distributed as D
+from ..data.spans import SpanCorpus
+from ..modeling.condenser import CondenserForPretraining
+from ..state import COMPLETE_MARKER
+from ..utils import atomic_write_json
+from .collator import SpanPairBuilder
+from .training_args import CocoPretrainingArguments
+
+logger = logging.getLogger(__name__)
+
+COMPONENTS = ("mlm_loss", "head_mlm_loss", "contrastive_loss")
+
+
+class _DocIndexCollator:
+    def __call__(self, features):
+        return {"doc": torch.tensor([f["doc"] for f in features], dtype=torch.long)}
+
+
+class RandContext:
+    """Captures the CPU (and CUDA) RNG state so a forward can be replayed with identical dropout."""
+
+    def __init__(self):
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+    def restore(self):
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state_all(self.cuda)
+
+
+def _all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        x = x.clone()
+        dist.all_reduce(x)
+    return x
+
+
+class CocoPretrainer(Trainer):
+    """COCO: sequence-contrastive learning between two spans of each document plus masked-LM through a Condenser head.
+
+    Loss = ``head_mlm_weight``·MLM(head) + ``mlm_weight``·MLM(backbone) + ``contrastive_weight``·L_co, where L_co
+    is the cross-entropy of every span against its partner among all spans of the (gathered) batch. Each term is
+    logged (``head_mlm_loss``, ``mlm_loss``, ``contrastive_loss``). With ``gradient_cache_chunk_size`` the batch is
+    encoded chunk by chunk with a gradient cache (identical gradients, bounded memory); under DDP the spans of all
+    ranks are negatives and the update equals one process with the global batch.
+
+    Args:
+        model: a :class:`~hf_cocodr.CondenserForPretraining` or a path (sentence-transformers directory or
+            transformers checkpoint) to build one from.
+        args: :class:`~hf_cocodr.CocoPretrainingArguments`.
+        corpora: one or several corpora: BEIR folders, JSONL files (``text`` [+ ``title``]) or ``datasets.Dataset``
+            objects with a text column. Only documents are read: never queries or labels.
+        tokenizer: defaults to the model's own tokenizer.
+
+    Example:
+        ::
+
+            from hf_cocodr import CocoPretrainer, CocoPretrainingArguments
+
+            args = CocoPretrainingArguments(output_dir="out/coco", per_device_train_batch_size=64, max_steps=500,
+                                            gradient_cache_chunk_size=32)
+            trainer = CocoPretrainer("sentence-transformers/all-MiniLM-L6-v2", args,
+                                     corpora=["data/scifact", "data/nfcorpus"])
+            trainer.train()
+            trainer.export("out/coco")  # sentence-transformers directory + condenser_head.safetensors
+    """
+
+    def __init__(self, model, args: CocoPretrainingArguments, corpora=None, tokenizer=None, callbacks=None, **kwargs):
+        import datasets
+        from transformers import AutoTokenizer
+
+        if not isinstance(args, CocoPretrainingArguments):
+            raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
+        source = None
+        if not isinstance(model, CondenserForPretraining):
+            source = str(model)
+            model = CondenserForPretraining.from_pretrained(source, n_head_layers=args.n_head_layers,
+                                                            skip_from=args.skip_from)
+        if tokenizer is None:
+            from ..modeling.condenser import _transformer_dir
+
+            name = source or model.lm.config._name_or_path
+            tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
+        if corpora is None:
+            raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
+        if not args.backbone_dropout:
+            for m in model.lm.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = 0.0
+        self.source_model = source
+        self.span_corpus = SpanCorpus.build(
+            corpora, tokenizer, mode=args.span_mode, span_max_tokens=args.span_max_tokens,
+            span_break_prob=args.span_break_prob, span_len=args.span_len, min_span_tokens=args.min_span_tokens,
+            sentence_splitter=args.sentence_splitter, seed=args.seed, text_column=args.text_column,
+        )
+        self.builder = SpanPairBuilder(self.span_corpus, tokenizer, mlm_probability=args.mlm_probability,
+                                       max_length=args.max_span_length, span_len=args.span_len)
+        n_docs = len(self.span_corpus)
+        world = max(1, args.world_size)
+        if n_docs < args.per_device_train_batch_size * world:
+            raise ValueError(
+                f"only {n_docs} usable documents for a batch of {args.per_device_train_batch_size} x {world} "
+                "devices; lower per_device_train_batch_size or add documents"
+            )
+        args.remove_unused_columns = False
+        rows = datasets.Dataset.from_dict({"doc": np.arange(n_docs, dtype=np.int64)})
+        super().__init__(model=model, args=args, train_dataset=rows, data_collator=_DocIndexCollator(),
+                         processing_class=tokenizer, callbacks=callbacks, **kwargs)
+        self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
+        self.model_accepts_loss_kwargs = False
+        self._acc = {k: 0.0 for k in COMPONENTS}
+        self._acc_n = 0
+        self.last_gradcache_rep_diff: float | None = None
+        self._log_setup()
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def _log_setup(self) -> None:
+        st = self.span_corpus.stats
+        a = self.args
+        world = max(1, a.world_size)
+        docs = a.per_device_train_batch_size * world
+        per_doc = st["spans"] / max(1, st["documents_used"])
+        logger.info(
+            "COCO pretraining: %d documents used, %d skipped (fewer than 2 spans) from %s; %.1f spans per document "
+            "(%s); contrastive batch %d documents x 2 spans x %d devices = %d spans, %d negatives per span; "
+            "gradient cache %s; loss weights head %.2g / mlm %.2g / contrastive %.2g",
+            st["documents_used"], st["documents_skipped"],
+            ", ".join(f"{s['corpus']} ({s['documents'] - s['skipped']}/{s['documents']})" for s in st["sources"]),
+            per_doc, st["mode"], a.per_device_train_batch_size, world, 2 * docs, 2 * docs - 2,
+            f"chunks of {a.gradient_cache_chunk_size} documents" if a.gradient_cache_chunk_size else "off",
+            a.head_mlm_weight, a.mlm_weight, a.contrastive_weight,
+        )
+
+    @property
+    def condenser(self) -> CondenserForPretraining:
+        m = self.model
+        while not isinstance(m, CondenserForPretraining) and hasattr(m, "module"):
+            m = m.module
+        return m
+
+    def _inputs(self, docs: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch = self.builder.build(docs.cpu().numpy(), step=self.state.global_step, seed=self.args.seed)
+        return {k: v.to(self.args.device) for k, v in batch.items()}
+
+    def _contrastive(self, local: torch.Tensor, all_reps: torch.Tensor, offset: int, rows: slice | None = None):
+        """Mean cross-entropy of the ``rows`` spans (global indices ``offset + i``) against their partners."""
+        a = self.args
+        q = local if rows is None else all_reps[rows]
+        k = all_reps
+        if a.contrastive_similarity == "cosine":
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        scores = (q @ k.T) / a.contrastive_temperature
+        idx = torch.arange(q.shape[0], device=q.device) + offset
+        scores = scores.masked_fill(F.one_hot(idx, k.shape[0]).bool(), float("-inf"))
+        return F.cross_entropy(scores.float(), idx ^ 1)
+
+    def _gather_with_grad(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        world, rank = D.world()
+        if world == 1:
+            return x, 0
+        from sentence_transformers.util import all_gather_with_grad
+
+        return all_gather_with_grad(x), rank * x.shape[0]
+
+    # ------------------------------------------------------------------------------------------------ loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        a = self.args
+        world, _ = D.world()
+        batch = self._inputs(inputs["doc"])
+        out = model(**batch, pooling=a.pooling)
+        n_global = _all_reduce(out["num_masked"].detach().float()).clamp(min=1)
+        mlm = out["mlm_sum"] / n_global * world
+        head = out["head_mlm_sum"] / n_global * world
+        reps, offset = self._gather_with_grad(out["embedding"])
+        co = self._contrastive(out["embedding"], reps, offset)
+        loss = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co
+        self._track(mlm, head, co)
+        return (loss, {}) if return_outputs else loss
+
+    def _track(self, mlm, head, co) -> None:
+        if not self.model.training:
+            return
+        for k, v in zip(COMPONENTS, (mlm, head, co)):
+            self._acc[k] += float(v.detach())
+        self._acc_n += 1
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self.args.gradient_cache_chunk_size:
+            return super().training_step(model, inputs, num_items_in_batch)
+        return self._gradient_cache_step(model, inputs)
+
+    def _gradient_cache_step(self, model, inputs):
+        """GradCache: no-grad pass for all representations, loss gradient w.r.t. them, then chunk-wise backward."""
+        a = self.args
+        model.train()
+        world, rank = D.world()
+        batch = self._inputs(inputs["doc"])
+        chunk = 2 * a.gradient_cache_chunk_size  # spans per chunk
+        n = batch["input_ids"].shape[0]
+        slices = [slice(s, min(s + chunk, n)) for s in range(0, n, chunk)]
+        states, reps = [], []
+        with torch.no_grad():
+            for sl in slices:
+                states.append(RandContext())
+                reps.append(model(**{k: v[sl] for k, v in batch.items() if k != "labels"}, pooling=a.pooling)["embedding"])
+        local = torch.cat(reps).detach().requires_grad_()
+        if world > 1:
+            gathered = [torch.empty_like(local) for _ in range(world)]
+            dist.all_gather(gathered, local.detach())
+            gathered[rank] = local
+            all_reps = torch.cat(gathered)
+        else:
+            all_reps = local
+        # Every rank computes the loss of the *whole* global batch, so the cached gradient of its own spans includes
+        # their role as negatives of the other ranks' spans; x world undoes DDP's gradient averaging.
+        co = self._contrastive(None, all_reps, 0, rows=slice(None))
+        (grad,) = torch.autograd.grad(co * world, local)
+        n_global = _all_reduce((batch["labels"] != -100).sum().float()).clamp(min=1)
+        ga = self.current_gradient_accumulation_steps if hasattr(self, "current_gradient_accumulation_steps") else 1
+        mlm_total = head_total = 0.0
+        max_diff = 0.0
+        for i, sl in enumerate(slices):
+            last = i == len(slices) - 1
+            ctx = model.no_sync if (not last and hasattr(model, "no_sync")) else contextlib.nullcontext
+            with ctx():
+                states[i].restore()
+                with self.compute_loss_context_manager():
+                    out = model(**{k: v[sl] for k, v in batch.items()}, pooling=a.pooling)
+                emb = out["embedding"]
+                max_diff = max(max_diff, float((emb.detach() - local[sl].detach()).abs().max()))
+                mlm = out["mlm_sum"] / n_global * world
+                head = out["head_mlm_sum"] / n_global * world
+                surrogate = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * (grad[sl] * emb).sum()
+                self.accelerator.backward(surrogate / ga)
+            mlm_total += float(mlm.detach())
+            head_total += float(head.detach())
+        self.last_gradcache_rep_diff = max_diff
+        mlm_t = torch.tensor(mlm_total)
+        head_t = torch.tensor(head_total)
+        self._track(mlm_t, head_t, co)
+        loss = a.mlm_weight * mlm_total + a.head_mlm_weight * head_total + a.contrastive_weight * float(co.detach())
+        return torch.tensor(loss / ga, device=a.device)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self._acc_n:
+            logs = dict(logs)
+            vals = torch.tensor([self._acc[k] / self._acc_n for k in COMPONENTS], dtype=torch.float64)
+            world, _ = D.world()
+            vals = _all_reduce(vals.to(self.args.device)).cpu() / world
+            for k, v in zip(COMPONENTS, vals.tolist()):
+                logs[k] = round(v, 6)
+            self._acc = {k: 0.0 for k in COMPONENTS}
+            self._acc_n = 0
+        return super().log(logs, start_time)
+
+    # ------------------------------------------------------------------------------------------------ saving
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        output_dir = output_dir or self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        cond = self.condenser
+        cond.lm.save_pretrained(output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        cond.save_head(output_dir)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        from transformers import AutoModelForMaskedLM
+
+        cond = self.condenser
+        loaded = AutoModelForMaskedLM.from_pretrained(resume_from_checkpoint)
+        cond.lm.load_state_dict(loaded.state_dict())
+        cond.lm.tie_weights()
+        cond.load_head(Path(resume_from_checkpoint) / "condenser_head.safetensors", load_mlm_head=False)
+        logger.info("resumed COCO model and Condenser head from %s", resume_from_checkpoint)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        super()._save_checkpoint(model, trial)
+        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if self.args.should_save:
+            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
+        D.barrier()
+
+    def train(self, resume_from_checkpoint=None, **kwargs):
+        from ..checkpoints import resolve_resume
+
+        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def stage_info(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "type": "coco", "title": "COCO continuous contrastive pretraining", "method": "coco",
+            "corpora": list(self.span_corpus.sources), "steps": self.state.global_step,
+            "documents per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+            "documents used": self.span_corpus.stats["documents_used"],
+            "span mode": a.span_mode, "loss weights (head MLM / MLM / contrastive)":
+                f"{a.head_mlm_weight} / {a.mlm_weight} / {a.contrastive_weight}",
+            "contrastive similarity": f"{a.contrastive_similarity} / temperature {a.contrastive_temperature}",
+            "Condenser head": f"{self.condenser.n_head_layers} layers from layer {self.condenser.skip_from}",
+            "learning rate": a.learning_rate, "seed": a.seed,
+        }
+
+    def export(self, output_dir: str | os.PathLike, prev: dict[str, Any] | None = None) -> None:
+        """Write the encoder as a sentence-transformers directory (pooling per ``args.pooling``; dot or cosine per
+        ``args.contrastive_similarity``), the Condenser head and the model card into ``output_dir`` (atomically)."""
+        import tempfile
+
+        from ..export import export_sentence_transformer
+        from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS
+
+        if not self.args.should_save:
+            return
+        cond = self.condenser
+        prev = dict(prev or {})
+        stage = self.stage_info()
+        card = {"stages": list(prev.get("stages", [])) + [stage],
+                "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["coco"])),
+                "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
+                "base_model": prev.get("base_model") or self.source_model}
+        with tempfile.TemporaryDirectory(prefix=".coco-export-") as tmp:
+            cond.encoder_model.save_pretrained(tmp)
+            self.processing_class.save_pretrained(tmp)
+            cond.save_head(tmp)
+            export_sentence_transformer(
+                tmp, output_dir, pooling=self.args.pooling, similarity=self.args.contrastive_similarity,
+                max_seq_length=self._export_max_len(), card_data=card,
+                extra_files={HEAD_WEIGHTS: Path(tmp) / HEAD_WEIGHTS, HEAD_CONFIG: Path(tmp) / HEAD_CONFIG},
+                preserve=_checkpoint_dirs(output_dir),
+            )
+
+    def _export_max_len(self) -> int:
+        return int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
+
+
+def _checkpoint_dirs(output_dir) -> list[str]:
+    p = Path(output_dir)
+    if not p.is_dir():
+        return []
+    return [c.name for c in p.iterdir() if c.name.startswith("checkpoint-") or c.name in ("trainer_state.json", "runs")]

@@ -1,0 +1,123 @@
+"""One-call Python API behind the CLI: fine-tune / pretrain a model, save it with its card, evaluate it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from .model_card import EVAL_FILE, TRAINING_INFO_FILE
+from .utils import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, Any]:
+    """The training record of a starting model (so the card lists every stage), if it has one."""
+    if model_path is None:
+        return {}
+    p = Path(str(model_path)) / TRAINING_INFO_FILE
+    try:
+        return json.loads(p.read_text()) if p.is_file() else {}
+    except ValueError:
+        return {}
+
+
+def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
+    a = trainer.args
+    loss = trainer.idro_loss
+    cfg = loss.get_config_dict() if loss is not None else {}
+    method = {"paper": "idro", "reference": "idro", "groupdro": "groupdro", "uniform": "uniform"}.get(
+        cfg.get("preset"), "finetune")
+    negs = negatives
+    if a.refresh_negatives_every_steps:
+        negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
+    info = {
+        "type": "finetune",
+        "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(method, "contrastive fine-tuning"),
+        "method": method,
+        "source_data": data_name,
+        "steps": trainer.state.global_step,
+        "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+        "hard negatives per query": trainer._num_negatives,
+        "negatives": negs,
+        "learning rate": a.learning_rate,
+        "seed": a.seed,
+    }
+    if loss is not None:
+        info.update({"iDRO preset": cfg["preset"], "K (clusters)": cfg["num_clusters"], "tau": cfg["tau"],
+                     "beta": cfg["beta"], "gradient-similarity parameters": cfg["grad_params"],
+                     "similarity": cfg["similarity"], "scale": cfg["scale"]})
+    return info
+
+
+def save_final_model(trainer, output_dir: str | os.PathLike, stage: dict[str, Any], prev: dict[str, Any],
+                     extra_methods: list[str] | None = None) -> None:
+    """Write the trained model, trainer_state.json and the model card into ``output_dir``."""
+    from .model_card import write_model_card
+
+    output_dir = Path(output_dir)
+    trainer.save_model(str(output_dir))
+    trainer.save_state()
+    stages = list(prev.get("stages", [])) + [stage]
+    methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage.get("method")] + list(extra_methods or [])))
+    datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + list(stage.get("corpora", []))
+                                  + ([stage["source_data"]] if stage.get("source_data") else [])))
+    card = {"stages": stages, "methods": [m for m in methods if m], "datasets": datasets,
+            "base_model": prev.get("base_model") or stage.get("base_model")}
+    if trainer.args.should_save:
+        write_model_card(output_dir, trainer.model, card)
+
+
+def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, **kwargs) -> dict[str, dict]:
+    """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``."""
+    from .cli_training import parse_eval_spec
+    from .evaluation.retrieval import evaluate_retrieval
+
+    results: dict[str, dict] = {}
+    for spec in evals:
+        folder, split = parse_eval_spec(spec)
+        res = evaluate_retrieval(model, folder, split, show_progress_bar=False, **kwargs)
+        results[spec] = res
+        logger.info("%s: nDCG@10 %.4f, Recall@100 %.4f", spec, res["ndcg@10"], res["recall@100"])
+    if output_dir is not None and results:
+        path = Path(output_dir) / EVAL_FILE
+        prev = json.loads(path.read_text()) if path.is_file() else {}
+        atomic_write_json(path, {**prev, **results})
+    return results
+
+
+def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
+                 max_queries: int | None = None, methods=(), evals=(), loss=None) -> dict[str, Any]:
+    """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate."""
+    from .data.training import RetrievalTrainingData
+    from .finetuning import IDROTrainer, IDROTrainingArguments
+    from .modeling.loading import load_encoder
+
+    if args is None:
+        args = IDROTrainingArguments(output_dir="outputs/finetune")
+    model_path = model if isinstance(model, (str, os.PathLike)) else None
+    st = load_encoder(str(model)) if model_path is not None else model
+    data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
+                                           seed=args.seed)
+    extra_methods = [m.lower() for m in methods]
+    trainer_cls, kwargs = IDROTrainer, {}
+    if extra_methods:
+        from .methods import configure_methods
+
+        trainer_cls, kwargs, loss = configure_methods(extra_methods, st, args, data, loss)
+    trainer = trainer_cls(model=st, args=args, train_dataset=data, loss=loss, **kwargs)
+    train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    prev = previous_training_info(model_path)
+    if "base_model" not in prev and model_path is not None:
+        prev["base_model"] = str(model_path) if not Path(str(model_path)).exists() else None
+    stage = finetune_stage_info(trainer, data.name, negatives)
+    save_final_model(trainer, args.output_dir, stage, prev, extra_methods)
+    result: dict[str, Any] = {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
+                              "train_loss": round(float(train_out.training_loss), 6)}
+    if evals and trainer.args.should_save:
+        for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
+            result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
+    return result
