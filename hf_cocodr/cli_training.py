@@ -47,7 +47,7 @@ def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: st
     if unknown:
         raise UsageError(f"unknown option(s) {unknown} (not a flag of {prog} nor a {cls.__name__} field)")
     parser = HfArgumentParser(cls, prog=prog)
-    parser.set_defaults(**{"report_to": "none", **defaults})
+    parser.set_defaults(**{"report_to": "none", "logging_steps": 10, "logging_first_step": True, **defaults})
     (args, leftover) = parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=True)
     if leftover:
         raise UsageError(f"unrecognized arguments: {' '.join(leftover)}")
@@ -128,3 +128,43 @@ def parse_eval_spec(spec: str) -> tuple[str, str]:
     if not os.path.isdir(folder):
         raise ConfigError(f"--eval {spec!r}: {folder} is not a directory")
     return folder, split
+
+
+# ------------------------------------------------------------------------------------------------------ pretrain
+PRETRAIN_FLAGS = {"model", "corpus", "n_head_layers", "skip_from", "config"}
+
+
+def _add_pretrain(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="starting encoder: sentence-transformers dir, checkpoint or Hub id")
+    p.add_argument("--corpus", action="append", default=None,
+                   help="BEIR folder or JSONL file of documents (repeatable; corpora are mixed)")
+    p.add_argument("--n_head_layers", "--n-head-layers", dest="n_head_layers", type=int, default=None)
+    p.add_argument("--skip_from", "--skip-from", dest="skip_from", type=int, default=None)
+    p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
+
+
+def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
+    from .pretraining import CocoPretrainingArguments
+
+    config = load_config(ns.config)
+    own_cfg, ta_cfg = _split_config(config, PRETRAIN_FLAGS)
+    if "corpus" in own_cfg and isinstance(own_cfg["corpus"], str):
+        own_cfg["corpus"] = [own_cfg["corpus"]]
+    _apply_own(ns, own_cfg, {})
+    if not ns.model:
+        raise UsageError("--model is required")
+    if not ns.corpus:
+        raise UsageError("at least one --corpus is required (a BEIR folder or a JSONL file of documents)")
+    if ns.n_head_layers is not None:
+        ta_cfg["n_head_layers"] = ns.n_head_layers
+    if ns.skip_from is not None:
+        ta_cfg["skip_from"] = ns.skip_from
+    args = parse_training_args(CocoPretrainingArguments, rest, ta_cfg, "hf-cocodr pretrain")
+    from .training_api import run_pretrain
+
+    print(json.dumps(run_pretrain(ns.model, ns.corpus, args=args)))
+    return 0
+
+
+register("pretrain", "COCO continuous contrastive pretraining on target corpora (Condenser head, span contrast)",
+         _add_pretrain, _run_pretrain, passthrough=True)

@@ -121,3 +121,39 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
     return result
+
+
+def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
+                 skip_from: int | None = None) -> dict[str, Any]:
+    """COCO pretraining end to end: build spans, train (resumable), export encoder + head + card to ``output_dir``."""
+    from .modeling.condenser import CondenserForPretraining
+    from .pretraining import CocoPretrainer, CocoPretrainingArguments
+
+    if args is None:
+        args = CocoPretrainingArguments(output_dir="outputs/coco")
+    if n_head_layers is not None:
+        args.n_head_layers = n_head_layers
+    if skip_from is not None:
+        args.skip_from = skip_from
+    cond = CondenserForPretraining.from_pretrained(str(model), n_head_layers=args.n_head_layers,
+                                                   skip_from=args.skip_from)
+    if args.skip_from is None:
+        logger.info("skip_from not given: using layer %d of %d (%s)", cond.skip_from, cond.config.num_hidden_layers,
+                    "the paper's choice" if cond.skip_from == 6 else "half the depth")
+    from transformers import AutoTokenizer
+
+    from .modeling.condenser import _transformer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(str(model)))
+    trainer = CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer)
+    trainer.source_model = str(model)
+    train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    prev = previous_training_info(model)
+    if "base_model" not in prev:
+        prev["base_model"] = str(model) if not Path(str(model)).exists() else None
+    trainer.export(args.output_dir, prev=prev)
+    trainer.save_state()
+    return {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
+            "train_loss": round(float(train_out.training_loss), 6),
+            **{k: v for k, v in (trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}).items()
+               if k in ("mlm_loss", "head_mlm_loss", "contrastive_loss")}}

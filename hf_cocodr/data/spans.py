@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 
 _ABBREV = {
     "e.g", "i.e", "et al", "al", "fig", "figs", "eq", "eqs", "ref", "refs", "dr", "mr", "mrs", "ms", "prof", "vs", "etc",
-    "approx", "no", "vol", "pp", "ca", "cf", "resp", "st", "jr", "sr", "inc", "ltd", "co", "u.s", "u.k", "dept", "est",
-    "min", "max", "sec", "mg", "kg", "ml", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
+    "approx", "no", "vol", "pp", "ca", "cf", "resp", "st", "jr", "sr", "inc", "ltd", "co", "u.s", "u.k", "dept",
+    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
     "nov", "dec",
 }
 _BOUNDARY = re.compile(r"[.!?]['\")\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
