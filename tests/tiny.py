@@ -59,7 +59,7 @@ def make_tokenizer(out_dir: str | Path, vocab_size: int = 400):
 
 
 def make_tiny_bert(out_dir: str | Path, *, layers: int = 2, hidden: int = 32, seed: int = 0, mlm: bool = True,
-                   dropout: float = 0.1) -> Path:
+                   dropout: float = 0.1, initializer_range: float = 0.02) -> Path:
     """A random BERT (MLM head optional) with its tokenizer, saved as a raw transformers checkpoint."""
     import torch
     from transformers import BertConfig, BertForMaskedLM, BertModel
@@ -70,7 +70,7 @@ def make_tiny_bert(out_dir: str | Path, *, layers: int = 2, hidden: int = 32, se
     config = BertConfig(
         vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
         intermediate_size=hidden * 2, max_position_embeddings=128, hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout, type_vocab_size=2,
+        attention_probs_dropout_prob=dropout, type_vocab_size=2, initializer_range=initializer_range,
     )
     model = BertForMaskedLM(config) if mlm else BertModel(config, add_pooling_layer=False)
     model.save_pretrained(out_dir)

@@ -41,7 +41,9 @@ def run(mode, model_dir, beir, out, batch, extra="", ddp=False):
 def nodrop_model(tmp_path_factory):
     import tiny
 
-    return tiny.make_tiny_bert(tmp_path_factory.mktemp("ddp_model"), dropout=0.0, seed=4)
+    # a larger initialisation spreads the embeddings apart, so the gradients are not tiny differences of nearly
+    # equal vectors (whose float32 cancellation would swamp the comparison)
+    return tiny.make_tiny_bert(tmp_path_factory.mktemp("ddp_model"), dropout=0.0, seed=4, initializer_range=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +76,7 @@ def test_idro_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp
                                    torch.tensor(single["steps"][step]["weights"]), rtol=1e-5, atol=1e-6)
         g_ddp = torch.tensor(r0["steps"][step]["grad_gram"])
         g_one = torch.tensor(single["steps"][step]["grad_gram"])
-        # step 1 sees identical parameters; at step 2 the parameters already differ by float noise, which the Gram
-        # of this near-degenerate random model (entries ~1e-4 from heavy cancellation) amplifies
-        tol = 1e-4 if step == "1" else 5e-3
+        tol = 1e-4
         assert (g_ddp - g_one).abs().max() <= tol * g_one.abs().max(), step
     assert [h["loss"] for h in r0["log"]] == pytest.approx([h["loss"] for h in single["log"]], rel=1e-4)
     assert_params_close(p0, p1, rtol=0, atol=0)
