@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .data.beir import BEIRFormatError
+from .hub import HubPushError
 
 
 class ConfigError(ValueError):
@@ -12,6 +13,7 @@ class ConfigError(ValueError):
 USER_ERRORS: tuple[type[BaseException], ...] = (
     BEIRFormatError,
     ConfigError,
+    HubPushError,
     ValueError,
     FileNotFoundError,
     FileExistsError,

@@ -53,24 +53,6 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
     return info
 
 
-def save_final_model(trainer, output_dir: str | os.PathLike, stage: dict[str, Any], prev: dict[str, Any],
-                     extra_methods: list[str] | None = None) -> None:
-    """Write the trained model, trainer_state.json and the model card into ``output_dir``."""
-    from .model_card import write_model_card
-
-    output_dir = Path(output_dir)
-    trainer.save_model(str(output_dir))
-    trainer.save_state()
-    stages = list(prev.get("stages", [])) + [stage]
-    methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage.get("method")] + list(extra_methods or [])))
-    datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + list(stage.get("corpora", []))
-                                  + ([stage["source_data"]] if stage.get("source_data") else [])))
-    card = {"stages": stages, "methods": [m for m in methods if m], "datasets": datasets,
-            "base_model": prev.get("base_model") or stage.get("base_model")}
-    if trainer.args.should_save:
-        write_model_card(output_dir, trainer.model, card)
-
-
 def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, **kwargs) -> dict[str, dict]:
     """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``."""
     from .cli_training import parse_eval_spec
@@ -98,8 +80,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
-    model_path = model if isinstance(model, (str, os.PathLike)) else None
-    st = load_encoder(str(model)) if model_path is not None else model
+    st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)
     extra_methods = [m.lower() for m in methods]
@@ -109,24 +90,32 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
         trainer_cls, kwargs, loss = configure_methods(extra_methods, st, args, data, loss)
     trainer = trainer_cls(model=st, args=args, train_dataset=data, loss=loss, **kwargs)
+    trainer.extra_methods = extra_methods
+    trainer.negatives_label = negatives
+    push = args.push_to_hub
+    args.push_to_hub = False  # push once, after the evaluation results are written
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    prev = previous_training_info(model_path)
-    if "base_model" not in prev and model_path is not None:
-        prev["base_model"] = str(model_path) if not Path(str(model_path)).exists() else None
-    stage = finetune_stage_info(trainer, data.name, negatives)
-    save_final_model(trainer, args.output_dir, stage, prev, extra_methods)
+    trainer.finalize()
     result: dict[str, Any] = {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
                               "train_loss": round(float(train_out.training_loss), 6)}
     if evals and trainer.args.should_save:
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
+        from .model_card import write_model_card
+
+        write_model_card(args.output_dir, trainer.model, trainer.card_data())
+    if push:
+        args.push_to_hub = True
+        result["commit_url"] = trainer.push_to_hub()
     return result
 
 
 def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
                  skip_from: int | None = None) -> dict[str, Any]:
     """COCO pretraining end to end: build spans, train (resumable), export encoder + head + card to ``output_dir``."""
-    from .modeling.condenser import CondenserForPretraining
+    from transformers import AutoTokenizer
+
+    from .modeling.condenser import CondenserForPretraining, _transformer_dir
     from .pretraining import CocoPretrainer, CocoPretrainingArguments
 
     if args is None:
@@ -140,20 +129,12 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     if args.skip_from is None:
         logger.info("skip_from not given: using layer %d of %d (%s)", cond.skip_from, cond.config.num_hidden_layers,
                     "the paper's choice" if cond.skip_from == 6 else "half the depth")
-    from transformers import AutoTokenizer
-
-    from .modeling.condenser import _transformer_dir
-
     tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(str(model)))
     trainer = CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer)
     trainer.source_model = str(model)
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-    prev = previous_training_info(model)
-    if "base_model" not in prev:
-        prev["base_model"] = str(model) if not Path(str(model)).exists() else None
-    trainer.export(args.output_dir, prev=prev)
-    trainer.save_state()
+    trainer.finalize()
+    logged = [h for h in trainer.state.log_history if "contrastive_loss" in h]
     return {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
             "train_loss": round(float(train_out.training_loss), 6),
-            **{k: v for k, v in (trainer.state.log_history[-2] if len(trainer.state.log_history) > 1 else {}).items()
-               if k in ("mlm_loss", "head_mlm_loss", "contrastive_loss")}}
+            **{k: logged[-1][k] for k in ("mlm_loss", "head_mlm_loss", "contrastive_loss") if logged}}

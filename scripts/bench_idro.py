@@ -51,7 +51,11 @@ def build_dataset(data_dir: str, n_rows: int, seed: int):
 
 def run_config(name, model_dir, dataset, steps, batch, seed):
     import torch
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments

@@ -13,7 +13,6 @@ os.environ.setdefault("HF_COCODR_CACHE", tempfile.mkdtemp(prefix="hf_cocodr_cach
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402
-
 import tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

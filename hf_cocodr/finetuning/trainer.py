@@ -72,6 +72,13 @@ class IDROTrainer(SentenceTransformerTrainer):
             raise ValueError(f"train_dataset must be RetrievalTrainingData or datasets.Dataset, got {type(train_dataset)}")
         if len(self.training_data) == 0:
             raise ValueError("the training data is empty")
+        if args.push_to_hub:
+            from ..errors import ConfigError
+            from ..hub import validate_repo_id
+
+            if not args.hub_model_id:
+                raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
+            validate_repo_id(args.hub_model_id)
         if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
             raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
                              "a plain dataset has none")
@@ -106,6 +113,7 @@ class IDROTrainer(SentenceTransformerTrainer):
         for cb in (self.kmeans_callback, self.negatives_callback):
             if cb is not None:
                 cb.trainer = self
+        self.extra_methods: list[str] = []
         self._skip_optimizer_step = False
         self.skipped_steps: list[int] = []
         self.weight_history: list[dict[str, Any]] = []
@@ -301,7 +309,67 @@ class IDROTrainer(SentenceTransformerTrainer):
         self.load_checkpoint_state(resume_from_checkpoint)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
+        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete* checkpoint. With
+        ``push_to_hub=True`` the final model, card and results are pushed in one commit at the end."""
         from ..checkpoints import resolve_resume
 
         resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self._finalized = False
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        if self.args.push_to_hub:
+            self.push_to_hub()
+        return output
+
+    # ---------------------------------------------------------------------------------------------- output
+    def starting_model_info(self) -> dict[str, Any]:
+        """The training record of the model this run started from (its stages go first on the card)."""
+        if getattr(self, "_prev_info", None) is None:
+            from ..training_api import previous_training_info
+
+            path = getattr(getattr(getattr(self.model[0], "model", None), "config", None), "_name_or_path", None)
+            info = previous_training_info(path) if path else {}
+            if "base_model" not in info and path and not os.path.exists(str(path)):
+                info["base_model"] = str(path)
+            self._prev_info = info
+        return self._prev_info
+
+    def card_data(self) -> dict[str, Any]:
+        from ..training_api import finetune_stage_info
+
+        prev = self.starting_model_info()
+        stage = finetune_stage_info(self, self.training_data.name, getattr(self, "negatives_label",
+                                                                            self.training_data.negatives_source))
+        methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]] + list(self.extra_methods)))
+        datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + [stage["source_data"]]))
+        return {"stages": list(prev.get("stages", [])) + [stage], "methods": methods, "datasets": datasets,
+                "base_model": prev.get("base_model")}
+
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:  # regenerate our card at every save (checkpoints and the final model)
+            from ..model_card import write_model_card
+
+            write_model_card(output_dir or self.args.output_dir, self.model, self.card_data())
+
+    def finalize(self) -> str:
+        """Write the final model, ``trainer_state.json`` and the card into ``output_dir`` (once per train())."""
+        if not getattr(self, "_finalized", False):
+            self.save_model(self.args.output_dir, _internal_call=True)
+            self.save_state()
+            self._finalized = True
+        return self.args.output_dir
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        logger.info("push_to_hub: checkpoints stay local; the final model is pushed in one commit after training")
+
+    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs) -> str:
+        """Push the final model (encoder, card, evaluation results) to ``args.hub_model_id`` in one commit."""
+        from ..hub import push_directory
+
+        self.finalize()
+        if not self.args.should_save:
+            return ""
+        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
+                              revision=revision or getattr(self.args, "hub_revision", None),
+                              commit_message=commit_message, token=token or self.args.hub_token)

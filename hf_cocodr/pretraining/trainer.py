@@ -100,6 +100,13 @@ class CocoPretrainer(Trainer):
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
         if corpora is None:
             raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
+        if args.push_to_hub:
+            from ..errors import ConfigError
+            from ..hub import validate_repo_id
+
+            if not args.hub_model_id:
+                raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
+            validate_repo_id(args.hub_model_id)
         if not args.backbone_dropout:
             for m in model.lm.modules():
                 if isinstance(m, torch.nn.Dropout):
@@ -300,10 +307,44 @@ class CocoPretrainer(Trainer):
         D.barrier()
 
     def train(self, resume_from_checkpoint=None, **kwargs):
+        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete* checkpoint. With
+        ``push_to_hub=True`` the exported encoder, the Condenser head and the card are pushed in one commit."""
         from ..checkpoints import resolve_resume
 
         resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        self._finalized = False
+        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        if self.args.push_to_hub:
+            self.push_to_hub()
+        return output
+
+    def finalize(self) -> str:
+        """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""
+        if not getattr(self, "_finalized", False):
+            from ..training_api import previous_training_info
+
+            prev = previous_training_info(self.source_model) if self.source_model else {}
+            if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():
+                prev["base_model"] = self.source_model
+            self.export(self.args.output_dir, prev=prev)
+            if self.args.should_save:
+                self.save_state()
+            self._finalized = True
+        return self.args.output_dir
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        logger.info("push_to_hub: checkpoints stay local; the final model is pushed in one commit after training")
+
+    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs) -> str:
+        from ..hub import push_directory
+
+        self.finalize()
+        if not self.args.should_save:
+            return ""
+        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
+                              revision=revision or getattr(self.args, "hub_revision", None),
+                              commit_message=commit_message, token=token or self.args.hub_token)
 
     def stage_info(self) -> dict[str, Any]:
         a = self.args
@@ -335,7 +376,8 @@ class CocoPretrainer(Trainer):
         card = {"stages": list(prev.get("stages", [])) + [stage],
                 "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["coco"])),
                 "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
-                "base_model": prev.get("base_model") or self.source_model}
+                "base_model": prev.get("base_model") or (
+                    self.source_model if self.source_model and not Path(self.source_model).exists() else None)}
         with tempfile.TemporaryDirectory(prefix=".coco-export-") as tmp:
             cond.encoder_model.save_pretrained(tmp)
             self.processing_class.save_pretrained(tmp)

@@ -106,7 +106,7 @@ def test_evaluate_cli_prints_json_last_line(tiny_st_dir, tiny_beir, tmp_path, ca
 
 def test_evaluate_matches_brute_force(tiny_st_dir, tiny_beir):
     """The streamed, length-sorted pipeline equals encoding everything at once and ranking by dot product."""
-    from hf_cocodr import evaluate_retrieval, load_encoder, load_beir
+    from hf_cocodr import evaluate_retrieval, load_beir, load_encoder
     from hf_cocodr.data import doc_text
 
     model = load_encoder(tiny_st_dir)
