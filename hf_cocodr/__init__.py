@@ -29,6 +29,8 @@ _LAZY = {
     "CocoPretrainer": "hf_cocodr.pretraining",
     "CocoPretrainingArguments": "hf_cocodr.pretraining",
     "CondenserForPretraining": "hf_cocodr.modeling.condenser",
+    "run_recipe": "hf_cocodr.recipe",
+    "RecipeConfig": "hf_cocodr.recipe",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

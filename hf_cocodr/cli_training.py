@@ -168,3 +168,55 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
 
 register("pretrain", "COCO continuous contrastive pretraining on target corpora (Condenser head, span contrast)",
          _add_pretrain, _run_pretrain, passthrough=True)
+
+
+# ------------------------------------------------------------------------------------------------------ recipe
+def _add_recipe(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="starting encoder")
+    p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
+                   help="target-domain BEIR folder or JSONL file (repeatable); only documents are read")
+    p.add_argument("--source-data", dest="source_data", default=None, help="BEIR folder with labelled source qrels")
+    p.add_argument("--source-split", dest="source_split", default=None)
+    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None)
+    p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT")
+    p.add_argument("--max-minutes", dest="max_minutes", type=float, default=None,
+                   help="size the stages to finish in about this many minutes on this machine")
+    p.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", dest="resume", default="true",
+                   help="true (default): skip finished stages and resume the unfinished one; false: restart stages")
+    p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:` and `finetune:` mappings of "
+                                                  "CocoPretrainingArguments / IDROTrainingArguments fields")
+
+
+def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
+    from .recipe import RecipeConfig, run_recipe
+
+    if rest:
+        raise UsageError(f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
+                         "under `coco:` / `finetune:`)")
+    config = load_config(ns.config)
+    own = {k: config.pop(k) for k in ("model", "target_corpus", "source_data", "output_dir", "eval", "max_minutes")
+           if k in config}
+    model = ns.model or own.get("model")
+    targets = ns.target_corpus or own.get("target_corpus") or []
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    source = ns.source_data or own.get("source_data")
+    out = ns.output_dir or own.get("output_dir")
+    evals = ns.eval or own.get("eval") or []
+    evals = [evals] if isinstance(evals, str) else list(evals)
+    max_minutes = ns.max_minutes if ns.max_minutes is not None else own.get("max_minutes")
+    for flag, value in (("--model", model), ("--source-data", source), ("--output_dir", out)):
+        if not value:
+            raise UsageError(f"{flag} is required")
+    if ns.source_split:
+        config["source_split"] = ns.source_split
+    if max_minutes is not None and max_minutes <= 0:
+        raise UsageError("--max-minutes must be positive")
+    cfg = RecipeConfig.from_dict(config)
+    resume = str(ns.resume).lower() not in ("false", "no", "0")
+    result = run_recipe(model, targets, source, out, evals=evals, config=cfg, max_minutes=max_minutes, resume=resume)
+    print(json.dumps(result))
+    return 0
+
+
+register("recipe", "COCO on target corpora -> iDRO on source labels -> export, card, evaluation (resumable)",
+         _add_recipe, _run_recipe, passthrough=True)

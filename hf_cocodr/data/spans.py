@@ -232,7 +232,7 @@ class SpanCorpus:
             n_docs = n_skipped = 0
             batch: list[str] = []
 
-            def flush(batch):
+            def flush(batch, si=si):
                 nonlocal n_skipped
                 if mode == "random_crops":
                     ids = tokenizer(batch, add_special_tokens=False, truncation=True,

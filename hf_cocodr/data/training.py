@@ -62,13 +62,17 @@ class RetrievalTrainingData:
     # ---------------------------------------------------------------------------------------- building
     @classmethod
     def from_beir(cls, folder: str | os.PathLike | BEIRData, split: str = "train", *, negatives: str = "bm25",
-                  bm25_top_k: int = 100, max_queries: int | None = None, seed: int = 0) -> RetrievalTrainingData:
+                  bm25_top_k: int = 100, max_queries: int | None = None, seed: int = 0,
+                  corpus_pool: int | None = None) -> RetrievalTrainingData:
         """Rows from a BEIR split: every judged query with at least one positive (grade > 0).
 
         Args:
             negatives: ``"bm25"`` mines warm-up negatives with BM25 over the corpus (top ``bm25_top_k``,
                 positives removed); ``"none"`` leaves the table empty (in-batch negatives only).
             max_queries: keep a random subset of this many queries (for quick runs).
+            corpus_pool: restrict the corpus to the positives and the BM25 top-``corpus_pool`` documents of the
+                kept queries (a mining pool), so self-negative refreshes re-encode only that pool. Needs
+                ``negatives="bm25"``.
         """
         data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
         row_of = {d: i for i, d in enumerate(column_numpy(data.corpus, "_id").tolist())}
@@ -98,8 +102,12 @@ class RetrievalTrainingData:
         out = cls(data.corpus, qids, texts, positives, name=f"{Path(data.folder).name}:{split}")
         if negatives == "bm25":
             out.mine_bm25_negatives(top_k=bm25_top_k)
+            if corpus_pool:
+                out.restrict_corpus_to_pool(corpus_pool)
         elif negatives != "none":
             raise ValueError(f"negatives must be 'bm25' or 'none', got {negatives!r}")
+        elif corpus_pool:
+            raise ValueError("corpus_pool needs negatives='bm25' (the pool is built from the BM25 ranking)")
         logger.info("%s: %d training queries, %.2f positives per query, corpus of %d documents",
                     out.name, len(out), out.pos_idx.size / len(out), len(out.corpus))
         return out
@@ -145,6 +153,22 @@ class RetrievalTrainingData:
         index = BM25Index(self.corpus_text_list())
         _, idx = index.search(self.query_texts, min(top_k + 20, index.ntotal))
         self.set_negatives(idx, "bm25", keep=top_k)
+
+    def restrict_corpus_to_pool(self, top_k: int) -> None:
+        """Keep only the positives and the first ``top_k`` negatives of every query (indices are remapped)."""
+        keep = set(self.pos_idx.tolist())
+        for r in range(len(self)):
+            keep.update(self.negatives(r)[:top_k].tolist())
+        rows = np.array(sorted(keep), dtype=np.int64)
+        remap = np.full(len(self.corpus), -1, dtype=np.int64)
+        remap[rows] = np.arange(len(rows))
+        before = len(self.corpus)
+        self.corpus = self.corpus.select(rows)
+        self.pos_idx = remap[self.pos_idx]
+        lists = [[int(x) for x in remap[self.negatives(r)[:top_k]]] for r in range(len(self))]
+        self.neg_ptr, self.neg_idx = _csr(lists)
+        logger.info("%s: corpus restricted to a mining pool of %d of %d documents (positives + BM25 top-%d)",
+                    self.name, len(rows), before, top_k)
 
     # ---------------------------------------------------------------------------------------- sampling
     def sample(self, rows: Sequence[int], *, step: int, seed: int, num_negatives: int):

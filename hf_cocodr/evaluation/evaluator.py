@@ -174,7 +174,9 @@ class BEIRRetrievalEvaluator(BaseEvaluator):
 
     def __call__(self, model, output_path: str | None = None, epoch: int = -1, steps: int = -1) -> dict[str, float]:
         """Evaluate ``model``; returns ``{f"{name}_{metric}": value}`` and records it in the model card data."""
-        where = "" if epoch == -1 else (f" after epoch {epoch}" if steps == -1 else f" in epoch {epoch} after {steps} steps")
+        where = ""
+        if epoch != -1:
+            where = f" after epoch {epoch}" if steps == -1 else f" in epoch {epoch} after {steps} steps"
         logger.info("BEIR retrieval evaluation on %s%s", self.name or self.split, where)
 
         result = evaluate_retrieval(

@@ -72,6 +72,15 @@ class IDROTrainer(SentenceTransformerTrainer):
             raise ValueError(f"train_dataset must be RetrievalTrainingData or datasets.Dataset, got {type(train_dataset)}")
         if len(self.training_data) == 0:
             raise ValueError("the training data is empty")
+        per_step = args.per_device_train_batch_size * max(1, args.world_size)
+        if len(self.training_data) < per_step:
+            from ..errors import ConfigError
+
+            raise ConfigError(
+                f"{len(self.training_data)} training queries cannot fill one batch of {per_step} "
+                f"({args.per_device_train_batch_size} per device x {max(1, args.world_size)} devices); "
+                "lower per_device_train_batch_size"
+            )
         if args.push_to_hub:
             from ..errors import ConfigError
             from ..hub import validate_repo_id
@@ -153,8 +162,10 @@ class IDROTrainer(SentenceTransformerTrainer):
         features, _ = self.collect_features(batch)
         device = features[0]["input_ids"].device
         labels = torch.as_tensor(self.cluster_ids[rows_np], device=device)
-        as_t = (lambda x: None if x is None else torch.as_tensor(x, device=device))
-        return features, labels, as_t(doc_keys), as_t(pos_keys)
+        def as_tensor(x):
+            return None if x is None else torch.as_tensor(x, device=device)
+
+        return features, labels, as_tensor(doc_keys), as_tensor(pos_keys)
 
     def get_data_collator(self, model, args, processing_class=None):
         collator = super().get_data_collator(model=model, args=args, processing_class=processing_class)
