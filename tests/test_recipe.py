@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from hf_cocodr.recipe import RecipeConfig, run_recipe
+
+CFG = dict(coco_steps=2, finetune_steps=4, refreshes=1, corpus_pool=None,
+           coco={"per_device_train_batch_size": 8, "save_steps": 2},
+           finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2})
+
+
+def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
+    out = tmp_path / "run"
+    spec = f"{tiny_beir}:dev"
+    res = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
+    assert set(res) == {spec} and {"ndcg@10", "recall@100"} <= set(res[spec])
+    assert json.loads((out / "eval.json").read_text()) == res
+    for stage in ("coco", "finetune"):
+        assert (out / stage / "hf_cocodr_stage.json").is_file()
+    model_files = {p.name for p in (out / "model").iterdir()}
+    assert {"modules.json", "README.md", "model.safetensors", "eval.json"} <= model_files
+    assert not any(n.startswith("checkpoint-") for n in model_files)
+    card = (out / "model" / "README.md").read_text()
+    assert "COCO continuous contrastive pretraining" in card and "iDRO fine-tuning" in card
+    history = json.loads((out / "finetune" / "idro_weights.json").read_text())
+    assert len(history["weights"]) == 4
+    assert any(c["reason"].startswith("negatives refresh") for c in history["clusterings"])
+
+    # A re-run skips both stages (no trainer is even built) and gives the same evaluation.
+    import hf_cocodr.finetuning as ft
+    import hf_cocodr.pretraining as pt
+
+    def boom(*a, **k):
+        raise AssertionError("a finished stage was run again")
+
+    monkeypatch.setattr(pt, "CocoPretrainer", boom)
+    monkeypatch.setattr(ft, "IDROTrainer", boom)
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+        again = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
+    assert again == res
+    assert sum("already finished" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_recipe_resumes_an_interrupted_stage(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
+    from hf_cocodr.finetuning import IDROTrainer
+
+    out = tmp_path / "run"
+    original = IDROTrainer.training_step
+
+    def crash_at_step_3(self, *a, **k):
+        if self.state.global_step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(IDROTrainer, "training_step", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=CFG)
+    assert (out / "coco" / "hf_cocodr_stage.json").is_file()
+    assert not (out / "finetune" / "hf_cocodr_stage.json").exists()
+    assert (out / "finetune" / "checkpoint-2").is_dir()
+    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=CFG)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("stage coco: already finished" in m for m in messages)
+    assert any("resuming from" in m and "checkpoint-2" in m for m in messages)
+    state = json.loads((out / "finetune" / "trainer_state.json").read_text())
+    assert state["global_step"] == 4
+
+
+def test_recipe_cli_last_line_is_json_keyed_by_eval(tiny_bert_dir, tiny_beir, tmp_path, capsys):
+    import yaml
+
+    from hf_cocodr.cli import main
+
+    cfg = tmp_path / "recipe.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    spec = f"{tiny_beir}:dev"
+    rc = main(["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
+               str(tiny_beir), "--output_dir", str(tmp_path / "o"), "--eval", spec, "--config", str(cfg)])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(last) == [spec] and "ndcg@10" in last[spec] and "recall@100" in last[spec]
+
+
+def test_recipe_bad_config(tmp_path):
+    with pytest.raises(ValueError, match="unknown recipe option"):
+        RecipeConfig.from_dict({"coco_stepz": 3})
