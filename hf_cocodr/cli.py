@@ -128,7 +128,7 @@ def _load_more_commands() -> None:
     """Commands defined next to their feature register themselves on import."""
     import importlib
 
-    for mod in ("hf_cocodr.cli_training", "hf_cocodr.cli_hub"):
+    for mod in ("hf_cocodr.cli_training", "hf_cocodr.cli_hub", "hf_cocodr.cli_mteb"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:

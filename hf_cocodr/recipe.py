@@ -91,7 +91,7 @@ def _time_it(fn, repeats: int = 2) -> float:
 
 
 def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, eval_docs: int, pool_docs: int,
-                       pooling: str) -> dict[str, float]:
+                       pooling: str, skip_finetune: bool = False) -> dict[str, float]:
     """Seconds per COCO step, per fine-tuning step, and per encoded document, measured on this machine."""
     import torch
 
@@ -121,7 +121,7 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, e
 
         out["coco_step_s"] = _time_it(coco_step)
         del cond
-    if train_data is not None:
+    if train_data is not None and not skip_finetune:
         st = load_encoder(model_path)
         st.train()
         loss = IDROLoss(st, preset=ft_args.idro_preset, num_clusters=4, tau=1.0,
@@ -202,7 +202,9 @@ def run_recipe(
 
     # ----------------------------------------------------------------------------------- data (cheap, cached)
     train_data = None
-    if not cfg.skip_finetune and not _stage_done(ft_dir):
+    need_source = (not cfg.skip_finetune and not _stage_done(ft_dir)) or (
+        not cfg.skip_coco and cfg.include_source_corpus and not _stage_done(coco_dir))
+    if need_source:
         train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
                                                      max_queries=cfg.max_queries, seed=cfg.seed,
                                                      corpus_pool=cfg.corpus_pool)
@@ -238,7 +240,8 @@ def run_recipe(
     if max_minutes is not None and (cfg.coco_steps is None or cfg.finetune_steps is None):
         tp = measure_throughput(model, CocoPretrainingArguments(**{**coco_kw, "max_steps": 1}),
                                 IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans, train_data, eval_docs,
-                                len(train_data.corpus) if train_data is not None else 0, pooling)
+                                len(train_data.corpus) if train_data is not None else 0, pooling,
+                                cfg.skip_finetune)
         elapsed = time.perf_counter() - t_start
         fixed = elapsed + 60.0  # model loading, K-Means, exports
         planned = plan_steps(max_minutes * 60.0, tp, cfg, fixed)

@@ -1,0 +1,125 @@
+"""MTEB sub-commands of ``hf-cocodr``: ``mteb`` (evaluate, leaderboard layout) and ``mteb-meta`` (PR snippet).
+
+``hf-cocodr mteb MODEL DATA_DIR --split test --task-name NAME --model-name ORG/NAME --revision REV --output-folder OUT``
+evaluates a local BEIR split as an MTEB task (or ``--tasks SciFact,NFCorpus`` for built-in tasks, which need the Hub
+or a local datasets cache) and writes ``OUT/results/ORG__NAME/REV/{NAME}.json`` and ``model_meta.json``.
+``hf-cocodr mteb-meta MODEL_DIR --model-name ORG/NAME --revision SHA`` prints the ``ModelMeta`` for an mteb
+model-implementation PR and the steps of a results submission.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from .cli import UsageError, register
+
+logger = logging.getLogger("hf_cocodr.cli")
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
+
+
+# ------------------------------------------------------------------------------------------------------- mteb
+def _add_mteb(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="sentence-transformers directory, raw transformers checkpoint (CLS/dot) or Hub id")
+    p.add_argument("data_dir", nargs="?", default=None,
+                   help="BEIR folder to evaluate as a local MTEB task (omit when using --tasks)")
+    p.add_argument("--split", default="test", help="qrels split of DATA_DIR (default: test)")
+    p.add_argument("--task-name", default=None,
+                   help="name of the local task, the results file NAME.json (default: <folder>-<split>)")
+    p.add_argument("--tasks", default=None,
+                   help="comma-separated built-in MTEB tasks, e.g. SciFact,NFCorpus (need the Hub or a local cache)")
+    p.add_argument("--model-name", required=True, help="model name as published, ORG/NAME")
+    p.add_argument("--revision", default=None,
+                   help="model revision, the Hub commit SHA (default: a content hash of the weights)")
+    p.add_argument("--output-folder", default="mteb_results",
+                   help="MTEB results folder: OUT/results/ORG__NAME/REV/ (default: mteb_results)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--languages", default="eng-Latn",
+                   help="comma-separated ISO 639-3 + script codes of the model and the local data (default: eng-Latn)")
+    p.add_argument("--overwrite", action="store_true", help="re-run tasks that already have results in OUT")
+    p.add_argument("--prediction-folder", default=None, help="also save the top-ranked documents per query here")
+    p.add_argument("--device", default=None)
+
+
+def _run_mteb(args, _rest) -> int:
+    from .evaluation.mteb import check_model_name, check_revision, run_mteb
+
+    check_model_name(args.model_name)
+    if args.revision is not None:
+        check_revision(args.revision)
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    tasks = _csv(args.tasks)
+    if args.data_dir is None and not tasks:
+        raise UsageError("give a BEIR folder (DATA_DIR) or built-in MTEB tasks (--tasks SciFact,NFCorpus)")
+    if args.data_dir is None and args.task_name:
+        raise UsageError("--task-name names a local BEIR folder task; give DATA_DIR too (built-in tasks keep their names)")
+    if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
+        raise FileNotFoundError(
+            f"BEIR folder {args.data_dir} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
+        )
+    model_path = Path(args.model).expanduser()
+    if not model_path.exists() and "/" not in args.model:
+        raise FileNotFoundError(f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name).")
+    result = run_mteb(
+        args.model, args.data_dir, args.split, args.task_name, args.model_name, args.revision, args.output_folder,
+        tasks=tasks or None, batch_size=args.batch_size, languages=_csv(args.languages) or ["eng-Latn"],
+        overwrite=args.overwrite, prediction_folder=args.prediction_folder, device=args.device,
+    )
+    for name, scores in result["tasks"].items():
+        logger.info("%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s", name, scores.get("ndcg@10"), scores.get("recall@100"),
+                    scores.get("mrr@10"))
+    logger.info("results: %s", result["results_folder"])
+    print(json.dumps(result))
+    return 0
+
+
+register("mteb", "run MTEB (local BEIR folder or built-in tasks) and write the leaderboard results layout",
+         _add_mteb, _run_mteb)
+
+
+# -------------------------------------------------------------------------------------------------- mteb-meta
+def _add_mteb_meta(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model_dir", help="the model directory (sentence-transformers or raw checkpoint)")
+    p.add_argument("--model-name", required=True, help="model name as published on the Hub, ORG/NAME")
+    p.add_argument("--revision", required=True, help="Hub commit SHA of the published model")
+    p.add_argument("--output-folder", default="mteb_results", help="the hf-cocodr mteb --output-folder, for the steps")
+    p.add_argument("--languages", default="eng-Latn", help="comma-separated ISO 639-3 + script codes")
+    p.add_argument("--license", default=None, help="default: the model card's license, else apache-2.0")
+    p.add_argument("--training-datasets", default=None,
+                   help="comma-separated extra training data sets (MTEB names), on top of hf_cocodr_training.json")
+    p.add_argument("--adapted-from", default=None, help="base model (default: base_model of the training info)")
+    p.add_argument("--output", default=None, help="also write the snippet to this file")
+
+
+def _run_mteb_meta(args, _rest) -> int:
+    from .evaluation.mteb import check_model_name, check_revision, mteb_meta_snippet, results_dir
+    from .utils import atomic_write_text
+
+    check_model_name(args.model_name)
+    check_revision(args.revision)
+    model_dir = Path(args.model_dir).expanduser()
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {args.model_dir} not found.")
+    extra = _csv(args.training_datasets)
+    snippet = mteb_meta_snippet(
+        model_dir, args.model_name, args.revision, output_folder=args.output_folder,
+        languages=_csv(args.languages) or ["eng-Latn"], license=args.license,
+        training_datasets=extra or None, adapted_from=args.adapted_from,
+    )
+    if args.output:
+        atomic_write_text(args.output, snippet)
+    print(snippet, end="")
+    rel = results_dir("", args.model_name, args.revision).as_posix()
+    print(json.dumps({"model_name": args.model_name, "revision": args.revision, "results_path": rel,
+                      "snippet_file": str(Path(args.output).resolve()) if args.output else None}))
+    return 0
+
+
+register("mteb-meta", "print the mteb ModelMeta (model-implementation PR) and the results-submission steps",
+         _add_mteb_meta, _run_mteb_meta)

@@ -1,0 +1,214 @@
+"""MTEB 2.x integration: a local BEIR task, the generated ModelMeta, the leaderboard results layout, the PR snippet.
+
+Everything runs offline on the tiny fixtures; expected scores are never hard-coded: the MTEB main score is compared
+with hf_cocodr's own exact-search evaluation of the same model on the same data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+
+import pytest
+
+import hf_cocodr.cli_mteb  # noqa: F401  (registers the mteb / mteb-meta commands)
+from hf_cocodr import evaluate_retrieval, load_encoder
+from hf_cocodr.cli import main
+
+MODEL_NAME = "test-org/tiny-cocodr"
+REVISION = "0123456789abcdef"
+TRAINING_INFO = {
+    "stages": [
+        {"type": "coco", "title": "COCO", "method": "coco", "corpora": ["scifact", "toy"]},
+        {"type": "finetune", "method": "idro", "source_data": "squad-v1.1:train"},
+    ],
+    "methods": ["coco", "idro"],
+    "datasets": ["scifact", "toy", "squad-v1.1:train"],
+    "base_model": "OpenMatch/cocodr-base",
+}
+
+
+def _cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained_dir(tiny_st_dir, tmp_path_factory):
+    """The tiny sentence-transformers model with the training info an hf_cocodr training run writes."""
+    out = tmp_path_factory.mktemp("mteb_model") / "model"
+    shutil.copytree(tiny_st_dir, out)
+    (out / "hf_cocodr_training.json").write_text(json.dumps(TRAINING_INFO))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mteb_run(trained_dir, tiny_beir, tmp_path_factory):
+    """One ``hf-cocodr mteb`` run on the dev split (the expensive part, shared by the tests below)."""
+    out = tmp_path_factory.mktemp("mteb_out")
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        code = main([
+            "-q", "mteb", str(trained_dir), str(tiny_beir), "--split", "dev", "--task-name", "toy-dev",
+            "--model-name", MODEL_NAME, "--revision", REVISION, "--output-folder", str(out), "--batch-size", "16",
+        ])
+    return code, out, stdout.getvalue()
+
+
+def test_results_layout(mteb_run):
+    code, out, _ = mteb_run
+    assert code == 0
+    rev_dir = out / "results" / "test-org__tiny-cocodr" / REVISION
+    assert (rev_dir / "toy-dev.json").is_file()
+    assert (rev_dir / "model_meta.json").is_file()
+    task = json.loads((rev_dir / "toy-dev.json").read_text())
+    assert task["task_name"] == "toy-dev"
+    assert list(task["scores"]) == ["dev"]
+    assert task["dataset_revision"]  # the content hash of the split
+
+
+def test_cli_result_line(mteb_run):
+    # The last printed line is one JSON object with the main score and the results folder.
+    _, out, stdout = mteb_run
+    line = json.loads(stdout.strip().splitlines()[-1])
+    rev_dir = out / "results" / "test-org__tiny-cocodr" / REVISION
+    assert line["results_folder"] == str(rev_dir.resolve())
+    assert line["model_name"] == MODEL_NAME and line["revision"] == REVISION
+    task = json.loads((rev_dir / "toy-dev.json").read_text())
+    assert line["tasks"]["toy-dev"]["main_score"] == pytest.approx(task["scores"]["dev"][0]["main_score"])
+
+
+def test_main_score_equals_evaluate_retrieval(mteb_run, trained_dir, tiny_beir):
+    _, out, _ = mteb_run
+    task = json.loads((out / "results" / "test-org__tiny-cocodr" / REVISION / "toy-dev.json").read_text())
+    entry = task["scores"]["dev"][0]
+    assert entry["hf_subset"] == "default"
+    ours = evaluate_retrieval(load_encoder(trained_dir), tiny_beir, "dev", show_progress_bar=False)
+    assert entry["main_score"] == pytest.approx(entry["ndcg_at_10"])
+    assert entry["main_score"] == pytest.approx(ours["ndcg@10"], abs=0.005)
+    assert entry["recall_at_100"] == pytest.approx(ours["recall@100"], abs=0.005)
+    assert entry["mrr_at_10"] == pytest.approx(ours["mrr@10"], abs=0.005)
+
+
+def test_model_meta_json(mteb_run, trained_dir):
+    _, out, _ = mteb_run
+    meta = json.loads((out / "results" / "test-org__tiny-cocodr" / REVISION / "model_meta.json").read_text())
+    model = load_encoder(trained_dir)
+    assert meta["name"] == MODEL_NAME
+    assert meta["revision"] == REVISION
+    assert meta["embed_dim"] == model.get_embedding_dimension()
+    assert meta["n_parameters"] == sum(p.numel() for p in model.parameters())
+    assert meta["max_tokens"] == model.max_seq_length
+    assert meta["similarity_fn_name"] == "dot"
+    assert meta["loader"] == "SentenceTransformerEncoderWrapper"
+    # COCO corpora and the fine-tuning source, mapped to MTEB names where MTEB has them.
+    assert set(meta["training_datasets"]) == {"SciFact", "toy", "squad-v1.1"}
+    assert meta["adapted_from"] == "OpenMatch/cocodr-base"
+    assert meta["languages"] == ["eng-Latn"]
+    assert meta["license"] == "apache-2.0"
+
+
+def test_beir_task_structure(tiny_beir):
+    from mteb.abstasks import AbsTaskRetrieval
+
+    from hf_cocodr.data import load_beir
+    from hf_cocodr.evaluation.mteb import beir_task
+
+    task = beir_task(tiny_beir, "dev", "toy-dev-structure")
+    assert isinstance(task, AbsTaskRetrieval)
+    assert task.metadata.main_score == "ndcg_at_10" and task.metadata.eval_splits == ["dev"]
+    task.load_data()
+    split = task.dataset["default"]["dev"]
+    data = load_beir(tiny_beir, "dev")
+    assert set(split["corpus"].column_names) == {"id", "title", "text"}
+    assert set(split["queries"].column_names) == {"id", "text"}
+    assert split["relevant_docs"] == data.qrels
+    assert split["top_ranked"] is None
+    assert sorted(split["queries"]["id"]) == sorted(data.qrels)
+    # The dataset revision is a content hash: stable for the same data, different for another split.
+    assert beir_task(tiny_beir, "dev", "toy-dev-structure").metadata.dataset == task.metadata.dataset
+    assert beir_task(tiny_beir, "train", "toy-train").metadata.revision != task.metadata.revision
+
+
+def test_mteb_meta_prints_valid_python(trained_dir, capsys):
+    code, out, _ = _cli(capsys, ["-q", "mteb-meta", str(trained_dir), "--model-name", MODEL_NAME,
+                                 "--revision", REVISION])
+    assert code == 0
+    lines = out.rstrip("\n").splitlines()
+    info = json.loads(lines[-1])
+    assert info["results_path"] == f"results/test-org__tiny-cocodr/{REVISION}"
+    source = "\n".join(lines[:-1])
+    compiled = compile(source, "mteb_model_snippet.py", "exec")
+    namespace: dict = {}
+    exec(compiled, namespace)
+    meta = namespace["tiny_cocodr"]
+    model = load_encoder(trained_dir)
+    assert meta.name == MODEL_NAME and meta.revision == REVISION
+    assert meta.embed_dim == model.get_embedding_dimension()
+    assert meta.n_parameters == sum(p.numel() for p in model.parameters())
+    assert meta.training_datasets == {"SciFact", "toy", "squad-v1.1"}
+    assert meta.loader.__name__ == "SentenceTransformerEncoderWrapper"
+    assert "embeddings-benchmark/results" in source
+    assert f"results/test-org__tiny-cocodr/{REVISION}" in source
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")  # mteb's own chatter
+def test_mteb_meta_raw_checkpoint_loader_is_cls_dot(tiny_bert_dir, capsys):
+    from hf_cocodr.modeling.loading import pooling_mode
+
+    code, out, _ = _cli(capsys, ["-q", "mteb-meta", str(tiny_bert_dir), "--model-name", "test-org/tiny-raw",
+                                 "--revision", REVISION])
+    assert code == 0
+    namespace: dict = {}
+    exec(compile("\n".join(out.splitlines()[:-1]), "raw_snippet.py", "exec"), namespace)
+    meta = namespace["tiny_raw"]
+    assert meta.loader_kwargs == {"pooling_mode": "cls", "similarity_fn_name": "dot"}
+    assert meta.training_datasets is None  # no training info: unknown, not "none"
+    # The generated loader builds CLS pooling + dot product (here from the local checkpoint instead of the Hub).
+    encoder = meta.loader(str(tiny_bert_dir), **meta.loader_kwargs)
+    assert pooling_mode(encoder.model) == "cls"
+    assert str(getattr(encoder.model.similarity_fn_name, "value", encoder.model.similarity_fn_name)) == "dot"
+
+
+@pytest.mark.parametrize("command", ["mteb", "mteb-meta"])
+def test_model_name_without_org_is_refused(command, tiny_st_dir, tiny_beir, tmp_path, capsys):
+    argv = [command, str(tiny_st_dir)] + ([str(tiny_beir)] if command == "mteb" else [])
+    argv += ["--model-name", "tiny-cocodr", "--revision", REVISION]
+    code, out, err = _cli(capsys, argv + (["--output-folder", str(tmp_path)] if command == "mteb" else []))
+    assert code == 2
+    assert "ORG/NAME" in err and "tiny-cocodr" in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_missing_folders_are_clear_errors(tiny_st_dir, tmp_path, capsys):
+    code, _, err = _cli(capsys, ["mteb", str(tiny_st_dir), str(tmp_path / "nope"), "--model-name", MODEL_NAME,
+                                 "--output-folder", str(tmp_path / "out")])
+    assert code == 2 and "nope" in err and "not found" in err
+    code, _, err = _cli(capsys, ["mteb-meta", str(tmp_path / "no_model"), "--model-name", MODEL_NAME,
+                                 "--revision", REVISION])
+    assert code == 2 and "no_model" in err and "not found" in err
+    code, _, err = _cli(capsys, ["mteb", str(tiny_st_dir), "--model-name", MODEL_NAME])
+    assert code == 2 and "--tasks" in err
+
+
+def test_task_name_and_builtin_task_errors(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
+    import mteb
+
+    from hf_cocodr.evaluation.mteb import MTEBDataUnavailableError, beir_task, run_mteb
+
+    with pytest.raises(ValueError, match="built-in MTEB task"):
+        beir_task(tiny_beir, "dev", "scifact")  # would pass for the official SciFact results
+    with pytest.raises(ValueError, match="unknown MTEB task"):
+        run_mteb(tiny_st_dir, model_name=MODEL_NAME, output_folder=tmp_path, tasks=["NoSuchTask"])
+
+    # Built-in tasks need the Hub: the offline failure names the task, the dataset and the way out. The dataset
+    # loader is stubbed with the error datasets raises offline, so the test never depends on a local cache.
+    def offline(self, *args, **kwargs):
+        raise ConnectionError("Couldn't reach 'mteb/scifact' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(type(mteb.get_task("SciFact")), "load_data", offline)
+    with pytest.raises(MTEBDataUnavailableError, match=r"SciFact.*mteb/scifact.*local BEIR"):
+        run_mteb(tiny_st_dir, model_name=MODEL_NAME, revision=REVISION, output_folder=tmp_path, tasks=["SciFact"])
