@@ -213,7 +213,24 @@ def convert_checkpoint(
     if Path(src_s).exists() and is_sentence_transformers_dir(src_s):
         logger.warning("%s is already a sentence-transformers directory; re-exporting it with CLS/dot.", src_s)
     card = {"model_name": name, "base_model": src_s if not Path(src_s).exists() else None, **(card_data or {})}
-    return export_sentence_transformer(
+    model = export_sentence_transformer(
         src_s, out_dir, pooling="cls", similarity="dot", max_seq_length=max_seq_length, legacy_format=legacy_format,
         query_length=query_length, document_length=document_length, card_data=card,
     )
+    write_model_meta(out_dir, model, name or f"local/{Path(out_dir).name}",
+                     adapted_from=src_s if not Path(src_s).exists() else None)
+    return model
+
+
+MODEL_META_FILE = "mteb_model_meta.json"
+
+
+def write_model_meta(out_dir: str | os.PathLike, model, model_name: str, adapted_from: str | None = None) -> dict:
+    """Write the generated mteb ``ModelMeta`` (CLS, dot, sizes, training data) as ``mteb_model_meta.json``."""
+    from .evaluation.mteb import model_meta_for, model_revision
+    from .utils import atomic_write_json
+
+    meta = model_meta_for(out_dir, model_name, revision=model_revision(model), model=model, adapted_from=adapted_from)
+    data = json.loads(json.dumps(meta.to_dict(), default=str))
+    atomic_write_json(Path(out_dir) / MODEL_META_FILE, data)
+    return data

@@ -115,3 +115,23 @@ def test_export_bad_inputs(tmp_path):
         export_sentence_transformer(str(tmp_path / "empty"), tmp_path / "out")
     with pytest.raises(ValueError, match="pooling must be one of"):
         export_sentence_transformer(str(tmp_path / "empty"), tmp_path / "out", pooling="weird")
+
+
+def test_convert_raw_checkpoint_cli(tiny_bert_dir, tmp_path, capsys):
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.cli import main
+
+    out = tmp_path / "cocodr-base"
+    assert main(["convert", str(tiny_bert_dir), str(out), "--name", "acme/cocodr-tiny"]) == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["pooling"] == "cls" and res["similarity"] == "dot" and res["query_length"] == 64
+    model = SentenceTransformer(str(out))
+    assert pooling_mode(model) == "cls" and model.similarity_fn_name == "dot"
+    assert model[0].query_length == 64 and model[0].document_length == 256
+    torch.testing.assert_close(model.encode_document(TEXTS, convert_to_tensor=True),
+                               raw_cls_vectors(str(tiny_bert_dir), TEXTS), atol=1e-5, rtol=1e-5)
+    meta = json.loads((out / "mteb_model_meta.json").read_text())
+    assert meta["name"] == "acme/cocodr-tiny" and meta["embed_dim"] == 32 and meta["similarity_fn_name"] == "dot"
+    card = (out / "README.md").read_text()
+    assert "acme/cocodr-tiny" in card and "CLS token" in card

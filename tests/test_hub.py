@@ -166,3 +166,22 @@ def test_push_requires_hub_model_id(tiny_st_dir, tiny_beir, tmp_path):
     with pytest.raises(ValueError, match="needs hub_model_id"):
         IDROTrainer(model=load_encoder(tiny_st_dir), args=args,
                     train_dataset=RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none"))
+
+
+def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
+    """convert + evaluate + MTEB files + push, on a small raw BERT made in the test."""
+    state, url = hub
+    script = Path(__file__).resolve().parent.parent / "scripts" / "publish_cocodr.py"
+    out = tmp_path / "pub"
+    proc = subprocess.run([sys.executable, str(script), "--src", str(tiny_bert_dir), "--out", str(out), "--repo-id",
+                           "acme/cocodr-pub", "--eval", f"{tiny_beir}:dev"], env=hub_env(url, tmp_path / "h"),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert f"{tiny_beir}:dev" in summary["evaluation"]
+    files = set(state.repos["acme/cocodr-pub"]["branches"]["main"])
+    assert {"model.safetensors", "README.md", "eval.json", "mteb_model_meta.json"} <= files
+    assert any(f.startswith("mteb_results/results/acme__cocodr-pub/") and f.endswith("model_meta.json") for f in files)
+    card = state.repos["acme/cocodr-pub"]["branches"]["main"]["README.md"].decode()
+    assert "| MTEB |" in card or "MTEB" in card
+    assert_no_token(proc.stdout, proc.stderr, out)
