@@ -231,15 +231,18 @@ def write_model_card(
 
     directory = Path(directory)
     card_data = dict(card_data or {})
+    training = None
     if card_data.get("stages") is not None or card_data.get("methods") is not None:
-        prev = _read_json(directory / TRAINING_INFO_FILE) or {}
-        atomic_write_json(directory / TRAINING_INFO_FILE, {**prev, **_jsonable(card_data)})
+        training = {**(_read_json(directory / TRAINING_INFO_FILE) or {}), **_jsonable(card_data)}
     data = build_card_data(
-        directory, model, card_data, pooling or pooling_mode(model) or "unknown",
+        directory, model, {**(training or {}), **card_data}, pooling or pooling_mode(model) or "unknown",
         similarity or str(getattr(model, "similarity_fn_name", "cosine")),
     )
+    text = render_model_card(data)  # refuses token-like strings before anything is written
+    if training is not None:
+        atomic_write_json(directory / TRAINING_INFO_FILE, training)
     path = directory / "README.md"
-    atomic_write_text(path, render_model_card(data))
+    atomic_write_text(path, text)
     return path
 
 

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from hf_cocodr.model_card import write_model_card
+
+STAGES = {
+    "stages": [
+        {"type": "coco", "title": "COCO continuous contrastive pretraining", "method": "coco",
+         "corpora": ["scifact", "nfcorpus"], "steps": 500, "documents per step": 64},
+        {"type": "finetune", "title": "iDRO fine-tuning", "method": "idro", "source_data": "squad-v1.1:train",
+         "steps": 300, "queries per step": 32, "iDRO preset": "paper", "K (clusters)": 50, "tau": 100.0},
+    ],
+    "methods": ["coco", "idro", "groupdro"],
+    "datasets": ["scifact", "nfcorpus", "squad-v1.1:train"],
+    "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+    "model_name": "acme/cocodr-mini",
+}
+
+
+@pytest.fixture()
+def model_dir(tiny_st_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_st_dir, d)
+    (d / "eval.json").write_text(json.dumps({"scifact:train": {"ndcg@10": 0.61234, "recall@100": 0.9, "mrr@10": 0.5}}))
+    (d / "mteb_results" / "results" / "acme__cocodr-mini" / "abc").mkdir(parents=True)
+    (d / "mteb_results" / "results" / "acme__cocodr-mini" / "abc" / "SciFact.json").write_text(json.dumps(
+        {"task_name": "SciFact", "scores": {"test": [{"ndcg_at_10": 0.7, "recall_at_100": 0.95, "mrr_at_10": 0.6}]}}))
+    return d
+
+
+def load(model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_dir))
+
+
+def test_card_sections_metadata_and_citations(model_dir):
+    path = write_model_card(model_dir, load(model_dir), STAGES)
+    text = path.read_text()
+    front, body = text.split("---\n", 2)[1:]
+    meta = yaml.safe_load(front)
+    assert meta["library_name"] == "sentence-transformers" and meta["pipeline_tag"] == "sentence-similarity"
+    assert meta["base_model"] == "sentence-transformers/all-MiniLM-L6-v2" and meta["license"] == "apache-2.0"
+    assert {"coco", "idro", "groupdro", "sentence-transformers"} <= set(meta["tags"])
+    assert meta["datasets"] == ["scifact", "nfcorpus", "squad-v1.1:train"]
+    for section in ("## Model details", "## Usage", "## Training", "### Zero-shot disclosure", "## Evaluation",
+                    "## Citation"):
+        assert section in body, section
+    assert "**CLS token" in body and "**dot product" in body
+    assert 'SentenceTransformer("acme/cocodr-mini")' in body and "model.similarity(" in body
+    assert "| iDRO preset | paper |" in body and "| K (clusters) | 50 |" in body and "| tau | 100.0 |" in body
+    assert "the **documents** of: nfcorpus, scifact" in body and "never saw the queries" in body
+    assert "squad-v1.1:train" in body
+    assert "| scifact:train | hf-cocodr evaluate | 0.6123 | 0.9000 | 0.5000 |" in body
+    assert "| SciFact (test) | MTEB | 0.7000 | 0.9500 | 0.6000 |" in body
+    for cite in ("yu2022cocodr", "gao2021condenser", "sagawa2020groupdro"):
+        assert cite in body
+    # stored training info lets later stages extend the card
+    assert json.loads((model_dir / "hf_cocodr_training.json").read_text())["methods"] == ["coco", "idro", "groupdro"]
+
+
+def test_card_renders_identically_twice(model_dir):
+    a = write_model_card(model_dir, load(model_dir), STAGES).read_text()
+    b = write_model_card(model_dir, load(model_dir), STAGES).read_text()
+    assert a == b
+
+
+def test_card_without_training(model_dir):
+    text = write_model_card(model_dir, load(model_dir), {}).read_text()
+    assert "without training" in text and "No target corpus was read" in text
+
+
+def test_card_refuses_tokens(model_dir):
+    token = "hf_" + "A" * 30
+    with pytest.raises(ValueError, match="looks like a Hugging Face token"):
+        write_model_card(model_dir, load(model_dir), {**STAGES, "model_name": token})
+    for p in model_dir.rglob("*"):
+        if p.is_file():
+            assert token.encode() not in p.read_bytes(), p
