@@ -136,17 +136,24 @@ def _load_more_commands() -> None:
                 raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors become one line (``hf-cocodr CMD: error: ...``, exit 2) instead of usage + message."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     _load_more_commands()
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hf-cocodr",
         description="COCO-DR domain adaptation for dense retrievers: pretrain, fine-tune, evaluate, export, push.",
     )
     parser.add_argument("--version", action="version", version=f"hf-cocodr {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and the result line")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cmd in COMMANDS.values():
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         cmd.add_args(sp)
@@ -156,23 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    cmd = COMMANDS[args.command]
-    if rest and not cmd.passthrough:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    setup_logging(logging.WARNING if args.quiet else logging.INFO)
     from .errors import USER_ERRORS
 
+    command = "hf-cocodr"
     try:
+        args, rest = parser.parse_known_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        command = f"hf-cocodr {args.command}"
+        cmd = COMMANDS[args.command]
+        if rest and not cmd.passthrough:
+            raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+        setup_logging(logging.WARNING if args.quiet else logging.INFO)
         return cmd.run(args, rest)
     except (UsageError, *USER_ERRORS) as e:
         if os.environ.get("HF_COCODR_DEBUG"):
             raise
-        msg = str(e) or type(e).__name__
-        print(f"hf-cocodr {args.command}: error: {msg}", file=sys.stderr)
+        msg = " ".join((str(e) or type(e).__name__).split())  # one line, whatever the library wrote
+        print(f"{command}: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -46,14 +46,31 @@ def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: st
     unknown = sorted(k for k in defaults if k not in names)
     if unknown:
         raise UsageError(f"unknown option(s) {unknown} (not a flag of {prog} nor a {cls.__name__} field)")
-    parser = HfArgumentParser(cls, prog=prog)
+    class _Parser(HfArgumentParser):
+        def error(self, message):  # one line instead of usage + traceback-free exit
+            raise UsageError(f"{message} (see `{prog} --help`)")
+
+    parser = _Parser(cls, prog=prog)
     parser.set_defaults(**{"report_to": "none", "logging_steps": 10, "logging_first_step": True, **defaults})
     (args, leftover) = parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=True)
     if leftover:
         raise UsageError(f"unrecognized arguments: {' '.join(leftover)}")
     if not args.output_dir:
         raise UsageError("--output_dir is required")
+    _check_config_paths(defaults, args.output_dir)
     return args
+
+
+def _check_config_paths(config: dict[str, Any], output_dir: str) -> None:
+    """Directories named in a config file (``logging_dir``, ...) must stay inside ``output_dir``."""
+    from .utils import resolve_inside
+
+    for key, value in config.items():
+        if key != "output_dir" and key.endswith("_dir") and isinstance(value, str) and value:
+            try:
+                resolve_inside(output_dir, value, what=f"config option {key}")
+            except ValueError as e:
+                raise UsageError(str(e)) from None
 
 
 def _split_config(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:

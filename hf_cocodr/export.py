@@ -43,7 +43,8 @@ def _transformer_module(model):
     return first
 
 
-def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: bool):
+def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: bool, pooling: str = COCODR_POOLING,
+                             similarity: str = COCODR_SIMILARITY):
     from sentence_transformers import SentenceTransformer
 
     if isinstance(model_or_path, SentenceTransformer):
@@ -60,7 +61,8 @@ def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: b
     path = str(model_or_path)
     if Path(path).exists() and not Path(path).is_dir():
         raise FileNotFoundError(f"{path} is a file; expected a model directory.")
-    return load_encoder(path, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code)
+    return load_encoder(path, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, pooling=pooling,
+                        similarity=similarity)
 
 
 def export_sentence_transformer(
@@ -104,7 +106,7 @@ def export_sentence_transformer(
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     from sentence_transformers import SentenceTransformer
 
-    src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code)
+    src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix=".hf_cocodr-export-") as staging:

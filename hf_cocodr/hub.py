@@ -97,3 +97,44 @@ def _current_token() -> str | None:
         return get_token()
     except Exception:  # pragma: no cover
         return None
+
+
+class HubPushMixin:
+    """Trainer behaviour shared by CocoPretrainer and IDROTrainer for ``push_to_hub=True``.
+
+    * ``hub_model_id`` is required and validated before anything runs.
+    * The token given as ``hub_token`` is taken out of the arguments (transformers pickles them into
+      ``training_args.bin``) and only handed to the Hub client.
+    * Checkpoints stay local; after training, the finalised directory (encoder, head, card, results) is pushed in one
+      commit.
+    """
+
+    _hub_token: str | None = None
+
+    @staticmethod
+    def _prepare_hub_args(args) -> str | None:
+        token = args.hub_token
+        args.hub_token = None
+        if args.push_to_hub:
+            from .errors import ConfigError
+
+            if not args.hub_model_id:
+                raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
+            validate_repo_id(args.hub_model_id)
+        return token
+
+    def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
+        super().init_hf_repo(token=token or self._hub_token, private=private)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        logger.info("push_to_hub: checkpoints stay local; the final model is pushed in one commit after training")
+
+    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
+                    revision: str | None = None, **kwargs) -> str:
+        """Push the finalised output directory to ``args.hub_model_id`` in one commit; returns the commit URL."""
+        self.finalize()
+        if not self.args.should_save:
+            return ""
+        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
+                              revision=revision or getattr(self.args, "hub_revision", None),
+                              commit_message=commit_message, token=token or self._hub_token)

@@ -26,6 +26,15 @@ def _want_faiss(backend: str) -> bool:
     return ok
 
 
+_LOGGED: set[str] = set()
+
+
+def _log_backend(what: str, backend: str) -> None:
+    if (what, backend) not in _LOGGED:
+        _LOGGED.add((what, backend))
+        logger.info("%s backend: %s", what, backend)
+
+
 def _faiss_gpu_count() -> int:
     import faiss
 
@@ -55,9 +64,12 @@ class DenseIndex:
             index = faiss.IndexFlatIP(dim)
             if use_gpu and _faiss_gpu_count() > 0:  # pragma: no cover - needs a GPU
                 index = faiss.index_cpu_to_all_gpus(index)
-                logger.info("faiss search on %d GPU(s)", _faiss_gpu_count())
+                _log_backend("exact search", f"faiss on {_faiss_gpu_count()} GPU(s)")
+            else:
+                _log_backend("exact search", "faiss on CPU" + (" (no GPU found)" if use_gpu else ""))
             self._index = index
         else:
+            _log_backend("exact search", "torch (faiss not installed)" if backend == "auto" else "torch")
             self._buf = torch.empty((capacity or 1024, dim), dtype=torch.float32)
 
     @property
@@ -139,6 +151,8 @@ def kmeans(
     if _want_faiss(backend):
         import faiss
 
+        gpus = _faiss_gpu_count()
+        _log_backend("K-Means", f"faiss on {gpus} GPU(s)" if gpus else "faiss on CPU")
         km = faiss.Kmeans(
             d,
             k,
@@ -147,12 +161,13 @@ def kmeans(
             spherical=spherical,
             max_points_per_centroid=max_points_per_centroid if max_points_per_centroid else max(1, (n + k - 1) // k),
             min_points_per_centroid=1,
-            gpu=_faiss_gpu_count() > 0,
+            gpu=gpus > 0,
             verbose=False,
         )
         km.train(x, init_centroids=None if init_centroids is None else _as_f32_numpy(init_centroids))
         _, assign = km.index.search(x, 1)
         return km.centroids.copy(), assign[:, 0].astype(np.int64)
+    _log_backend("K-Means", "torch")
     return _torch_kmeans(x, k, niter, seed, max_points_per_centroid, spherical, init_centroids)
 
 

@@ -34,7 +34,7 @@ class RecipeConfig:
     source_split: str = "train"
     include_source_corpus: bool = True
     max_queries: int | None = None  # source queries used for fine-tuning (None: all)
-    corpus_pool: int | None = 20  # restrict the source corpus to positives + BM25 top-k of the kept queries
+    corpus_pool: int | None = 5  # restrict the source corpus to positives + BM25 top-k of the kept queries
     coco_steps: int | None = None  # None: planned from max_minutes (or 500)
     finetune_steps: int | None = None  # None: planned from max_minutes (or 500)
     refreshes: int = 1  # self-negative refreshes (each re-clusters)
@@ -49,11 +49,19 @@ class RecipeConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecipeConfig:
         known = {f for f in cls.__dataclass_fields__}
+        from .errors import ConfigError
+
         unknown = sorted(set(data) - known)
         if unknown:
-            from .errors import ConfigError
-
             raise ConfigError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
+        for stage in ("coco", "finetune"):
+            sub = data.get(stage) or {}
+            if not isinstance(sub, dict):
+                raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments")
+            bad = [k for k in sub if k.endswith("_dir")]
+            if bad:
+                raise ConfigError(f"recipe option {stage}.{bad[0]}: the recipe places every stage inside --output_dir; "
+                                  "remove it")
         return cls(**data)
 
 
@@ -90,8 +98,8 @@ def _time_it(fn, repeats: int = 2) -> float:
     return float(np.median(times))
 
 
-def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, eval_docs: int, pool_docs: int,
-                       pooling: str, skip_finetune: bool = False) -> dict[str, float]:
+def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, eval_folders: list[str],
+                       pool_docs: int, pooling: str, skip_finetune: bool = False) -> dict[str, float]:
     """Seconds per COCO step, per fine-tuning step, and per encoded document, measured on this machine."""
     import torch
 
@@ -131,16 +139,33 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, e
 
         def ft_step():
             cols, dk, pk = train_data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
-            feats = [st.preprocess(c) for c in cols]
+            kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
+            feats = [st.preprocess(c, **kw) for c in cols]
             loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)).backward()
             st.zero_grad(set_to_none=True)
 
         out["finetune_step_s"] = _time_it(ft_step)
-        texts = train_data.doc_texts(range(min(128, len(train_data.corpus))))
+        rng = np.random.default_rng(0)
+        rows = rng.choice(len(train_data.corpus), min(128, len(train_data.corpus)), replace=False)
+        texts = train_data.doc_texts(rows)
         st.eval()
-        out["encode_doc_s"] = _time_it(lambda: st.encode_document(texts, batch_size=64), repeats=1) / len(texts)
-    out["eval_s"] = out.get("encode_doc_s", 0.05) * eval_docs
-    out["refresh_s"] = out.get("encode_doc_s", 0.05) * pool_docs
+        kw = {"processing_kwargs": {"text": {"max_length": ft_args.max_length}}} if ft_args.max_length else {}
+        out["refresh_doc_s"] = _time_it(lambda: st.encode_document(texts, batch_size=64, **kw), repeats=1) / len(texts)
+    out["refresh_s"] = out.get("refresh_doc_s", 0.05) * pool_docs
+    out["eval_s"] = 0.0
+    if eval_folders:
+        from .data.beir import column_numpy, doc_text, load_corpus
+        from .modeling.loading import load_encoder
+
+        st = load_encoder(model_path)
+        for folder in eval_folders:
+            corpus = load_corpus(folder)
+            rng = np.random.default_rng(0)
+            rows = rng.choice(len(corpus), min(96, len(corpus)), replace=False)
+            b = corpus.select(rows)
+            texts = [doc_text(t, x) for t, x in zip(column_numpy(b, "title"), column_numpy(b, "text"))]
+            per_doc = _time_it(lambda texts=texts: st.encode_document(texts, batch_size=64), repeats=1) / len(texts)
+            out["eval_s"] += per_doc * len(corpus)
     return out
 
 
@@ -220,13 +245,15 @@ def run_recipe(
                        logging_first_step=True, save_strategy="steps", save_steps=50, save_total_limit=1,
                        per_device_train_batch_size=32, num_clusters=50, learning_rate=2e-5, use_cpu=_no_gpu(),
                        disable_tqdm=True, idro_scale=20.0 if similarity == "cosine" else 1.0, num_negatives=1,
-                       dataloader_drop_last=True, warmup_steps=0.1)
+                       dataloader_drop_last=True, warmup_steps=0.1, max_length=128,
+                       # tau sets how fast the cluster weights move; the gradient inner products scale with the
+                       # similarity (cosine x 20 vs raw dot products), see reports/reproduction.md for the sweep
+                       idro_tau=100.0 if similarity == "cosine" else 3000.0)
     coco_kw = {**coco_defaults, **cfg.coco}
     ft_kw = {**ft_defaults, **cfg.finetune}
 
     # ----------------------------------------------------------------------------------- planning
     plan = {"coco_steps": cfg.coco_steps or 500, "finetune_steps": cfg.finetune_steps or 500}
-    eval_docs = sum(_corpus_size(parse_eval_spec(s)[0]) for s in evals)
     spans = None
     if not cfg.skip_coco and not _stage_done(coco_dir):
         from transformers import AutoTokenizer
@@ -239,7 +266,8 @@ def run_recipe(
                                  span_break_prob=probe_args.span_break_prob, seed=cfg.seed)
     if max_minutes is not None and (cfg.coco_steps is None or cfg.finetune_steps is None):
         tp = measure_throughput(model, CocoPretrainingArguments(**{**coco_kw, "max_steps": 1}),
-                                IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans, train_data, eval_docs,
+                                IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans, train_data,
+                                [parse_eval_spec(s)[0] for s in evals],
                                 len(train_data.corpus) if train_data is not None else 0, pooling,
                                 cfg.skip_finetune)
         elapsed = time.perf_counter() - t_start
@@ -250,7 +278,7 @@ def run_recipe(
         logger.info("recipe plan for %.0f minutes: measured %s; COCO %d steps, fine-tuning %d steps with %d "
                     "negative refresh(es); evaluation of %d documents", max_minutes,
                     {k: round(v, 3) for k, v in tp.items()}, plan["coco_steps"], plan["finetune_steps"],
-                    cfg.refreshes, eval_docs)
+                    cfg.refreshes, sum(_corpus_size(parse_eval_spec(s)[0]) for s in evals))
         atomic_write_json(out / "plan.json", {"max_minutes": max_minutes, "throughput": tp, **plan})
 
     # ----------------------------------------------------------------------------------- stage 1: COCO
@@ -259,9 +287,15 @@ def run_recipe(
         if _stage_done(coco_dir):
             logger.info("stage coco: already finished (%s), skipped", coco_dir)
         else:
+            from .modeling.condenser import checkpoint_has_mlm_head
             from .pretraining import CocoPretrainer
 
-            args = CocoPretrainingArguments(**{**coco_kw, "max_steps": plan["coco_steps"]})
+            kw = {**coco_kw, "max_steps": plan["coco_steps"]}
+            if checkpoint_has_mlm_head(model) is False and "mlm_head_warmup_steps" not in cfg.coco:
+                kw["mlm_head_warmup_steps"] = int(0.3 * plan["coco_steps"])
+                logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
+                            "gradients reach the encoder", kw["mlm_head_warmup_steps"])
+            args = CocoPretrainingArguments(**kw)
             trainer = CocoPretrainer(model, args, corpora=coco_corpora)
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()

@@ -82,7 +82,7 @@ def main() -> int:
     t_base = time.time() - t0
     t1 = time.time()
     evals = [f"{root / folder}:{split}" for folder, split, _ in EVALS]
-    config = {"max_queries": 2000, "corpus_pool": 20, "refreshes": 1}
+    config = {"max_queries": 1000, "corpus_pool": 2, "refreshes": 1}
     result = run_recipe(model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"),
                         out / "recipe", evals=evals, config=config, max_minutes=args.max_minutes)
     t_recipe = time.time() - t1

@@ -248,7 +248,8 @@ class SpanCorpus:
                     return
                 sents = [split(t) for t in batch]
                 flat = [s for ss in sents for s in ss]
-                ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+                ids = (tokenizer(flat, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"]
+                       if flat else [])
                 pos = 0
                 for ss in sents:
                     sent_ids = ids[pos:pos + len(ss)]

@@ -132,16 +132,42 @@ class RetrievalTrainingData:
         return [doc_text(t, x) for t, x in zip(titles, b["text"])]
 
     # ---------------------------------------------------------------------------------------- negatives
-    def set_negatives(self, ranked: np.ndarray | Sequence[Sequence[int]], source: str, skip_top: int = 0,
-                      keep: int | None = None) -> None:
-        """Install a negatives table from ranked corpus rows per query; labelled positives are removed."""
-        lists = []
-        for row, cands in enumerate(ranked):
-            pos = set(self.positives(row).tolist())
-            cleaned = [int(c) for c in cands if c >= 0 and int(c) not in pos]
-            cleaned = cleaned[skip_top:]
-            lists.append(cleaned[:keep] if keep else cleaned)
-        self.neg_ptr, self.neg_idx = _csr(lists)
+    def clean_ranking(self, start: int, ranked: np.ndarray, skip_top: int = 0,
+                      keep: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Vectorised: drop padding and labelled positives from ranked rows ``start..``; keep ranks
+        ``[skip_top, skip_top + keep)`` of what is left. Returns (per-row counts, flat candidate rows)."""
+        ranked = np.asarray(ranked, dtype=np.int64)
+        n, k = ranked.shape
+        ok = ranked >= 0
+        rows = np.arange(start, start + n)
+        widths = self.pos_ptr[rows + 1] - self.pos_ptr[rows]
+        for w in np.unique(widths):  # rows with the same number of positives compare in one broadcast
+            sel = np.nonzero(widths == w)[0]
+            pos = self.pos_idx[self.pos_ptr[rows[sel]][:, None] + np.arange(w)[None, :]]
+            ok[sel] &= ~(ranked[sel][:, :, None] == pos[:, None, :]).any(-1)
+        rank = np.cumsum(ok, axis=1) - 1
+        take = ok & (rank >= skip_top) & ((rank < skip_top + keep) if keep else True)
+        return take.sum(1), ranked[take]
+
+    def set_negatives(self, ranked, source: str, skip_top: int = 0, keep: int | None = None) -> None:
+        """Install a negatives table from ranked corpus rows per query (labelled positives removed).
+
+        ``ranked`` is an (n_queries × k) array, or an iterable of ``(first_row, block)`` for streaming large tables.
+        """
+        blocks = [(0, ranked)] if isinstance(ranked, np.ndarray) or (
+            isinstance(ranked, (list, tuple)) and ranked and not isinstance(ranked[0], tuple)) else ranked
+        counts = np.zeros(len(self), dtype=np.int64)
+        flat = []
+        for start, block in blocks:
+            block = np.asarray(block, dtype=np.int64)
+            c, f = self.clean_ranking(start, block, skip_top, keep)
+            counts[start:start + len(block)] = c
+            flat.append(f)
+        self.install_negatives(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                               np.concatenate(flat) if flat else np.zeros(0, np.int64), source)
+
+    def install_negatives(self, neg_ptr: np.ndarray, neg_idx: np.ndarray, source: str) -> None:
+        self.neg_ptr, self.neg_idx = np.asarray(neg_ptr, np.int64), np.asarray(neg_idx, np.int64)
         self.negatives_source = source
         sizes = np.diff(self.neg_ptr)
         logger.info("%s negatives installed: %.1f candidates per query (min %d, %d queries without any)",

@@ -79,11 +79,12 @@ def build_index(
     chunk_docs: int = 4096,
     backend: str = "auto",
     show_progress_bar: bool = True,
+    on_chunk=None,
 ) -> tuple[DenseIndex, np.ndarray]:
     """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
 
     Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy.
+    one chunk of embeddings, never a second full copy. ``on_chunk(n_done)`` is called after every chunk.
     """
     from tqdm.auto import tqdm
 
@@ -101,6 +102,8 @@ def build_index(
             encode_texts(model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize)
         )
         bar.update(len(rows))
+        if on_chunk is not None:
+            on_chunk(s + len(rows))
     bar.close()
     return index, order
 

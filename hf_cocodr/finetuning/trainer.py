@@ -13,6 +13,7 @@ from sentence_transformers import SentenceTransformerTrainer
 
 from .. import distributed as D
 from ..data.training import RetrievalTrainingData, StaticRows
+from ..hub import HubPushMixin
 from ..state import COMPLETE_MARKER, load_state, save_state
 from ..utils import atomic_write_json
 from .callbacks.kmeans import KMeansClusteringCallback
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 ROW_COLUMN = "label"  # the only dataset column: the row index, resolved into texts at step time
 
 
-class IDROTrainer(SentenceTransformerTrainer):
+class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
     """Fine-tune a SentenceTransformer with :class:`~hf_cocodr.IDROLoss` (COCO-DR's iDRO stage).
 
     ``train_dataset`` is a :class:`~hf_cocodr.data.RetrievalTrainingData` (queries, positives and a negatives
@@ -81,13 +82,7 @@ class IDROTrainer(SentenceTransformerTrainer):
                 f"({args.per_device_train_batch_size} per device x {max(1, args.world_size)} devices); "
                 "lower per_device_train_batch_size"
             )
-        if args.push_to_hub:
-            from ..errors import ConfigError
-            from ..hub import validate_repo_id
-
-            if not args.hub_model_id:
-                raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
-            validate_repo_id(args.hub_model_id)
+        self._hub_token = self._prepare_hub_args(args)
         if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
             raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
                              "a plain dataset has none")
@@ -114,7 +109,7 @@ class IDROTrainer(SentenceTransformerTrainer):
         if self.negatives_callback is None and args.refresh_negatives_every_steps:
             self.negatives_callback = HardNegativeRefreshCallback(
                 args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
-                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size,
+                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
             )
             callbacks.append(self.negatives_callback)
         super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_dataset, loss=loss,
@@ -369,18 +364,3 @@ class IDROTrainer(SentenceTransformerTrainer):
             self.save_state()
             self._finalized = True
         return self.args.output_dir
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        logger.info("push_to_hub: checkpoints stay local; the final model is pushed in one commit after training")
-
-    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
-                    revision: str | None = None, **kwargs) -> str:
-        """Push the final model (encoder, card, evaluation results) to ``args.hub_model_id`` in one commit."""
-        from ..hub import push_directory
-
-        self.finalize()
-        if not self.args.should_save:
-            return ""
-        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
-                              revision=revision or getattr(self.args, "hub_revision", None),
-                              commit_message=commit_message, token=token or self.args.hub_token)

@@ -38,6 +38,7 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         negatives_top_k / negatives_skip_top: sample negatives from ranks ``[skip_top, top_k)`` of the model's own
             ranking (labelled positives removed).
         recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
+        max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
     """
 
     idro_preset: str = field(default="paper", metadata={"help": f"iDRO preset: one of {PRESETS}"})
@@ -60,6 +61,11 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
     negatives_skip_top: int = field(default=0, metadata={"help": "skip the first ranks when sampling negatives"})
     recluster_on_refresh: bool = field(default=True, metadata={"help": "re-cluster at each negatives refresh"})
     encode_batch_size: int = field(default=64, metadata={"help": "batch size of the callbacks' encoding passes"})
+    max_length: int | None = field(
+        default=None,
+        metadata={"help": "token limit of training texts (and of the negative-refresh encoding); the saved model "
+                          "keeps its own limits for inference"},
+    )
 
     def __post_init__(self):
         super().__post_init__()

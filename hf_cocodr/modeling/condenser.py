@@ -65,6 +65,14 @@ def _transformer_dir(path: str) -> str:
     return path
 
 
+def checkpoint_has_mlm_head(path: str | os.PathLike) -> bool | None:
+    """Whether a local checkpoint stores MLM prediction-head weights (None when it cannot be told)."""
+    keys = _checkpoint_keys(Path(_transformer_dir(str(path))))
+    if keys is None:
+        return None
+    return any(k.split(".")[0] in _MLM_HEAD_ATTRS for k in keys)
+
+
 class CondenserForPretraining(nn.Module):
     """A ``*ForMaskedLM`` backbone with a Condenser head.
 
@@ -181,11 +189,14 @@ class CondenserForPretraining(nn.Module):
         return getattr(self.lm, self.lm.base_model_prefix)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None,
-                token_type_ids: Tensor | None = None, pooling: str = "cls") -> dict[str, Tensor]:
+                token_type_ids: Tensor | None = None, pooling: str = "cls", detach_mlm_inputs: bool = False
+                ) -> dict[str, Tensor]:
         """Returns ``embedding`` (pooled final-layer state), and per-token MLM sums/counts for both heads.
 
         The MLM losses are returned as *sums* over masked tokens (``mlm_sum``, ``head_mlm_sum``) plus the count,
-        so callers can normalise by a global count (gradient cache, DDP).
+        so callers can normalise by a global count (gradient cache, DDP). ``detach_mlm_inputs`` stops the MLM
+        gradients at the encoder's hidden states (the heads still learn): used to warm up a freshly created MLM
+        head without letting its initially random gradients disturb the encoder.
         """
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
         out = self.encoder_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
@@ -204,8 +215,10 @@ class CondenserForPretraining(nn.Module):
             targets = labels[sel]
             _, mlm = _mlm_head(self.lm)
             result["num_masked"] = sel.sum()
-            result["mlm_sum"] = F.cross_entropy(mlm(last[sel]).float(), targets, reduction="sum")
-            x = torch.cat([last[:, :1], hidden[self.skip_from][:, 1:]], dim=1)
+            feed_last = last.detach() if detach_mlm_inputs else last
+            feed_skip = hidden[self.skip_from].detach() if detach_mlm_inputs else hidden[self.skip_from]
+            result["mlm_sum"] = F.cross_entropy(mlm(feed_last[sel]).float(), targets, reduction="sum")
+            x = torch.cat([feed_last[:, :1], feed_skip[:, 1:]], dim=1)
             ext = self._extended_mask(attention_mask, x.dtype)
             for layer in self.c_head:
                 y = layer(x, ext)

@@ -108,10 +108,11 @@ def load_encoder(
             return SentenceTransformer(
                 name, trust_remote_code=trust_remote_code, revision=revision, token=token, device=device
             )
+    convention = " (the COCO-DR convention)" if (pooling, similarity) == (COCODR_POOLING, COCODR_SIMILARITY) else ""
     logger.info(
-        "%s has no modules.json: loading it as a raw transformers checkpoint with %s pooling and %s similarity "
-        "(the COCO-DR convention), not sentence-transformers' mean-pooling fallback.",
-        name, pooling.upper() if pooling == "cls" else pooling, similarity,
+        "%s has no modules.json: loading it as a raw transformers checkpoint with %s pooling and %s similarity%s, "
+        "not sentence-transformers' mean-pooling fallback.",
+        name, pooling.upper() if pooling == "cls" else pooling, similarity, convention,
     )
     return build_sentence_transformer(
         name, pooling=pooling, similarity=similarity, max_seq_length=max_seq_length,

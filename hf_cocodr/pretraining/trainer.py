@@ -16,6 +16,7 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
+from ..hub import HubPushMixin
 from ..modeling.condenser import CondenserForPretraining
 from ..state import COMPLETE_MARKER
 from ..utils import atomic_write_json
@@ -52,7 +53,7 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class CocoPretrainer(Trainer):
+class CocoPretrainer(HubPushMixin, Trainer):
     """COCO: sequence-contrastive learning between two spans of each document plus masked-LM through a Condenser head.
 
     Loss = ``head_mlm_weight``·MLM(head) + ``mlm_weight``·MLM(backbone) + ``contrastive_weight``·L_co, where L_co
@@ -100,13 +101,7 @@ class CocoPretrainer(Trainer):
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
         if corpora is None:
             raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
-        if args.push_to_hub:
-            from ..errors import ConfigError
-            from ..hub import validate_repo_id
-
-            if not args.hub_model_id:
-                raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
-            validate_repo_id(args.hub_model_id)
+        self._hub_token = self._prepare_hub_args(args)
         if not args.backbone_dropout:
             for m in model.lm.modules():
                 if isinstance(m, torch.nn.Dropout):
@@ -191,7 +186,7 @@ class CocoPretrainer(Trainer):
         a = self.args
         world, _ = D.world()
         batch = self._inputs(inputs["doc"])
-        out = model(**batch, pooling=a.pooling)
+        out = model(**batch, pooling=a.pooling, detach_mlm_inputs=self._warming_up())
         n_global = _all_reduce(out["num_masked"].detach().float()).clamp(min=1)
         mlm = out["mlm_sum"] / n_global * world
         head = out["head_mlm_sum"] / n_global * world
@@ -200,6 +195,9 @@ class CocoPretrainer(Trainer):
         loss = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co
         self._track(mlm, head, co)
         return (loss, {}) if return_outputs else loss
+
+    def _warming_up(self) -> bool:
+        return self.state.global_step < self.args.mlm_head_warmup_steps
 
     def _track(self, mlm, head, co) -> None:
         if not self.model.training:
@@ -249,7 +247,8 @@ class CocoPretrainer(Trainer):
             with ctx():
                 states[i].restore()
                 with self.compute_loss_context_manager():
-                    out = model(**{k: v[sl] for k, v in batch.items()}, pooling=a.pooling)
+                    out = model(**{k: v[sl] for k, v in batch.items()}, pooling=a.pooling,
+                                detach_mlm_inputs=self._warming_up())
                 emb = out["embedding"]
                 max_diff = max(max_diff, float((emb.detach() - local[sl].detach()).abs().max()))
                 mlm = out["mlm_sum"] / n_global * world
@@ -331,20 +330,6 @@ class CocoPretrainer(Trainer):
                 self.save_state()
             self._finalized = True
         return self.args.output_dir
-
-    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        logger.info("push_to_hub: checkpoints stay local; the final model is pushed in one commit after training")
-
-    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
-                    revision: str | None = None, **kwargs) -> str:
-        from ..hub import push_directory
-
-        self.finalize()
-        if not self.args.should_save:
-            return ""
-        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
-                              revision=revision or getattr(self.args, "hub_revision", None),
-                              commit_message=commit_message, token=token or self.args.hub_token)
 
     def stage_info(self) -> dict[str, Any]:
         a = self.args

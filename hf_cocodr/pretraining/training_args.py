@@ -33,6 +33,9 @@ class CocoPretrainingArguments(TrainingArguments):
         gradient_cache_chunk_size: encode the contrastive batch in chunks of this many documents with a gradient
             cache (0: off); identical gradients, memory bounded by the chunk.
         backbone_dropout: keep the backbone's dropout on (False reproduces the reference code).
+        mlm_head_warmup_steps: during the first N steps the MLM losses train the heads only (their gradients stop at
+            the encoder), so a freshly created MLM head (e.g. all-MiniLM-L6-v2 has none) does not disturb the encoder
+            with random-head gradients; the contrastive loss trains the encoder from the first step.
     Model:
         n_head_layers / skip_from: Condenser head depth and the backbone layer feeding it (default: 6 for 12-layer
             models, half the depth otherwise).
@@ -58,6 +61,8 @@ class CocoPretrainingArguments(TrainingArguments):
     pooling: str = field(default="cls", metadata={"help": "cls | mean"})
     gradient_cache_chunk_size: int = field(default=0, metadata={"help": "documents per gradient-cache chunk (0: off)"})
     backbone_dropout: bool = field(default=True, metadata={"help": "keep backbone dropout on"})
+    mlm_head_warmup_steps: int = field(
+        default=0, metadata={"help": "first N steps: MLM gradients stop at the encoder (warm up a fresh MLM head)"})
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     skip_from: int | None = field(default=None, metadata={"help": "backbone layer feeding the head"})
     text_column: str = field(default="text", metadata={"help": "text column of dataset/JSONL corpora"})

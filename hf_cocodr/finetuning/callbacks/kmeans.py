@@ -104,7 +104,7 @@ class KMeansClusteringCallback(TrainerCallback):
         model = trainer.model
         was_training = model.training
         try:
-            emb = encode_texts(model, texts[lo:hi], kind="query", batch_size=self.batch_size, normalize=False)
+            emb = encode_texts(model, texts[lo:hi], kind="query", batch_size=self.batch_size)  # model geometry
         finally:
             model.train(was_training)
         if emb.ndim != 2:

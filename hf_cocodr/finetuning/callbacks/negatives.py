@@ -23,7 +23,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
     """
 
     def __init__(self, every_steps: int, top_k: int = 100, skip_top: int = 0, recluster: bool = True,
-                 batch_size: int = 64):
+                 batch_size: int = 64, max_length: int | None = None, query_chunk: int = 65536):
         if every_steps <= 0:
             raise ValueError(f"every_steps must be > 0, got {every_steps}")
         if top_k <= skip_top:
@@ -33,6 +33,8 @@ class HardNegativeRefreshCallback(TrainerCallback):
         self.skip_top = skip_top
         self.recluster = recluster
         self.batch_size = batch_size
+        self.max_length = max_length
+        self.query_chunk = query_chunk
         self.trainer = None
         self.count = 0
         self.history: list[dict] = []
@@ -52,21 +54,35 @@ class HardNegativeRefreshCallback(TrainerCallback):
         model = trainer.model
         was_training = model.training
         t0 = time.perf_counter()
+        q_all = None
         try:
             if D.is_main():
-                index, order = build_index(model, data.corpus, batch_size=self.batch_size, show_progress_bar=False)
-                q = encode_texts(model, data.query_texts, kind="query", batch_size=self.batch_size)
+                index, order = build_index(model, data.corpus, batch_size=self.batch_size, show_progress_bar=False,
+                                           max_length=self.max_length)
                 k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
-                _, idx = index.search(q, k)
-                ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
+                blocks, q_parts = [], []
+                for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
+                    q = encode_texts(model, data.query_texts[s:s + self.query_chunk], kind="query",
+                                     batch_size=self.batch_size, max_length=self.max_length)
+                    _, idx = index.search(q, k)
+                    ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
+                    blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
+                    if self.recluster:
+                        q_parts.append(q.astype(np.float32))
+                del index
+                counts = np.concatenate([c for c, _ in blocks])
+                neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+                neg_idx = np.concatenate([f for _, f in blocks]).astype(np.int64)
+                q_all = np.concatenate(q_parts) if q_parts else None
             else:
-                ranked = q = None
+                neg_ptr = neg_idx = None
         finally:
             model.train(was_training)
-        ranked = D.broadcast_array(ranked)
-        q_all = D.broadcast_array(None if q is None else q.astype(np.float32))
-        data.set_negatives(ranked, source=f"self-mined@{trainer.state.global_step}", skip_top=self.skip_top,
-                           keep=self.top_k - self.skip_top)
+        neg_ptr = D.broadcast_array(neg_ptr)
+        neg_idx = D.broadcast_array(neg_idx)
+        if self.recluster:
+            q_all = D.broadcast_array(q_all)
+        data.install_negatives(neg_ptr, neg_idx, source=f"self-mined@{trainer.state.global_step}")
         self.count += 1
         sizes = np.diff(data.neg_ptr)
         self.history.append({"step": int(trainer.state.global_step), "mean_candidates": float(sizes.mean())})
