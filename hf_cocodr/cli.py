@@ -59,9 +59,12 @@ def _run_evaluate(args, _rest) -> int:
 
     _positive("--batch-size", args.batch_size)
     _positive("--top-k", args.top_k)
+    from .data.beir import load_beir
+
+    data = load_beir(args.data_dir, args.split)  # bad data fails before the model is loaded
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
-        model, args.data_dir, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
+        model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
         doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, output=args.output,
     )
     print_result_line(result)

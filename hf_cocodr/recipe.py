@@ -296,7 +296,7 @@ def run_recipe(
                 logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
                             "gradients reach the encoder", kw["mlm_head_warmup_steps"])
             args = CocoPretrainingArguments(**kw)
-            trainer = CocoPretrainer(model, args, corpora=coco_corpora)
+            trainer = CocoPretrainer(model, args, corpora=coco_corpora)  # seeds before building the heads
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()
             _mark_done(coco_dir, {"steps": trainer.state.global_step})

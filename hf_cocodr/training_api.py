@@ -80,9 +80,13 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
-    st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
+    if args.push_to_hub:  # fail before any data is loaded
+        from .hub import HubPushMixin
+
+        args.hub_token = HubPushMixin._prepare_hub_args(args)
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
-                                           seed=args.seed)
+                                           seed=args.seed)  # bad data fails before the model is loaded
+    st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     extra_methods = [m.lower() for m in methods]
     trainer_cls, kwargs = IDROTrainer, {}
     if extra_methods:
@@ -124,6 +128,9 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
         args.n_head_layers = n_head_layers
     if skip_from is not None:
         args.skip_from = skip_from
+    from transformers import set_seed
+
+    set_seed(args.seed)  # the fresh Condenser head (and a missing MLM head) are initialised reproducibly
     cond = CondenserForPretraining.from_pretrained(str(model), n_head_layers=args.n_head_layers,
                                                    skip_from=args.skip_from)
     if args.skip_from is None:

@@ -28,11 +28,25 @@ def get_data_root() -> Path:
     return cwd_default if cwd_default.is_dir() else DEFAULT_DATA_DIR
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is now (it may be replaced, e.g. by test capture)."""
+
+    @property
+    def stream(self):
+        import sys
+
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it; ignore
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Configure the ``hf_cocodr`` logger for command-line use (idempotent)."""
     root = logging.getLogger("hf_cocodr")
     if not any(getattr(h, "_hf_cocodr", False) for h in root.handlers):
-        handler = logging.StreamHandler()
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._hf_cocodr = True  # type: ignore[attr-defined]
         root.addHandler(handler)

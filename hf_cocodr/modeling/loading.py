@@ -56,6 +56,7 @@ def build_sentence_transformer(
         processor_kwargs={"trust_remote_code": trust_remote_code, **common},
         config_kwargs={"trust_remote_code": trust_remote_code, **common},
     )
+    _zero_missing_pooler(transformer, transformer_path)
     pool = Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
     return SentenceTransformer(modules=[transformer, pool], similarity_fn_name=similarity, device=device)
 
@@ -118,6 +119,26 @@ def load_encoder(
         name, pooling=pooling, similarity=similarity, max_seq_length=max_seq_length,
         trust_remote_code=trust_remote_code, revision=revision, token=token, device=device,
     )
+
+
+def _zero_missing_pooler(transformer, path: str) -> None:
+    """Raw MLM checkpoints have no pooler weights, so transformers initialises the (unused) pooler at random.
+
+    Zeroing it makes every load of the checkpoint identical (and the saved model deterministic); sentence-transformers
+    pooling never reads it.
+    """
+    import torch
+
+    from .condenser import _checkpoint_keys
+
+    pooler = getattr(getattr(transformer, "model", None), "pooler", None)
+    if pooler is None or not Path(path).is_dir():
+        return
+    keys = _checkpoint_keys(Path(path))
+    if keys is not None and not any(k.split(".")[0] == "pooler" or ".pooler." in k for k in keys):
+        with torch.no_grad():
+            for p in pooler.parameters():
+                p.zero_()
 
 
 def pooling_mode(model) -> str | None:

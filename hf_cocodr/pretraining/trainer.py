@@ -91,6 +91,9 @@ class CocoPretrainer(HubPushMixin, Trainer):
             raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
         source = None
         if not isinstance(model, CondenserForPretraining):
+            from transformers import set_seed
+
+            set_seed(args.seed)  # reproducible initialisation of the fresh heads
             source = str(model)
             model = CondenserForPretraining.from_pretrained(source, n_head_layers=args.n_head_layers,
                                                             skip_from=args.skip_from)
