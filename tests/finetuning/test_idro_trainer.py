@@ -211,9 +211,11 @@ def test_bad_inputs(tiny_bert_dir, tmp_path):
         make_args(tmp_path, idro_tau=0.0)
     with pytest.raises(ValueError, match="idro_beta must be >= 0"):
         make_args(tmp_path, idro_beta=-1.0)
-    ds = Dataset.from_dict({"q": ["a", "b"], "p": ["c", "d"]})
+    ds = Dataset.from_dict({"q": ["a", "b"] * 4, "p": ["c", "d"] * 4})
     with pytest.raises(ValueError, match="refresh_negatives_every_steps needs RetrievalTrainingData"):
         IDROTrainer(model=model, args=make_args(tmp_path, refresh_negatives_every_steps=2), train_dataset=ds)
+    with pytest.raises(ValueError, match="2 training queries cannot fill one batch of 8"):
+        IDROTrainer(model=model, args=make_args(tmp_path), train_dataset=ds.select(range(2)))
 
 
 def test_missing_positives_error_lists_examples(tmp_path):
