@@ -86,7 +86,7 @@ def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaul
 
 # ------------------------------------------------------------------------------------------------------ finetune
 FINETUNE_FLAGS = {"model", "train_data", "train_split", "idro_preset", "num_clusters", "tau", "negatives",
-                  "refresh_negatives_every", "max_queries", "method", "config", "eval"}
+                  "refresh_negatives_every", "max_queries", "method", "config", "eval", "target_corpus"}
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
@@ -99,8 +99,10 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--negatives", choices=["bm25", "none"], default="bm25")
     p.add_argument("--refresh-negatives-every", dest="refresh_negatives_every", type=int, default=None)
     p.add_argument("--max-queries", dest="max_queries", type=int, default=None, help="train on a random subset")
-    p.add_argument("--method", action="append", default=None,
+    p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
                    help="extra seed method(s) combined with the loss (modir, berm, rmsc); repeatable")
+    p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
+                   help="unlabelled target corpus (BEIR folder or JSONL) for MoDIR / RMSC; repeatable")
     p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT",
                    help="evaluate the final model on this BEIR split (repeatable)")
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
@@ -127,6 +129,7 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     result = run_finetune(
         model=ns.model, train_data=ns.train_data, train_split=ns.train_split, args=args, negatives=ns.negatives,
         max_queries=ns.max_queries, methods=ns.method or [], evals=ns.eval or [],
+        target_corpora=ns.target_corpus or [],
     )
     print(json.dumps(result))
     return 0

@@ -72,7 +72,8 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
 
 
 def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
-                 max_queries: int | None = None, methods=(), evals=(), loss=None) -> dict[str, Any]:
+                 max_queries: int | None = None, methods=(), evals=(), loss=None,
+                 target_corpora=()) -> dict[str, Any]:
     """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate."""
     from .data.training import RetrievalTrainingData
     from .finetuning import IDROTrainer, IDROTrainingArguments
@@ -88,13 +89,15 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     extra_methods = [m.lower() for m in methods]
-    trainer_cls, kwargs = IDROTrainer, {}
+    setup = None
     if extra_methods:
         from .methods import configure_methods
 
-        trainer_cls, kwargs, loss = configure_methods(extra_methods, st, args, data, loss)
-    trainer = trainer_cls(model=st, args=args, train_dataset=data, loss=loss, **kwargs)
+        loss, data, setup = configure_methods(extra_methods, st, args, data, loss, target_corpora)
+    trainer = IDROTrainer(model=st, args=args, train_dataset=data, loss=loss)
     trainer.extra_methods = extra_methods
+    if setup is not None:
+        setup(trainer)
     trainer.negatives_label = negatives
     push = args.push_to_hub
     args.push_to_hub = False  # push once, after the evaluation results are written

@@ -65,7 +65,7 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
             raise ValueError("IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)")
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
-        if isinstance(train_dataset, RetrievalTrainingData | StaticRows):
+        if isinstance(train_dataset, RetrievalTrainingData | StaticRows) or hasattr(train_dataset, "group_of"):
             self.training_data = train_dataset
         elif isinstance(train_dataset, datasets.Dataset):
             self.training_data = StaticRows(train_dataset)
@@ -123,7 +123,9 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
         self.weight_history: list[dict[str, Any]] = []
         self._log_acc: dict[str, float] = {}
         self._log_n = 0
-        self._num_negatives = args.num_negatives if isinstance(self.training_data, RetrievalTrainingData) else None
+        self._num_negatives = args.num_negatives if isinstance(
+            getattr(self.training_data, "human", self.training_data), RetrievalTrainingData) else None
+        self.rmsc_k: int | None = None  # set by hf_cocodr.methods when RMSC tokens are in use
         self._log_setup()
 
     # ---------------------------------------------------------------------------------------------- helpers
@@ -146,8 +148,12 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
         )
 
     def materialize(self, rows: torch.Tensor):
-        """Row indices → (features, cluster ids, doc keys, positive keys) for the current step."""
+        """Row indices → (features, cluster ids, doc keys, positive keys, texts) for the current step."""
         rows_np = rows.detach().cpu().numpy().astype(np.int64)
+        if self.rmsc_k is not None:  # RMSC: this batch's domain/relevance tokens (batches never mix combinations)
+            from ..methods.rmsc import COMBINATIONS, set_rmsc_template
+
+            set_rmsc_template(self.model, *COMBINATIONS[self.training_data.combination(rows_np)], k=self.rmsc_k)
         columns, doc_keys, pos_keys = self.training_data.sample(
             rows_np, step=self.state.global_step, seed=self.args.seed, num_negatives=self._num_negatives or 0
         )
@@ -160,7 +166,15 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
         def as_tensor(x):
             return None if x is None else torch.as_tensor(x, device=device)
 
-        return features, labels, as_tensor(doc_keys), as_tensor(pos_keys)
+        return features, labels, as_tensor(doc_keys), as_tensor(pos_keys), columns
+
+    def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
+        groups = getattr(getattr(self, "training_data", None), "group_of", None)
+        if groups is not None and len(dataset) == len(groups):  # RMSC: one token combination per batch
+            from ..methods.rmsc import GroupedBatchSampler
+
+            return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed)
+        return super().get_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
 
     def get_data_collator(self, model, args, processing_class=None):
         collator = super().get_data_collator(model=model, args=args, processing_class=processing_class)
@@ -174,13 +188,18 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if ROW_COLUMN not in inputs:  # evaluation datasets in the ordinary sentence-transformers format
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        features, labels, doc_keys, pos_keys = self.materialize(inputs[ROW_COLUMN])
+        features, labels, doc_keys, pos_keys, texts = self.materialize(inputs[ROW_COLUMN])
         loss_fn = self.loss
         if model == self.model_wrapped and hasattr(loss_fn, "model") and loss_fn.model != model:
             loss_fn = self.override_model_in_loss(loss_fn, model)
         if isinstance(loss_fn, IDROLoss):
-            loss = loss_fn(features, labels, doc_keys=doc_keys, pos_keys=pos_keys)
+            loss = loss_fn(features, labels, doc_keys=doc_keys, pos_keys=pos_keys,
+                           context={"texts": texts, "step": self.state.global_step})
             self._after_idro_forward(loss_fn)
+            if isinstance(loss, dict):  # auxiliary objectives: every term is logged
+                if self.model.training:
+                    self.track_loss_components(loss)
+                loss = torch.stack(list(loss.values())).sum()
         else:
             loss = loss_fn(features, None)
             if isinstance(loss, dict):
@@ -207,6 +226,7 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
         w = loss_fn.weights
         entropy = float(-(w * w.clamp(min=1e-300).log()).sum())
         acc = {
+            **s.get("aux_metrics", {}),
             "idro_clusters_present": float(len(s["cluster_ids"])),
             "idro_weight_max": float(w.max()),
             "idro_weight_min": float(w.min()),
@@ -269,6 +289,9 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
             meta["idro_config"] = loss.get_config_dict()
         for k, v in self.training_data.state_tensors().items():
             tensors[f"data_{k}"] = v
+        for aux in getattr(loss, "auxiliary", []):
+            if hasattr(aux, "state_tensors"):
+                tensors.update(aux.state_tensors())
         if self.kmeans_callback is not None:
             for k, v in self.kmeans_callback.state_tensors().items():
                 tensors[f"kmeans_{k}"] = v
@@ -287,6 +310,9 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
         loss = self.idro_loss
         if loss is not None and "idro_log_weights" in tensors:
             loss.log_weights = tensors["idro_log_weights"].to(torch.float64)
+        for aux in getattr(loss, "auxiliary", []):
+            if hasattr(aux, "load_state_tensors"):
+                aux.load_state_tensors(tensors)
         data_t = {k[5:]: v.numpy() for k, v in tensors.items() if k.startswith("data_")}
         if data_t:
             self.training_data.load_state_tensors(data_t, meta.get("negatives_source", "checkpoint"))
@@ -359,8 +385,16 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
 
     def finalize(self) -> str:
         """Write the final model, ``trainer_state.json`` and the card into ``output_dir`` (once per train())."""
+        if self.rmsc_k is not None:  # the saved tokenizer adds [T] ... [H] by itself
+            from ..methods.rmsc import finalize_rmsc_model
+
+            finalize_rmsc_model(self.model, self.rmsc_k)
         if not getattr(self, "_finalized", False):
             self.save_model(self.args.output_dir, _internal_call=True)
+            if self.rmsc_k is not None and self.args.should_save:
+                from ..methods.rmsc import pin_saved_tokenizer
+
+                pin_saved_tokenizer(self.args.output_dir)
             self.save_state()
             self._finalized = True
         return self.args.output_dir

@@ -48,7 +48,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
         from ...evaluation.retrieval import build_index, encode_texts
 
         trainer = self.trainer
-        data = trainer.training_data
+        data = getattr(trainer.training_data, "human", trainer.training_data)  # RMSC: refresh the human rows
         if not isinstance(data, RetrievalTrainingData):
             raise ValueError("negatives can only be refreshed for RetrievalTrainingData (a corpus is needed)")
         model = trainer.model
@@ -89,8 +89,9 @@ class HardNegativeRefreshCallback(TrainerCallback):
         logger.info("negatives refreshed at step %d in %.1fs: %.1f candidates per query from ranks [%d, %d)",
                     trainer.state.global_step, time.perf_counter() - t0, sizes.mean(), self.skip_top, self.top_k)
         if self.recluster and trainer.kmeans_callback is not None:
+            same_rows = data is trainer.training_data  # RMSC clusters all its rows: let K-Means encode them
             trainer.kmeans_callback.cluster(reason=f"negatives refresh at step {trainer.state.global_step}",
-                                            embeddings=q_all)
+                                            embeddings=q_all if same_rows else None)
 
     def state_meta(self) -> dict:
         return {"count": self.count, "history": self.history}

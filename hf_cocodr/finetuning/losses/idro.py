@@ -67,6 +67,7 @@ class IDROLoss(nn.Module):
         groupdro_step_size: float = 0.01,
         compute_gram: bool | None = None,
         gram_engine: str = "auto",
+        auxiliary: list | None = None,
     ) -> None:
         """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
 
@@ -108,6 +109,9 @@ class IDROLoss(nn.Module):
             rho, omega_power, omega_floor: constants of the reference preset.
             groupdro_step_size: η of the GroupDRO preset.
             compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
+            auxiliary: extra objectives added to the reweighted retrieval loss, e.g.
+                :class:`~hf_cocodr.methods.MoDIRObjective` and :class:`~hf_cocodr.methods.BERMObjective`; the
+                loss then returns a dict of named terms (each logged).
             gram_engine: ``"auto"`` (the pooled-position engine whenever the subset allows it), ``"autograd"``
                 (always one vector-Jacobian product per cluster, for comparison) or ``"pooled"`` (require it).
 
@@ -188,6 +192,8 @@ class IDROLoss(nn.Module):
         self.reset_weights(int(num_clusters))
         self.last_stats: dict[str, Any] = {}
         self.skipped_steps = 0
+        self.auxiliary = nn.ModuleList(auxiliary or [])
+        self._token_states = any(getattr(a, "needs_token_states", False) for a in self.auxiliary)
         if self.subset is not None:
             logger.info(
                 "iDRO gradient similarity over %d parameters (%s, %s engine): %s",
@@ -216,13 +222,17 @@ class IDROLoss(nn.Module):
 
     # ------------------------------------------------------------------------------------------ encoding
     def _embed(self, sentence_features: Iterable[dict[str, Tensor]], probe: PooledPositionProbe | None):
+        """(features, embeddings per column, full outputs per column or None)."""
+        import contextlib
+
         from sentence_transformers.base.losses.merged_forward import embed_columns
 
         features = list(sentence_features)
-        if probe is None:
-            return features, embed_columns(self.model, features)
-        with probe:
-            return features, embed_columns(self.model, features)
+        with probe if probe is not None else contextlib.nullcontext():
+            if self._token_states:  # auxiliary objectives read token states: one forward per column
+                outputs = [self.model(f) for f in features]
+                return features, [o["sentence_embedding"] for o in outputs], outputs
+            return features, embed_columns(self.model, features), None
 
     def _layout(self, features, embeddings, doc_keys, pos_keys, world: int):
         B = embeddings[0].shape[0]
@@ -244,7 +254,7 @@ class IDROLoss(nn.Module):
 
     def per_sample_loss(self, sentence_features, labels=None, doc_keys=None, pos_keys=None) -> Tensor:
         """The differentiable per-row InfoNCE loss vector that the cluster losses average."""
-        features, embeddings = self._embed(sentence_features, None)
+        features, embeddings, _ = self._embed(sentence_features, None)
         return self._local_losses(features, embeddings, doc_keys, pos_keys)[0]
 
     def _local_losses(self, features, embeddings, doc_keys, pos_keys):
@@ -269,12 +279,28 @@ class IDROLoss(nn.Module):
 
     # ------------------------------------------------------------------------------------------ forward
     def forward(self, sentence_features, labels: Tensor, doc_keys: Tensor | None = None,
-                pos_keys: Tensor | None = None) -> Tensor:
+                pos_keys: Tensor | None = None, context: dict | None = None) -> Tensor | dict[str, Tensor]:
+        loss, embeddings, outputs = self._retrieval_forward(sentence_features, labels, doc_keys, pos_keys)
+        if not len(self.auxiliary):
+            return loss
+        terms = {"retrieval_loss": loss}
+        metrics = {}
+        if not self.last_stats.get("skipped"):
+            for aux in self.auxiliary:
+                for k, v in aux.compute(self.model, embeddings, outputs, context or {}).items():
+                    if k.startswith("_"):
+                        metrics[k[1:]] = float(v)
+                    else:
+                        terms[k] = v
+        self.last_stats["aux_metrics"] = metrics
+        return terms
+
+    def _retrieval_forward(self, sentence_features, labels, doc_keys, pos_keys):
         if labels is None:
             raise ValueError("IDROLoss needs cluster ids as labels; train it with IDROTrainer (which supplies them)")
         fast = self.subset is not None and self.subset.fast
         probe = PooledPositionProbe(self.subset.last_block) if fast else None
-        features, embeddings = self._embed(sentence_features, probe)
+        features, embeddings, outputs = self._embed(sentence_features, probe)
         ell, (B, M, doc_flat, pos_all, world, rank) = self._local_losses(features, embeddings, doc_keys, pos_keys)
         labels = labels.to(ell.device).long().reshape(-1)
         if labels.numel() != B:
@@ -313,7 +339,7 @@ class IDROLoss(nn.Module):
             stats.update(alpha=None, weights=self.weights[present].detach(), coefficients=None)
             self.last_stats = stats
             # A zero loss that still reaches every embedding, so DDP's reducer sees every parameter.
-            return sum(e.sum() for e in embeddings) * 0.0
+            return sum(e.sum() for e in embeddings) * 0.0, embeddings, outputs
 
         gram = None
         if self.needs_gram:
@@ -335,11 +361,11 @@ class IDROLoss(nn.Module):
                      coefficients=coef.float(), all_weights=self.weights.detach().float())
         self.last_stats = stats
         if self.preset == "uniform":
-            return ell.mean()
+            return ell.mean(), embeddings, outputs
         # Each local row carries its cluster's coefficient / cluster size; ×world undoes DDP gradient averaging.
         local_inv = inverse[rank * B:(rank + 1) * B]
         row_w = (coef / sizes.double())[local_inv].to(ell.dtype)
-        return world * (row_w * ell).sum()
+        return world * (row_w * ell).sum(), embeddings, outputs
 
     def _alpha(self, ell_c: Tensor) -> Tensor:
         powered = ell_c.clamp(min=0) ** self.beta

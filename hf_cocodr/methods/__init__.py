@@ -1,0 +1,83 @@
+"""The other seed methods, as composable options of the same trainers.
+
+* :class:`MoDIRObjective` (momentum adversarial domain-invariant representations) and :class:`BERMObjective`
+  (balanced and extractable representations) are auxiliary terms of :class:`~hf_cocodr.IDROLoss`
+  (``IDROLoss(model, auxiliary=[...])``), so they combine with any preset (paper iDRO, GroupDRO, uniform).
+* RMSC (domain / relevance soft tokens) changes the data and the tokenizer: :class:`RMSCTrainingData`,
+  :func:`add_rmsc_tokens`; the IDROTrainer keeps every batch to one token combination.
+
+:func:`configure_methods` wires them from names, as ``hf-cocodr finetune --method modir --method berm`` does.
+"""
+
+from __future__ import annotations
+
+from .berm import BERMObjective, BM25Scorer, balance_loss, extraction_loss
+from .modir import MoDIRObjective, confusion_loss, domain_classifier_accuracy
+from .rmsc import GroupedBatchSampler, RMSCTrainingData, add_rmsc_tokens, set_rmsc_template, weak_pairs
+
+METHODS = ("modir", "berm", "rmsc")
+
+__all__ = [
+    "BERMObjective", "BM25Scorer", "GroupedBatchSampler", "METHODS", "MoDIRObjective", "RMSCTrainingData",
+    "add_rmsc_tokens", "balance_loss", "configure_methods", "confusion_loss", "domain_classifier_accuracy",
+    "extraction_loss", "set_rmsc_template", "weak_pairs",
+]
+
+
+def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list[str]:
+    """Unlabelled target texts for MoDIR: documents of the target corpora (a random sample if very large)."""
+    import numpy as np
+
+    from ..data.spans import corpus_source
+
+    texts = [t for c in target_corpora for t in corpus_source(c).texts() if t.strip()]
+    if len(texts) > max_texts:
+        idx = np.random.default_rng(seed).choice(len(texts), max_texts, replace=False)
+        texts = [texts[i] for i in sorted(idx)]
+    return texts
+
+
+def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int = 1,
+                      weak_mode: str = "scl", weak_pairs_per_corpus: int = 20_000):
+    """Build the loss / data / trainer options for the named methods.
+
+    Returns ``(loss, data, trainer_setup)`` where ``trainer_setup(trainer)`` finishes the wiring (RMSC).
+    """
+    from ..finetuning.losses.idro import IDROLoss
+
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    if ("modir" in methods or "rmsc" in methods) and not target_corpora:
+        raise ValueError(f"{' and '.join(m for m in ('modir', 'rmsc') if m in methods)} need(s) a target stream: "
+                         "pass --target-corpus DIR (unlabelled target documents)")
+    aux = []
+    if "modir" in methods:
+        aux.append(MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
+                                  seed=args.seed))
+    if "berm" in methods:
+        aux.append(BERMObjective(model.tokenizer, data.corpus_text_list(), max_length=args.max_length))
+    if loss is None:
+        loss = IDROLoss(model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta,
+                        tau=args.idro_tau, grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
+                        in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
+                        gather_across_devices=args.world_size > 1, auxiliary=aux)
+    elif aux:
+        loss.auxiliary.extend(aux)
+        loss._token_states = any(getattr(a, "needs_token_states", False) for a in loss.auxiliary)
+
+    def setup(trainer):
+        trainer.extra_methods = list(methods)
+
+    if "rmsc" in methods:
+        add_rmsc_tokens(model, k=rmsc_k)
+        source_weak = weak_pairs(data.corpus, weak_mode, weak_pairs_per_corpus, seed=args.seed)
+        target_weak = [p for i, c in enumerate(target_corpora)
+                       for p in weak_pairs(c, weak_mode, weak_pairs_per_corpus, seed=args.seed + 1 + i)]
+        data = RMSCTrainingData(data, source_weak, target_weak)
+
+        def setup(trainer):  # noqa: F811
+            trainer.extra_methods = list(methods)
+            trainer.rmsc_k = rmsc_k
+
+    return loss, data, setup

@@ -1,0 +1,157 @@
+"""MoDIR (Xin et al., ACL Findings 2022): momentum adversarial domain-invariant representations.
+
+A linear domain classifier (no bias) is trained, each step, on a momentum queue of *detached* source and target
+embeddings (queries and documents) from the last ``queue_batches`` batches; then, with the classifier frozen, the
+encoder receives ``λ · confusion`` where the confusion loss is the cross-entropy of the classifier's prediction
+against the uniform domain distribution on the current source and target embeddings. λ decays as
+``λ₀ · 2^(−step / half_life)``. Target texts come from an unlabelled stream (a corpus folder and optionally target
+queries), sampled deterministically per ``(seed, step)``; the whole stream is used, not its first lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+
+
+def confusion_loss(logits: Tensor) -> Tensor:
+    """Cross-entropy of the predicted domain distribution against uniform: minimal (= log 2) at 50/50."""
+    return -F.log_softmax(logits, dim=-1).mean(dim=-1).mean()
+
+
+class MoDIRObjective(nn.Module):
+    """The MoDIR term of :class:`~hf_cocodr.IDROLoss` (pass it in ``auxiliary=[...]``).
+
+    Args:
+        target_texts: unlabelled target-domain texts (documents, optionally queries); required.
+        embedding_dim: the encoder's embedding size.
+        target_batch_size: target texts encoded per step (default: the source batch size).
+        queue_batches: n, how many past batches the momentum queue keeps (memory: n × batch × 2 × dim floats).
+        lambda0 / half_life: λ = λ₀·2^(−step/half_life).
+        classifier_lr / classifier_steps: SGD on the queue each step.
+    """
+
+    name = "modir"
+
+    def __init__(self, target_texts: Sequence[str], embedding_dim: int, *, target_batch_size: int | None = None,
+                 queue_batches: int = 1000, lambda0: float = 1.0, half_life: float = 10_000.0,
+                 classifier_lr: float = 0.01, classifier_steps: int = 1, seed: int = 0):
+        super().__init__()
+        texts = [t for t in target_texts if t and t.strip()]
+        if not texts:
+            raise ValueError("MoDIR needs a stream of unlabelled target texts (target corpus documents or queries); "
+                             "pass target_texts / --target-corpus")
+        if queue_batches < 1 or half_life <= 0 or lambda0 < 0:
+            raise ValueError("MoDIR needs queue_batches >= 1, half_life > 0 and lambda0 >= 0")
+        self.target_texts = texts
+        self.target_batch_size = target_batch_size
+        self.queue_batches = queue_batches
+        self.lambda0, self.half_life = lambda0, half_life
+        self.classifier_lr, self.classifier_steps = classifier_lr, classifier_steps
+        self.seed = seed
+        # plain buffers, not parameters: the trainer's optimizer must not touch the classifier
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("classifier", torch.randn(2, embedding_dim, generator=g) * 0.01)
+        self.queue: list[tuple[Tensor, Tensor]] = []  # (embeddings, domain labels) per batch, newest last
+        self.last_accuracy = float("nan")
+
+    def lam(self, step: int) -> float:
+        return self.lambda0 * math.pow(2.0, -step / self.half_life)
+
+    def sample_targets(self, step: int, n: int) -> list[str]:
+        rng = np.random.default_rng([self.seed, step])
+        idx = rng.choice(len(self.target_texts), size=min(n, len(self.target_texts)), replace=False)
+        return [self.target_texts[i] for i in idx]
+
+    def _train_classifier(self) -> None:
+        x = torch.cat([e for e, _ in self.queue])
+        y = torch.cat([d for _, d in self.queue])
+        w = self.classifier.detach().clone().requires_grad_(True)
+        for _ in range(self.classifier_steps):
+            with torch.enable_grad():
+                loss = F.cross_entropy(x @ w.T, y)
+                (g,) = torch.autograd.grad(loss, w)
+            w = (w - self.classifier_lr * g).detach().requires_grad_(True)
+        self.classifier = w.detach()
+        with torch.no_grad():
+            self.last_accuracy = float(((x @ self.classifier.T).argmax(1) == y).float().mean())
+
+    def compute(self, model, embeddings: list[Tensor], outputs, context: dict) -> dict[str, Tensor]:
+        """Source embeddings = this batch's queries and positives; target = a fresh sample of the stream."""
+        return self(model, torch.cat([embeddings[0], embeddings[1]]), context)
+
+    def forward(self, model, source_embeddings: Tensor, context: dict) -> dict[str, Tensor]:
+        step = int(context.get("step", 0))
+        n = self.target_batch_size or source_embeddings.shape[0]
+        texts = self.sample_targets(step, n)
+        feats = model.preprocess(texts, task="document") if _accepts_task(model) else model.preprocess(texts)
+        feats = {k: (v.to(source_embeddings.device) if isinstance(v, Tensor) else v) for k, v in feats.items()}
+        target = model(feats)["sentence_embedding"]
+        # 1. the queue gets this batch (detached), the classifier learns on the queue
+        emb = torch.cat([source_embeddings.detach(), target.detach()]).float().cpu()
+        dom = torch.cat([torch.zeros(len(source_embeddings), dtype=torch.long), torch.ones(len(target), dtype=torch.long)])
+        self.queue.append((emb, dom))
+        del self.queue[: max(0, len(self.queue) - self.queue_batches)]
+        if self.classifier.device != torch.device("cpu"):
+            self.classifier = self.classifier.cpu()
+        self._train_classifier()
+        # 2. frozen classifier, confusion loss on the current embeddings (gradients reach the encoder only)
+        w = self.classifier.to(source_embeddings.device, source_embeddings.dtype)
+        logits = torch.cat([source_embeddings, target]) @ w.T
+        conf = confusion_loss(logits)
+        return {"modir_loss": conf * self.lam(step), "_confusion_loss": conf.detach(),
+                "_domain_classifier_accuracy": torch.tensor(self.last_accuracy)}
+
+    # ---------------------------------------------------------------------------------------- checkpointing
+    def state_tensors(self) -> dict[str, Tensor]:
+        out = {"modir_classifier": self.classifier.cpu()}
+        if self.queue:
+            out["modir_queue_emb"] = torch.cat([e for e, _ in self.queue])
+            out["modir_queue_dom"] = torch.cat([d for _, d in self.queue])
+            out["modir_queue_sizes"] = torch.tensor([len(d) for _, d in self.queue])
+        return out
+
+    def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
+        if "modir_classifier" in tensors:
+            self.classifier = tensors["modir_classifier"].float()
+        self.queue = []
+        if "modir_queue_sizes" in tensors:
+            emb, dom = tensors["modir_queue_emb"], tensors["modir_queue_dom"]
+            start = 0
+            for n in tensors["modir_queue_sizes"].tolist():
+                self.queue.append((emb[start:start + n], dom[start:start + n]))
+                start += n
+
+
+def _accepts_task(model) -> bool:
+    return hasattr(model, "encode_document")
+
+
+def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1,
+                               seed: int = 0) -> float:
+    """Held-out accuracy of a *fresh* linear domain classifier on final embeddings (MoDIR's diagnostic: lower is more
+    domain-invariant). 50/50 split of each domain for training and testing."""
+    rng = np.random.default_rng(seed)
+    x = np.concatenate([source, target]).astype(np.float32)
+    y = np.concatenate([np.zeros(len(source)), np.ones(len(target))]).astype(np.int64)
+    perm = rng.permutation(len(x))
+    half = len(x) // 2
+    tr, te = perm[:half], perm[half:]
+    xt, yt = torch.from_numpy(x[tr]), torch.from_numpy(y[tr])
+    w = torch.zeros(2, x.shape[1], requires_grad=True)
+    opt = torch.optim.Adam([w], lr=lr)
+    for _ in range(epochs):
+        opt.zero_grad()
+        F.cross_entropy(xt @ w.T, yt).backward()
+        opt.step()
+    with torch.no_grad():
+        pred = (torch.from_numpy(x[te]) @ w.T).argmax(1).numpy()
+    return float((pred == y[te]).mean())

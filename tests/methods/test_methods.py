@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
+from hf_cocodr.methods import (
+    BERMObjective,
+    GroupedBatchSampler,
+    MoDIRObjective,
+    balance_loss,
+    configure_methods,
+    confusion_loss,
+    extraction_loss,
+)
+
+
+def args_for(out, **kw):
+    base = dict(output_dir=str(out), per_device_train_batch_size=8, max_steps=3, num_clusters=3, logging_steps=1,
+                save_strategy="no", report_to="none", use_cpu=True, seed=5, learning_rate=1e-3, idro_tau=50.0,
+                dataloader_drop_last=True)
+    base.update(kw)
+    return IDROTrainingArguments(**base)
+
+
+def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, **kw):
+    torch.manual_seed(0)
+    model = load_encoder(str(tiny_st_dir))
+    args = args_for(tmp_path / "o", **kw)
+    data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
+    loss, data, setup = configure_methods(methods, model, args, data, None, [str(tiny_beir)])
+    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    setup(trainer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trainer.train()
+    changed = {n: not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if p.requires_grad}
+    return trainer, changed
+
+
+# ------------------------------------------------------------------------------------------------ MoDIR
+def test_confusion_loss_is_minimal_at_50_50():
+    assert float(confusion_loss(torch.zeros(4, 2))) == pytest.approx(math.log(2))
+    for logits in (torch.tensor([[2.0, -1.0]]), torch.tensor([[0.3, 0.0], [-5.0, 1.0]])):
+        assert float(confusion_loss(logits)) > math.log(2)
+
+
+def test_modir_trains_logs_and_checkpoints(tiny_st_dir, tiny_beir, tmp_path):
+    trainer, changed = train_with(["modir"], tiny_st_dir, tiny_beir, tmp_path)
+    assert all(v for n, v in changed.items() if "pooler" not in n), [n for n, v in changed.items() if not v]
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    for key in ("domain_classifier_accuracy", "confusion_loss", "modir_loss", "retrieval_loss"):
+        assert key in logged[0], key
+    modir = trainer.idro_loss.auxiliary[0]
+    assert len(modir.queue) == 3  # one entry per step
+    tensors = modir.state_tensors()
+    fresh = MoDIRObjective(["x"], modir.classifier.shape[1], queue_batches=10)
+    fresh.load_state_tensors(tensors)
+    torch.testing.assert_close(fresh.classifier, modir.classifier)
+    assert [len(d) for _, d in fresh.queue] == [len(d) for _, d in modir.queue]
+    for (a, _), (b, _) in zip(fresh.queue, modir.queue):
+        torch.testing.assert_close(a, b)
+
+
+def test_modir_queue_is_bounded():
+    m = MoDIRObjective(["target text"], 4, queue_batches=2)
+    for _ in range(5):
+        m.queue.append((torch.zeros(3, 4), torch.zeros(3, dtype=torch.long)))
+        del m.queue[: max(0, len(m.queue) - m.queue_batches)]
+    assert len(m.queue) == 2
+    assert m.lam(0) == 1.0 and m.lam(10_000) == pytest.approx(0.5)
+
+
+def test_modir_needs_a_target_stream(tiny_st_dir, tiny_beir, tmp_path):
+    model = load_encoder(str(tiny_st_dir))
+    data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none")
+    with pytest.raises(ValueError, match="need\\(s\\) a target stream"):
+        configure_methods(["modir"], model, args_for(tmp_path), data, None, [])
+    with pytest.raises(ValueError, match="stream of unlabelled target texts"):
+        MoDIRObjective(["  ", ""], 8)
+
+
+# ------------------------------------------------------------------------------------------------ BERM
+def test_berm_losses_hand_checkable():
+    assert float(balance_loss(torch.full((5,), 0.7))) == pytest.approx(0.0, abs=1e-7)
+    assert float(balance_loss(torch.tensor([2.0, 0.0]))) > 0
+    units = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    m = torch.tensor([2.0, 0.0])
+    expected = -math.log(math.exp(2) / (math.exp(2) + 1))
+    assert float(extraction_loss(m, units, 0)) == pytest.approx(expected, abs=1e-6)
+
+
+def test_berm_units_follow_the_encoded_tokens(tiny_st_dir, tiny_beir):
+    model = load_encoder(str(tiny_st_dir))
+    berm = BERMObjective(model.tokenizer, ["cardiac artery", "piano melody"])
+    text = "Cardiac artery pressure rises. The pulse is fast. Statin therapy helps."
+    ids = model.tokenizer(text, return_tensors="pt")["input_ids"][0]
+    spans = berm.unit_token_spans(text, ids)
+    assert len(spans) == 3 and spans[0][0] == 1 and spans[-1][1] == len(ids) - 1  # [CLS] ... [SEP]
+    short = model.tokenizer(text, truncation=True, max_length=8, return_tensors="pt")["input_ids"][0]
+    berm_short = BERMObjective(model.tokenizer, ["x"], max_length=8)
+    assert len(berm_short.unit_token_spans(text, short)) == 1  # truncation dropped the later units
+    # the essential unit is the one BM25 prefers
+    scores = berm.bm25.scores("piano melody", ["cardiac artery pressure", "a piano melody plays"])
+    assert int(np.argmax(scores)) == 1
+
+
+def test_berm_trains_and_handles_single_unit_passages(tiny_st_dir, tiny_beir, tmp_path):
+    trainer, changed = train_with(["berm"], tiny_st_dir, tiny_beir, tmp_path)
+    assert all(v for n, v in changed.items() if "pooler" not in n)
+    logged = [h for h in trainer.state.log_history if "loss" in h][0]
+    assert "berm_extract_loss" in logged and "berm_balance_loss" in logged
+    berm = trainer.idro_loss.auxiliary[0]
+    q = torch.randn(1, 32)
+    ids = berm.tokenizer(["one sentence only"], return_tensors="pt")["input_ids"]
+    out = berm(q, q, {"token_embeddings": torch.randn(1, ids.shape[1], 32), "input_ids": ids},
+               ["query"], ["one sentence only"])
+    assert float(out["berm_balance_loss"]) == 0.0 and berm.last_stats["single_unit_passages"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ RMSC
+def test_grouped_batches_never_mix():
+    groups = np.array([0] * 20 + [1] * 13 + [2] * 9)
+    sampler = GroupedBatchSampler(groups, 4, seed=1)
+    batches = list(sampler)
+    assert batches and all(len(set(groups[b])) == 1 for b in batches)
+    assert len({tuple(b) for b in batches}) == len(batches)
+    sampler.set_epoch(1)
+    assert list(sampler) != batches
+
+
+def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_beir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    seen = []
+    orig = IDROTrainer.materialize
+
+    def spy(self, rows):
+        seen.append(self.training_data.combination(rows.cpu().numpy()))
+        out = orig(self, rows)
+        ids = out[0][0]["input_ids"]
+        tok = self.model.tokenizer
+        d, r = {"source_human": ("[S]", "[H]"), "source_weak": ("[S]", "[W]"), "target_weak": ("[T]", "[W]")}[seen[-1]]
+        assert (ids[:, 1] == tok.convert_tokens_to_ids(d)).all()
+        lengths = out[0][0]["attention_mask"].sum(1)
+        assert (ids[torch.arange(len(ids)), lengths - 2] == tok.convert_tokens_to_ids(r)).all()
+        return out
+
+    IDROTrainer.materialize = spy
+    try:
+        trainer, changed = train_with(["rmsc"], tiny_st_dir, tiny_beir, tmp_path, max_steps=8)
+    finally:
+        IDROTrainer.materialize = orig
+    assert set(seen) >= {"source_weak", "target_weak"}
+    trainer.finalize()
+    model = SentenceTransformer(str(tmp_path / "o"))
+    tok = model.tokenizer
+    long_text = "cardiac artery " * 200  # far longer than the max length: the tokens must survive
+    ids = tok(long_text, truncation=True, max_length=32)["input_ids"]
+    assert len(ids) == 32 and ids[1] == tok.convert_tokens_to_ids("[T]") and ids[-2] == tok.convert_tokens_to_ids("[H]")
+    # encode() alone gives the [T] ... [H] embedding
+    feats = model.preprocess(["pulse and blood pressure"])
+    assert feats["input_ids"][0, 1] == tok.convert_tokens_to_ids("[T]")
+    card = json.loads((tmp_path / "o" / "hf_cocodr_training.json").read_text())
+    assert "rmsc" in card["methods"]
+
+
+def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path, capsys):
+    from hf_cocodr.cli import main
+
+    common = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu"]
+    assert main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir",
+                 str(tmp_path / "coco"), *common]) == 0
+    assert main(["finetune", "--model", str(tmp_path / "coco"), "--train-data", str(tiny_beir), "--output_dir",
+                 str(tmp_path / "ft"), "--num-clusters", "2", "--method", "berm", "--method", "modir",
+                 "--target-corpus", str(tiny_beir), *common]) == 0
+    info = json.loads((tmp_path / "ft" / "hf_cocodr_training.json").read_text())
+    assert {"coco", "idro", "berm", "modir"} <= set(info["methods"])
+    card = (tmp_path / "ft" / "README.md").read_text()
+    assert "xu2023berm" in card and "xin2022modir" in card
