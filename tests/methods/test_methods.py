@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
+from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
 from hf_cocodr.methods import (
     BERMObjective,
     GroupedBatchSampler,
