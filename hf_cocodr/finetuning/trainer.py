@@ -11,11 +11,9 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformerTrainer
 
-from .. import distributed as D
 from ..data.training import RetrievalTrainingData, StaticRows
-from ..hub import HubPushMixin
-from ..state import COMPLETE_MARKER, load_state, save_state
-from ..utils import atomic_write_json
+from ..state import load_state, save_state
+from ..trainer_common import TrainerMixin
 from .callbacks.kmeans import KMeansClusteringCallback
 from .callbacks.negatives import HardNegativeRefreshCallback
 from .losses.idro import IDROLoss
@@ -26,7 +24,7 @@ logger = logging.getLogger(__name__)
 ROW_COLUMN = "label"  # the only dataset column: the row index, resolved into texts at step time
 
 
-class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
+class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     """Fine-tune a SentenceTransformer with :class:`~hf_cocodr.IDROLoss` (COCO-DR's iDRO stage).
 
     ``train_dataset`` is a :class:`~hf_cocodr.data.RetrievalTrainingData` (queries, positives and a negatives
@@ -332,25 +330,11 @@ class IDROTrainer(HubPushMixin, SentenceTransformerTrainer):
             tensors, meta = self.state_for_checkpoint()
             save_state(folder, tensors, meta)
         super()._save_checkpoint(model, trial)
-        if self.args.should_save:
-            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
-        D.barrier()
+        self._mark_checkpoint_complete(trial)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint)
         self.load_checkpoint_state(resume_from_checkpoint)
-
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete* checkpoint. With
-        ``push_to_hub=True`` the final model, card and results are pushed in one commit at the end."""
-        from ..checkpoints import resolve_resume
-
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        self._finalized = False
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        if self.args.push_to_hub:
-            self.push_to_hub()
-        return output
 
     # ---------------------------------------------------------------------------------------------- output
     def starting_model_info(self) -> dict[str, Any]:

@@ -16,10 +16,8 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
-from ..hub import HubPushMixin
 from ..modeling.condenser import CondenserForPretraining
-from ..state import COMPLETE_MARKER
-from ..utils import atomic_write_json
+from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder
 from .training_args import CocoPretrainingArguments
 
@@ -53,7 +51,7 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class CocoPretrainer(HubPushMixin, Trainer):
+class CocoPretrainer(TrainerMixin, Trainer):
     """COCO: sequence-contrastive learning between two spans of each document plus masked-LM through a Condenser head.
 
     Loss = ``head_mlm_weight``·MLM(head) + ``mlm_weight``·MLM(backbone) + ``contrastive_weight``·L_co, where L_co
@@ -300,25 +298,8 @@ class CocoPretrainer(HubPushMixin, Trainer):
         logger.info("resumed COCO model and Condenser head from %s", resume_from_checkpoint)
 
     def _save_checkpoint(self, model, trial):
-        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
-
         super()._save_checkpoint(model, trial)
-        folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        if self.args.should_save:
-            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
-        D.barrier()
-
-    def train(self, resume_from_checkpoint=None, **kwargs):
-        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete* checkpoint. With
-        ``push_to_hub=True`` the exported encoder, the Condenser head and the card are pushed in one commit."""
-        from ..checkpoints import resolve_resume
-
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        self._finalized = False
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        if self.args.push_to_hub:
-            self.push_to_hub()
-        return output
+        self._mark_checkpoint_complete(trial)
 
     def finalize(self) -> str:
         """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""

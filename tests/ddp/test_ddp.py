@@ -72,8 +72,10 @@ def test_idro_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp
         # identical on both ranks (bit for bit), equal to the single process within float tolerance
         assert r0["steps"][step]["weights"] == r1["steps"][step]["weights"]
         assert r0["steps"][step]["cluster_ids"] == single["steps"][step]["cluster_ids"]
+        # ω is an exponential of a Gram-matrix sum (entries ~1e2 here): a float32 reduction-order difference of
+        # ~1e-6 relative in the Gram shows up as ~1e-4 relative in ω. A missing gather would be off by far more.
         torch.testing.assert_close(torch.tensor(r0["steps"][step]["weights"]),
-                                   torch.tensor(single["steps"][step]["weights"]), rtol=1e-5, atol=1e-6)
+                                   torch.tensor(single["steps"][step]["weights"]), rtol=1e-3, atol=1e-6)
         g_ddp = torch.tensor(r0["steps"][step]["grad_gram"])
         g_one = torch.tensor(single["steps"][step]["grad_gram"])
         tol = 1e-4
