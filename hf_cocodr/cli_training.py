@@ -203,6 +203,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
                    help="size the stages to finish in about this many minutes on this machine")
     p.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", dest="resume", default="true",
                    help="true (default): skip finished stages and resume the unfinished one; false: restart stages")
+    p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
+                   help="extra seed method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM; repeatable")
     p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:` and `finetune:` mappings of "
                                                   "CocoPretrainingArguments / IDROTrainingArguments fields")
 
@@ -229,6 +231,8 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
             raise UsageError(f"{flag} is required")
     if ns.source_split:
         config["source_split"] = ns.source_split
+    if ns.method:
+        config["methods"] = list(ns.method)
     if max_minutes is not None and max_minutes <= 0:
         raise UsageError("--max-minutes must be positive")
     cfg = RecipeConfig.from_dict(config)

@@ -43,6 +43,7 @@ class RecipeConfig:
     skip_finetune: bool = False
     seed: int = 42
     eval_batch_size: int = 64
+    methods: list[str] = field(default_factory=list)  # extra fine-tuning methods: "modir", "berm", "rmsc"
     coco: dict[str, Any] = field(default_factory=dict)
     finetune: dict[str, Any] = field(default_factory=dict)
 
@@ -216,6 +217,17 @@ def run_recipe(
     out.mkdir(parents=True, exist_ok=True)
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
+    from .methods import METHODS
+
+    bad = sorted({str(m).lower() for m in cfg.methods} - set(METHODS))
+    if bad:
+        from .errors import ConfigError
+
+        raise ConfigError(f"recipe option methods: unknown {bad}; choose from {list(METHODS)}")
+    if {str(m).lower() for m in cfg.methods} & {"modir", "rmsc"} and not target_corpora:
+        from .errors import ConfigError
+
+        raise ConfigError("recipe option methods: modir and rmsc need the target corpora (--target-corpus)")
     if not cfg.skip_coco and not target_corpora:
         from .errors import ConfigError
 
@@ -314,7 +326,16 @@ def run_recipe(
             steps = plan["finetune_steps"]
             every = max(1, steps // (cfg.refreshes + 1)) if cfg.refreshes else 0
             args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps})
-            trainer = IDROTrainer(model=load_encoder(current), args=args, train_dataset=train_data)
+            st = load_encoder(current)
+            loss, data, setup = None, train_data, None
+            if cfg.methods:
+                from .methods import configure_methods
+
+                loss, data, setup = configure_methods([m.lower() for m in cfg.methods], st, args, train_data,
+                                                      target_corpora=list(target_corpora))
+            trainer = IDROTrainer(model=st, args=args, train_dataset=data, loss=loss)
+            if setup is not None:
+                setup(trainer)
             trainer.negatives_label = "bm25"
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()

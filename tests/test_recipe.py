@@ -89,3 +89,31 @@ def test_recipe_cli_last_line_is_json_keyed_by_eval(tiny_bert_dir, tiny_beir, tm
 def test_recipe_bad_config(tmp_path):
     with pytest.raises(ValueError, match="unknown recipe option"):
         RecipeConfig.from_dict({"coco_stepz": 3})
+
+
+def test_recipe_with_a_seed_method(tiny_bert_dir, tiny_beir, tmp_path, capsys):
+    """COCO -> iDRO + BERM through the recipe CLI: the BERM losses are logged in the fine-tuning stage."""
+    import yaml
+
+    from hf_cocodr.cli import main
+
+    cfg = tmp_path / "recipe.yaml"
+    cfg.write_text(yaml.safe_dump(CFG))
+    out = tmp_path / "o"
+    rc = main(["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
+               str(tiny_beir), "--output_dir", str(out), "--method", "berm", "--config", str(cfg)])
+    assert rc == 0
+    logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
+    assert any("berm_balance_loss" in h for h in logs), logs
+    assert json.loads((out / "recipe.json").read_text())["config"]["methods"] == ["berm"]
+
+
+def test_recipe_rejects_unknown_or_unfed_methods(tiny_bert_dir, tiny_beir, tmp_path):
+    from hf_cocodr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown"):
+        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "a",
+                   config=dict(CFG, methods=["mo-dir"]))
+    with pytest.raises(ConfigError, match="target corpora"):
+        run_recipe(str(tiny_bert_dir), [], str(tiny_beir), tmp_path / "b",
+                   config=dict(CFG, skip_coco=True, methods=["modir"]))
