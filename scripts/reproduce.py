@@ -8,7 +8,8 @@ trained on) and NFCorpus ``dev``. Every trained row uses the same step budget an
     | full COCO-DR (COCO + iDRO) | COCO + GroupDRO
 
 The COCO stage is run once per seed and shared by the rows that use it. Then a small sweep of K and τ on
-COCO + iDRO. Writes ``reports/reproduction.md``, ``reports/reproduction.json`` and PNG plots beside them.
+COCO + iDRO, and the other seed methods on the same budget (plain + MoDIR / + BERM / + RMSC, COCO + iDRO + BERM;
+``--no-methods`` skips them) with MoDIR's diagnostic, a fresh domain classifier's accuracy. Writes ``reports/reproduction.md``, ``reports/reproduction.json`` and PNG plots beside them.
 
     python scripts/reproduce.py [--budget-minutes 150] [--seeds 1] [--finetune-steps N] [--coco-steps N]
                                 [--tau T] [--sweep-k 10,100] [--sweep-tau ...] [--work outputs/reproduce]
@@ -36,6 +37,13 @@ ROWS = [
     ("full COCO-DR (COCO + iDRO)", True, "paper"),
     ("COCO + GroupDRO", True, "groupdro"),
 ]
+# the other seed methods on the same budget (DESIGN.md §6): (name, use COCO, iDRO preset, methods)
+METHOD_ROWS = [
+    ("plain + MoDIR", False, "uniform", ["modir"]),
+    ("plain + BERM", False, "uniform", ["berm"]),
+    ("plain + RMSC", False, "uniform", ["rmsc"]),
+    ("COCO + iDRO + BERM", True, "paper", ["berm"]),
+]
 
 
 def parse() -> argparse.Namespace:
@@ -49,6 +57,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--tau", type=float, default=100.0)
     ap.add_argument("--sweep-k", default="10", help="K values of the sweep (besides --num-clusters)")
     ap.add_argument("--sweep-tau", default="10,1000", help="tau values of the sweep (besides --tau)")
+    ap.add_argument("--no-methods", action="store_true", help="skip the MoDIR / BERM / RMSC rows")
     ap.add_argument("--max-queries", type=int, default=4000, help="SQuAD questions used (a random subset)")
     ap.add_argument("--work", default="outputs/reproduce")
     ap.add_argument("--report", default="reports/reproduction.md")
@@ -97,7 +106,7 @@ def main() -> int:
     # ---------------------------------------------------------------- plan the step budget
     k_sweep = [int(k) for k in args.sweep_k.split(",") if k]
     tau_sweep = [float(t) for t in args.sweep_tau.split(",") if t]
-    n_finetunes = len(ROWS) * args.seeds + len(k_sweep) + len(tau_sweep)
+    n_finetunes = len(ROWS) * args.seeds + len(k_sweep) + len(tau_sweep) + (0 if args.no_methods else len(METHOD_ROWS))
     n_evals = n_finetunes
     left = args.budget_minutes * 60 - (time.time() - t_all) - n_evals * eval_s - 60 * n_finetunes
     step_s = results.get("_finetune_step_s", 9.0)
@@ -114,16 +123,18 @@ def main() -> int:
                  "idro_tau": args.tau}
     base_cfg = {"max_queries": args.max_queries, "corpus_pool": 20, "refreshes": 1, "finetune_steps": ft_steps}
 
-    def run_row(name, seed, use_coco, preset, extra_ft=None):
+    targets = [str(root / "scifact"), str(root / "nfcorpus")]
+
+    def run_row(name, seed, use_coco, preset, extra_ft=None, methods=()):
         key = f"{name} [seed {seed}]"
         if key in results:
             return results[key]
         out = work / f"seed{seed}" / name.split(" (")[0].replace(" ", "_").replace("+", "plus").lower()
         model = str(work / f"seed{seed}" / "coco_shared" / "coco") if use_coco else base_model
-        cfg = dict(base_cfg, seed=seed, skip_coco=True,
+        cfg = dict(base_cfg, seed=seed, skip_coco=True, methods=list(methods),
                    finetune={**common_ft, "idro_preset": preset, **(extra_ft or {})})
         t0 = time.time()
-        res = run_recipe(model, [], str(root / "squad-v1.1"), out, evals=evals, config=cfg)
+        res = run_recipe(model, targets if methods else [], str(root / "squad-v1.1"), out, evals=evals, config=cfg)
         results[key] = {label: res[spec] for (_, _, label), spec in zip(EVALS, evals)}
         results[key]["_seconds"] = round(time.time() - t0, 1)
         results[key]["_dir"] = str(out)
@@ -156,10 +167,49 @@ def main() -> int:
         run_row(f"sweep K={k}", seed, True, "paper", {"num_clusters": k})
     for tau in tau_sweep:
         run_row(f"sweep tau={tau:g}", seed, True, "paper", {"idro_tau": tau})
+    if not args.no_methods:
+        for name, use_coco, preset, methods in METHOD_ROWS:
+            run_row(name, seed, use_coco, preset, methods=methods)
+        if "_domain_classifier_accuracy" not in results:
+            results["_domain_classifier_accuracy"] = domain_accuracies(results, base_model, root)
+            save()
     results["_total_minutes"] = round((time.time() - t_all) / 60, 1)
     save()
     write_report(args, results, work, base_model, root)
     return 0
+
+
+def domain_accuracies(results, base_model, root, n=600):
+    """MoDIR's diagnostic: held-out accuracy of a fresh linear source-vs-target classifier on each model's document
+    embeddings (SQuAD passages vs SciFact + NFCorpus documents, n of each; lower = more domain-invariant)."""
+    import numpy as np
+
+    from hf_cocodr import load_beir, load_encoder
+    from hf_cocodr.methods.modir import domain_classifier_accuracy
+
+    rng = np.random.default_rng(0)
+
+    def sample(folder, k):
+        corpus = load_beir(root / folder, None).corpus
+        idx = sorted(rng.choice(len(corpus), min(k, len(corpus)), replace=False).tolist())
+        sel = corpus.select(idx)
+        titles = sel["title"] if "title" in sel.column_names else [""] * len(sel)
+        return [f"{t} {x}".strip() for t, x in zip(titles, sel["text"])]
+
+    source = sample("squad-v1.1", n)
+    target = sample("scifact", n // 2) + sample("nfcorpus", n // 2)
+    models = {"starting model": base_model}
+    for key in ("plain fine-tune (uniform) [seed 42]", "plain + MoDIR [seed 42]"):
+        if key in results:
+            models[key.split(" [")[0]] = str(Path(results[key]["_dir"]) / "model")
+    out = {}
+    for name, path in models.items():
+        m = load_encoder(path)
+        src = m.encode_document(source, batch_size=64, show_progress_bar=False)
+        tgt = m.encode_document(target, batch_size=64, show_progress_bar=False)
+        out[name] = round(domain_classifier_accuracy(np.asarray(src), np.asarray(tgt)), 4)
+        print(f"domain classifier accuracy ({name}): {out[name]}", flush=True)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- report + plots
@@ -215,6 +265,23 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
             r = results[key]
             sweep[label] = (r["SciFact dev"]["ndcg@10"], r["NFCorpus dev"]["ndcg@10"])
             lines.append(f"| {label} | {sweep[label][0]:.4f} | {sweep[label][1]:.4f} |")
+    method_keys = [f"{r[0]} [seed 42]" for r in METHOD_ROWS]
+    if any(k in results for k in method_keys):
+        lines += ["", "## The other seed methods on the same budget (seed 42)", "",
+                  "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
+                  "|---|---|---|---|---|"]
+        for key in ["plain fine-tune (uniform) [seed 42]", "full COCO-DR (COCO + iDRO) [seed 42]"] + method_keys:
+            if key in results:
+                r = results[key]
+                lines.append(f"| {key.split(' [')[0]} | " + " | ".join(
+                    f"{r[label][metric]:.4f}" for _, _, label in EVALS for metric in ("ndcg@10", "recall@100")) + " |")
+            else:
+                lines.append(f"| {key.split(' [')[0]} | not run (budget) | | | |")
+        acc = results.get("_domain_classifier_accuracy")
+        if acc:
+            lines += ["", "Held-out accuracy of a fresh linear source-vs-target classifier on document embeddings "
+                      "(SQuAD passages vs SciFact + NFCorpus documents; MoDIR aims to lower it): "
+                      + "; ".join(f"{k} {v:.3f}" for k, v in acc.items()) + "."]
     lines += ["", "## Commands", "", "```bash", "python " + " ".join(sys.argv), "```", "",
               f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
               f"{platform.platform()}; total wall time {results.get('_total_minutes')} minutes "
@@ -222,6 +289,11 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
     walls = {k: v["_seconds"] for k, v in results.items() if isinstance(v, dict) and "_seconds" in v}
     lines += ["| run | wall seconds |", "|---|---|"] + [f"| {k} | {v:.0f} |" for k, v in walls.items()] + [""]
     plots = make_plots(results, work, report.parent, base_model, root, sweep, args)
+    au = results.get("_alignment_uniformity") or {}
+    if au:
+        lines += ["## Alignment and uniformity (SciFact, COCO-DR Fig. 5b; lower is better for both)", "",
+                  "| model | alignment | uniformity |", "|---|---|---|"]
+        lines += [f"| {k} | {v['alignment']:.4f} | {v['uniformity']:.4f} |" for k, v in au.items()] + [""]
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     report.write_text("\n".join(lines))
     (report.with_suffix(".json")).write_text(json.dumps({"table": table, "sweep": sweep, "raw": results}, indent=2))

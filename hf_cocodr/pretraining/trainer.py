@@ -359,7 +359,27 @@ class CocoPretrainer(TrainerMixin, Trainer):
             )
 
     def _export_max_len(self) -> int:
-        return int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
+        """The starting sentence-transformers model's ``max_seq_length`` (kept by its tokenizer as
+        ``model_max_length``; pretraining does not change how the model is meant to be used), else
+        min(512, max_position_embeddings) for a raw transformers checkpoint."""
+        limit = int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
+        declared = getattr(self.processing_class, "model_max_length", None)
+        if self.source_model and _is_sentence_transformer(self.source_model) and isinstance(declared, int) \
+                and 0 < declared < limit:
+            return declared
+        return limit
+
+
+def _is_sentence_transformer(source: str) -> bool:
+    """Whether ``source`` (a local directory or a Hub id) is a sentence-transformers model (has modules.json)."""
+    if Path(source).exists():
+        return (Path(source) / "modules.json").is_file()
+    try:
+        from huggingface_hub import file_exists
+
+        return bool(file_exists(source, "modules.json"))
+    except Exception:  # offline or not a repo: treated as a raw checkpoint
+        return False
 
 
 def _checkpoint_dirs(output_dir) -> list[str]:

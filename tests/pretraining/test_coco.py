@@ -197,6 +197,23 @@ def test_continue_from_exported_directory(tiny_bert_dir, tiny_beir, tmp_path):
     torch.testing.assert_close(st.encode(["cardiac artery pulse"], convert_to_tensor=True), cls, atol=1e-5, rtol=1e-5)
 
 
+def test_export_keeps_the_starting_models_max_seq_length(tiny_bert_dir, tiny_beir, tmp_path):
+    """A sentence-transformers start keeps its declared token limit; a raw checkpoint gets its position limit."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.export import export_sentence_transformer
+
+    start = tmp_path / "st"
+    export_sentence_transformer(str(tiny_bert_dir), start, max_seq_length=48)
+    for src, expected in ((start, 48), (tiny_bert_dir, None)):
+        out = tmp_path / f"out-{expected}"
+        tr = CocoPretrainer(str(src), coco_args(out, max_steps=1), corpora=[tiny_beir])
+        tr.train()
+        tr.export(out)
+        limit = min(512, tr.condenser.config.max_position_embeddings)
+        assert SentenceTransformer(str(out)).max_seq_length == (expected or limit)
+
+
 def test_bad_corpora(tiny_bert_dir, tmp_path):
     from datasets import Dataset
 
