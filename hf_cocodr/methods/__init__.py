@@ -38,8 +38,12 @@ def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list
 
 
 def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int = 1,
-                      weak_mode: str = "scl", weak_pairs_per_corpus: int = 20_000):
+                      weak_mode: str = "scl", weak_pairs_per_corpus: int | None = None):
     """Build the loss / data / trainer options for the named methods.
+
+    RMSC mixes three training sets; by default they are balanced: as many source weak pairs as labelled source
+    queries (at most 20,000), and the same number of target weak pairs shared evenly by the target corpora
+    (``weak_pairs_per_corpus`` sets a fixed count per corpus instead).
 
     Returns ``(loss, data, trainer_setup)`` where ``trainer_setup(trainer)`` finishes the wiring (RMSC).
     """
@@ -71,9 +75,11 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
 
     if "rmsc" in methods:
         add_rmsc_tokens(model, k=rmsc_k)
-        source_weak = weak_pairs(data.corpus, weak_mode, weak_pairs_per_corpus, seed=args.seed)
+        n_source = weak_pairs_per_corpus or min(20_000, len(data))
+        n_target = weak_pairs_per_corpus or max(1, -(-n_source // len(target_corpora)))
+        source_weak = weak_pairs(data.corpus, weak_mode, n_source, seed=args.seed)
         target_weak = [p for i, c in enumerate(target_corpora)
-                       for p in weak_pairs(c, weak_mode, weak_pairs_per_corpus, seed=args.seed + 1 + i)]
+                       for p in weak_pairs(c, weak_mode, n_target, seed=args.seed + 1 + i)]
         data = RMSCTrainingData(data, source_weak, target_weak)
 
         def setup(trainer):  # noqa: F811
