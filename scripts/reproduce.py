@@ -58,6 +58,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--sweep-k", default="10", help="K values of the sweep (besides --num-clusters)")
     ap.add_argument("--sweep-tau", default="10,1000", help="tau values of the sweep (besides --tau)")
     ap.add_argument("--no-methods", action="store_true", help="skip the MoDIR / BERM / RMSC rows")
+    ap.add_argument("--report-only", action="store_true",
+                    help="write the report and plots from the rows finished so far (missing rows are marked)")
     ap.add_argument("--max-queries", type=int, default=1000, help="SQuAD questions fine-tuned on (a random subset)")
     ap.add_argument("--corpus-pool", type=int, default=5,
                     help="fine-tuning corpus: positives + BM25 top-k of the kept questions (mining pool)")
@@ -91,6 +93,10 @@ def main() -> int:
 
     def save():
         results_path.write_text(json.dumps(results, indent=2))
+
+    if args.report_only:
+        write_report(args, results, work, base_model, root)
+        return 0
 
     # ---------------------------------------------------------------- baselines (also time one evaluation)
     demo = Path("outputs/demo/baselines.json")  # `make demo` computed the same two rows with the same code
@@ -241,7 +247,7 @@ def aggregate(results, name, label, metric):
 
 def fmt(mean, sd):
     if mean is None:
-        return "–"
+        return "not run"
     return f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else "")
 
 
