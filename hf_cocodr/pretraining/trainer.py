@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -359,27 +360,40 @@ class CocoPretrainer(TrainerMixin, Trainer):
             )
 
     def _export_max_len(self) -> int:
-        """The starting sentence-transformers model's ``max_seq_length`` (kept by its tokenizer as
-        ``model_max_length``; pretraining does not change how the model is meant to be used), else
-        min(512, max_position_embeddings) for a raw transformers checkpoint."""
+        """The starting sentence-transformers model's ``max_seq_length`` (pretraining does not change how the model
+        is meant to be used), else min(512, max_position_embeddings) for a raw transformers checkpoint."""
         limit = int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
-        declared = getattr(self.processing_class, "model_max_length", None)
-        if self.source_model and _is_sentence_transformer(self.source_model) and isinstance(declared, int) \
-                and 0 < declared < limit:
-            return declared
-        return limit
+        declared = _declared_max_seq_length(self.source_model, self.processing_class) if self.source_model else None
+        return min(declared, limit) if declared else limit
 
 
-def _is_sentence_transformer(source: str) -> bool:
-    """Whether ``source`` (a local directory or a Hub id) is a sentence-transformers model (has modules.json)."""
-    if Path(source).exists():
-        return (Path(source) / "modules.json").is_file()
+def _declared_max_seq_length(source: str, tokenizer) -> int | None:
+    """``max_seq_length`` of a sentence-transformers model (local directory or Hub id); None for a raw checkpoint.
+
+    The 5.x layout stores it in ``sentence_bert_config.json``; the 6.x layout as the tokenizer's
+    ``model_max_length``.
+    """
+
+    def fetch(name: str) -> Path | None:
+        if Path(source).exists():
+            return Path(source) / name if (Path(source) / name).is_file() else None
+        try:
+            from huggingface_hub import hf_hub_download
+
+            return Path(hf_hub_download(source, name))
+        except Exception:  # offline, or not a file of this repo
+            return None
+
+    if fetch("modules.json") is None:
+        return None
+    cfg = fetch("sentence_bert_config.json")
     try:
-        from huggingface_hub import file_exists
-
-        return bool(file_exists(source, "modules.json"))
-    except Exception:  # offline or not a repo: treated as a raw checkpoint
-        return False
+        value = json.loads(cfg.read_text()).get("max_seq_length") if cfg else None
+    except (OSError, ValueError):
+        value = None
+    if value is None:
+        value = getattr(tokenizer, "model_max_length", None)
+    return int(value) if isinstance(value, int) and 0 < value < 1_000_000 else None
 
 
 def _checkpoint_dirs(output_dir) -> list[str]:

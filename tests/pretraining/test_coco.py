@@ -203,9 +203,10 @@ def test_export_keeps_the_starting_models_max_seq_length(tiny_bert_dir, tiny_bei
 
     from hf_cocodr.export import export_sentence_transformer
 
-    start = tmp_path / "st"
+    start, legacy = tmp_path / "st", tmp_path / "st5"  # the 6.x and the 5.x directory layouts
     export_sentence_transformer(str(tiny_bert_dir), start, max_seq_length=48)
-    for src, expected in ((start, 48), (tiny_bert_dir, None)):
+    export_sentence_transformer(str(tiny_bert_dir), legacy, max_seq_length=40, legacy_format=True)
+    for src, expected in ((start, 48), (legacy, 40), (tiny_bert_dir, None)):
         out = tmp_path / f"out-{expected}"
         tr = CocoPretrainer(str(src), coco_args(out, max_steps=1), corpora=[tiny_beir])
         tr.train()
