@@ -258,7 +258,9 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
     report.parent.mkdir(parents=True, exist_ok=True)
     lines = ["# Reproduction at this scale: COCO-DR ablation (Table 2) and K/τ sweep (Fig. 3)", ""]
     plan = results.get("_plan", {})
-    coco_done = results.get("COCO stage [seed 42]", {}).get("steps", plan.get("coco_steps"))
+    # a stage resumed exactly at its last step logs one more (learning rate 0, so the weights do not change)
+    coco_done = min(results.get("COCO stage [seed 42]", {}).get("steps", plan.get("coco_steps")),
+                    plan.get("coco_steps") or 10**9)
     schedule = (f" (of a {args.coco_schedule_steps}-step linear schedule: the stage was stopped early for time)"
                 if args.coco_schedule_steps and args.coco_schedule_steps != coco_done else "")
     doc_len = results.get("_eval_max_length")
