@@ -4,11 +4,12 @@ Plain route: ``SentenceTransformer.encode`` of the whole corpus and the queries,
 ``sentence_transformers.util.semantic_search``. Ours: length-sorted chunks streamed into an exact index.
 Both use the same model, batch size and token limits. Timing: after one warm-up run of each route, the runs
 alternate (ours, plain, plain, ours, ...) in one process so machine noise hits both. Peak memory: each route runs
-once more in a fresh subprocess (after a warm-up on a 64-document slice, so one-time library imports are not
+``--memory-repeats`` more times, each in a fresh subprocess (after a warm-up on a 64-document slice, so one-time library imports are not
 counted), and the RSS high-water mark above the level just before the route starts is reported (sampled every
 5 ms), so one route's allocations cannot hide the other's.
 
-    python scripts/bench_evaluate.py [--data DIR] [--split dev] [--repeats 2] [--out reports/bench_evaluate.json]
+    python scripts/bench_evaluate.py [--data DIR] [--split dev] [--repeats 2] [--memory-repeats 3] [--only-memory]
+                                     [--out reports/bench_evaluate.json]
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def main():
     ap.add_argument("--top-k", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="reports/bench_evaluate.json")
+    ap.add_argument("--memory-repeats", type=int, default=3,
+                    help="fresh subprocesses per route for peak memory (the median is reported: RSS high-water "
+                         "marks of the same work vary by a few hundred MB with the allocator)")
+    ap.add_argument("--only-memory", action="store_true", help="re-measure memory only and update --out")
     ap.add_argument("--memory-route", choices=["ours", "plain"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
 
@@ -84,33 +89,42 @@ def main():
             (ours if args.memory_route == "ours" else plain_route)(model, data, args.batch_size, args.top_k)
         print(json.dumps({"peak_rss_delta_mb": mem.delta_mb}))
         return
-    model = load_encoder(args.model)
-    if str(model.similarity_fn_name) == "cosine":  # compare like with like: both routes score by dot product
-        model.similarity_fn_name = "dot"
-    data = load_beir(args.data, args.split)
-    for fn in (ours, plain_route):  # warm-up (thread pools, allocator, faiss, tokenizer caches)
-        fn(model, data, args.batch_size, args.top_k)
-    rows = []
-    order = []
-    for r in range(args.repeats):
-        order += ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]
-    for name in order:
-        fn = ours if name == "ours" else plain_route
-        t0 = time.perf_counter()
-        ndcg = fn(model, data, args.batch_size, args.top_k)
-        secs = time.perf_counter() - t0
-        rows.append({"route": name, "seconds": round(secs, 2), "ndcg@10": round(ndcg, 6)})
-        print(json.dumps(rows[-1]), flush=True)
+    previous = json.loads(Path(args.out).read_text()) if args.only_memory and Path(args.out).is_file() else None
+    if previous is None:
+        model = load_encoder(args.model)
+        if str(model.similarity_fn_name) == "cosine":  # compare like with like: both routes score by dot product
+            model.similarity_fn_name = "dot"
+        data = load_beir(args.data, args.split)
+        for fn in (ours, plain_route):  # warm-up (thread pools, allocator, faiss, tokenizer caches)
+            fn(model, data, args.batch_size, args.top_k)
+        rows = []
+        order = []
+        for r in range(args.repeats):
+            order += ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]
+        for name in order:
+            fn = ours if name == "ours" else plain_route
+            t0 = time.perf_counter()
+            ndcg = fn(model, data, args.batch_size, args.top_k)
+            secs = time.perf_counter() - t0
+            rows.append({"route": name, "seconds": round(secs, 2), "ndcg@10": round(ndcg, 6)})
+            print(json.dumps(rows[-1]), flush=True)
+    else:
+        rows = previous["runs"]
+        data = load_beir(args.data, args.split)
+    import statistics
     import subprocess
 
-    mems = {}
-    for name in ("ours", "plain"):
-        proc = subprocess.run([sys.executable, __file__, "--data", args.data, "--split", args.split, "--model",
-                               args.model, "--batch-size", str(args.batch_size), "--top-k", str(args.top_k),
-                               "--memory-route", name], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr[-2000:])
-        mems[name] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_mb"]
+    mem_runs = {"ours": [], "plain": []}
+    for _ in range(args.memory_repeats):
+        for name in ("ours", "plain"):
+            proc = subprocess.run([sys.executable, __file__, "--data", args.data, "--split", args.split, "--model",
+                                   args.model, "--batch-size", str(args.batch_size), "--top-k", str(args.top_k),
+                                   "--memory-route", name], capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-2000:])
+            mem_runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_mb"])
+            print(json.dumps({"memory_route": name, "peak_rss_delta_mb": round(mem_runs[name][-1], 1)}), flush=True)
+    mems = {k: statistics.median(v) for k, v in mem_runs.items()}
     agg = {}
     for name in ("ours", "plain"):
         rs = [r for r in rows if r["route"] == name]
@@ -127,9 +141,11 @@ def main():
         "peak_mem_plain_mb": agg["plain"]["peak_rss_delta_mb"],
         "routes": agg,
         "runs": rows,
+        "memory_runs_mb": mem_runs,
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
                     "platform": platform.platform()},
-        "command": "python " + " ".join(sys.argv),
+        "command": (previous or {}).get("command", "python " + " ".join(sys.argv)),
+        "memory_command": "python " + " ".join(sys.argv),
     }
     print()
     print(f"{'route':<8}{'seconds':>10}{'peak MB':>10}{'nDCG@10':>10}")
