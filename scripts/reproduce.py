@@ -56,7 +56,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--num-clusters", type=int, default=50)
     ap.add_argument("--tau", type=float, default=100.0)
     ap.add_argument("--sweep-k", default="10", help="K values of the sweep (besides --num-clusters)")
-    ap.add_argument("--sweep-tau", default="10,1000", help="tau values of the sweep (besides --tau)")
+    ap.add_argument("--sweep-tau", default="10", help="tau values of the sweep (besides --tau)")
     ap.add_argument("--no-methods", action="store_true", help="skip the MoDIR / BERM / RMSC rows")
     ap.add_argument("--report-only", action="store_true",
                     help="write the report and plots from the rows finished so far (missing rows are marked)")
@@ -94,6 +94,8 @@ def main() -> int:
     def save():
         results_path.write_text(json.dumps(results, indent=2))
 
+    if not args.report_only:
+        results.setdefault("_commands", []).append("python scripts/reproduce.py " + " ".join(sys.argv[1:]))
     if args.report_only:
         write_report(args, results, work, base_model, root)
         return 0
@@ -322,7 +324,9 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
             lines += ["", "Held-out accuracy of a fresh linear source-vs-target classifier on document embeddings "
                       "(SQuAD passages vs SciFact + NFCorpus documents; MoDIR aims to lower it): "
                       + "; ".join(f"{k} {v:.3f}" for k, v in acc.items()) + "."]
-    lines += ["", "## Commands", "", "```bash", "python " + " ".join(sys.argv), "```", "",
+    commands = results.get("_commands") or ["python " + " ".join(sys.argv)]
+    lines += ["", "## Commands", "", "The runs that produced these rows (each resumes from `results.json` and the stage "
+              "checkpoints of the previous one):", "", "```bash", *commands, "```", "",
               f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
               f"{platform.platform()}; total wall time {results.get('_total_minutes')} minutes "
               f"(one evaluation of both dev sets: {results.get('_eval_seconds', 0) / 60:.1f} min).", ""]
