@@ -333,7 +333,9 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
               " minutes of training + evaluation "
               f"(one evaluation of both dev sets: {results.get('_eval_seconds', 0) / 60:.1f} min).", ""]
     walls = {k: v["_seconds"] for k, v in results.items() if isinstance(v, dict) and "_seconds" in v}
-    lines += ["| run | wall seconds |", "|---|---|"] + [f"| {k} | {v:.0f} |" for k, v in walls.items()] + [""]
+    lines += ["Wall seconds of each row's last invocation (a stage resumed across invocations counts only its last "
+              "part; other jobs shared the cores during these runs):", "",
+              "| run | wall seconds |", "|---|---|"] + [f"| {k} | {v:.0f} |" for k, v in walls.items()] + [""]
     plots = make_plots(results, work, report.parent, base_model, root, sweep, args)
     au = results.get("_alignment_uniformity") or {}
     if au:
