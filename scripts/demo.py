@@ -5,10 +5,10 @@ NFCorpus (documents only). Source labels: SQuAD v1.1 train. Evaluation: SciFact 
 trained on) and NFCorpus ``dev``. Data comes from ``$HF_COCODR_DATA`` (default ``../shared/data``).
 
 The baseline rows (BM25 and the starting model) are cached in ``outputs/demo/baselines.json`` so a second run
-only repeats the recipe. ``--max-minutes`` is the recipe's budget (the baselines take about 6 more minutes on
+only repeats the recipe. ``--max-minutes`` is the recipe's budget (the baselines take about 6-8 more minutes on
 2 cores the first time).
 
-    python scripts/demo.py [--max-minutes 9] [--output outputs/demo] [--fresh]
+    python scripts/demo.py [--max-minutes 7] [--output outputs/demo] [--fresh]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def baselines(data_root: Path, model_path: str, cache: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--max-minutes", type=float, default=9.0, help="budget of the recipe (training + final evaluation)")
+    ap.add_argument("--max-minutes", type=float, default=7.0, help="budget of the recipe (training + final evaluation)")
     ap.add_argument("--output", default="outputs/demo")
     ap.add_argument("--fresh", action="store_true", help="delete a previous demo run first")
     args = ap.parse_args()
