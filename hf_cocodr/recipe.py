@@ -217,17 +217,9 @@ def run_recipe(
     out.mkdir(parents=True, exist_ok=True)
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
-    from .methods import METHODS
+    from .methods import validate_methods
 
-    bad = sorted({str(m).lower() for m in cfg.methods} - set(METHODS))
-    if bad:
-        from .errors import ConfigError
-
-        raise ConfigError(f"recipe option methods: unknown {bad}; choose from {list(METHODS)}")
-    if {str(m).lower() for m in cfg.methods} & {"modir", "rmsc"} and not target_corpora:
-        from .errors import ConfigError
-
-        raise ConfigError("recipe option methods: modir and rmsc need the target corpora (--target-corpus)")
+    methods = validate_methods(cfg.methods, target_corpora)  # fail before any stage runs
     if not cfg.skip_coco and not target_corpora:
         from .errors import ConfigError
 
@@ -320,23 +312,15 @@ def run_recipe(
         if _stage_done(ft_dir):
             logger.info("stage finetune: already finished (%s), skipped", ft_dir)
         else:
-            from .finetuning import IDROTrainer
             from .modeling.loading import load_encoder
 
             steps = plan["finetune_steps"]
             every = max(1, steps // (cfg.refreshes + 1)) if cfg.refreshes else 0
             args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps})
-            st = load_encoder(current)
-            loss, data, setup = None, train_data, None
-            if cfg.methods:
-                from .methods import configure_methods
+            from .training_api import build_idro_trainer
 
-                loss, data, setup = configure_methods([m.lower() for m in cfg.methods], st, args, train_data,
-                                                      target_corpora=list(target_corpora))
-            trainer = IDROTrainer(model=st, args=args, train_dataset=data, loss=loss)
-            if setup is not None:
-                setup(trainer)
-            trainer.negatives_label = "bm25"
+            trainer = build_idro_trainer(load_encoder(current), args, train_data, methods=methods,
+                                         target_corpora=list(target_corpora), negatives_label="bm25")
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()
             _save_weight_history(trainer, ft_dir)

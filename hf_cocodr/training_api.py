@@ -76,7 +76,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
                  target_corpora=()) -> dict[str, Any]:
     """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate."""
     from .data.training import RetrievalTrainingData
-    from .finetuning import IDROTrainer, IDROTrainingArguments
+    from .finetuning import IDROTrainingArguments
     from .modeling.loading import load_encoder
 
     if args is None:
@@ -88,17 +88,8 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
-    extra_methods = [m.lower() for m in methods]
-    setup = None
-    if extra_methods:
-        from .methods import configure_methods
-
-        loss, data, setup = configure_methods(extra_methods, st, args, data, loss, target_corpora)
-    trainer = IDROTrainer(model=st, args=args, train_dataset=data, loss=loss)
-    trainer.extra_methods = extra_methods
-    if setup is not None:
-        setup(trainer)
-    trainer.negatives_label = negatives
+    trainer = build_idro_trainer(st, args, data, methods=methods, target_corpora=target_corpora, loss=loss,
+                                 negatives_label=negatives)
     push = args.push_to_hub
     args.push_to_hub = False  # push once, after the evaluation results are written
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
@@ -115,6 +106,23 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
         args.push_to_hub = True
         result["commit_url"] = trainer.push_to_hub()
     return result
+
+
+def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25"):
+    """An IDROTrainer for ``model`` on ``data`` with the seed ``methods`` wired in (their loss terms, RMSC data)."""
+    from .finetuning import IDROTrainer
+
+    setup = None
+    if methods:
+        from .methods import configure_methods
+
+        loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora)
+    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    trainer.extra_methods = [str(m).lower() for m in methods]
+    if setup is not None:
+        setup(trainer)
+    trainer.negatives_label = negatives_label
+    return trainer
 
 
 def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,

@@ -37,6 +37,20 @@ def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list
     return texts
 
 
+def validate_methods(methods, target_corpora=()) -> list[str]:
+    """The method names, lower-cased; a ConfigError for an unknown name or MoDIR/RMSC without a target stream."""
+    from ..errors import ConfigError
+
+    methods = [str(m).lower() for m in methods]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown:
+        raise ConfigError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
+    if ("modir" in methods or "rmsc" in methods) and not target_corpora:
+        raise ConfigError(f"{' and '.join(m for m in ('modir', 'rmsc') if m in methods)} need(s) a target stream "
+                          "(the target corpora): pass --target-corpus DIR (unlabelled target documents)")
+    return methods
+
+
 def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int = 1,
                       weak_mode: str = "scl", weak_pairs_per_corpus: int | None = None):
     """Build the loss / data / trainer options for the named methods.
@@ -49,12 +63,7 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     """
     from ..finetuning.losses.idro import IDROLoss
 
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {list(METHODS)}")
-    if ("modir" in methods or "rmsc" in methods) and not target_corpora:
-        raise ValueError(f"{' and '.join(m for m in ('modir', 'rmsc') if m in methods)} need(s) a target stream: "
-                         "pass --target-corpus DIR (unlabelled target documents)")
+    methods = validate_methods(methods, target_corpora)
     aux = []
     if "modir" in methods:
         aux.append(MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
