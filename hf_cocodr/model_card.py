@@ -153,6 +153,8 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     stages = data.get("stages", [])
     methods = list(dict.fromkeys(data.get("methods") or [s.get("method") for s in stages if s.get("method")]))
     pretraining_corpora = sorted({c for s in stages if s.get("type") == "coco" for c in s.get("corpora", [])})
+    # MoDIR / RMSC read target documents while fine-tuning (their stage lists them under "corpora")
+    finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = ["cocodr"] + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in CITATIONS and m not in citations]
@@ -170,6 +172,7 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         methods=methods,
         method_names=[METHOD_NAMES.get(m, m) for m in methods],
         pretraining_corpora=pretraining_corpora,
+        finetuning_corpora=finetuning_corpora,
         source_data=source_data,
         stages=stages,
         evaluations=collect_evaluations(directory),

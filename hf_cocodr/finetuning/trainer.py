@@ -116,6 +116,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             if cb is not None:
                 cb.trainer = self
         self.extra_methods: list[str] = []
+        self.target_corpora_read: list[str] = []  # target corpora whose documents a method reads (model card)
         self._skip_optimizer_step = False
         self.skipped_steps: list[int] = []
         self.weight_history: list[dict[str, Any]] = []

@@ -39,6 +39,14 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
             ranking (labelled positives removed).
         recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
+    Seed methods (used when ``--method`` / :func:`~hf_cocodr.methods.configure_methods` turns them on):
+        modir_lambda / modir_half_life: the confusion-loss weight λ = λ₀·2^(−step/half_life).
+        modir_queue_batches: n, past batches in the momentum queue of the domain classifier.
+        modir_classifier_lr: Adam learning rate of the domain classifier (one update on the queue per step).
+        berm_alpha / berm_beta: weights of BERM's extraction and balance losses.
+        rmsc_k: soft tokens per kind ([S], [T], [W], [H]).
+        rmsc_weak_mode: ``"scl"`` (two halves of a document) or ``"ict"`` (a sentence vs. the rest).
+        rmsc_weak_pairs: weak pairs per corpus (None: balanced, as many as the labelled source queries).
     """
 
     idro_preset: str = field(default="paper", metadata={"help": f"iDRO preset: one of {PRESETS}"})
@@ -66,6 +74,17 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         metadata={"help": "token limit of training texts (and of the negative-refresh encoding); the saved model "
                           "keeps its own limits for inference"},
     )
+    modir_lambda: float = field(default=1.0, metadata={"help": "MoDIR: initial confusion-loss weight lambda0"})
+    modir_half_life: float = field(default=10_000.0, metadata={"help": "MoDIR: steps after which lambda halves"})
+    modir_queue_batches: int = field(default=1000, metadata={"help": "MoDIR: past batches in the momentum queue"})
+    modir_classifier_lr: float = field(default=0.01, metadata={"help": "MoDIR: Adam lr of the domain classifier"})
+    berm_alpha: float = field(default=0.1, metadata={"help": "BERM: weight of the unit-extraction loss"})
+    berm_beta: float = field(default=1.0, metadata={"help": "BERM: weight of the unit-balance loss"})
+    rmsc_k: int = field(default=1, metadata={"help": "RMSC: soft tokens per kind"})
+    rmsc_weak_mode: str = field(default="scl", metadata={"help": "RMSC: weak pairs by 'scl' or 'ict'"})
+    rmsc_weak_pairs: int | None = field(
+        default=None, metadata={"help": "RMSC: weak pairs per corpus (None: as many as labelled source queries)"}
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -84,6 +103,19 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         for name in ("cluster_every_steps", "num_negatives", "refresh_negatives_every_steps", "negatives_skip_top"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("modir_lambda", "berm_alpha", "berm_beta"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("modir_half_life", "modir_classifier_lr"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.modir_queue_batches < 1 or self.rmsc_k < 1:
+            raise ConfigError(f"modir_queue_batches and rmsc_k must be >= 1, got {self.modir_queue_batches} and "
+                              f"{self.rmsc_k}")
+        if self.rmsc_weak_mode not in ("scl", "ict"):
+            raise ConfigError(f"rmsc_weak_mode must be 'scl' or 'ict', got {self.rmsc_weak_mode!r}")
+        if self.rmsc_weak_pairs is not None and self.rmsc_weak_pairs < 1:
+            raise ConfigError(f"rmsc_weak_pairs must be >= 1 (or unset), got {self.rmsc_weak_pairs}")
         if self.negatives_top_k <= self.negatives_skip_top:
             raise ConfigError(
                 f"negatives_top_k ({self.negatives_top_k}) must be larger than negatives_skip_top "

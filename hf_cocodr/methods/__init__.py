@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 from .berm import BERMObjective, BM25Scorer, balance_loss, extraction_loss
-from .modir import MoDIRObjective, confusion_loss, domain_classifier_accuracy
+from .modir import MoDIRObjective, confusion_loss, domain_classifier_accuracy, domain_classifier_probe
 from .rmsc import GroupedBatchSampler, RMSCTrainingData, add_rmsc_tokens, set_rmsc_template, weak_pairs
 
 METHODS = ("modir", "berm", "rmsc")
@@ -20,6 +20,7 @@ METHODS = ("modir", "berm", "rmsc")
 __all__ = [
     "BERMObjective", "BM25Scorer", "GroupedBatchSampler", "METHODS", "MoDIRObjective", "RMSCTrainingData",
     "add_rmsc_tokens", "balance_loss", "configure_methods", "confusion_loss", "domain_classifier_accuracy",
+    "domain_classifier_probe",
     "extraction_loss", "set_rmsc_template", "weak_pairs",
 ]
 
@@ -51,25 +52,34 @@ def validate_methods(methods, target_corpora=()) -> list[str]:
     return methods
 
 
-def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int = 1,
-                      weak_mode: str = "scl", weak_pairs_per_corpus: int | None = None):
+def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int | None = None,
+                      weak_mode: str | None = None, weak_pairs_per_corpus: int | None = None):
     """Build the loss / data / trainer options for the named methods.
 
+    The methods' hyperparameters come from ``args`` (``modir_*``, ``berm_*``, ``rmsc_*`` fields of
+    :class:`~hf_cocodr.IDROTrainingArguments`); the keyword arguments override the RMSC ones.
     RMSC mixes three training sets; by default they are balanced: as many source weak pairs as labelled source
     queries (at most 20,000), and the same number of target weak pairs shared evenly by the target corpora
-    (``weak_pairs_per_corpus`` sets a fixed count per corpus instead).
+    (``weak_pairs_per_corpus`` / ``args.rmsc_weak_pairs`` sets a fixed count per corpus instead).
 
     Returns ``(loss, data, trainer_setup)`` where ``trainer_setup(trainer)`` finishes the wiring (RMSC).
     """
+    from ..data.spans import corpus_source
     from ..finetuning.losses.idro import IDROLoss
 
     methods = validate_methods(methods, target_corpora)
+    rmsc_k = rmsc_k if rmsc_k is not None else args.rmsc_k
+    weak_mode = weak_mode or args.rmsc_weak_mode
+    weak_pairs_per_corpus = weak_pairs_per_corpus or args.rmsc_weak_pairs
     aux = []
     if "modir" in methods:
         aux.append(MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
+                                  queue_batches=args.modir_queue_batches, lambda0=args.modir_lambda,
+                                  half_life=args.modir_half_life, classifier_lr=args.modir_classifier_lr,
                                   seed=args.seed))
     if "berm" in methods:
-        aux.append(BERMObjective(model.tokenizer, data.corpus_text_list(), max_length=args.max_length))
+        aux.append(BERMObjective(model.tokenizer, data.corpus_text_list(), alpha=args.berm_alpha, beta=args.berm_beta,
+                                 max_length=args.max_length))
     if loss is None:
         loss = IDROLoss(model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta,
                         tau=args.idro_tau, grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
@@ -79,8 +89,13 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
         loss.auxiliary.extend(aux)
         loss._token_states = any(getattr(a, "needs_token_states", False) for a in loss.auxiliary)
 
+    # MoDIR and RMSC read the target documents while fine-tuning: the model card must disclose it
+    readers = [m for m in methods if m in ("modir", "rmsc")]
+    target_names = [corpus_source(c).name for c in target_corpora] if readers else []
+
     def setup(trainer):
         trainer.extra_methods = list(methods)
+        trainer.target_corpora_read = target_names
 
     if "rmsc" in methods:
         add_rmsc_tokens(model, k=rmsc_k)
@@ -93,6 +108,7 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
 
         def setup(trainer):  # noqa: F811
             trainer.extra_methods = list(methods)
+            trainer.target_corpora_read = target_names
             trainer.rmsc_k = rmsc_k
 
     return loss, data, setup

@@ -36,7 +36,11 @@ class MoDIRObjective(nn.Module):
         target_batch_size: target texts encoded per step (default: the source batch size).
         queue_batches: n, how many past batches the momentum queue keeps (memory: n × batch × 2 × dim floats).
         lambda0 / half_life: λ = λ₀·2^(−step/half_life).
-        classifier_lr / classifier_steps: SGD on the queue each step.
+        classifier_lr / classifier_steps: Adam updates of the classifier on the whole queue, each training step.
+            Adam, not plain SGD, because its step size does not depend on the embedding scale: with unit-norm
+            embeddings an SGD learning rate of 0.01 leaves the classifier at chance for hundreds of steps (and the
+            confusion loss without a gradient), while the same rate diverges on un-normalised dot-product
+            embeddings. The Adam moments are checkpointed with the classifier and the queue.
     """
 
     name = "modir"
@@ -59,7 +63,11 @@ class MoDIRObjective(nn.Module):
         self.seed = seed
         # plain buffers, not parameters: the trainer's optimizer must not touch the classifier
         g = torch.Generator().manual_seed(seed)
-        self.register_buffer("classifier", torch.randn(2, embedding_dim, generator=g) * 0.01)
+        self.classifier = torch.randn(2, embedding_dim, generator=g) * 0.01
+        # Adam moments of the classifier (plain tensors, not parameters: the trainer's optimizer must not see them)
+        self.adam_m = torch.zeros(2, embedding_dim)
+        self.adam_v = torch.zeros(2, embedding_dim)
+        self.adam_t = 0
         self.queue: list[tuple[Tensor, Tensor]] = []  # (embeddings, domain labels) per batch, newest last
         self.last_accuracy = float("nan")
 
@@ -74,13 +82,20 @@ class MoDIRObjective(nn.Module):
     def _train_classifier(self) -> None:
         x = torch.cat([e for e, _ in self.queue])
         y = torch.cat([d for _, d in self.queue])
-        w = self.classifier.detach().clone().requires_grad_(True)
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        w = self.classifier.detach().clone()
         for _ in range(self.classifier_steps):
             with torch.enable_grad():
-                loss = F.cross_entropy(x @ w.T, y)
-                (g,) = torch.autograd.grad(loss, w)
-            w = (w - self.classifier_lr * g).detach().requires_grad_(True)
-        self.classifier = w.detach()
+                w.requires_grad_(True)
+                (g,) = torch.autograd.grad(F.cross_entropy(x @ w.T, y), w)
+            w = w.detach()
+            self.adam_t += 1
+            self.adam_m = b1 * self.adam_m + (1 - b1) * g
+            self.adam_v = b2 * self.adam_v + (1 - b2) * g * g
+            m_hat = self.adam_m / (1 - b1**self.adam_t)
+            v_hat = self.adam_v / (1 - b2**self.adam_t)
+            w = w - self.classifier_lr * m_hat / (v_hat.sqrt() + eps)
+        self.classifier = w
         with torch.no_grad():
             self.last_accuracy = float(((x @ self.classifier.T).argmax(1) == y).float().mean())
 
@@ -100,9 +115,7 @@ class MoDIRObjective(nn.Module):
         dom = torch.cat([torch.zeros(len(source_embeddings), dtype=torch.long), torch.ones(len(target), dtype=torch.long)])
         self.queue.append((emb, dom))
         del self.queue[: max(0, len(self.queue) - self.queue_batches)]
-        if self.classifier.device != torch.device("cpu"):
-            self.classifier = self.classifier.cpu()
-        self._train_classifier()
+        self._train_classifier()  # on the CPU: the queue lives there
         # 2. frozen classifier, confusion loss on the current embeddings (gradients reach the encoder only)
         w = self.classifier.to(source_embeddings.device, source_embeddings.dtype)
         logits = torch.cat([source_embeddings, target]) @ w.T
@@ -112,7 +125,8 @@ class MoDIRObjective(nn.Module):
 
     # ---------------------------------------------------------------------------------------- checkpointing
     def state_tensors(self) -> dict[str, Tensor]:
-        out = {"modir_classifier": self.classifier.cpu()}
+        out = {"modir_classifier": self.classifier.cpu(), "modir_adam_m": self.adam_m, "modir_adam_v": self.adam_v,
+               "modir_adam_t": torch.tensor(self.adam_t)}
         if self.queue:
             out["modir_queue_emb"] = torch.cat([e for e, _ in self.queue])
             out["modir_queue_dom"] = torch.cat([d for _, d in self.queue])
@@ -122,6 +136,9 @@ class MoDIRObjective(nn.Module):
     def load_state_tensors(self, tensors: dict[str, Tensor]) -> None:
         if "modir_classifier" in tensors:
             self.classifier = tensors["modir_classifier"].float()
+        if "modir_adam_t" in tensors:
+            self.adam_m, self.adam_v = tensors["modir_adam_m"].float(), tensors["modir_adam_v"].float()
+            self.adam_t = int(tensors["modir_adam_t"])
         self.queue = []
         if "modir_queue_sizes" in tensors:
             emb, dom = tensors["modir_queue_emb"], tensors["modir_queue_dom"]
@@ -135,16 +152,23 @@ def _accepts_task(model) -> bool:
     return hasattr(model, "encode_document")
 
 
-def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1,
-                               seed: int = 0) -> float:
-    """Held-out accuracy of a *fresh* linear domain classifier on final embeddings (MoDIR's diagnostic: lower is more
-    domain-invariant). 50/50 split of each domain for training and testing."""
+def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1,
+                            seed: int = 0) -> dict[str, float]:
+    """MoDIR's diagnostic: a *fresh* linear domain classifier trained on final embeddings (half of each domain),
+    scored on the other half. Returns held-out ``accuracy`` and ``log_loss`` (nats); lower accuracy and higher loss
+    mean more domain-invariant embeddings. Features are standardised with the training half's statistics, so
+    models with different embedding scales (dot-product vs. normalised) are probed alike."""
     rng = np.random.default_rng(seed)
     x = np.concatenate([source, target]).astype(np.float32)
     y = np.concatenate([np.zeros(len(source)), np.ones(len(target))]).astype(np.int64)
+    if len(source) < 2 or len(target) < 2:
+        raise ValueError(f"the domain probe needs at least 2 embeddings per domain, got {len(source)} source and "
+                         f"{len(target)} target")
     perm = rng.permutation(len(x))
     half = len(x) // 2
     tr, te = perm[:half], perm[half:]
+    mu, sd = x[tr].mean(0), x[tr].std(0) + 1e-6
+    x = (x - mu) / sd
     xt, yt = torch.from_numpy(x[tr]), torch.from_numpy(y[tr])
     w = torch.zeros(2, x.shape[1], requires_grad=True)
     opt = torch.optim.Adam([w], lr=lr)
@@ -153,5 +177,12 @@ def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, *, epochs
         F.cross_entropy(xt @ w.T, yt).backward()
         opt.step()
     with torch.no_grad():
-        pred = (torch.from_numpy(x[te]) @ w.T).argmax(1).numpy()
-    return float((pred == y[te]).mean())
+        logits = torch.from_numpy(x[te]) @ w.T
+        labels = torch.from_numpy(y[te])
+        return {"accuracy": float((logits.argmax(1) == labels).float().mean()),
+                "log_loss": float(F.cross_entropy(logits, labels))}
+
+
+def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, **kwargs) -> float:
+    """Held-out accuracy of :func:`domain_classifier_probe` (lower is more domain-invariant)."""
+    return domain_classifier_probe(source, target, **kwargs)["accuracy"]

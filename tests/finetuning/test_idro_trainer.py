@@ -123,24 +123,31 @@ def test_refreshed_negatives_never_contain_positives(tiny_bert_dir, multi_beir, 
     assert reasons.count("negatives refresh at step 2") == 1 and reasons.count("negatives refresh at step 4") == 1
 
 
-def test_resume_continues_the_same_trajectory(tiny_bert_dir, multi_beir, tmp_path):
-    def run(out, stop=None, resume=None):
+@pytest.mark.parametrize("stop,max_steps,cluster_every", [(3, 6, 2), (5, 9, 0)],
+                         ids=["every-2-steps", "per-epoch-resumed-late-in-an-epoch"])
+def test_resume_continues_the_same_trajectory(stop, max_steps, cluster_every, tiny_bert_dir, multi_beir, tmp_path):
+    # 60 queries / 8 = 7 steps per epoch: the second case resumes at epoch progress 5/7 (> 0.5) and then crosses
+    # the epoch boundary, where the per-epoch re-clustering must happen once, at step 7, as in the uninterrupted run
+    def run(out, stop_at=None, resume=None):
         data = RetrievalTrainingData.from_beir(multi_beir, "train", negatives="bm25")
-        args = make_args(out, max_steps=6, save_strategy="steps", save_steps=3, cluster_every_steps=2,
-                         refresh_negatives_every_steps=3, negatives_top_k=30)
-        trainer, spy = build(tiny_bert_dir, data, args, [StopAt(stop)] if stop else [])
+        args = make_args(out, max_steps=max_steps, save_strategy="steps", save_steps=stop,
+                         cluster_every_steps=cluster_every, refresh_negatives_every_steps=3, negatives_top_k=30,
+                         recluster_on_refresh=bool(cluster_every))
+        trainer, spy = build(tiny_bert_dir, data, args, [StopAt(stop_at)] if stop_at else [])
         trainer.train(resume_from_checkpoint=resume)
         return trainer, spy
 
     full, spy_full = run(tmp_path / "full")
-    part, _ = run(tmp_path / "part", stop=3)
-    assert part.state.global_step == 3
+    part, _ = run(tmp_path / "part", stop_at=stop)
+    assert part.state.global_step == stop
     resumed, spy_res = run(tmp_path / "part", resume=True)
-    assert resumed.state.global_step == 6
-    torch.testing.assert_close(spy_res.weights[6], spy_full.weights[6], rtol=1e-6, atol=1e-9)
-    assert np.array_equal(spy_res.assignments[6], spy_full.assignments[6])
-    loss_full = [h["loss"] for h in full.state.log_history if "loss" in h and h["step"] > 3]
-    loss_res = [h["loss"] for h in resumed.state.log_history if "loss" in h and h["step"] > 3]
+    assert resumed.state.global_step == max_steps
+    assert [h["reason"] for h in resumed.kmeans_callback.history] == [
+        h["reason"] for h in full.kmeans_callback.history]
+    torch.testing.assert_close(spy_res.weights[max_steps], spy_full.weights[max_steps], rtol=1e-6, atol=1e-9)
+    assert np.array_equal(spy_res.assignments[max_steps], spy_full.assignments[max_steps])
+    loss_full = [h["loss"] for h in full.state.log_history if "loss" in h and h["step"] > stop]
+    loss_res = [h["loss"] for h in resumed.state.log_history if "loss" in h and h["step"] > stop]
     assert loss_res == pytest.approx(loss_full, rel=1e-5)
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)

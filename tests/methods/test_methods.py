@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from transformers import TrainerCallback
 
 from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
 from hf_cocodr.methods import (
@@ -27,16 +28,25 @@ def args_for(out, **kw):
     return IDROTrainingArguments(**base)
 
 
-def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, **kw):
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, out="o", callbacks=(), resume=None, **kw):
     torch.manual_seed(0)
     model = load_encoder(str(tiny_st_dir))
-    args = args_for(tmp_path / "o", **kw)
+    args = args_for(tmp_path / out, **kw)
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
     loss, data, setup = configure_methods(methods, model, args, data, None, [str(tiny_beir)])
-    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, callbacks=list(callbacks))
     setup(trainer)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     changed = {n: not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if p.requires_grad}
     return trainer, changed
 
@@ -155,6 +165,7 @@ def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_
     finally:
         IDROTrainer.materialize = orig
     assert set(seen) >= {"source_weak", "target_weak"}
+    assert all(v for n, v in changed.items() if "pooler" not in n), [n for n, v in changed.items() if not v]
     trainer.finalize()
     model = SentenceTransformer(str(tmp_path / "o"))
     tok = model.tokenizer
@@ -181,3 +192,68 @@ def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path,
     assert {"coco", "idro", "berm", "modir"} <= set(info["methods"])
     card = (tmp_path / "ft" / "README.md").read_text()
     assert "xu2023berm" in card and "xin2022modir" in card
+
+
+# ------------------------------------------------------------------------------------------------ all methods
+@pytest.mark.parametrize("method", ["modir", "berm", "rmsc"])
+def test_resumed_run_equals_uninterrupted(method, tiny_st_dir, tiny_beir, tmp_path):
+    """Stop at step 3 (checkpoint), resume to step 6: same losses, parameters and method state as one run."""
+    kw = dict(max_steps=6, save_strategy="steps", save_steps=3)
+    full, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="full", **kw)
+    part, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="part", callbacks=[StopAt(3)], **kw)
+    assert part.state.global_step == 3
+    resumed, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="part", resume=True, **kw)
+    assert resumed.state.global_step == 6
+
+    def later(trainer, key):
+        return [h[key] for h in trainer.state.log_history if key in h and h["step"] > 3]
+
+    for key in ("loss", *{"modir": ["confusion_loss", "domain_classifier_accuracy"],
+                          "berm": ["berm_extract_loss", "berm_balance_loss"], "rmsc": []}[method]):
+        assert later(resumed, key) == pytest.approx(later(full, key), rel=1e-5), key
+    for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
+    if method == "modir":
+        a, b = full.idro_loss.auxiliary[0], resumed.idro_loss.auxiliary[0]
+        torch.testing.assert_close(a.classifier, b.classifier, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(a.adam_v, b.adam_v, rtol=1e-5, atol=1e-12)
+        assert a.adam_t == b.adam_t == 6 and len(a.queue) == len(b.queue) == 6
+
+
+def test_method_settings_reach_the_objectives_and_the_card(tiny_st_dir, tiny_beir, tmp_path):
+    trainer, _ = train_with(["modir", "berm"], tiny_st_dir, tiny_beir, tmp_path, max_steps=1, modir_lambda=0.5,
+                            modir_half_life=100.0, modir_queue_batches=7, modir_classifier_lr=0.05, berm_alpha=0.2,
+                            berm_beta=0.0)
+    modir, berm = trainer.idro_loss.auxiliary
+    assert (modir.lambda0, modir.half_life, modir.queue_batches, modir.classifier_lr) == (0.5, 100.0, 7, 0.05)
+    assert (berm.alpha, berm.beta) == (0.2, 0.0)
+    logged = [h for h in trainer.state.log_history if "loss" in h][0]
+    assert logged["berm_balance_loss"] == 0.0  # beta = 0 switches the term off
+    trainer.finalize()
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "λ₀=0.5" in card and "α=0.2" in card
+    # MoDIR read the target documents during fine-tuning: the zero-shot disclosure says so
+    assert "During fine-tuning, MoDIR read the **documents** of: " + tiny_beir.name in card
+    assert "No target corpus was read" not in card
+
+
+def test_modir_classifier_learns_a_separable_queue_and_then_drives_the_confusion_loss():
+    """Adam on the queue: a separable queue is classified within a few steps whatever the embedding scale, and the
+    frozen classifier's confusion loss then has a gradient that moves embeddings towards the boundary."""
+    g = torch.Generator().manual_seed(0)
+    direction = torch.nn.functional.normalize(torch.randn(16, generator=g), dim=0)
+    for scale in (1.0, 20.0):
+        m = MoDIRObjective(["t"], 16, queue_batches=4, classifier_lr=0.05)
+        src = torch.nn.functional.normalize(torch.randn(32, 16, generator=g) + 2 * direction, dim=1) * scale
+        tgt = torch.nn.functional.normalize(torch.randn(32, 16, generator=g) - 2 * direction, dim=1) * scale
+        m.queue.append((torch.cat([src, tgt]), torch.cat([torch.zeros(32), torch.ones(32)]).long()))
+        for _ in range(10):
+            m._train_classifier()
+        assert m.last_accuracy > 0.95, scale
+        emb = torch.cat([src, tgt]).requires_grad_(True)
+        conf = confusion_loss(emb @ m.classifier.T)
+        assert float(conf) > math.log(2) + 1e-3  # a confident classifier: the encoder is pushed
+        (grad,) = torch.autograd.grad(conf, emb)
+        # descending the confusion loss moves source embeddings against the source side, target ones towards it
+        side = m.classifier[1] - m.classifier[0]  # > 0 along the target direction
+        assert float((-grad[:32] @ side).mean()) > 0 and float((-grad[32:] @ side).mean()) < 0

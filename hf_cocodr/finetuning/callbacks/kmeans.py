@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -82,7 +83,9 @@ class KMeansClusteringCallback(TrainerCallback):
         self.cluster(reason="train start")
 
     def on_epoch_begin(self, args, state, control, **kwargs):
-        epoch = int(round(state.epoch or 0))
+        # the epoch index, not the rounded progress: a run resumed in the second half of an epoch (state.epoch
+        # e.g. 1.5) continues epoch 1, which was already clustered
+        epoch = int(math.floor((state.epoch or 0) + 1e-6))
         if self.every_steps == 0 and epoch > self._last_epoch:
             self._last_epoch = epoch
             self.cluster(reason=f"epoch {epoch}")
