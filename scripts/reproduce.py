@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -98,7 +99,7 @@ def main() -> int:
         results_path.write_text(json.dumps(results, indent=2))
 
     if not args.report_only:
-        results.setdefault("_commands", []).append("python scripts/reproduce.py " + " ".join(sys.argv[1:]))
+        results.setdefault("_commands", []).append("python scripts/reproduce.py " + shlex.join(sys.argv[1:]))
     if args.report_only:
         write_report(args, results, work, base_model, root)
         return 0
