@@ -60,3 +60,13 @@ def shard_range(total: int) -> tuple[int, int]:
     size, rank = world()
     shard = (total + size - 1) // size
     return min(rank * shard, total), min((rank + 1) * shard, total)
+
+
+def all_gather_tensor(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's ``x`` (same shape on every rank) along dim 0, in rank order; no gradient."""
+    size, _ = world()
+    if size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.detach().contiguous())
+    return torch.cat(parts)

@@ -167,12 +167,38 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
         return features, labels, as_tensor(doc_keys), as_tensor(pos_keys), columns
 
+    def use_rmsc_combination(self, group: str) -> None:
+        """RMSC: make the tokenizer add the tokens of ``group`` (``source_human``, ``source_weak``, ``target_weak``)."""
+        if self.rmsc_k is not None:
+            from ..methods.rmsc import COMBINATIONS, set_rmsc_template
+
+            set_rmsc_template(self.model, *COMBINATIONS[group], k=self.rmsc_k)
+
+    def encode_query_rows(self, lo: int, hi: int, batch_size: int = 64) -> np.ndarray:
+        """Embeddings of the training queries ``lo..hi-1`` as they are trained (eval mode, no grad): with RMSC each
+        row is encoded with its own combination's tokens, not with whatever the last batch left in the tokenizer."""
+        from ..evaluation.retrieval import encode_texts
+
+        texts = self.training_data.query_texts
+        groups = getattr(self.training_data, "group_of", None)
+        if self.rmsc_k is None or groups is None:
+            return encode_texts(self.model, texts[lo:hi], kind="query", batch_size=batch_size)
+        g = np.asarray(groups[lo:hi])
+        cuts = [0, *(np.flatnonzero(np.diff(g)) + 1).tolist(), len(g)]
+        parts = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                self.use_rmsc_combination(self.training_data.groups[int(g[a])])
+                parts.append(encode_texts(self.model, texts[lo + a:lo + b], kind="query", batch_size=batch_size))
+        return np.concatenate(parts) if parts else np.zeros((0, self.model.get_embedding_dimension()), np.float32)
+
     def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
         groups = getattr(getattr(self, "training_data", None), "group_of", None)
         if groups is not None and len(dataset) == len(groups):  # RMSC: one token combination per batch
             from ..methods.rmsc import GroupedBatchSampler
 
-            return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed)
+            return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed,
+                                       world_size=max(1, self.args.world_size))
         return super().get_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
 
     def get_data_collator(self, model, args, processing_class=None):
@@ -362,7 +388,15 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 "base_model": prev.get("base_model")}
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        if self.rmsc_k is not None:  # every saved model (checkpoints too) encodes with [T] ... [H] by itself
+            from ..methods.rmsc import finalize_rmsc_model
+
+            finalize_rmsc_model(self.model, self.rmsc_k)  # the next batch sets its own tokens again
         super()._save(output_dir, state_dict)
+        if self.rmsc_k is not None and self.args.should_save:
+            from ..methods.rmsc import pin_saved_tokenizer
+
+            pin_saved_tokenizer(output_dir or self.args.output_dir)
         if self.args.should_save:  # regenerate our card at every save (checkpoints and the final model)
             from ..model_card import write_model_card
 
@@ -370,16 +404,12 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     def finalize(self) -> str:
         """Write the final model, ``trainer_state.json`` and the card into ``output_dir`` (once per train())."""
-        if self.rmsc_k is not None:  # the saved tokenizer adds [T] ... [H] by itself
+        if self.rmsc_k is not None:  # the model in memory encodes as the saved one: [T] ... [H]
             from ..methods.rmsc import finalize_rmsc_model
 
             finalize_rmsc_model(self.model, self.rmsc_k)
         if not getattr(self, "_finalized", False):
-            self.save_model(self.args.output_dir, _internal_call=True)
-            if self.rmsc_k is not None and self.args.should_save:
-                from ..methods.rmsc import pin_saved_tokenizer
-
-                pin_saved_tokenizer(self.args.output_dir)
+            self.save_model(self.args.output_dir, _internal_call=True)  # _save pins the RMSC tokenizer
             self.save_state()
             self._finalized = True
         return self.args.output_dir

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import distributed as D
+
 logger = logging.getLogger(__name__)
 
 
@@ -75,9 +77,14 @@ class MoDIRObjective(nn.Module):
         return self.lambda0 * math.pow(2.0, -step / self.half_life)
 
     def sample_targets(self, step: int, n: int) -> list[str]:
+        """This rank's ``n`` target texts of ``step``: one global draw of ``n × world size`` texts per step, cut into
+        rank slices, so 2 ranks see exactly the texts one process with the doubled batch sees."""
+        world, rank = D.world()
         rng = np.random.default_rng([self.seed, step])
-        idx = rng.choice(len(self.target_texts), size=min(n, len(self.target_texts)), replace=False)
-        return [self.target_texts[i] for i in idx]
+        total = min(n * world, len(self.target_texts))
+        idx = rng.choice(len(self.target_texts), size=total, replace=False)
+        per_rank = max(1, total // world)
+        return [self.target_texts[i] for i in idx[rank * per_rank:(rank + 1) * per_rank]]
 
     def _train_classifier(self) -> None:
         x = torch.cat([e for e, _ in self.queue])
@@ -101,24 +108,30 @@ class MoDIRObjective(nn.Module):
 
     def compute(self, model, embeddings: list[Tensor], outputs, context: dict) -> dict[str, Tensor]:
         """Source embeddings = this batch's queries and positives; target = a fresh sample of the stream."""
-        return self(model, torch.cat([embeddings[0], embeddings[1]]), context)
+        return self(model, [embeddings[0], embeddings[1]], context)
 
-    def forward(self, model, source_embeddings: Tensor, context: dict) -> dict[str, Tensor]:
+    def forward(self, model, source_embeddings: Tensor | list[Tensor], context: dict) -> dict[str, Tensor]:
+        """Under DDP every rank enqueues the embeddings of *all* ranks (gathered, detached), so the classifiers of
+        all ranks stay identical; the confusion loss is computed on this rank's embeddings (DDP averages it)."""
+        parts = list(source_embeddings) if isinstance(source_embeddings, list | tuple) else [source_embeddings]
+        source = torch.cat(parts)
         step = int(context.get("step", 0))
-        n = self.target_batch_size or source_embeddings.shape[0]
+        n = self.target_batch_size or parts[0].shape[0]
         texts = self.sample_targets(step, n)
         feats = model.preprocess(texts, task="document") if _accepts_task(model) else model.preprocess(texts)
-        feats = {k: (v.to(source_embeddings.device) if isinstance(v, Tensor) else v) for k, v in feats.items()}
+        feats = {k: (v.to(source.device) if isinstance(v, Tensor) else v) for k, v in feats.items()}
         target = model(feats)["sentence_embedding"]
-        # 1. the queue gets this batch (detached), the classifier learns on the queue
-        emb = torch.cat([source_embeddings.detach(), target.detach()]).float().cpu()
-        dom = torch.cat([torch.zeros(len(source_embeddings), dtype=torch.long), torch.ones(len(target), dtype=torch.long)])
+        # 1. the queue gets this batch of every rank (detached), the classifier learns on the queue
+        src_all = torch.cat([D.all_gather_tensor(p.detach()) for p in parts])
+        tgt_all = D.all_gather_tensor(target.detach())
+        emb = torch.cat([src_all, tgt_all]).float().cpu()
+        dom = torch.cat([torch.zeros(len(src_all), dtype=torch.long), torch.ones(len(tgt_all), dtype=torch.long)])
         self.queue.append((emb, dom))
         del self.queue[: max(0, len(self.queue) - self.queue_batches)]
         self._train_classifier()  # on the CPU: the queue lives there
         # 2. frozen classifier, confusion loss on the current embeddings (gradients reach the encoder only)
-        w = self.classifier.to(source_embeddings.device, source_embeddings.dtype)
-        logits = torch.cat([source_embeddings, target]) @ w.T
+        w = self.classifier.to(source.device, source.dtype)
+        logits = torch.cat([source, target]) @ w.T
         conf = confusion_loss(logits)
         return {"modir_loss": conf * self.lam(step), "_confusion_loss": conf.detach(),
                 "_domain_classifier_accuracy": torch.tensor(self.last_accuracy)}

@@ -160,14 +160,20 @@ class RMSCTrainingData:
 class GroupedBatchSampler(torch.utils.data.Sampler):
     """Batches that never mix groups: rows are shuffled within their group, cut into batches, batches shuffled.
 
-    Deterministic per ``(seed, epoch)``; ``drop_last`` drops each group's incomplete batch.
+    Deterministic per ``(seed, epoch)``; ``drop_last`` drops each group's incomplete batch. With
+    ``world_size`` > 1 the rows are cut into *global* batches of ``batch_size × world_size`` and each is yielded as
+    ``world_size`` consecutive per-device batches, which is how accelerate deals batches to the ranks (batch ``i``
+    to rank ``i mod world_size``): at every step all ranks hold the same combination, so negatives gathered across
+    devices never cross combinations, and the rows of a step are those of one process with the global batch.
     """
 
-    def __init__(self, groups: np.ndarray, batch_size: int, drop_last: bool = True, seed: int = 0):
+    def __init__(self, groups: np.ndarray, batch_size: int, drop_last: bool = True, seed: int = 0,
+                 world_size: int = 1):
         self.groups = np.asarray(groups)
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.seed = seed
+        self.world_size = max(1, int(world_size))
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -175,15 +181,17 @@ class GroupedBatchSampler(torch.utils.data.Sampler):
 
     def _batches(self) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, self.epoch])
-        batches = []
+        size = self.batch_size * self.world_size
+        global_batches = []
         for g in np.unique(self.groups):
             rows = rng.permutation(np.nonzero(self.groups == g)[0])
-            for s in range(0, len(rows), self.batch_size):
-                b = rows[s:s + self.batch_size]
-                if len(b) == self.batch_size or not self.drop_last:
-                    batches.append(b.tolist())
-        order = rng.permutation(len(batches))
-        return [batches[i] for i in order]
+            for s in range(0, len(rows), size):
+                b = rows[s:s + size]
+                if len(b) == size or (not self.drop_last and self.world_size == 1):
+                    global_batches.append(b)
+        order = rng.permutation(len(global_batches))
+        return [global_batches[i][r * self.batch_size:(r + 1) * self.batch_size].tolist()
+                for i in order for r in range(self.world_size)]
 
     def __iter__(self):
         return iter(self._batches())
@@ -209,8 +217,10 @@ def pin_saved_tokenizer(directory) -> None:
 
     from ..utils import atomic_write_json
 
-    for cfg_path in Path(directory).rglob("tokenizer_config.json"):
-        if cfg_path.parent.name.startswith("checkpoint-") or ".tmp" in str(cfg_path):
+    root = Path(directory)
+    for cfg_path in root.rglob("tokenizer_config.json"):
+        inner = cfg_path.relative_to(root).parts[:-1]  # checkpoints inside `directory` are pinned when saved
+        if any(p.startswith("checkpoint-") or ".tmp" in p for p in inner):
             continue
         cfg = json.loads(cfg_path.read_text())
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"

@@ -85,6 +85,27 @@ def test_idro_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp
     assert_params_close(p0, ps)
 
 
+def test_methods_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp_path):
+    """MoDIR + RMSC under DDP: every rank holds the same token combination at each step (gathered negatives never
+    cross combinations), the same momentum queue (all ranks' embeddings) and the same domain classifier; and the
+    run equals one process with the doubled batch."""
+    from hf_cocodr import load_encoder
+
+    st_dir = tmp_path / "st"
+    load_encoder(str(nodrop_model)).save(str(st_dir))
+    (r0, r1), (p0, p1) = run("methods", st_dir, ddp_beir, tmp_path / "ddp", 4, ddp=True)
+    (single,), (ps,) = run("methods", st_dir, ddp_beir, tmp_path / "one", 8)
+    assert r0["world_size"] == 2 and single["world_size"] == 1
+    assert r0["combinations"] == r1["combinations"] == single["combinations"]
+    assert r0["modir_queue_rows"] == single["modir_queue_rows"] == [24, 24]  # 8 queries + 8 positives + 8 targets
+    assert r0["modir_classifier"] == r1["modir_classifier"]
+    torch.testing.assert_close(torch.tensor(r0["modir_classifier"]), torch.tensor(single["modir_classifier"]),
+                               rtol=1e-4, atol=1e-6)
+    assert [h["loss"] for h in r0["log"]] == pytest.approx([h["loss"] for h in single["log"]], rel=1e-4)
+    assert_params_close(p0, p1, rtol=0, atol=0)
+    assert_params_close(p0, ps)
+
+
 @pytest.mark.parametrize("chunk", ["0", "2"])
 def test_coco_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp_path, chunk):
     (r0, r1), (p0, p1) = run("coco", nodrop_model, ddp_beir, tmp_path / "ddp", 4, extra=chunk, ddp=True)

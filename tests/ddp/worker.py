@@ -1,6 +1,6 @@
 """Worker for the 2-process DDP tests: trains a tiny model for a few steps and dumps what must match.
 
-    torchrun --nproc_per_node 2 worker.py {idro|coco} MODEL_DIR BEIR_DIR OUT_DIR PER_DEVICE_BATCH [extra]
+    torchrun --nproc_per_node 2 worker.py {idro|methods|coco} MODEL_DIR BEIR_DIR OUT_DIR PER_DEVICE_BATCH [extra]
     python worker.py ... (single process with the doubled batch)
 """
 
@@ -30,14 +30,30 @@ def main():
     # SGD: the update is lr x gradient, so equal updates mean equal gradients (Adam would amplify float noise
     # in near-zero gradients to +-lr)
     record = {"steps": {}}
-    if mode == "idro":
+    if mode in ("idro", "methods"):
         from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
 
         args = IDROTrainingArguments(**common, num_clusters=3, idro_tau=20.0)
         torch.manual_seed(0)
         model = load_encoder(model_dir)
         data = RetrievalTrainingData.from_beir(beir, "train", negatives="bm25")
-        trainer = IDROTrainer(model=model, args=args, train_dataset=data)
+        if mode == "methods":  # MoDIR + RMSC: classifier, queue and token combinations must agree across ranks
+            from hf_cocodr.methods import configure_methods
+
+            loss, data, setup = configure_methods(["modir", "rmsc"], model, args, data, None, [beir])
+            trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+            setup(trainer)
+            record["combinations"] = {}
+            orig = trainer.materialize
+
+            def materialize(rows):
+                step = trainer.state.global_step + 1
+                record["combinations"][step] = trainer.training_data.combination(rows.cpu().numpy())
+                return orig(rows)
+
+            trainer.materialize = materialize
+        else:
+            trainer = IDROTrainer(model=model, args=args, train_dataset=data)
 
         class Spy(TrainerCallback):
             def on_step_end(self, a, state, control, **kw):
@@ -60,8 +76,12 @@ def main():
     record["world_size"] = args.world_size
     record["env_world_size"] = int(os.environ.get("WORLD_SIZE", 1))
     trainer.train()
-    if mode == "idro":
+    if mode in ("idro", "methods"):
         record["assignments"] = trainer.cluster_ids.tolist()
+    if mode == "methods":
+        modir = trainer.idro_loss.auxiliary[0]
+        record["modir_classifier"] = modir.classifier.tolist()
+        record["modir_queue_rows"] = [len(d) for _, d in modir.queue]
     record["log"] = [h for h in trainer.state.log_history if "loss" in h]
     (out / f"rank{rank}.json").write_text(json.dumps(record))
     params = {n: p.detach().contiguous().clone() for n, p in trainer.model.named_parameters()}

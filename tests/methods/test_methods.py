@@ -142,6 +142,19 @@ def test_grouped_batches_never_mix():
     assert list(sampler) != batches
 
 
+def test_grouped_batches_line_up_across_ranks():
+    """accelerate deals batch i to rank i mod world_size: each step's per-rank batches share one combination and
+    together are the batch of a single process with the global batch size."""
+    groups = np.array([0] * 37 + [1] * 21 + [2] * 16)
+    single = list(GroupedBatchSampler(groups, 8, seed=3))
+    two = list(GroupedBatchSampler(groups, 4, seed=3, world_size=2))
+    rank0, rank1 = two[0::2], two[1::2]
+    assert len(rank0) == len(rank1) == len(single)
+    for a, b, s in zip(rank0, rank1, single):
+        assert len(set(groups[a + b])) == 1
+        assert a + b == s
+
+
 def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_beir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
@@ -177,6 +190,32 @@ def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_
     assert feats["input_ids"][0, 1] == tok.convert_tokens_to_ids("[T]")
     card = json.loads((tmp_path / "o" / "hf_cocodr_training.json").read_text())
     assert "rmsc" in card["methods"]
+
+
+def test_rmsc_rows_are_clustered_with_their_own_tokens_and_checkpoints_encode_t_h(tiny_st_dir, tiny_beir, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.evaluation.retrieval import encode_texts
+    from hf_cocodr.methods.rmsc import COMBINATIONS, set_rmsc_template
+
+    trainer, _ = train_with(["rmsc"], tiny_st_dir, tiny_beir, tmp_path, max_steps=2, save_strategy="steps",
+                            save_steps=1)
+    data = trainer.training_data
+    start = data.offsets[2]  # the first target-weak row
+    lo, hi = start - 2, start + 2  # two source-weak rows, two target-weak rows
+    got = trainer.encode_query_rows(lo, hi)
+    texts = data.query_texts
+    set_rmsc_template(trainer.model, *COMBINATIONS["source_weak"])
+    sw = encode_texts(trainer.model, texts[lo:start], kind="query")
+    set_rmsc_template(trainer.model, *COMBINATIONS["target_weak"])
+    tw = encode_texts(trainer.model, texts[start:hi], kind="query")
+    np.testing.assert_allclose(got, np.concatenate([sw, tw]), rtol=1e-5, atol=1e-6)
+    set_rmsc_template(trainer.model, *COMBINATIONS["source_human"])
+    assert not np.allclose(got[2:], encode_texts(trainer.model, texts[start:hi], kind="query"), atol=1e-4)
+    # a checkpoint loaded as a model adds [T] ... [H] by itself, like the final model
+    tok = SentenceTransformer(str(tmp_path / "o" / "checkpoint-1")).tokenizer
+    ids = tok("pulse and blood pressure")["input_ids"]
+    assert ids[1] == tok.convert_tokens_to_ids("[T]") and ids[-2] == tok.convert_tokens_to_ids("[H]")
 
 
 def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path, capsys):

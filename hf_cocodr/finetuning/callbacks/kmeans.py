@@ -99,15 +99,13 @@ class KMeansClusteringCallback(TrainerCallback):
 
     # -------------------------------------------------------------------------------------------- work
     def encode_queries(self) -> np.ndarray:
-        from ...evaluation.retrieval import encode_texts
-
         trainer = self.trainer
         texts = trainer.training_data.query_texts
         lo, hi = D.shard_range(len(texts))
         model = trainer.model
         was_training = model.training
-        try:
-            emb = encode_texts(model, texts[lo:hi], kind="query", batch_size=self.batch_size)  # model geometry
+        try:  # model geometry (CLS/dot or whatever the model uses); RMSC rows with their own tokens
+            emb = trainer.encode_query_rows(lo, hi, batch_size=self.batch_size)
         finally:
             model.train(was_training)
         if emb.ndim != 2:
