@@ -86,7 +86,8 @@ def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaul
 
 # ------------------------------------------------------------------------------------------------------ finetune
 FINETUNE_FLAGS = {"model", "train_data", "train_split", "idro_preset", "num_clusters", "tau", "negatives",
-                  "refresh_negatives_every", "max_queries", "method", "config", "eval", "target_corpus"}
+                  "refresh_negatives_every", "max_queries", "method", "config", "eval", "target_corpus",
+                  "target_queries"}
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
@@ -103,6 +104,9 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                    help="extra seed method(s) combined with the loss (modir, berm, rmsc); repeatable")
     p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
                    help="unlabelled target corpus (BEIR folder or JSONL) for MoDIR / RMSC; repeatable")
+    p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
+                   help="unlabelled target queries for MoDIR (BEIR folder: its queries.jsonl, never its qrels; or a "
+                        "JSONL file with a text field); repeatable. The model card records that they were read")
     p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT",
                    help="evaluate the final model on this BEIR split (repeatable)")
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
@@ -129,7 +133,7 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     result = run_finetune(
         model=ns.model, train_data=ns.train_data, train_split=ns.train_split, args=args, negatives=ns.negatives,
         max_queries=ns.max_queries, methods=ns.method or [], evals=ns.eval or [],
-        target_corpora=ns.target_corpus or [],
+        target_corpora=ns.target_corpus or [], target_queries=ns.target_queries or [],
     )
     print(json.dumps(result))
     return 0
@@ -205,6 +209,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
                    help="true (default): skip finished stages and resume the unfinished one; false: restart stages")
     p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
                    help="extra seed method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM; repeatable")
+    p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
+                   help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable")
     p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:` and `finetune:` mappings of "
                                                   "CocoPretrainingArguments / IDROTrainingArguments fields")
 
@@ -233,6 +239,8 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
         config["source_split"] = ns.source_split
     if ns.method:
         config["methods"] = list(ns.method)
+    if ns.target_queries:
+        config["target_queries"] = list(ns.target_queries)
     if max_minutes is not None and max_minutes <= 0:
         raise UsageError("--max-minutes must be positive")
     cfg = RecipeConfig.from_dict(config)

@@ -155,6 +155,7 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     pretraining_corpora = sorted({c for s in stages if s.get("type") == "coco" for c in s.get("corpora", [])})
     # MoDIR / RMSC read target documents while fine-tuning (their stage lists them under "corpora")
     finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
+    target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = ["cocodr"] + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in CITATIONS and m not in citations]
@@ -173,6 +174,7 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         method_names=[METHOD_NAMES.get(m, m) for m in methods],
         pretraining_corpora=pretraining_corpora,
         finetuning_corpora=finetuning_corpora,
+        target_queries_read=target_queries_read,
         source_data=source_data,
         stages=stages,
         evaluations=collect_evaluations(directory),

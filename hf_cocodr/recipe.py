@@ -44,6 +44,7 @@ class RecipeConfig:
     seed: int = 42
     eval_batch_size: int = 64
     methods: list[str] = field(default_factory=list)  # extra fine-tuning methods: "modir", "berm", "rmsc"
+    target_queries: list[str] = field(default_factory=list)  # unlabelled target queries for MoDIR (optional)
     coco: dict[str, Any] = field(default_factory=dict)
     finetune: dict[str, Any] = field(default_factory=dict)
 
@@ -219,7 +220,7 @@ def run_recipe(
         parse_eval_spec(spec)  # fail early on a bad --eval
     from .methods import validate_methods
 
-    methods = validate_methods(cfg.methods, target_corpora)  # fail before any stage runs
+    methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     if not cfg.skip_coco and not target_corpora:
         from .errors import ConfigError
 
@@ -320,7 +321,8 @@ def run_recipe(
             from .training_api import build_idro_trainer
 
             trainer = build_idro_trainer(load_encoder(current), args, train_data, methods=methods,
-                                         target_corpora=list(target_corpora), negatives_label="bm25")
+                                         target_corpora=list(target_corpora), negatives_label="bm25",
+                                         target_queries=list(cfg.target_queries))
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()
             _save_weight_history(trainer, ft_dir)

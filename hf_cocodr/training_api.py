@@ -58,6 +58,8 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["BERM"] = f"extraction weight α={a.berm_alpha:g}, balance weight β={a.berm_beta:g}"
     if getattr(trainer, "target_corpora_read", None):
         info["corpora"] = list(trainer.target_corpora_read)  # target documents read (MoDIR / RMSC), never labels
+    if getattr(trainer, "target_queries_read", None):
+        info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by MoDIR
     if "rmsc" in methods:
         info["RMSC"] = (f"{a.rmsc_k} token(s) per kind, weak pairs by {a.rmsc_weak_mode.upper()}, "
                         f"{a.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]")
@@ -84,7 +86,7 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
 
 def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
                  max_queries: int | None = None, methods=(), evals=(), loss=None,
-                 target_corpora=()) -> dict[str, Any]:
+                 target_corpora=(), target_queries=()) -> dict[str, Any]:
     """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate."""
     from .data.training import RetrievalTrainingData
     from .finetuning import IDROTrainingArguments
@@ -100,7 +102,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     trainer = build_idro_trainer(st, args, data, methods=methods, target_corpora=target_corpora, loss=loss,
-                                 negatives_label=negatives)
+                                 negatives_label=negatives, target_queries=target_queries)
     push = args.push_to_hub
     args.push_to_hub = False  # push once, after the evaluation results are written
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
@@ -119,7 +121,8 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     return result
 
 
-def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25"):
+def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25",
+                       target_queries=()):
     """An IDROTrainer for ``model`` on ``data`` with the seed ``methods`` wired in (their loss terms, RMSC data)."""
     from .finetuning import IDROTrainer
 
@@ -127,7 +130,8 @@ def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss
     if methods:
         from .methods import configure_methods
 
-        loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora)
+        loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora,
+                                              target_queries=target_queries)
     trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
     trainer.extra_methods = [str(m).lower() for m in methods]
     if setup is not None:

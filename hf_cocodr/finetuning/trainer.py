@@ -117,6 +117,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 cb.trainer = self
         self.extra_methods: list[str] = []
         self.target_corpora_read: list[str] = []  # target corpora whose documents a method reads (model card)
+        self.target_queries_read: list[str] = []  # target query sets MoDIR reads (model card)
         self._skip_optimizer_step = False
         self.skipped_steps: list[int] = []
         self.weight_history: list[dict[str, Any]] = []

@@ -20,7 +20,7 @@ METHODS = ("modir", "berm", "rmsc")
 __all__ = [
     "BERMObjective", "BM25Scorer", "GroupedBatchSampler", "METHODS", "MoDIRObjective", "RMSCTrainingData",
     "add_rmsc_tokens", "balance_loss", "configure_methods", "confusion_loss", "domain_classifier_accuracy",
-    "domain_classifier_probe",
+    "domain_classifier_probe", "target_query_texts", "validate_methods",
     "extraction_loss", "set_rmsc_template", "weak_pairs",
 ]
 
@@ -38,8 +38,32 @@ def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list
     return texts
 
 
-def validate_methods(methods, target_corpora=()) -> list[str]:
-    """The method names, lower-cased; a ConfigError for an unknown name or MoDIR/RMSC without a target stream."""
+def target_query_texts(sources) -> tuple[list[str], list[str]]:
+    """Unlabelled target queries for MoDIR: ``(texts, names)`` from BEIR folders (their ``queries.jsonl``; qrels are
+    never read) or JSONL files with a ``text`` field."""
+    from pathlib import Path
+
+    from ..data.beir import load_queries
+    from ..data.spans import corpus_source
+    from ..errors import ConfigError
+
+    texts, names = [], []
+    for spec in sources:
+        path = Path(str(spec)).expanduser()
+        if path.is_dir():
+            texts += [t for t in load_queries(path)["text"] if t and t.strip()]
+            names.append(path.name)
+        elif path.is_file():
+            texts += [t for t in corpus_source(path).texts() if t.strip()]
+            names.append(path.name)
+        else:
+            raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file")
+    return texts, names
+
+
+def validate_methods(methods, target_corpora=(), target_queries=()) -> list[str]:
+    """The method names, lower-cased; a ConfigError for an unknown name, MoDIR/RMSC without a target stream, or
+    target queries without MoDIR (the only method that reads them)."""
     from ..errors import ConfigError
 
     methods = [str(m).lower() for m in methods]
@@ -49,14 +73,18 @@ def validate_methods(methods, target_corpora=()) -> list[str]:
     if ("modir" in methods or "rmsc" in methods) and not target_corpora:
         raise ConfigError(f"{' and '.join(m for m in ('modir', 'rmsc') if m in methods)} need(s) a target stream "
                           "(the target corpora): pass --target-corpus DIR (unlabelled target documents)")
+    if target_queries and "modir" not in methods:
+        raise ConfigError("target queries are only read by MoDIR: add --method modir or drop --target-queries")
     return methods
 
 
-def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, rmsc_k: int | None = None,
-                      weak_mode: str | None = None, weak_pairs_per_corpus: int | None = None):
+def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, target_queries=(),
+                      rmsc_k: int | None = None, weak_mode: str | None = None,
+                      weak_pairs_per_corpus: int | None = None):
     """Build the loss / data / trainer options for the named methods.
 
-    The methods' hyperparameters come from ``args`` (``modir_*``, ``berm_*``, ``rmsc_*`` fields of
+    ``target_queries`` (BEIR folders or JSONL files) adds unlabelled target queries to MoDIR's target stream;
+    the model card then says that the model read them. The methods' hyperparameters come from ``args`` (``modir_*``, ``berm_*``, ``rmsc_*`` fields of
     :class:`~hf_cocodr.IDROTrainingArguments`); the keyword arguments override the RMSC ones.
     RMSC mixes three training sets; by default they are balanced: as many source weak pairs as labelled source
     queries (at most 20,000), and the same number of target weak pairs shared evenly by the target corpora
@@ -67,13 +95,19 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     from ..data.spans import corpus_source
     from ..finetuning.losses.idro import IDROLoss
 
-    methods = validate_methods(methods, target_corpora)
+    methods = validate_methods(methods, target_corpora, target_queries)
     rmsc_k = rmsc_k if rmsc_k is not None else args.rmsc_k
     weak_mode = weak_mode or args.rmsc_weak_mode
     weak_pairs_per_corpus = weak_pairs_per_corpus or args.rmsc_weak_pairs
     aux = []
+    query_texts, query_names = target_query_texts(target_queries) if target_queries else ([], [])
+    if target_queries and not query_texts:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"target queries {list(map(str, target_queries))}: no non-empty query text found")
     if "modir" in methods:
         aux.append(MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
+                                  target_queries=query_texts,
                                   queue_batches=args.modir_queue_batches, lambda0=args.modir_lambda,
                                   half_life=args.modir_half_life, classifier_lr=args.modir_classifier_lr,
                                   seed=args.seed))
@@ -96,6 +130,7 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     def setup(trainer):
         trainer.extra_methods = list(methods)
         trainer.target_corpora_read = target_names
+        trainer.target_queries_read = query_names
 
     if "rmsc" in methods:
         add_rmsc_tokens(model, k=rmsc_k)
@@ -109,6 +144,7 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
         def setup(trainer):  # noqa: F811
             trainer.extra_methods = list(methods)
             trainer.target_corpora_read = target_names
+            trainer.target_queries_read = query_names
             trainer.rmsc_k = rmsc_k
 
     return loss, data, setup

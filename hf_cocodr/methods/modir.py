@@ -33,7 +33,9 @@ class MoDIRObjective(nn.Module):
     """The MoDIR term of :class:`~hf_cocodr.IDROLoss` (pass it in ``auxiliary=[...]``).
 
     Args:
-        target_texts: unlabelled target-domain texts (documents, optionally queries); required.
+        target_texts: unlabelled target-domain documents; required.
+        target_queries: unlabelled target-domain queries (optional). When given, each step's target sample is half
+            queries (encoded as queries) and half documents, mirroring the source side (queries + positives).
         embedding_dim: the encoder's embedding size.
         target_batch_size: target texts encoded per step (default: the source batch size).
         queue_batches: n, how many past batches the momentum queue keeps (memory: n × batch × 2 × dim floats).
@@ -47,17 +49,18 @@ class MoDIRObjective(nn.Module):
 
     name = "modir"
 
-    def __init__(self, target_texts: Sequence[str], embedding_dim: int, *, target_batch_size: int | None = None,
-                 queue_batches: int = 1000, lambda0: float = 1.0, half_life: float = 10_000.0,
-                 classifier_lr: float = 0.01, classifier_steps: int = 1, seed: int = 0):
+    def __init__(self, target_texts: Sequence[str], embedding_dim: int, *, target_queries: Sequence[str] = (),
+                 target_batch_size: int | None = None, queue_batches: int = 1000, lambda0: float = 1.0,
+                 half_life: float = 10_000.0, classifier_lr: float = 0.01, classifier_steps: int = 1, seed: int = 0):
         super().__init__()
         texts = [t for t in target_texts if t and t.strip()]
         if not texts:
-            raise ValueError("MoDIR needs a stream of unlabelled target texts (target corpus documents or queries); "
+            raise ValueError("MoDIR needs a stream of unlabelled target texts (target corpus documents); "
                              "pass target_texts / --target-corpus")
         if queue_batches < 1 or half_life <= 0 or lambda0 < 0:
             raise ValueError("MoDIR needs queue_batches >= 1, half_life > 0 and lambda0 >= 0")
         self.target_texts = texts
+        self.target_queries = [q for q in target_queries if q and q.strip()]
         self.target_batch_size = target_batch_size
         self.queue_batches = queue_batches
         self.lambda0, self.half_life = lambda0, half_life
@@ -76,15 +79,17 @@ class MoDIRObjective(nn.Module):
     def lam(self, step: int) -> float:
         return self.lambda0 * math.pow(2.0, -step / self.half_life)
 
-    def sample_targets(self, step: int, n: int) -> list[str]:
-        """This rank's ``n`` target texts of ``step``: one global draw of ``n × world size`` texts per step, cut into
-        rank slices, so 2 ranks see exactly the texts one process with the doubled batch sees."""
+    def sample_targets(self, step: int, n: int, pool: Sequence[str] | None = None, stream: int = 0) -> list[str]:
+        """This rank's ``n`` texts of ``pool`` (default: the target documents) for ``step``: one global draw of
+        ``n × world size`` texts per step, cut into rank slices, so 2 ranks see exactly the texts one process with
+        the doubled batch sees. The whole stream is sampled, not its first lines."""
+        pool = self.target_texts if pool is None else pool
         world, rank = D.world()
-        rng = np.random.default_rng([self.seed, step])
-        total = min(n * world, len(self.target_texts))
-        idx = rng.choice(len(self.target_texts), size=total, replace=False)
+        rng = np.random.default_rng([self.seed, step, stream])
+        total = min(n * world, len(pool))
+        idx = rng.choice(len(pool), size=total, replace=False)
         per_rank = max(1, total // world)
-        return [self.target_texts[i] for i in idx[rank * per_rank:(rank + 1) * per_rank]]
+        return [pool[i] for i in idx[rank * per_rank:(rank + 1) * per_rank]]
 
     def _train_classifier(self) -> None:
         x = torch.cat([e for e, _ in self.queue])
@@ -117,10 +122,12 @@ class MoDIRObjective(nn.Module):
         source = torch.cat(parts)
         step = int(context.get("step", 0))
         n = self.target_batch_size or parts[0].shape[0]
-        texts = self.sample_targets(step, n)
-        feats = model.preprocess(texts, task="document") if _accepts_task(model) else model.preprocess(texts)
-        feats = {k: (v.to(source.device) if isinstance(v, Tensor) else v) for k, v in feats.items()}
-        target = model(feats)["sentence_embedding"]
+        n_queries = n // 2 if self.target_queries else 0
+        target = _encode(model, self.sample_targets(step, n - n_queries), "document", source.device)
+        if n_queries:
+            queries = _encode(model, self.sample_targets(step, n_queries, self.target_queries, 1), "query",
+                              source.device)
+            target = torch.cat([queries, target])
         # 1. the queue gets this batch of every rank (detached), the classifier learns on the queue
         src_all = torch.cat([D.all_gather_tensor(p.detach()) for p in parts])
         tgt_all = D.all_gather_tensor(target.detach())
@@ -161,8 +168,11 @@ class MoDIRObjective(nn.Module):
                 start += n
 
 
-def _accepts_task(model) -> bool:
-    return hasattr(model, "encode_document")
+def _encode(model, texts: list[str], task: str, device) -> Tensor:
+    """Embeddings with gradient, through the model's own preprocessing for ``task`` (query / document)."""
+    feats = model.preprocess(texts, task=task) if hasattr(model, "encode_document") else model.preprocess(texts)
+    feats = {k: (v.to(device) if isinstance(v, Tensor) else v) for k, v in feats.items()}
+    return model(feats)["sentence_embedding"]
 
 
 def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1,

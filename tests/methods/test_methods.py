@@ -37,12 +37,12 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, out="o", callbacks=(), resume=None, **kw):
+def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, out="o", callbacks=(), resume=None, queries=(), **kw):
     torch.manual_seed(0)
     model = load_encoder(str(tiny_st_dir))
     args = args_for(tmp_path / out, **kw)
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
-    loss, data, setup = configure_methods(methods, model, args, data, None, [str(tiny_beir)])
+    loss, data, setup = configure_methods(methods, model, args, data, None, [str(tiny_beir)], target_queries=queries)
     trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, callbacks=list(callbacks))
     setup(trainer)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -226,11 +226,22 @@ def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path,
                  str(tmp_path / "coco"), *common]) == 0
     assert main(["finetune", "--model", str(tmp_path / "coco"), "--train-data", str(tiny_beir), "--output_dir",
                  str(tmp_path / "ft"), "--num-clusters", "2", "--method", "berm", "--method", "modir",
-                 "--target-corpus", str(tiny_beir), *common]) == 0
+                 "--target-corpus", str(tiny_beir), "--target-queries", str(tiny_beir), "--modir_lambda", "0.25",
+                 *common]) == 0
     info = json.loads((tmp_path / "ft" / "hf_cocodr_training.json").read_text())
     assert {"coco", "idro", "berm", "modir"} <= set(info["methods"])
     card = (tmp_path / "ft" / "README.md").read_text()
     assert "xu2023berm" in card and "xin2022modir" in card
+    assert "λ₀=0.25" in card and "MoDIR also read the **queries**" in card
+
+
+@pytest.mark.parametrize("bad", [dict(modir_queue_batches=0), dict(modir_classifier_lr=0.0), dict(berm_alpha=-1.0),
+                                 dict(rmsc_weak_mode="cloze"), dict(rmsc_k=0), dict(rmsc_weak_pairs=0)])
+def test_bad_method_settings_are_refused_by_name(bad, tmp_path):
+    from hf_cocodr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        args_for(tmp_path, **bad)
 
 
 # ------------------------------------------------------------------------------------------------ all methods
@@ -261,6 +272,7 @@ def test_resumed_run_equals_uninterrupted(method, tiny_st_dir, tiny_beir, tmp_pa
 
 def test_method_settings_reach_the_objectives_and_the_card(tiny_st_dir, tiny_beir, tmp_path):
     trainer, _ = train_with(["modir", "berm"], tiny_st_dir, tiny_beir, tmp_path, max_steps=1, modir_lambda=0.5,
+                            queries=[str(tiny_beir)],
                             modir_half_life=100.0, modir_queue_batches=7, modir_classifier_lr=0.05, berm_alpha=0.2,
                             berm_beta=0.0)
     modir, berm = trainer.idro_loss.auxiliary
@@ -274,6 +286,23 @@ def test_method_settings_reach_the_objectives_and_the_card(tiny_st_dir, tiny_bei
     # MoDIR read the target documents during fine-tuning: the zero-shot disclosure says so
     assert "During fine-tuning, MoDIR read the **documents** of: " + tiny_beir.name in card
     assert "No target corpus was read" not in card
+    # ... and the target queries it was given (half of each step's target sample: 4 queries + 4 documents)
+    assert "MoDIR also read the **queries** (never their relevance labels) of: " + tiny_beir.name in card
+    assert "It never saw the relevance labels" in card and "never saw the queries" not in card
+    assert modir.target_queries and [len(d) for _, d in modir.queue] == [8 + 8 + 8]
+
+
+def test_target_queries_need_modir_and_must_exist(tiny_st_dir, tiny_beir, tmp_path):
+    from hf_cocodr.errors import ConfigError
+
+    model = load_encoder(str(tiny_st_dir))
+    data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none")
+    with pytest.raises(ConfigError, match="only read by MoDIR"):
+        configure_methods(["berm"], model, args_for(tmp_path), data, None, [str(tiny_beir)],
+                          target_queries=[str(tiny_beir)])
+    with pytest.raises(ConfigError, match="no such BEIR folder or JSONL file"):
+        configure_methods(["modir"], model, args_for(tmp_path), data, None, [str(tiny_beir)],
+                          target_queries=[str(tmp_path / "missing")])
 
 
 def test_modir_classifier_learns_a_separable_queue_and_then_drives_the_confusion_loss():
