@@ -10,8 +10,10 @@ embedding:
   the unit with the highest BM25 score for the query (a real BM25: corpus-level IDF, length-normalised TF;
   one softmax, not two).
 
-L = L_retrieval + α·L_extract + β·L_balance (α = 0.1, β = 1.0). Passages with a single unit have nothing to
-balance or extract: they are left out of both terms (counted in ``last_stats``). Training only; no inference cost.
+L = L_retrieval + α·L_extract + β·L_balance (α = 0.1, β = 1.0). The logged ``berm_extract_loss`` and
+``berm_balance_loss`` are the weighted terms (α·L_extract, β·L_balance) that enter the total. Passages with a single
+unit (no sentence boundary, or truncation left one) have nothing to balance or extract: they are left out of both
+terms and counted (``berm_single_unit_passages`` in the logs, ``last_stats``). Training only; no inference cost.
 """
 
 from __future__ import annotations
