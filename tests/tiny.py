@@ -113,3 +113,15 @@ def make_beir(out_dir: str | Path, *, n_docs: int = 80, n_queries: int = 40, see
             for r in rows:
                 f.write("\t".join(map(str, r)) + "\n")
     return out_dir
+
+
+def stop_at(step: int):
+    """A TrainerCallback that stops training after optimizer step ``step`` (to leave a checkpoint to resume)."""
+    from transformers import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                control.should_training_stop = True
+
+    return StopAt()

@@ -6,6 +6,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from tiny import stop_at
 from transformers import TrainerCallback
 
 from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
@@ -25,15 +26,6 @@ def make_args(out, **kw):
                 dataloader_drop_last=True, idro_tau=50.0)
     base.update(kw)
     return IDROTrainingArguments(**base)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 class Spy(TrainerCallback):
@@ -128,17 +120,17 @@ def test_refreshed_negatives_never_contain_positives(tiny_bert_dir, multi_beir, 
 def test_resume_continues_the_same_trajectory(stop, max_steps, cluster_every, tiny_bert_dir, multi_beir, tmp_path):
     # 60 queries / 8 = 7 steps per epoch: the second case resumes at epoch progress 5/7 (> 0.5) and then crosses
     # the epoch boundary, where the per-epoch re-clustering must happen once, at step 7, as in the uninterrupted run
-    def run(out, stop_at=None, resume=None):
+    def run(out, halt=None, resume=None):
         data = RetrievalTrainingData.from_beir(multi_beir, "train", negatives="bm25")
         args = make_args(out, max_steps=max_steps, save_strategy="steps", save_steps=stop,
                          cluster_every_steps=cluster_every, refresh_negatives_every_steps=3, negatives_top_k=30,
                          recluster_on_refresh=bool(cluster_every))
-        trainer, spy = build(tiny_bert_dir, data, args, [StopAt(stop_at)] if stop_at else [])
+        trainer, spy = build(tiny_bert_dir, data, args, [stop_at(halt)] if halt else [])
         trainer.train(resume_from_checkpoint=resume)
         return trainer, spy
 
     full, spy_full = run(tmp_path / "full")
-    part, _ = run(tmp_path / "part", stop_at=stop)
+    part, _ = run(tmp_path / "part", halt=stop)
     assert part.state.global_step == stop
     resumed, spy_res = run(tmp_path / "part", resume=True)
     assert resumed.state.global_step == max_steps

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import TrainerCallback
+from tiny import stop_at
 
 from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
 from hf_cocodr.methods import (
@@ -26,15 +26,6 @@ def args_for(out, **kw):
                 dataloader_drop_last=True)
     base.update(kw)
     return IDROTrainingArguments(**base)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
 
 
 def train_with(methods, tiny_st_dir, tiny_beir, tmp_path, out="o", callbacks=(), resume=None, queries=(), **kw):
@@ -250,7 +241,7 @@ def test_resumed_run_equals_uninterrupted(method, tiny_st_dir, tiny_beir, tmp_pa
     """Stop at step 3 (checkpoint), resume to step 6: same losses, parameters and method state as one run."""
     kw = dict(max_steps=6, save_strategy="steps", save_steps=3)
     full, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="full", **kw)
-    part, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="part", callbacks=[StopAt(3)], **kw)
+    part, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="part", callbacks=[stop_at(3)], **kw)
     assert part.state.global_step == 3
     resumed, _ = train_with([method], tiny_st_dir, tiny_beir, tmp_path, out="part", resume=True, **kw)
     assert resumed.state.global_step == 6
