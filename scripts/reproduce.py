@@ -217,7 +217,8 @@ def main() -> int:
     return 0
 
 
-def domain_accuracies(results, base_model, root, n=600):
+def domain_accuracies(results, base_model, root, n=600,
+                      names=("plain fine-tune (uniform) [seed 42]", "plain + MoDIR [seed 42]")):
     """MoDIR's diagnostic: a fresh linear source-vs-target classifier on each model's document embeddings (SQuAD
     passages vs SciFact + NFCorpus documents, n of each): held-out accuracy (lower = more domain-invariant) and
     log-loss (higher = more domain-invariant; it still moves when the accuracy saturates)."""
@@ -238,7 +239,7 @@ def domain_accuracies(results, base_model, root, n=600):
     source = sample("squad-v1.1", n)
     target = sample("scifact", n // 2) + sample("nfcorpus", n // 2)
     models = {"starting model": base_model}
-    for key in ("plain fine-tune (uniform) [seed 42]", "plain + MoDIR [seed 42]"):
+    for key in names:
         if key in results:
             models[key.split(" [")[0]] = str(Path(results[key]["_dir"]) / "model")
     out = {}
