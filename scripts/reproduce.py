@@ -48,6 +48,10 @@ METHOD_ROWS = [
 ]
 
 
+LOG_KEYS = ("retrieval_loss", "confusion_loss", "domain_classifier_accuracy", "berm_extract_loss", "berm_balance_loss",
+            "berm_single_unit_passages", "idro_weight_max", "idro_weight_min")
+
+
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--budget-minutes", type=float, default=180.0, help="sizes the step counts to fit")
@@ -330,8 +334,24 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
                 r = results[key]
                 lines.append(f"| {key.split(' [')[0]} | " + " | ".join(
                     f"{r[label][metric]:.4f}" for _, _, label in EVALS for metric in ("ndcg@10", "recall@100")) + " |")
+            elif key.startswith("COCO") and not (work / "seed42" / "coco_shared" / "coco").is_dir():
+                lines.append(f"| {key.split(' [')[0]} | not run: the COCO stage's files are not on this machine | "
+                             "| | |")
             else:
                 lines.append(f"| {key.split(' [')[0]} | not run (budget) | | | |")
+        diag = []
+        for key in method_keys:
+            r = results.get(key)
+            state = Path(r["_dir"]) / "finetune" / "trainer_state.json" if r and r.get("_dir") else None
+            if r is not None and "_last_log" not in r and state is not None and state.is_file():
+                logged = [h for h in json.loads(state.read_text())["log_history"] if "loss" in h]
+                r["_last_log"] = {k: v for k, v in logged[-1].items() if k in LOG_KEYS} if logged else {}
+            if r and r.get("_last_log"):
+                diag.append(f"| {key.split(' [')[0]} | " + ", ".join(f"{k} {v:.4g}" for k, v in r["_last_log"].items())
+                            + " |")
+        if diag:
+            lines += ["", "Last logged training values of each method row (the BERM terms are the weighted ones):", "",
+                      "| row | last log |", "|---|---|", *diag]
         probe = results.get("_domain_probe")
         if probe:
             lines += ["", "MoDIR's diagnostic: a fresh linear source-vs-target classifier trained on half of the "
