@@ -215,7 +215,7 @@ def main() -> int:
         if "_domain_probe" not in results and "plain + MoDIR" not in args.skip_row:
             results["_domain_probe"] = domain_accuracies(results, base_model, root)
             save()
-    results["_total_minutes"] = round((time.time() - t_all) / 60, 1)
+    results["_last_invocation_minutes"] = round((time.time() - t_all) / 60, 1)
     save()
     write_report(args, results, work, base_model, root)
     return 0
@@ -363,8 +363,8 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
     lines += ["", "## Commands", "", "The runs that produced these rows (each resumes from `results.json` and the stage "
               "checkpoints of the previous one):", "", "```bash", *commands, "```", "",
               f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-              f"{platform.platform()}; total wall time "
-              f"{results.get('_total_minutes') or round(sum(v.get('_seconds', 0) for v in results.values() if isinstance(v, dict)) / 60, 1)}"
+              f"{platform.platform()}; the rows below add up to "
+              f"{round(sum(v.get('_seconds', 0) for v in results.values() if isinstance(v, dict)) / 60, 1)}"
               " minutes of training + evaluation "
               f"(one evaluation of both dev sets: {results.get('_eval_seconds', 0) / 60:.1f} min).", ""]
     walls = {k: v["_seconds"] for k, v in results.items() if isinstance(v, dict) and "_seconds" in v}
