@@ -38,7 +38,9 @@ class MoDIRObjective(nn.Module):
             queries (encoded as queries) and half documents, mirroring the source side (queries + positives).
         embedding_dim: the encoder's embedding size.
         target_batch_size: target texts encoded per step (default: the source batch size).
-        queue_batches: n, how many past batches the momentum queue keeps (memory: n × batch × 2 × dim floats).
+        queue_batches: n, how many past batches the momentum queue keeps (memory: n × rows × dim floats, rows =
+            the queries, positives and target texts of one step on all ranks; 147 MB for n=1000, 32 queries,
+            dim 384).
         lambda0 / half_life: λ = λ₀·2^(−step/half_life).
         classifier_lr / classifier_steps: Adam updates of the classifier on the whole queue, each training step.
             Adam, not plain SGD, because its step size does not depend on the embedding scale: with unit-norm
@@ -66,10 +68,10 @@ class MoDIRObjective(nn.Module):
         self.lambda0, self.half_life = lambda0, half_life
         self.classifier_lr, self.classifier_steps = classifier_lr, classifier_steps
         self.seed = seed
-        # plain buffers, not parameters: the trainer's optimizer must not touch the classifier
+        # the classifier and its Adam moments are plain CPU tensors, not parameters: the trainer's optimizer must
+        # not see them (they are trained here, on the queue, and checkpointed through state_tensors)
         g = torch.Generator().manual_seed(seed)
         self.classifier = torch.randn(2, embedding_dim, generator=g) * 0.01
-        # Adam moments of the classifier (plain tensors, not parameters: the trainer's optimizer must not see them)
         self.adam_m = torch.zeros(2, embedding_dim)
         self.adam_v = torch.zeros(2, embedding_dim)
         self.adam_t = 0
