@@ -20,8 +20,8 @@ METHODS = ("modir", "berm", "rmsc")
 __all__ = [
     "BERMObjective", "BM25Scorer", "GroupedBatchSampler", "METHODS", "MoDIRObjective", "RMSCTrainingData",
     "add_rmsc_tokens", "balance_loss", "configure_methods", "confusion_loss", "domain_classifier_accuracy",
-    "domain_classifier_probe", "target_query_texts", "validate_methods",
-    "extraction_loss", "set_rmsc_template", "weak_pairs",
+    "domain_classifier_probe", "extraction_loss", "set_rmsc_template", "target_query_texts", "validate_methods",
+    "weak_pairs",
 ]
 
 
@@ -84,8 +84,9 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     """Build the loss / data / trainer options for the named methods.
 
     ``target_queries`` (BEIR folders or JSONL files) adds unlabelled target queries to MoDIR's target stream;
-    the model card then says that the model read them. The methods' hyperparameters come from ``args`` (``modir_*``, ``berm_*``, ``rmsc_*`` fields of
-    :class:`~hf_cocodr.IDROTrainingArguments`); the keyword arguments override the RMSC ones.
+    the model card then says that the model read them. The methods' hyperparameters come from ``args``
+    (``modir_*``, ``berm_*``, ``rmsc_*`` fields of :class:`~hf_cocodr.IDROTrainingArguments`); the keyword
+    arguments override the RMSC ones.
     RMSC mixes three training sets; by default they are balanced: as many source weak pairs as labelled source
     queries (at most 20,000), and the same number of target weak pairs shared evenly by the target corpora
     (``weak_pairs_per_corpus`` / ``args.rmsc_weak_pairs`` sets a fixed count per corpus instead).
