@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 
 import pytest
 
@@ -38,10 +37,16 @@ def _cli(capsys, argv: list[str]) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def trained_dir(tiny_st_dir, tmp_path_factory):
-    """The tiny sentence-transformers model with the training info an hf_cocodr training run writes."""
+def trained_dir(tmp_path_factory):
+    """A tiny sentence-transformers model with the training info an hf_cocodr training run writes.
+
+    Built with a wide initialisation: the default tiny model maps every text to nearly one vector, so its top
+    scores tie within float error and two pipelines that batch differently rank the ties differently."""
+    import tiny
+
     out = tmp_path_factory.mktemp("mteb_model") / "model"
-    shutil.copytree(tiny_st_dir, out)
+    bert = tiny.make_tiny_bert(tmp_path_factory.mktemp("mteb_bert"), seed=4, initializer_range=0.2)
+    load_encoder(str(bert)).save(str(out))
     (out / "hf_cocodr_training.json").write_text(json.dumps(TRAINING_INFO))
     return out
 
@@ -86,13 +91,11 @@ def test_main_score_equals_evaluate_retrieval(mteb_run, trained_dir, tiny_beir):
     task = json.loads((out / "results" / "test-org__tiny-cocodr" / REVISION / "toy-dev.json").read_text())
     entry = task["scores"]["dev"][0]
     assert entry["hf_subset"] == "default"
-    # same batch size as the mteb run: this random tiny model scores many documents almost equally, so padding
-    # differences between batchings could reorder near-ties
     ours = evaluate_retrieval(load_encoder(trained_dir), tiny_beir, "dev", show_progress_bar=False, batch_size=16)
     assert entry["main_score"] == pytest.approx(entry["ndcg_at_10"])
-    assert entry["main_score"] == pytest.approx(ours["ndcg@10"], abs=0.005)
-    assert entry["recall_at_100"] == pytest.approx(ours["recall@100"], abs=0.005)
-    assert entry["mrr_at_10"] == pytest.approx(ours["mrr@10"], abs=0.005)
+    assert entry["main_score"] == pytest.approx(ours["ndcg@10"], abs=1e-4)
+    assert entry["recall_at_100"] == pytest.approx(ours["recall@100"], abs=1e-4)
+    assert entry["mrr_at_10"] == pytest.approx(ours["mrr@10"], abs=1e-4)
 
 
 def test_model_meta_json(mteb_run, trained_dir):
