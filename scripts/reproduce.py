@@ -46,8 +46,6 @@ METHOD_ROWS = [
     ("iDRO + BERM", False, "paper", ["berm"]),
     ("COCO + iDRO + BERM", True, "paper", ["berm"]),
 ]
-# --coco-rerun: a COCO stage run again on this machine (COCO'), then iDRO with and without BERM on it
-RERUN_ROWS = [("COCO' + iDRO", []), ("COCO' + iDRO + BERM", ["berm"])]
 
 
 LOG_KEYS = ("retrieval_loss", "confusion_loss", "domain_classifier_accuracy", "berm_extract_loss", "berm_balance_loss",
@@ -66,9 +64,6 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--sweep-k", default="10", help="K values of the sweep (besides --num-clusters)")
     ap.add_argument("--sweep-tau", default="10", help="tau values of the sweep (besides --tau)")
     ap.add_argument("--no-methods", action="store_true", help="skip the MoDIR / BERM / RMSC rows")
-    ap.add_argument("--coco-rerun", action="store_true",
-                    help="run a fresh COCO stage (COCO') with the same settings and fine-tune iDRO and iDRO + BERM "
-                         "on it (for when the shared COCO stage's files are not on this machine)")
     ap.add_argument("--skip-row", action="append", default=[], metavar="NAME",
                     help="leave this row for a later invocation (repeatable), e.g. 'plain + MoDIR'")
     ap.add_argument("--report-only", action="store_true",
@@ -164,30 +159,15 @@ def main() -> int:
 
     targets = [str(root / "scifact"), str(root / "nfcorpus")]
 
-    def run_coco(key, coco_out, seed):
-        if key in results:
-            return
-        t0 = time.time()
-        run_recipe(base_model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"),
-                   coco_out, config=dict(base_cfg, max_queries=args.coco_source_queries, corpus_pool=20,
-                                         seed=seed, coco_steps=coco_steps, skip_finetune=True,
-                                         coco={"per_device_train_batch_size": 64}))
-        st = json.loads((coco_out / "coco" / "trainer_state.json").read_text())
-        rt = [h for h in st["log_history"] if "train_runtime" in h]
-        results[key] = {"_seconds": round(time.time() - t0, 1), "steps": st["global_step"]}
-        if rt:
-            results["_coco_step_s"] = rt[-1]["train_runtime"] / max(1, st["global_step"])
-        save()
-
-    def run_row(name, seed, use_coco, preset, extra_ft=None, methods=(), coco_dir=None):
+    def run_row(name, seed, use_coco, preset, extra_ft=None, methods=()):
         key = f"{name} [seed {seed}]"
         if key in results:
             return results[key]
         if name in args.skip_row:
             print(f"skipped {key} (--skip-row)", flush=True)
             return None
-        out = work / f"seed{seed}" / name.split(" (")[0].replace(" ", "_").replace("+", "plus").replace("'", "_re").lower()
-        model = str(coco_dir or work / f"seed{seed}" / "coco_shared" / "coco") if use_coco else base_model
+        out = work / f"seed{seed}" / name.split(" (")[0].replace(" ", "_").replace("+", "plus").lower()
+        model = str(work / f"seed{seed}" / "coco_shared" / "coco") if use_coco else base_model
         if use_coco and not Path(model).is_dir():  # the COCO stage of an earlier run whose files are gone
             print(f"skipped {key}: no COCO model at {model} (drop 'COCO stage [seed {seed}]' from "
                   f"{results_path} to re-run the stage)", flush=True)
@@ -208,7 +188,20 @@ def main() -> int:
         return results[key]
 
     for seed in range(42, 42 + args.seeds):
-        run_coco(f"COCO stage [seed {seed}]", work / f"seed{seed}" / "coco_shared", seed)
+        coco_out = work / f"seed{seed}" / "coco_shared"
+        key = f"COCO stage [seed {seed}]"
+        if key not in results:
+            t0 = time.time()
+            run_recipe(base_model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"),
+                       coco_out, config=dict(base_cfg, max_queries=args.coco_source_queries, corpus_pool=20,
+                                             seed=seed, coco_steps=coco_steps, skip_finetune=True,
+                                             coco={"per_device_train_batch_size": 64}))
+            st = json.loads((coco_out / "coco" / "trainer_state.json").read_text())
+            rt = [h for h in st["log_history"] if "train_runtime" in h]
+            results[key] = {"_seconds": round(time.time() - t0, 1), "steps": st["global_step"]}
+            if rt:
+                results["_coco_step_s"] = rt[-1]["train_runtime"] / max(1, st["global_step"])
+            save()
         for name, use_coco, preset in ROWS:
             run_row(name, seed, use_coco, preset)
     seed = 42
@@ -219,11 +212,6 @@ def main() -> int:
     if not args.no_methods:
         for name, use_coco, preset, methods in METHOD_ROWS:
             run_row(name, seed, use_coco, preset, methods=methods)
-        if args.coco_rerun:  # COCO -> iDRO (+ BERM) on one fresh COCO stage, when the shared one is gone
-            rerun = work / "seed42" / "coco_rerun"
-            run_coco("COCO' stage [seed 42]", rerun, 42)
-            for name, methods in RERUN_ROWS:
-                run_row(name, seed, True, "paper", methods=methods, coco_dir=rerun / "coco")
         if "_domain_probe" not in results and "plain + MoDIR" not in args.skip_row:
             results["_domain_probe"] = domain_accuracies(results, base_model, root)
             save()
@@ -351,21 +339,8 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
                              "| | |")
             else:
                 lines.append(f"| {key.split(' [')[0]} | not run (budget) | | | |")
-        rerun_keys = [f"{n} [seed 42]" for n, _ in RERUN_ROWS]
-        if any(k in results for k in rerun_keys):
-            st = results.get("COCO' stage [seed 42]", {})
-            lines += ["", f"COCO → iDRO + BERM on one COCO stage run again on this machine (COCO': {st.get('steps')} "
-                      "steps of 64 documents with its own schedule, otherwise the settings above):", "",
-                      "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
-                      "|---|---|---|---|---|"]
-            for key in rerun_keys:
-                if key in results:
-                    r = results[key]
-                    lines.append(f"| {key.split(' [')[0]} | " + " | ".join(
-                        f"{r[label][metric]:.4f}" for _, _, label in EVALS for metric in ("ndcg@10", "recall@100"))
-                        + " |")
         diag = []
-        for key in method_keys + rerun_keys:
+        for key in method_keys:
             r = results.get(key)
             state = Path(r["_dir"]) / "finetune" / "trainer_state.json" if r and r.get("_dir") else None
             if r is not None and "_last_log" not in r and state is not None and state.is_file():
