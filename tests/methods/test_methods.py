@@ -311,7 +311,7 @@ def test_modir_classifier_learns_a_separable_queue_and_then_drives_the_confusion
         assert m.last_accuracy > 0.95, scale
         emb = torch.cat([src, tgt]).requires_grad_(True)
         conf = confusion_loss(emb @ m.classifier.T)
-        assert float(conf) > math.log(2) + 1e-3  # a confident classifier: the encoder is pushed
+        assert float(conf.detach()) > math.log(2) + 1e-3  # a confident classifier: the encoder is pushed
         (grad,) = torch.autograd.grad(conf, emb)
         # descending the confusion loss moves source embeddings against the source side, target ones towards it
         side = m.classifier[1] - m.classifier[0]  # > 0 along the target direction
