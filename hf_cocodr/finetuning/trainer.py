@@ -151,9 +151,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         """Row indices → (features, cluster ids, doc keys, positive keys, texts) for the current step."""
         rows_np = rows.detach().cpu().numpy().astype(np.int64)
         if self.rmsc_k is not None:  # RMSC: this batch's domain/relevance tokens (batches never mix combinations)
-            from ..methods.rmsc import COMBINATIONS, set_rmsc_template
-
-            set_rmsc_template(self.model, *COMBINATIONS[self.training_data.combination(rows_np)], k=self.rmsc_k)
+            self.use_rmsc_combination(self.training_data.combination(rows_np))
         columns, doc_keys, pos_keys = self.training_data.sample(
             rows_np, step=self.state.global_step, seed=self.args.seed, num_negatives=self._num_negatives or 0
         )

@@ -58,6 +58,8 @@ def target_query_texts(sources) -> tuple[list[str], list[str]]:
             names.append(path.name)
         else:
             raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file")
+    if sources and not texts:
+        raise ConfigError(f"target queries {list(map(str, sources))}: no non-empty query text found")
     return texts, names
 
 
@@ -102,10 +104,6 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     weak_pairs_per_corpus = weak_pairs_per_corpus or args.rmsc_weak_pairs
     aux = []
     query_texts, query_names = target_query_texts(target_queries) if target_queries else ([], [])
-    if target_queries and not query_texts:
-        from ..errors import ConfigError
-
-        raise ConfigError(f"target queries {list(map(str, target_queries))}: no non-empty query text found")
     if "modir" in methods:
         aux.append(MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
                                   target_queries=query_texts,
@@ -128,11 +126,6 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     readers = [m for m in methods if m in ("modir", "rmsc")]
     target_names = [corpus_source(c).name for c in target_corpora] if readers else []
 
-    def setup(trainer):
-        trainer.extra_methods = list(methods)
-        trainer.target_corpora_read = target_names
-        trainer.target_queries_read = query_names
-
     if "rmsc" in methods:
         add_rmsc_tokens(model, k=rmsc_k)
         n_source = weak_pairs_per_corpus or min(20_000, len(data))
@@ -142,10 +135,11 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
                        for p in weak_pairs(c, weak_mode, n_target, seed=args.seed + 1 + i)]
         data = RMSCTrainingData(data, source_weak, target_weak)
 
-        def setup(trainer):  # noqa: F811
-            trainer.extra_methods = list(methods)
-            trainer.target_corpora_read = target_names
-            trainer.target_queries_read = query_names
+    def setup(trainer):
+        trainer.extra_methods = list(methods)
+        trainer.target_corpora_read = target_names
+        trainer.target_queries_read = query_names
+        if "rmsc" in methods:
             trainer.rmsc_k = rmsc_k
 
     return loss, data, setup

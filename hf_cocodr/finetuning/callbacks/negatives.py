@@ -55,8 +55,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
         was_training = model.training
         t0 = time.perf_counter()
         q_all = None
-        if hasattr(trainer, "use_rmsc_combination"):  # RMSC: the human rows are encoded as they are trained
-            trainer.use_rmsc_combination("source_human")
+        trainer.use_rmsc_combination("source_human")  # RMSC: the human rows are encoded as they are trained
         try:
             if D.is_main():
                 index, order = build_index(model, data.corpus, batch_size=self.batch_size, show_progress_bar=False,
