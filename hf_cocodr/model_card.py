@@ -96,6 +96,8 @@ METHOD_NAMES = {
     "modir": "MoDIR (momentum adversarial domain-invariant representations)",
     "berm": "BERM (balanced and extractable representations for matching)",
     "rmsc": "RMSC (relevance matching and soft domain control tokens)",
+    "pseudo-pairs": "contrastive fine-tuning on target pseudo pairs (title or sentence vs. the rest of the document)",
+    "wise-ft": "WiSE-FT (weight-space ensemble with the starting model)",
 }
 
 _TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
@@ -156,6 +158,8 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     # MoDIR / RMSC read target documents while fine-tuning (their stage lists them under "corpora")
     finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
     target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
+    readers = (["training on target pseudo pairs"] if any(s.get("method") == "pseudo-pairs" for s in stages) else [])
+    readers += [name for key, name in (("modir", "MoDIR"), ("rmsc", "RMSC")) if key in methods]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = ["cocodr"] + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in CITATIONS and m not in citations]
@@ -174,6 +178,9 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         method_names=[METHOD_NAMES.get(m, m) for m in methods],
         pretraining_corpora=pretraining_corpora,
         finetuning_corpora=finetuning_corpora,
+        finetuning_readers=readers or ["fine-tuning"],
+        recipe_schedule=data.get("recipe_schedule"),
+        start_vs_adapted=data.get("start_vs_adapted"),
         target_queries_read=target_queries_read,
         source_data=source_data,
         stages=stages,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .data.pseudo_pairs import PSEUDO_PAIR_MODES
 from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -28,8 +30,23 @@ STAGE_MARKER = "hf_cocodr_stage.json"
 
 @dataclass
 class RecipeConfig:
-    """Settings of :func:`run_recipe`. ``coco`` and ``finetune`` hold extra ``CocoPretrainingArguments`` /
-    ``IDROTrainingArguments`` fields (they win over the recipe's defaults)."""
+    """Settings of :func:`run_recipe`. ``coco``, ``target`` and ``finetune`` hold extra ``CocoPretrainingArguments`` /
+    ``IDROTrainingArguments`` fields for the three training stages (they win over the recipe's defaults).
+
+    Stages, in order (each can be switched off; ``"auto"`` settings are resolved by :func:`choose_schedule` from the
+    starting model and logged, written to ``recipe.json`` and to the model card):
+
+    1. COCO on the target corpora (``skip_coco``). ``coco_mlm_weight`` weighs both masked-LM terms: 0 trains the
+       span contrast alone (no masking, no MLM forward) — the choice for a model without a trained MLM head.
+    2. Fine-tuning on the labelled source task (``skip_finetune``), iDRO by default.
+    3. Fine-tuning on pseudo pairs of the target corpora (``target_pairs``: ``"title_body"``, ``"ict"`` or
+       ``"none"``): a title (or one sentence) against the rest of its document, BM25 negatives from the target
+       corpus. No labels are read.
+    4. WiSE-FT (``wise_alpha``): ``θ = (1 − α)·θ_start + α·θ_adapted``; ``None``/1 skips it.
+
+    ``max_minutes`` budgets (training only; the evaluations asked for are reported apart) are split between the
+    stages by ``coco_share`` / ``finetune_share`` / ``target_share``.
+    """
 
     source_split: str = "train"
     include_source_corpus: bool = True
@@ -37,16 +54,27 @@ class RecipeConfig:
     corpus_pool: int | None = 5  # restrict the source corpus to positives + BM25 top-k of the kept queries
     coco_steps: int | None = None  # None: planned from max_minutes (or 500)
     finetune_steps: int | None = None  # None: planned from max_minutes (or 500)
-    refreshes: int = 1  # self-negative refreshes (each re-clusters)
-    coco_share: float = 0.4  # share of the training time given to COCO when planning
-    skip_coco: bool = False
-    skip_finetune: bool = False
+    target_steps: int | None = None  # None: planned from max_minutes (or 500)
+    refreshes: int | None = None  # self-negative refreshes (each re-clusters); None: as many as the budget affords
+    schedule: str = "auto"  # "auto" (by the starting model, see choose_schedule) or "custom" (exactly as given)
+    coco_mlm_weight: float | str = "auto"  # weight of both MLM terms; 0 = contrast-only continued pretraining
+    coco_learning_rate: float | str = "auto"
+    target_pairs: str = "auto"  # "title_body" | "ict" | "none"
+    wise_alpha: float | str | None = "auto"  # WiSE-FT interpolation with the starting model (None or 1: off)
+    coco_share: float | str = "auto"  # shares of the training budget (renormalised over the stages that run)
+    finetune_share: float | str = "auto"
+    target_share: float | str = "auto"
+    train_max_length: int = 128  # token limit of training texts (documents and spans)
+    evaluate_start: bool = True  # also evaluate the starting model on the --eval splits (reported side by side)
+    skip_coco: bool | str = "auto"
+    skip_finetune: bool | str = "auto"
     seed: int = 42
     eval_batch_size: int = 64
     methods: list[str] = field(default_factory=list)  # extra fine-tuning methods: "modir", "berm", "rmsc"
     target_queries: list[str] = field(default_factory=list)  # unlabelled target queries for MoDIR (optional)
     coco: dict[str, Any] = field(default_factory=dict)
     finetune: dict[str, Any] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecipeConfig:
@@ -56,7 +84,7 @@ class RecipeConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
-        for stage in ("coco", "finetune"):
+        for stage in ("coco", "finetune", "target"):
             sub = data.get(stage) or {}
             if not isinstance(sub, dict):
                 raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments")
@@ -64,7 +92,87 @@ class RecipeConfig:
             if bad:
                 raise ConfigError(f"recipe option {stage}.{bad[0]}: the recipe places every stage inside --output_dir; "
                                   "remove it")
-        return cls(**data)
+        cfg = cls(**data)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Refuse out-of-range settings by name (before any model is loaded)."""
+        from .errors import ConfigError
+
+        def number(name, lo, hi, allow_auto=True, allow_none=False):
+            v = getattr(self, name)
+            if (allow_auto and v == "auto") or (allow_none and v is None):
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+                raise ConfigError(f"recipe option {name} must be a number in [{lo}, {hi}]"
+                                  f"{' or auto' if allow_auto else ''}, got {v!r}")
+
+        number("coco_mlm_weight", 0, 100)
+        number("coco_learning_rate", 1e-8, 1)
+        number("wise_alpha", 0, 1, allow_none=True)
+        for share in ("coco_share", "finetune_share", "target_share"):
+            number(share, 0, 1)
+        for steps in ("coco_steps", "finetune_steps", "target_steps"):
+            v = getattr(self, steps)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"recipe option {steps} must be a whole number >= 0, got {v!r}")
+        if self.refreshes is not None and (isinstance(self.refreshes, bool) or not isinstance(self.refreshes, int)
+                                           or self.refreshes < 0):
+            raise ConfigError(f"recipe option refreshes must be a whole number >= 0, got {self.refreshes!r}")
+        if self.target_pairs not in ("auto", "none", *PSEUDO_PAIR_MODES):
+            raise ConfigError(f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
+                              f"got {self.target_pairs!r}")
+        if self.schedule not in ("auto", "custom"):
+            raise ConfigError(f"recipe option schedule must be 'auto' or 'custom', got {self.schedule!r}")
+        for flag in ("skip_coco", "skip_finetune"):
+            if getattr(self, flag) not in (True, False, "auto"):
+                raise ConfigError(f"recipe option {flag} must be true, false or auto, got {getattr(self, flag)!r}")
+        if not isinstance(self.train_max_length, int) or self.train_max_length < 8:
+            raise ConfigError(f"recipe option train_max_length must be a whole number >= 8, got "
+                              f"{self.train_max_length!r}")
+
+
+# What the adaptation study (reports/adaptation_study.md) found best for each kind of starting model, at the demo's
+# budget on 2 CPU cores. A value the user sets explicitly always wins over these.
+SCHEDULES: dict[str, dict[str, Any]] = {
+    # A sentence-transformers model without MLM head (all-MiniLM-L6-v2 and most ST models): a fresh MLM head starts
+    # near 7-11 nats and its gradient swamps the encoder, so COCO runs contrast-only.
+    "no_mlm_head": dict(skip_coco=False, coco_mlm_weight=0.0, coco_learning_rate=2e-5, skip_finetune=False,
+                        target_pairs="title_body", wise_alpha=0.5, coco_share=0.3, finetune_share=0.3,
+                        target_share=0.4),
+    # A checkpoint with a trained MLM head (BERT, Condenser, COCO-DR): the paper's COCO with MLM through the head.
+    "mlm_head": dict(skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, skip_finetune=False,
+                     target_pairs="title_body", wise_alpha=0.5, coco_share=0.4, finetune_share=0.3,
+                     target_share=0.3),
+}
+
+
+def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
+    """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model.
+
+    Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
+    the user) for the log, ``recipe.json`` and the model card. ``schedule="custom"`` resolves "auto" to the
+    paper's settings for every kind (COCO with MLM, no pseudo pairs, no WiSE-FT).
+    """
+    kind = "mlm_head" if has_mlm_head else "no_mlm_head"
+    why = ("the starting model has a trained MLM head" if has_mlm_head else
+           "the starting model has no MLM head" if has_mlm_head is False else
+           "the starting model's MLM head could not be inspected (treated as absent)")
+    preset = SCHEDULES[kind] if cfg.schedule == "auto" else dict(
+        skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, skip_finetune=False, target_pairs="none",
+        wise_alpha=None, coco_share=0.4, finetune_share=0.6, target_share=0.0)
+    chosen, user = {}, {}
+    values = asdict(cfg)
+    for key, default in preset.items():
+        if values[key] == "auto":
+            values[key] = default
+            chosen[key] = default
+        else:
+            user[key] = values[key]
+    resolved = RecipeConfig(**values)
+    record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
+    return resolved, record
 
 
 def _stage_done(path: Path) -> dict | None:
@@ -100,86 +208,130 @@ def _time_it(fn, repeats: int = 2) -> float:
     return float(np.median(times))
 
 
-def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, eval_folders: list[str],
-                       pool_docs: int, pooling: str, skip_finetune: bool = False) -> dict[str, float]:
-    """Seconds per COCO step, per fine-tuning step, and per encoded document, measured on this machine."""
+def _finetune_step_seconds(st, data, ft_args) -> float:
+    """Seconds of one fine-tuning step (forward + backward of the loss the stage uses) on ``data``."""
     import torch
 
     from .finetuning.losses.idro import IDROLoss
-    from .modeling.condenser import CondenserForPretraining
+
+    st.train()
+    loss = IDROLoss(st, preset=ft_args.idro_preset, num_clusters=4, tau=1.0, scale=ft_args.idro_scale)
+    rows = np.arange(min(len(data), ft_args.per_device_train_batch_size))
+    labels = torch.as_tensor(rows % 4)
+
+    def step():
+        cols, dk, pk = data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
+        kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
+        feats = [st.preprocess(c, **kw) for c in cols]
+        loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)).backward()
+        st.zero_grad(set_to_none=True)
+
+    out = _time_it(step)
+    st.eval()
+    return out
+
+
+def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, pooling: str, *,
+                       target_args=None, target_data=None) -> dict[str, float]:
+    """Seconds per COCO step, per source / target fine-tuning step, and per encoded document and query, measured
+    on this machine with the settings the stages will use."""
     from .modeling.loading import load_encoder
-    from .pretraining.collator import SpanPairBuilder
 
     out: dict[str, float] = {}
     if spans is not None:
         from transformers import AutoTokenizer
 
-        from .modeling.condenser import _transformer_dir
+        from .modeling.condenser import CondenserForPretraining, _transformer_dir
+        from .pretraining.collator import SpanPairBuilder
 
         cond = CondenserForPretraining.from_pretrained(model_path, n_head_layers=coco_args.n_head_layers,
                                                        skip_from=coco_args.skip_from)
         tok = AutoTokenizer.from_pretrained(_transformer_dir(model_path))
         builder = SpanPairBuilder(spans, tok, mlm_probability=coco_args.mlm_probability,
-                                  max_length=coco_args.max_span_length)
+                                  max_length=coco_args.max_span_length, mask=coco_args.uses_mlm)
         docs = np.arange(min(len(spans), coco_args.per_device_train_batch_size))
 
         def coco_step():
             batch = builder.build(docs, step=0, seed=0)
             o = cond(**batch, pooling=pooling)
-            (o["mlm_sum"] / o["num_masked"] + o["head_mlm_sum"] / o["num_masked"] + o["embedding"].sum() * 0).backward()
+            total = o["embedding"].square().sum()
+            if "mlm_sum" in o:
+                total = total + o["mlm_sum"] / o["num_masked"] + o["head_mlm_sum"] / o["num_masked"]
+            total.backward()
             cond.zero_grad(set_to_none=True)
 
         out["coco_step_s"] = _time_it(coco_step)
         del cond
-    if train_data is not None and not skip_finetune:
-        st = load_encoder(model_path)
-        st.train()
-        loss = IDROLoss(st, preset=ft_args.idro_preset, num_clusters=4, tau=1.0,
-                        scale=20.0 if str(st.similarity_fn_name) == "cosine" else 1.0)
-        rows = np.arange(min(len(train_data), ft_args.per_device_train_batch_size))
-        labels = torch.as_tensor(rows % 4)
-
-        def ft_step():
-            cols, dk, pk = train_data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
-            kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
-            feats = [st.preprocess(c, **kw) for c in cols]
-            loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)).backward()
-            st.zero_grad(set_to_none=True)
-
-        out["finetune_step_s"] = _time_it(ft_step)
-        rng = np.random.default_rng(0)
-        rows = rng.choice(len(train_data.corpus), min(128, len(train_data.corpus)), replace=False)
+    st = load_encoder(model_path)
+    if train_data is not None:
+        out["finetune_step_s"] = _finetune_step_seconds(st, train_data, ft_args)
+        rows = np.random.default_rng(0).choice(len(train_data.corpus), min(128, len(train_data.corpus)), replace=False)
         texts = train_data.doc_texts(rows)
-        st.eval()
         kw = {"processing_kwargs": {"text": {"max_length": ft_args.max_length}}} if ft_args.max_length else {}
-        out["refresh_doc_s"] = _time_it(lambda: st.encode_document(texts, batch_size=64, **kw), repeats=1) / len(texts)
-    out["refresh_s"] = out.get("refresh_doc_s", 0.05) * pool_docs
-    out["eval_s"] = 0.0
-    if eval_folders:
-        from .data.beir import column_numpy, doc_text, load_corpus
-        from .modeling.loading import load_encoder
-
-        st = load_encoder(model_path)
-        for folder in eval_folders:
-            corpus = load_corpus(folder)
-            rng = np.random.default_rng(0)
-            rows = rng.choice(len(corpus), min(96, len(corpus)), replace=False)
-            b = corpus.select(rows)
-            texts = [doc_text(t, x) for t, x in zip(column_numpy(b, "title"), column_numpy(b, "text"))]
-            per_doc = _time_it(lambda texts=texts: st.encode_document(texts, batch_size=64), repeats=1) / len(texts)
-            out["eval_s"] += per_doc * len(corpus)
+        out["encode_doc_s"] = _time_it(lambda: st.encode_document(texts, batch_size=64, **kw), repeats=1) / len(texts)
+        queries = train_data.query_texts[:128]
+        out["encode_query_s"] = _time_it(lambda: st.encode_query(queries, batch_size=64), repeats=1) / len(queries)
+    if target_data is not None:
+        out["target_step_s"] = _finetune_step_seconds(st, target_data, target_args)
     return out
 
 
-def plan_steps(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, fixed_s: float) -> dict[str, int]:
-    """Split the training time left after evaluation/refresh/overhead between COCO and fine-tuning."""
-    left = max(0.0, budget_s - fixed_s - tp.get("eval_s", 0) - cfg.refreshes * tp.get("refresh_s", 0))
-    coco_s = 0.0 if cfg.skip_coco else left * cfg.coco_share
-    ft_s = left - coco_s
-    coco_steps = int(coco_s / tp["coco_step_s"]) if "coco_step_s" in tp else 0
-    ft_steps = int(ft_s / tp["finetune_step_s"]) if "finetune_step_s" in tp else 0
-    return {"coco_steps": max(coco_steps, 0 if cfg.skip_coco else 10),
-            "finetune_steps": max(ft_steps, 0 if cfg.skip_finetune else 2 * (cfg.refreshes + 1))}
+def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, overhead_s: float, pool_docs: int,
+                n_queries: int, idro: bool) -> dict[str, Any]:
+    """Spend ``budget_s`` on optimizer steps: fixed costs first (``overhead_s``: loading, exports; K-Means over the
+    source queries), then self-negative refreshes only while they cost at most 10% of the budget, the rest split
+    between the stages that run by their shares. Evaluation is not part of the budget."""
+    refresh_s = tp.get("encode_doc_s", 0.0) * pool_docs + (tp.get("encode_query_s", 0.0) * n_queries if idro else 0.0)
+    kmeans_s = tp.get("encode_query_s", 0.0) * n_queries if idro else 0.0
+    refreshes = cfg.refreshes
+    if refreshes is None:
+        refreshes = 0 if cfg.skip_finetune else int(min(2, (0.1 * budget_s) // refresh_s) if refresh_s > 0 else 0)
+    fixed = overhead_s + kmeans_s + refreshes * refresh_s
+    train_s = max(0.0, budget_s - fixed)
+    stages = {"coco": (not cfg.skip_coco, cfg.coco_share, "coco_step_s", cfg.coco_steps),
+              "finetune": (not cfg.skip_finetune, cfg.finetune_share, "finetune_step_s", cfg.finetune_steps),
+              "target": (cfg.target_pairs != "none", cfg.target_share, "target_step_s", cfg.target_steps)}
+    shares = {k: float(v[1]) for k, v in stages.items() if v[0]}
+    total = sum(shares.values()) or 1.0
+    plan: dict[str, Any] = {}
+    for name, (on, _, key, given) in stages.items():
+        if not on:
+            plan[f"{name}_steps"] = 0
+        elif given is not None:
+            plan[f"{name}_steps"] = given
+        else:
+            plan[f"{name}_steps"] = max(2, int(train_s * shares[name] / total / tp[key]))
+    optimizer_s = sum(plan[f"{n}_steps"] * tp.get(v[2], 0.0) for n, v in stages.items())
+    plan.update(refreshes=refreshes, budget_seconds=round(budget_s, 1), fixed_seconds=round(fixed, 1),
+                refresh_seconds_each=round(refresh_s, 1), kmeans_seconds=round(kmeans_s, 1),
+                planned_optimizer_seconds=round(optimizer_s, 1),
+                planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
+    return plan
+
+
+def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
+    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
+    from .evaluation.retrieval import evaluate_retrieval
+    from .modeling.loading import load_encoder
+
+    path = out / "start_eval.json"
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if cached.get("model") != model:
+        cached = {"model": model, "results": {}}
+    todo = [s for s in evals if s not in cached["results"]]
+    if todo:
+        from .cli_training import parse_eval_spec
+
+        st = load_encoder(model)
+        for spec in todo:
+            folder, split = parse_eval_spec(spec)
+            res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size)
+            cached["results"][spec] = {k: res[k] for k in SUMMARY_KEYS}
+            atomic_write_json(path, cached)
+    return {s: cached["results"][s] for s in evals}
+
+
+SUMMARY_KEYS = ("ndcg@10", "recall@100", "mrr@10", "num_queries", "num_docs")
 
 
 # ---------------------------------------------------------------------------------------------- the recipe
@@ -194,109 +346,153 @@ def run_recipe(
     max_minutes: float | None = None,
     resume: bool = True,
 ) -> dict[str, Any]:
-    """Run COCO → iDRO → export → card → evaluation. Returns ``{eval_spec: {"ndcg@10", "recall@100", ...}}``.
+    """Run COCO → source fine-tuning → target pseudo pairs → WiSE-FT → export → card → evaluation.
+
+    Returns ``{eval_spec: {"ndcg@10", "recall@100", ..., "start": {...}}}``: each split's metrics for the adapted
+    model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
 
     Args:
         model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id). Its pooling and
             similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
         target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
         source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
-        output_dir: ``OUT``; stages go to ``OUT/coco`` and ``OUT/finetune``, the final model to ``OUT/model``.
-        evals: ``DIR:SPLIT`` specifications evaluated on the final model.
-        max_minutes: plan the step counts so the whole run takes about this long on this machine.
+        output_dir: ``OUT``; stages go to ``OUT/coco``, ``OUT/finetune``, ``OUT/target`` and ``OUT/wise``, the final
+            model to ``OUT/model``.
+        evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
+        max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
+            for, takes about this long on this machine (``OUT/plan.json`` has the plan and its measured inputs,
+            ``OUT/recipe.json`` the actual time of each stage).
         resume: continue unfinished stages from their latest complete checkpoint and skip finished ones.
     """
     from .cli_training import parse_eval_spec
-    from .data.spans import SpanCorpus
-    from .data.training import RetrievalTrainingData
     from .finetuning import IDROTrainingArguments
+    from .methods import validate_methods
+    from .modeling.condenser import checkpoint_has_mlm_head
     from .pretraining import CocoPretrainingArguments
 
     t_start = time.perf_counter()
     cfg = config if isinstance(config, RecipeConfig) else RecipeConfig.from_dict(dict(config or {}))
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    cfg.validate()
+    evals = list(evals)
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
-    from .methods import validate_methods
-
-    methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
-    if not cfg.skip_coco and not target_corpora:
+    if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
         from .errors import ConfigError
 
-        raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
+        raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
+    has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
+    cfg, choice = choose_schedule(cfg, has_mlm)
+    if not target_corpora:
+        if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
+            from .errors import ConfigError
+
+            raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
+        cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+    methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
+    logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
+                choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
     pooling, similarity = _model_similarity(model)
     logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
                 model, pooling, similarity, ", ".join(map(str, target_corpora)), source_data, cfg.source_split)
-    coco_dir, ft_dir, final_dir = out / "coco", out / "finetune", out / "model"
+    dirs = {"coco": out / "coco", "finetune": out / "finetune", "target": out / "target", "wise": out / "wise"}
+    final_dir = out / "model"
+    stage_seconds: dict[str, float] = {}
 
     # ----------------------------------------------------------------------------------- data (cheap, cached)
-    train_data = None
-    need_source = (not cfg.skip_finetune and not _stage_done(ft_dir)) or (
-        not cfg.skip_coco and cfg.include_source_corpus and not _stage_done(coco_dir))
+    t0 = time.perf_counter()
+    train_data = target_data = None
+    need_source = (not cfg.skip_finetune and not _stage_done(dirs["finetune"])) or (
+        not cfg.skip_coco and cfg.include_source_corpus and not _stage_done(dirs["coco"]))
     if need_source:
+        from .data.training import RetrievalTrainingData
+
         train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
                                                      max_queries=cfg.max_queries, seed=cfg.seed,
                                                      corpus_pool=cfg.corpus_pool)
+    if cfg.target_pairs != "none" and not _stage_done(dirs["target"]):
+        from .data.pseudo_pairs import target_pseudo_pairs
+
+        target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
     coco_corpora = list(target_corpora)
     if cfg.include_source_corpus and train_data is not None:
         coco_corpora.append(_source_pool_dataset(train_data))
-    coco_defaults = dict(output_dir=str(coco_dir), seed=cfg.seed, report_to="none", logging_steps=10,
+    coco_defaults = dict(output_dir=str(dirs["coco"]), seed=cfg.seed, report_to="none", logging_steps=10,
                          logging_first_step=True, save_strategy="steps", save_steps=100, save_total_limit=1,
                          per_device_train_batch_size=32, pooling=pooling, contrastive_similarity=similarity,
-                         contrastive_temperature=0.05 if similarity == "cosine" else 1.0, learning_rate=2e-5,
-                         use_cpu=_no_gpu(), disable_tqdm=True, max_span_length=64)
-    ft_defaults = dict(output_dir=str(ft_dir), seed=cfg.seed, report_to="none", logging_steps=5,
+                         contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
+                         learning_rate=float(cfg.coco_learning_rate), mlm_weight=float(cfg.coco_mlm_weight),
+                         head_mlm_weight=float(cfg.coco_mlm_weight), use_cpu=_no_gpu(), disable_tqdm=True,
+                         max_span_length=min(64, cfg.train_max_length))
+    ft_defaults = dict(output_dir=str(dirs["finetune"]), seed=cfg.seed, report_to="none", logging_steps=5,
                        logging_first_step=True, save_strategy="steps", save_steps=50, save_total_limit=1,
                        per_device_train_batch_size=32, num_clusters=50, learning_rate=2e-5, use_cpu=_no_gpu(),
                        disable_tqdm=True, idro_scale=20.0 if similarity == "cosine" else 1.0, num_negatives=1,
-                       dataloader_drop_last=True, warmup_steps=0.1, max_length=128,
+                       dataloader_drop_last=True, warmup_steps=0.1, max_length=cfg.train_max_length,
                        # tau sets how fast the cluster weights move; the gradient inner products scale with the
                        # similarity (cosine x 20 vs raw dot products), see reports/reproduction.md for the sweep
                        idro_tau=100.0 if similarity == "cosine" else 3000.0)
+    # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus.
+    target_defaults = {**ft_defaults, "output_dir": str(dirs["target"]), "idro_preset": "uniform"}
     coco_kw = {**coco_defaults, **cfg.coco}
     ft_kw = {**ft_defaults, **cfg.finetune}
+    target_kw = {**target_defaults, **cfg.target}
+    stage_seconds["data"] = round(time.perf_counter() - t0, 1)
 
     # ----------------------------------------------------------------------------------- planning
-    plan = {"coco_steps": cfg.coco_steps or 500, "finetune_steps": cfg.finetune_steps or 500}
+    plan: dict[str, Any] = {"coco_steps": _given(cfg.coco_steps, cfg.skip_coco),
+                            "finetune_steps": _given(cfg.finetune_steps, cfg.skip_finetune),
+                            "target_steps": _given(cfg.target_steps, cfg.target_pairs == "none"),
+                            "refreshes": 1 if cfg.refreshes is None else cfg.refreshes}
     spans = None
-    if not cfg.skip_coco and not _stage_done(coco_dir):
+    if not cfg.skip_coco and not _stage_done(dirs["coco"]):
         from transformers import AutoTokenizer
 
+        from .data.spans import SpanCorpus
         from .modeling.condenser import _transformer_dir
 
         probe_args = CocoPretrainingArguments(**{**coco_kw, "max_steps": 1})
         spans = SpanCorpus.build(coco_corpora, AutoTokenizer.from_pretrained(_transformer_dir(model)),
                                  mode=probe_args.span_mode, span_max_tokens=probe_args.span_max_tokens,
                                  span_break_prob=probe_args.span_break_prob, seed=cfg.seed)
-    if max_minutes is not None and (cfg.coco_steps is None or cfg.finetune_steps is None):
+    if max_minutes is not None and not (out / "plan.json").is_file():
+        t0 = time.perf_counter()
         tp = measure_throughput(model, CocoPretrainingArguments(**{**coco_kw, "max_steps": 1}),
-                                IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans, train_data,
-                                [parse_eval_spec(s)[0] for s in evals],
-                                len(train_data.corpus) if train_data is not None else 0, pooling,
-                                cfg.skip_finetune)
-        elapsed = time.perf_counter() - t_start
-        fixed = elapsed + 60.0  # model loading, K-Means, exports
-        planned = plan_steps(max_minutes * 60.0, tp, cfg, fixed)
-        plan = {"coco_steps": cfg.coco_steps or planned["coco_steps"],
-                "finetune_steps": cfg.finetune_steps or planned["finetune_steps"]}
-        logger.info("recipe plan for %.0f minutes: measured %s; COCO %d steps, fine-tuning %d steps with %d "
-                    "negative refresh(es); evaluation of %d documents", max_minutes,
-                    {k: round(v, 3) for k, v in tp.items()}, plan["coco_steps"], plan["finetune_steps"],
-                    cfg.refreshes, sum(_corpus_size(parse_eval_spec(s)[0]) for s in evals))
-        atomic_write_json(out / "plan.json", {"max_minutes": max_minutes, "throughput": tp, **plan})
+                                IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans,
+                                train_data if not cfg.skip_finetune else None, pooling,
+                                target_args=IDROTrainingArguments(**{**target_kw, "max_steps": 1}),
+                                target_data=target_data)
+        measured_s = time.perf_counter() - t0
+        overhead = (time.perf_counter() - t_start) + 20.0 * (1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
+        plan = plan_budget(max_minutes * 60.0, tp, cfg, overhead_s=overhead,
+                           pool_docs=len(train_data.corpus) if train_data is not None else 0,
+                           n_queries=len(train_data) if train_data is not None else 0,
+                           idro=ft_kw.get("idro_preset", "paper") != "uniform")
+        plan.update(max_minutes=max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
+                    measure_seconds=round(measured_s, 1))
+        logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d steps, source fine-tuning %d "
+                    "steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget planned for "
+                    "optimizer steps (evaluation not included)", max_minutes, plan["throughput"],
+                    plan["coco_steps"], plan["finetune_steps"], plan["refreshes"], plan["target_steps"],
+                    100 * (plan["planned_optimizer_share"] or 0))
+        atomic_write_json(out / "plan.json", plan)
+    elif max_minutes is not None:
+        plan = json.loads((out / "plan.json").read_text())  # a resumed run keeps the plan it started with
+    stage_seconds["planning"] = round(time.perf_counter() - t_start - sum(stage_seconds.values()), 1)
 
     # ----------------------------------------------------------------------------------- stage 1: COCO
     current = model
-    if not cfg.skip_coco:
-        if _stage_done(coco_dir):
-            logger.info("stage coco: already finished (%s), skipped", coco_dir)
+    if not cfg.skip_coco and plan["coco_steps"] > 0:
+        t0 = time.perf_counter()
+        if _stage_done(dirs["coco"]):
+            logger.info("stage coco: already finished (%s), skipped", dirs["coco"])
         else:
-            from .modeling.condenser import checkpoint_has_mlm_head
             from .pretraining import CocoPretrainer
 
             kw = {**coco_kw, "max_steps": plan["coco_steps"]}
-            if checkpoint_has_mlm_head(model) is False and "mlm_head_warmup_steps" not in cfg.coco:
+            if (has_mlm is False and "mlm_head_warmup_steps" not in cfg.coco
+                    and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
                 kw["mlm_head_warmup_steps"] = int(0.3 * plan["coco_steps"])
                 logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
                             "gradients reach the encoder", kw["mlm_head_warmup_steps"])
@@ -304,50 +500,134 @@ def run_recipe(
             trainer = CocoPretrainer(model, args, corpora=coco_corpora)  # seeds before building the heads
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()
-            _mark_done(coco_dir, {"steps": trainer.state.global_step})
+            _mark_done(dirs["coco"], {"steps": trainer.state.global_step})
             del trainer
-        current = str(coco_dir)
+        current = str(dirs["coco"])
+        stage_seconds["coco"] = round(time.perf_counter() - t0, 1)
 
-    # ----------------------------------------------------------------------------------- stage 2: iDRO
-    if not cfg.skip_finetune:
-        if _stage_done(ft_dir):
-            logger.info("stage finetune: already finished (%s), skipped", ft_dir)
+    # ----------------------------------------------------------------------------------- stage 2: source fine-tuning
+    if not cfg.skip_finetune and plan["finetune_steps"] > 0:
+        t0 = time.perf_counter()
+        if _stage_done(dirs["finetune"]):
+            logger.info("stage finetune: already finished (%s), skipped", dirs["finetune"])
         else:
-            from .modeling.loading import load_encoder
-
             steps = plan["finetune_steps"]
-            every = max(1, steps // (cfg.refreshes + 1)) if cfg.refreshes else 0
+            refreshes = plan["refreshes"]
+            every = max(1, steps // (refreshes + 1)) if refreshes else 0
             args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps})
-            from .training_api import build_idro_trainer
+            _train_finetune_stage(current, args, train_data, dirs["finetune"], methods=methods,
+                                  target_corpora=list(target_corpora), negatives_label="bm25",
+                                  target_queries=list(cfg.target_queries), resume=resume)
+        current = str(dirs["finetune"])
+        stage_seconds["finetune"] = round(time.perf_counter() - t0, 1)
 
-            trainer = build_idro_trainer(load_encoder(current), args, train_data, methods=methods,
-                                         target_corpora=list(target_corpora), negatives_label="bm25",
-                                         target_queries=list(cfg.target_queries))
-            trainer.train(resume_from_checkpoint=True if resume else None)
-            trainer.finalize()
-            _save_weight_history(trainer, ft_dir)
-            _mark_done(ft_dir, {"steps": trainer.state.global_step})
-            del trainer
-        current = str(ft_dir)
+    # ----------------------------------------------------------------------------------- stage 3: target pseudo pairs
+    if cfg.target_pairs != "none" and plan["target_steps"] > 0:
+        t0 = time.perf_counter()
+        if _stage_done(dirs["target"]):
+            logger.info("stage target: already finished (%s), skipped", dirs["target"])
+        else:
+            args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **target_kw,
+                                            "max_steps": plan["target_steps"]})
+            _train_finetune_stage(current, args, target_data, dirs["target"],
+                                  negatives_label="bm25 (within the target corpora)")
+        current = str(dirs["target"])
+        stage_seconds["target"] = round(time.perf_counter() - t0, 1)
+
+    # ----------------------------------------------------------------------------------- stage 4: WiSE-FT
+    if cfg.wise_alpha not in (None, 1, 1.0) and current != model:
+        t0 = time.perf_counter()
+        if _stage_done(dirs["wise"]):
+            logger.info("stage wise: already finished (%s), skipped", dirs["wise"])
+        else:
+            _wise_stage(model, current, dirs["wise"], float(cfg.wise_alpha))
+        current = str(dirs["wise"])
+        stage_seconds["wise"] = round(time.perf_counter() - t0, 1)
 
     # ----------------------------------------------------------------------------------- export + evaluation
-    _export_final(Path(current), final_dir)
+    t0 = time.perf_counter()
+    if current == model:
+        from .export import export_sentence_transformer
+
+        export_sentence_transformer(model, final_dir, pooling=pooling, similarity=similarity)
+    else:
+        _export_final(Path(current), final_dir)
+    stage_seconds["export"] = round(time.perf_counter() - t0, 1)
+    train_seconds = round(time.perf_counter() - t_start, 1)
     from .modeling.loading import load_encoder
     from .training_api import evaluate_all
 
-    results = evaluate_all(load_encoder(str(final_dir)), list(evals), final_dir, batch_size=cfg.eval_batch_size)
-    summary = {spec: {k: r[k] for k in ("ndcg@10", "recall@100", "mrr@10", "num_queries", "num_docs")}
-               for spec, r in results.items()}
+    t0 = time.perf_counter()
+    results = evaluate_all(load_encoder(str(final_dir)), evals, final_dir, batch_size=cfg.eval_batch_size)
+    summary = {spec: {k: r[k] for k in SUMMARY_KEYS} for spec, r in results.items()}
+    stage_seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+    if evals and cfg.evaluate_start:
+        t0 = time.perf_counter()
+        for spec, start in _run_start_eval(model, evals, out, cfg.eval_batch_size).items():
+            summary[spec]["start"] = start
+            logger.info("%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)", spec, summary[spec]["ndcg@10"],
+                        start["ndcg@10"], summary[spec]["ndcg@10"] - start["ndcg@10"])
+        stage_seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
     from .model_card import write_model_card
 
-    write_model_card(final_dir, load_encoder(str(final_dir)))
+    record = {"model": model, "target_corpora": list(map(str, target_corpora)), "source_data": str(source_data),
+              "evals": evals, "config": asdict(cfg), "schedule": choice, "plan": plan,
+              "stage_seconds": stage_seconds, "train_seconds": train_seconds,
+              "wall_seconds": round(time.perf_counter() - t_start, 1)}
+    if max_minutes is not None:
+        record["budget_seconds"] = round(max_minutes * 60.0, 1)
+        record["train_over_budget_seconds"] = round(train_seconds - max_minutes * 60.0, 1)
+    write_model_card(final_dir, load_encoder(str(final_dir)), {
+        "recipe_schedule": choice, "start_vs_adapted": {s: {"adapted": {k: v[k] for k in ("ndcg@10", "recall@100")},
+                                                          "start": {k: v["start"][k] for k in ("ndcg@10", "recall@100")}}
+                                                      for s, v in summary.items() if "start" in v}})
     atomic_write_json(out / "eval.json", summary)
-    atomic_write_json(out / "recipe.json", {"model": model, "target_corpora": list(map(str, target_corpora)),
-                                            "source_data": str(source_data), "evals": list(evals),
-                                            "config": asdict(cfg), "plan": plan,
-                                            "wall_seconds": round(time.perf_counter() - t_start, 1)})
-    logger.info("recipe finished in %.1f minutes", (time.perf_counter() - t_start) / 60)
+    atomic_write_json(out / "recipe.json", record)
+    logger.info("recipe finished: training %.1f minutes%s, evaluation %.1f minutes", train_seconds / 60,
+                f" (budget {max_minutes:g})" if max_minutes is not None else "",
+                (stage_seconds["evaluation"] + stage_seconds.get("start_evaluation", 0.0)) / 60)
     return summary
+
+
+def _given(steps: int | None, skipped: bool) -> int:
+    return 0 if skipped else (500 if steps is None else steps)
+
+
+def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=(), target_corpora=(),
+                          negatives_label: str = "bm25", target_queries=(), resume: bool = True) -> None:
+    from .modeling.loading import load_encoder
+    from .training_api import build_idro_trainer
+
+    trainer = build_idro_trainer(load_encoder(start), args, data, methods=methods, target_corpora=target_corpora,
+                                 negatives_label=negatives_label, target_queries=target_queries)
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    trainer.finalize()
+    _save_weight_history(trainer, stage_dir)
+    _mark_done(stage_dir, {"steps": trainer.state.global_step})
+
+
+def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float) -> None:
+    """WiSE-FT of the last stage's model with the starting model, written as a complete model directory."""
+    from .model_card import TRAINING_INFO_FILE, write_model_card
+    from .modeling.loading import load_encoder
+    from .modeling.wise import wise_ensemble
+    from .training_api import previous_training_info
+    from .utils import atomic_directory
+
+    st = wise_ensemble(load_encoder(start), load_encoder(adapted), alpha)
+    prev = previous_training_info(adapted)
+    stage = {"type": "wise", "method": "wise-ft", "title": "WiSE-FT weight-space ensemble with the starting model",
+             "alpha": alpha, "weights": f"{1 - alpha:g} x starting model + {alpha:g} x adapted model"}
+    card = {"stages": list(prev.get("stages", [])) + [stage],
+            "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["wise-ft"])),
+            "datasets": list(prev.get("datasets", [])), "base_model": prev.get("base_model")}
+    with atomic_directory(stage_dir) as tmp:
+        st.save(str(tmp))
+        for name in (TRAINING_INFO_FILE,):
+            if (Path(adapted) / name).is_file():
+                shutil.copy2(Path(adapted) / name, tmp / name)
+        write_model_card(tmp, st, card)
+        _mark_done(tmp, {"alpha": alpha, "start": start, "adapted": adapted})
 
 
 def _export_final(src: Path, dst: Path) -> None:

@@ -34,6 +34,14 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
     negs = negatives
     if a.refresh_negatives_every_steps:
         negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
+    pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
+    if pseudo is not None:  # target pseudo pairs: no labels, no source task
+        return {"type": "finetune", "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
+                "method": "pseudo-pairs", "pseudo pairs": pseudo, "corpora": list(trainer.training_data.corpora),
+                "steps": trainer.state.global_step,
+                "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+                "hard negatives per query": trainer._num_negatives, "negatives": negatives,
+                "learning rate": a.learning_rate, "seed": a.seed}
     info = {
         "type": "finetune",
         "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(method, "contrastive fine-tuning"),

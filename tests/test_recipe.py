@@ -7,9 +7,10 @@ import pytest
 
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 
-CFG = dict(coco_steps=2, finetune_steps=4, refreshes=1, corpus_pool=None,
+CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None,
            coco={"per_device_train_batch_size": 8, "save_steps": 2},
-           finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2})
+           finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+           target={"per_device_train_batch_size": 8, "save_steps": 2})
 
 
 def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
@@ -18,7 +19,7 @@ def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir,
     res = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
     assert set(res) == {spec} and {"ndcg@10", "recall@100"} <= set(res[spec])
     assert json.loads((out / "eval.json").read_text()) == res
-    for stage in ("coco", "finetune"):
+    for stage in ("coco", "finetune", "target", "wise"):
         assert (out / stage / "hf_cocodr_stage.json").is_file()
     model_files = {p.name for p in (out / "model").iterdir()}
     assert {"modules.json", "README.md", "model.safetensors", "eval.json"} <= model_files
@@ -41,7 +42,7 @@ def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir,
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
         again = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
     assert again == res
-    assert sum("already finished" in r.getMessage() for r in caplog.records) == 2
+    assert sum("already finished" in r.getMessage() for r in caplog.records) == 4
 
 
 def test_recipe_resumes_an_interrupted_stage(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):

@@ -33,7 +33,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     texts with the *current* cluster ids and negatives, so re-clustering and negative refreshes take effect at
     the next step, and a resumed run draws exactly what the uninterrupted run drew.
 
-    When the loss is an :class:`IDROLoss` and no :class:`KMeansClusteringCallback` is given, one is inserted;
+    When the loss is an :class:`IDROLoss` with a preset that reads clusters (every preset but ``uniform``) and no
+    :class:`KMeansClusteringCallback` is given, one is inserted;
     when ``refresh_negatives_every_steps > 0`` a :class:`HardNegativeRefreshCallback` is inserted too. Their state,
     the iDRO weights and the negatives table are saved with every checkpoint (safetensors + JSON) and restored by
     ``trainer.train(resume_from_checkpoint=...)``. A step whose loss is not finite is skipped (no optimizer
@@ -96,7 +97,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         callbacks = list(callbacks or [])
         idro = loss if isinstance(loss, IDROLoss) else None
         self.kmeans_callback = next((c for c in callbacks if isinstance(c, KMeansClusteringCallback)), None)
-        if idro is not None and self.kmeans_callback is None:
+        if idro is not None and idro.preset != "uniform" and self.kmeans_callback is None:
+            # the uniform preset never reads cluster ids: no K-Means (it would encode every query for nothing)
             self.kmeans_callback = KMeansClusteringCallback(
                 num_clusters=idro.num_clusters, every_steps=args.cluster_every_steps,
                 max_points_per_centroid=args.kmeans_max_points_per_centroid, niter=args.kmeans_niter,
@@ -382,7 +384,9 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         stage = finetune_stage_info(self, self.training_data.name, getattr(self, "negatives_label",
                                                                             self.training_data.negatives_source))
         methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]] + list(self.extra_methods)))
-        datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + [stage["source_data"]]))
+        datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + [stage.get("source_data")]
+                                      + list(stage.get("corpora", []))))
+        datasets = [d for d in datasets if d]
         return {"stages": list(prev.get("stages", [])) + [stage], "methods": methods, "datasets": datasets,
                 "base_model": prev.get("base_model")}
 

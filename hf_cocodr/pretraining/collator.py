@@ -17,8 +17,9 @@ class SpanPairBuilder:
     """
 
     def __init__(self, spans: SpanCorpus, tokenizer, *, mlm_probability: float = 0.15, max_length: int = 128,
-                 span_len: int = 64):
+                 span_len: int = 64, mask: bool = True):
         self.spans = spans
+        self.mask = mask  # False: plain spans and no ``labels`` (contrast-only pretraining computes no MLM)
         self.tok = tokenizer
         self.mlm_probability = mlm_probability
         self.max_length = max_length
@@ -72,7 +73,10 @@ class SpanPairBuilder:
         for d in np.asarray(docs, dtype=np.int64).tolist():
             rng = np.random.default_rng([seed, step, d])
             for span in self.spans.sample_pair(d, rng, self.span_len):
-                ids, labels = self.mask_span(np.asarray(span[:body]), rng)
+                ids = np.asarray(span[:body], dtype=np.int64)
+                labels = np.full(len(ids), -100, dtype=np.int64)
+                if self.mask:
+                    ids, labels = self.mask_span(ids, rng)
                 rows_ids.append(np.concatenate([[self.cls_id], ids, [self.sep_id]]))
                 rows_labels.append(np.concatenate([[-100], labels, [-100]]))
         width = max(len(r) for r in rows_ids)
@@ -83,4 +87,7 @@ class SpanPairBuilder:
             input_ids[i, : len(ids)] = torch.from_numpy(ids)
             labels[i, : len(lab)] = torch.from_numpy(lab)
             attention[i, : len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention, "labels": labels}
+        out = {"input_ids": input_ids, "attention_mask": attention}
+        if self.mask:
+            out["labels"] = labels
+        return out

@@ -115,7 +115,8 @@ class CocoPretrainer(TrainerMixin, Trainer):
             sentence_splitter=args.sentence_splitter, seed=args.seed, text_column=args.text_column,
         )
         self.builder = SpanPairBuilder(self.span_corpus, tokenizer, mlm_probability=args.mlm_probability,
-                                       max_length=args.max_span_length, span_len=args.span_len)
+                                       max_length=args.max_span_length, span_len=args.span_len,
+                                       mask=args.uses_mlm)
         n_docs = len(self.span_corpus)
         world = max(1, args.world_size)
         if n_docs < args.per_device_train_batch_size * world:
@@ -189,14 +190,25 @@ class CocoPretrainer(TrainerMixin, Trainer):
         world, _ = D.world()
         batch = self._inputs(inputs["doc"])
         out = model(**batch, pooling=a.pooling, detach_mlm_inputs=self._warming_up())
-        n_global = _all_reduce(out["num_masked"].detach().float()).clamp(min=1)
-        mlm = out["mlm_sum"] / n_global * world
-        head = out["head_mlm_sum"] / n_global * world
+        mlm, head = self._mlm_terms(out, _all_reduce(self._num_masked(batch)).clamp(min=1), world)
         reps, offset = self._gather_with_grad(out["embedding"])
         co = self._contrastive(out["embedding"], reps, offset)
         loss = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co
         self._track(mlm, head, co)
         return (loss, {}) if return_outputs else loss
+
+    @staticmethod
+    def _num_masked(batch) -> torch.Tensor:
+        labels = batch.get("labels")
+        return (labels != -100).sum().float() if labels is not None else torch.zeros(())
+
+    @staticmethod
+    def _mlm_terms(out, n_global: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(backbone MLM, head MLM) normalised by the global number of masked tokens; zeros without MLM."""
+        if "mlm_sum" not in out:  # contrast-only pretraining: no labels, no MLM forward
+            zero = out["embedding"].new_zeros(())
+            return zero, zero
+        return out["mlm_sum"] / n_global * world, out["head_mlm_sum"] / n_global * world
 
     def _warming_up(self) -> bool:
         return self.state.global_step < self.args.mlm_head_warmup_steps
@@ -239,7 +251,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         # their role as negatives of the other ranks' spans; x world undoes DDP's gradient averaging.
         co = self._contrastive(None, all_reps, 0, rows=slice(None))
         (grad,) = torch.autograd.grad(co * world, local)
-        n_global = _all_reduce((batch["labels"] != -100).sum().float()).clamp(min=1)
+        n_global = _all_reduce(self._num_masked(batch)).clamp(min=1)
         ga = self.current_gradient_accumulation_steps if hasattr(self, "current_gradient_accumulation_steps") else 1
         mlm_total = head_total = 0.0
         max_diff = 0.0
@@ -253,8 +265,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
                                 detach_mlm_inputs=self._warming_up())
                 emb = out["embedding"]
                 max_diff = max(max_diff, float((emb.detach() - local[sl].detach()).abs().max()))
-                mlm = out["mlm_sum"] / n_global * world
-                head = out["head_mlm_sum"] / n_global * world
+                mlm, head = self._mlm_terms(out, n_global, world)
                 surrogate = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * (grad[sl] * emb).sum()
                 self.accelerator.backward(surrogate / ga)
             mlm_total += float(mlm.detach())

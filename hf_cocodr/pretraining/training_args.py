@@ -26,7 +26,9 @@ class CocoPretrainingArguments(TrainingArguments):
     Masking:
         mlm_probability: fraction of tokens masked (whole words, 80/10/10).
     Loss:
-        head_mlm_weight / mlm_weight / contrastive_weight: weights of the three terms (all 1).
+        head_mlm_weight / mlm_weight / contrastive_weight: weights of the three terms (all 1). With both MLM
+            weights 0 the spans are not masked and no MLM forward runs (contrast-only continued pretraining, as in
+            Contriever): the right choice for a model without a trained MLM head.
         contrastive_similarity: ``"dot"`` (paper) or ``"cosine"``. contrastive_temperature: divides the scores.
         pooling: ``"cls"`` (paper) or ``"mean"`` for the contrastive representation and the export.
     Scale:
@@ -66,6 +68,11 @@ class CocoPretrainingArguments(TrainingArguments):
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     skip_from: int | None = field(default=None, metadata={"help": "backbone layer feeding the head"})
     text_column: str = field(default="text", metadata={"help": "text column of dataset/JSONL corpora"})
+
+    @property
+    def uses_mlm(self) -> bool:
+        """False when both MLM weights are 0: spans are then not masked and no MLM forward is computed."""
+        return self.mlm_weight > 0 or self.head_mlm_weight > 0
 
     def __post_init__(self):
         super().__post_init__()

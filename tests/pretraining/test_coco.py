@@ -231,3 +231,28 @@ def test_bad_corpora(tiny_bert_dir, tmp_path):
         CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[tmp_path / "bad.jsonl"])
     with pytest.raises(FileNotFoundError, match="not found"):
         CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[tmp_path / "missing"])
+
+
+@pytest.mark.parametrize("chunk", [0, 3])
+def test_mlm_weight_zero_runs_no_mlm_forward(tiny_bert_nodrop, tiny_beir, tmp_path, chunk):
+    """Contrast-only COCO: spans are not masked, the MLM prediction head never runs, loss == contrastive loss."""
+    from hf_cocodr.modeling.condenser import _mlm_head
+
+    args = coco_args(tmp_path, mlm_weight=0.0, head_mlm_weight=0.0, gradient_cache_chunk_size=chunk, max_steps=2)
+    trainer = CocoPretrainer(str(tiny_bert_nodrop), args, corpora=[tiny_beir])
+    calls = []
+    _, head = _mlm_head(trainer.condenser.lm)
+    head.register_forward_hook(lambda *a: calls.append(1))
+    batch = trainer.builder.build(np.arange(4), step=0, seed=0)
+    assert "labels" not in batch and not (batch["input_ids"] == trainer.builder.mask_id).any()
+    trainer.train()
+    assert calls == []
+    for logged in [h for h in trainer.state.log_history if "contrastive_loss" in h]:
+        assert logged["mlm_loss"] == 0.0 and logged["head_mlm_loss"] == 0.0
+        assert logged["loss"] == pytest.approx(logged["contrastive_loss"], rel=1e-4)
+    # with MLM on, the same setup does run the head (the hook is live)
+    on = CocoPretrainer(str(tiny_bert_nodrop), coco_args(tmp_path / "on", max_steps=1), corpora=[tiny_beir])
+    _, head_on = _mlm_head(on.condenser.lm)
+    head_on.register_forward_hook(lambda *a: calls.append(1))
+    on.train()
+    assert calls

