@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -211,8 +212,32 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
                    help="extra seed method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM; repeatable")
     p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
                    help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable")
-    p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:` and `finetune:` mappings of "
-                                                  "CocoPretrainingArguments / IDROTrainingArguments fields")
+    p.add_argument("--schedule", default=None, choices=["auto", "paper"],
+                   help="auto (default): stages and settings chosen by the starting model (README); paper: COCO -> iDRO")
+    p.add_argument("--coco-mlm-weight", dest="coco_mlm_weight", type=float, default=None,
+                   help="weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
+    p.add_argument("--coco-lr", dest="coco_learning_rate", type=float, default=None, help="COCO learning rate")
+    p.add_argument("--target-pairs", dest="target_pairs", default=None, choices=["title_body", "ict", "none"],
+                   help="fine-tune on pseudo pairs of the target corpora (title or sentence vs. the rest)")
+    p.add_argument("--target-schedule", dest="target_schedule", default=None, choices=["sequential", "joint"],
+                   help="target pairs as a stage after the source fine-tuning (sequential) or a term of its steps")
+    p.add_argument("--wise-alpha", dest="wise_alpha", default=None,
+                   help="WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip")
+    p.add_argument("--train-max-length", dest="train_max_length", type=int, default=None,
+                   help="token limit of training texts (default 128)")
+    p.add_argument("--no-start-eval", dest="evaluate_start", action="store_false", default=None,
+                   help="do not evaluate the starting model on the --eval splits")
+    p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:`, `finetune:` and `target:` "
+                                                  "mappings of CocoPretrainingArguments / IDROTrainingArguments fields")
+
+
+def _wise_alpha(value: str) -> float | None:
+    if value.lower() in ("none", "off"):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise UsageError(f"--wise-alpha must be a number in [0, 1] or 'none', got {value!r}") from None
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
@@ -241,8 +266,15 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
         config["methods"] = list(ns.method)
     if ns.target_queries:
         config["target_queries"] = list(ns.target_queries)
-    if max_minutes is not None and max_minutes <= 0:
-        raise UsageError("--max-minutes must be positive")
+    for key in ("schedule", "coco_mlm_weight", "coco_learning_rate", "target_pairs", "target_schedule",
+                "train_max_length", "evaluate_start"):
+        if getattr(ns, key) is not None:
+            config[key] = getattr(ns, key)
+    if ns.wise_alpha is not None:
+        config["wise_alpha"] = _wise_alpha(ns.wise_alpha)
+    if max_minutes is not None and not (isinstance(max_minutes, (int, float)) and math.isfinite(max_minutes)
+                                        and max_minutes > 0):
+        raise UsageError(f"--max-minutes must be a positive number, got {max_minutes!r}")
     cfg = RecipeConfig.from_dict(config)
     resume = str(ns.resume).lower() not in ("false", "no", "0")
     result = run_recipe(model, targets, source, out, evals=evals, config=cfg, max_minutes=max_minutes, resume=resume)

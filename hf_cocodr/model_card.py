@@ -158,7 +158,8 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     # MoDIR / RMSC read target documents while fine-tuning (their stage lists them under "corpora")
     finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
     target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
-    readers = (["training on target pseudo pairs"] if any(s.get("method") == "pseudo-pairs" for s in stages) else [])
+    readers = (["training on target pseudo pairs"] if "pseudo-pairs" in methods
+               or any(s.get("method") == "pseudo-pairs" for s in stages) else [])
     readers += [name for key, name in (("modir", "MoDIR"), ("rmsc", "RMSC")) if key in methods]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = ["cocodr"] + (["condenser"] if "coco" in methods else [])

@@ -56,10 +56,12 @@ class RecipeConfig:
     finetune_steps: int | None = None  # None: planned from max_minutes (or 500)
     target_steps: int | None = None  # None: planned from max_minutes (or 500)
     refreshes: int | None = None  # self-negative refreshes (each re-clusters); None: as many as the budget affords
-    schedule: str = "auto"  # "auto" (by the starting model, see choose_schedule) or "custom" (exactly as given)
+    schedule: str = "auto"  # "auto": chosen by the starting model (see choose_schedule); "paper": COCO-DR's stages
     coco_mlm_weight: float | str = "auto"  # weight of both MLM terms; 0 = contrast-only continued pretraining
     coco_learning_rate: float | str = "auto"
     target_pairs: str = "auto"  # "title_body" | "ict" | "none"
+    target_schedule: str = "auto"  # "sequential" (a stage after the source one) or "joint" (a term of every step)
+    joint_weight: float = 1.0  # weight of the target-pairs term under the joint schedule
     wise_alpha: float | str | None = "auto"  # WiSE-FT interpolation with the starting model (None or 1: off)
     coco_share: float | str = "auto"  # shares of the training budget (renormalised over the stages that run)
     finetune_share: float | str = "auto"
@@ -123,8 +125,12 @@ class RecipeConfig:
         if self.target_pairs not in ("auto", "none", *PSEUDO_PAIR_MODES):
             raise ConfigError(f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
                               f"got {self.target_pairs!r}")
-        if self.schedule not in ("auto", "custom"):
-            raise ConfigError(f"recipe option schedule must be 'auto' or 'custom', got {self.schedule!r}")
+        if self.target_schedule not in ("auto", "sequential", "joint"):
+            raise ConfigError(f"recipe option target_schedule must be auto, sequential or joint, got "
+                              f"{self.target_schedule!r}")
+        number("joint_weight", 0, 100, allow_auto=False)
+        if self.schedule not in ("auto", "paper"):
+            raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
         for flag in ("skip_coco", "skip_finetune"):
             if getattr(self, flag) not in (True, False, "auto"):
                 raise ConfigError(f"recipe option {flag} must be true, false or auto, got {getattr(self, flag)!r}")
@@ -139,12 +145,12 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     # A sentence-transformers model without MLM head (all-MiniLM-L6-v2 and most ST models): a fresh MLM head starts
     # near 7-11 nats and its gradient swamps the encoder, so COCO runs contrast-only.
     "no_mlm_head": dict(skip_coco=False, coco_mlm_weight=0.0, coco_learning_rate=2e-5, skip_finetune=False,
-                        target_pairs="title_body", wise_alpha=0.5, coco_share=0.3, finetune_share=0.3,
-                        target_share=0.4),
+                        target_pairs="title_body", target_schedule="sequential", wise_alpha=0.5, coco_share=0.3,
+                        finetune_share=0.3, target_share=0.4),
     # A checkpoint with a trained MLM head (BERT, Condenser, COCO-DR): the paper's COCO with MLM through the head.
     "mlm_head": dict(skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, skip_finetune=False,
-                     target_pairs="title_body", wise_alpha=0.5, coco_share=0.4, finetune_share=0.3,
-                     target_share=0.3),
+                     target_pairs="title_body", target_schedule="sequential", wise_alpha=0.5, coco_share=0.4,
+                     finetune_share=0.3, target_share=0.3),
 }
 
 
@@ -152,8 +158,8 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model.
 
     Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
-    the user) for the log, ``recipe.json`` and the model card. ``schedule="custom"`` resolves "auto" to the
-    paper's settings for every kind (COCO with MLM, no pseudo pairs, no WiSE-FT).
+    the user) for the log, ``recipe.json`` and the model card. ``schedule="paper"`` resolves "auto" to COCO-DR's
+    stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT).
     """
     kind = "mlm_head" if has_mlm_head else "no_mlm_head"
     why = ("the starting model has a trained MLM head" if has_mlm_head else
@@ -161,7 +167,7 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
            "the starting model's MLM head could not be inspected (treated as absent)")
     preset = SCHEDULES[kind] if cfg.schedule == "auto" else dict(
         skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, skip_finetune=False, target_pairs="none",
-        wise_alpha=None, coco_share=0.4, finetune_share=0.6, target_share=0.0)
+        target_schedule="sequential", wise_alpha=None, coco_share=0.4, finetune_share=0.6, target_share=0.0)
     chosen, user = {}, {}
     values = asdict(cfg)
     for key, default in preset.items():
@@ -198,7 +204,7 @@ def _model_similarity(model_path: str) -> tuple[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------- planning
-def _time_it(fn, repeats: int = 2) -> float:
+def _time_it(fn, repeats: int = 1) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
@@ -288,9 +294,15 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
         refreshes = 0 if cfg.skip_finetune else int(min(2, (0.1 * budget_s) // refresh_s) if refresh_s > 0 else 0)
     fixed = overhead_s + kmeans_s + refreshes * refresh_s
     train_s = max(0.0, budget_s - fixed)
+    joint = is_joint(cfg)
+    if joint:  # the target pairs are a term of every source step: their share and cost go to that stage
+        tp = {**tp, "finetune_step_s": tp["finetune_step_s"] + tp.get("target_step_s", 0.0)}
     stages = {"coco": (not cfg.skip_coco, cfg.coco_share, "coco_step_s", cfg.coco_steps),
-              "finetune": (not cfg.skip_finetune, cfg.finetune_share, "finetune_step_s", cfg.finetune_steps),
-              "target": (cfg.target_pairs != "none", cfg.target_share, "target_step_s", cfg.target_steps)}
+              "finetune": (not cfg.skip_finetune,
+                           float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0),
+                           "finetune_step_s", cfg.finetune_steps),
+              "target": (cfg.target_pairs != "none" and not joint, cfg.target_share, "target_step_s",
+                         cfg.target_steps)}
     shares = {k: float(v[1]) for k, v in stages.items() if v[0]}
     total = sum(shares.values()) or 1.0
     plan: dict[str, Any] = {}
@@ -307,6 +319,11 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+def is_joint(cfg: RecipeConfig) -> bool:
+    """Whether the target pseudo pairs train as a term of the source steps (rather than as a stage of their own)."""
+    return cfg.target_schedule == "joint" and cfg.target_pairs != "none" and not cfg.skip_finetune
 
 
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
@@ -411,7 +428,7 @@ def run_recipe(
         train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
                                                      max_queries=cfg.max_queries, seed=cfg.seed,
                                                      corpus_pool=cfg.corpus_pool)
-    if cfg.target_pairs != "none" and not _stage_done(dirs["target"]):
+    if cfg.target_pairs != "none" and not _stage_done(dirs["finetune" if is_joint(cfg) else "target"]):
         from .data.pseudo_pairs import target_pseudo_pairs
 
         target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
@@ -515,14 +532,22 @@ def run_recipe(
             refreshes = plan["refreshes"]
             every = max(1, steps // (refreshes + 1)) if refreshes else 0
             args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps})
+            joint = None
+            if is_joint(cfg):
+                from .methods.joint import TargetPairsObjective
+
+                joint = TargetPairsObjective(target_data, cfg.joint_weight, batch_size=target_kw[
+                    "per_device_train_batch_size"], num_negatives=target_kw["num_negatives"],
+                    similarity=similarity, scale=target_kw["idro_scale"], max_length=target_kw["max_length"],
+                    seed=cfg.seed)
             _train_finetune_stage(current, args, train_data, dirs["finetune"], methods=methods,
                                   target_corpora=list(target_corpora), negatives_label="bm25",
-                                  target_queries=list(cfg.target_queries), resume=resume)
+                                  target_queries=list(cfg.target_queries), resume=resume, joint=joint)
         current = str(dirs["finetune"])
         stage_seconds["finetune"] = round(time.perf_counter() - t0, 1)
 
     # ----------------------------------------------------------------------------------- stage 3: target pseudo pairs
-    if cfg.target_pairs != "none" and plan["target_steps"] > 0:
+    if cfg.target_pairs != "none" and not is_joint(cfg) and plan["target_steps"] > 0:
         t0 = time.perf_counter()
         if _stage_done(dirs["target"]):
             logger.info("stage target: already finished (%s), skipped", dirs["target"])
@@ -594,12 +619,17 @@ def _given(steps: int | None, skipped: bool) -> int:
 
 
 def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=(), target_corpora=(),
-                          negatives_label: str = "bm25", target_queries=(), resume: bool = True) -> None:
+                          negatives_label: str = "bm25", target_queries=(), resume: bool = True,
+                          joint=None) -> None:
     from .modeling.loading import load_encoder
     from .training_api import build_idro_trainer
 
     trainer = build_idro_trainer(load_encoder(start), args, data, methods=methods, target_corpora=target_corpora,
                                  negatives_label=negatives_label, target_queries=target_queries)
+    if joint is not None:  # joint schedule: target pseudo pairs as a term of every step
+        trainer.idro_loss.auxiliary.append(joint)
+        trainer.extra_methods.append("pseudo-pairs")
+        trainer.target_corpora_read = list(dict.fromkeys(trainer.target_corpora_read + list(joint.pairs.corpora)))
     trainer.train(resume_from_checkpoint=True if resume else None)
     trainer.finalize()
     _save_weight_history(trainer, stage_dir)

@@ -68,6 +68,10 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["corpora"] = list(trainer.target_corpora_read)  # target documents read (MoDIR / RMSC), never labels
     if getattr(trainer, "target_queries_read", None):
         info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by MoDIR
+    joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
+    if joint:
+        info["joint target pseudo pairs"] = (f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, "
+                                             f"{joint[0].batch_size} pairs per step")
     if "rmsc" in methods:
         info["RMSC"] = (f"{a.rmsc_k} token(s) per kind, weak pairs by {a.rmsc_weak_mode.upper()}, "
                         f"{a.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]")

@@ -11,8 +11,8 @@ from its last complete checkpoint (the recipe's plan is kept in ``plan.json``), 
 ``reports/adaptation_study.md`` / ``.json`` are rewritten after every row, so the report can be committed as rows
 arrive.
 
-    python scripts/adaptation_study.py --phase screen                  # every arm, seed 42
-    python scripts/adaptation_study.py --phase confirm --arms default,source-only,title-body+wise0.5 --seeds 42,43,44
+    python scripts/adaptation_study.py --budget-minutes 8              # screen every arm, seed 42
+    python scripts/adaptation_study.py --arms start,default,source-only --seeds 42,43,44   # confirm with seeds
     python scripts/adaptation_study.py --report-only                   # rewrite the report from the cache
 """
 
@@ -37,7 +37,8 @@ NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
 # name -> (recipe settings on top of BASE, what it tests). "auto" settings follow the recipe's schedule rule.
 ARMS: dict[str, tuple[dict, str]] = {
     "default": ({}, "the recipe's automatic schedule for a model without MLM head"),
-    "paper": ({"schedule": "custom"}, "COCO with MLM (fresh head) -> iDRO, the previous default"),
+    "default-nowise": ({"wise_alpha": None}, "the automatic schedule without its WiSE-FT stage"),
+    "paper": ({"schedule": "paper"}, "COCO with MLM (fresh head) -> iDRO, the previous default"),
     "source-only": ({"skip_coco": True, **NO_EXTRAS}, "iDRO fine-tuning on SQuAD alone (no target data)"),
     "source-uniform": ({"skip_coco": True, **NO_EXTRAS, "finetune": {"idro_preset": "uniform"}},
                        "plain contrastive fine-tuning on SQuAD alone"),
@@ -56,20 +57,22 @@ ARMS: dict[str, tuple[dict, str]] = {
             "target sentence -> rest of document pseudo pairs alone"),
     "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None},
                           "iDRO on SQuAD, then target title -> body pairs"),
+    "joint": ({"target_schedule": "joint", "wise_alpha": None},
+              "contrast-only COCO -> iDRO on SQuAD with target title -> body pairs as a term of every step"),
     "default-len256": ({"train_max_length": 256}, "the default schedule with 256-token training texts"),
     "default-split-target": ({"coco_share": 0.1, "finetune_share": 0.2, "target_share": 0.7},
                              "the default schedule, 70% of the budget on target pairs"),
 }
 WISE_ALPHAS = (0.25, 0.5, 0.75)
-SCREEN = ["title-body", "default", "source-only", "coco-mlm0", "paper", "ict", "coco-mlm0+source",
-          "source+title-body", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
+# screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
+SCREEN = ["title-body", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body", "ict",
+          "coco-mlm0+source", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
           "default-len256", "default-split-target"]
-SCREEN_WISE = ["title-body", "default", "source-only", "coco-mlm0", "paper", "source+title-body"]
+SCREEN_WISE = {"title-body", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body"}
 
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--phase", choices=["screen", "confirm"], default="screen")
     ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA for a WiSE-FT arm)")
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--budget-minutes", type=float, default=15.0, help="training budget of every arm")
@@ -84,7 +87,9 @@ def arm_list(ns) -> list[str]:
     if ns.arms:
         names = [a.strip() for a in ns.arms.split(",") if a.strip()]
     else:
-        names = ["start"] + SCREEN + [f"{a}+wise{w:g}" for a in SCREEN_WISE for w in WISE_ALPHAS]
+        names = ["start"]
+        for a in SCREEN:
+            names += [a] + ([f"{a}+wise{w:g}" for w in WISE_ALPHAS] if a in SCREEN_WISE else [])
     for n in names:
         base = n.split("+wise")[0]
         if n != "start" and base not in ARMS:

@@ -118,3 +118,34 @@ def test_recipe_rejects_unknown_or_unfed_methods(tiny_bert_dir, tiny_beir, tmp_p
     with pytest.raises(ConfigError, match="target corpora"):
         run_recipe(str(tiny_bert_dir), [], str(tiny_beir), tmp_path / "b",
                    config=dict(CFG, skip_coco=True, methods=["modir"]))
+
+
+def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys):
+    """--target-schedule joint: the pseudo pairs are a term of the source steps (no target stage), the card
+    discloses that target documents were read, and each split reports the starting model's scores beside."""
+    import yaml
+
+    from hf_cocodr import evaluate_retrieval, load_encoder
+    from hf_cocodr.cli import main
+
+    cfg = tmp_path / "recipe.yaml"
+    cfg.write_text(yaml.safe_dump({**CFG, "coco_steps": 1, "finetune_steps": 2}))
+    out = tmp_path / "o"
+    spec = f"{tiny_beir}:dev"
+    rc = main(["recipe", "--model", str(tiny_bert_nomlm_dir), "--target-corpus", str(tiny_beir), "--source-data",
+               str(tiny_beir), "--output_dir", str(out), "--eval", spec, "--target-schedule", "joint",
+               "--wise-alpha", "none", "--config", str(cfg)])
+    assert rc == 0
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev")
+    assert last[spec]["start"]["ndcg@10"] == start["ndcg@10"]
+    assert not (out / "target").exists() and not (out / "wise").exists()
+    logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
+    assert any("target_pairs_loss" in h for h in logs)
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["schedule"]["kind"] == "no_mlm_head"
+    assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
+    assert record["config"]["coco_mlm_weight"] == 0.0  # a head-less model: contrast-only COCO
+    card = (out / "model" / "README.md").read_text()
+    assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
+    assert "start → adapted" in card
