@@ -139,10 +139,12 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
 
         st = wise_ensemble(load_encoder(model), load_encoder(str(trained["model_dir"])), float(wise))
         return {**trained, "metrics": evaluate(st, out, root, ns.doc_max_length)}
-    cfg = {**BASE, **ARMS[base][0], "seed": seed, "evaluate_start": False}
-    if not (out / "recipe.json").is_file():
+    cfg = {**BASE, **ARMS[base][0], "seed": seed, "evaluate_start": False, **getattr(ns, "overrides", {})}
+    if getattr(ns, "fixed_steps", None):  # a step budget instead of a wall-clock one (tests, exact comparisons)
+        cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps, target_steps=ns.fixed_steps)
+    if not (out / "run" / "recipe.json").is_file():
         run_recipe(model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"), out / "run",
-                   config=cfg, max_minutes=ns.budget_minutes)
+                   config=cfg, max_minutes=None if getattr(ns, "fixed_steps", None) else ns.budget_minutes)
     record = json.loads((out / "run" / "recipe.json").read_text())
     metrics = evaluate(out / "run" / "model", out, root, ns.doc_max_length)
     return {"metrics": metrics, "model_dir": str(out / "run" / "model"), "plan": record["plan"],

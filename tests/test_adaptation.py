@@ -189,3 +189,61 @@ def test_joint_term_is_the_infonce_of_the_sampled_pairs(tiny_st_dir, tiny_beir):
         s = q @ d.T
         by_hand = -(s.diagonal() - torch.logsumexp(s, dim=1)).mean()
     assert float(term) == pytest.approx(0.5 * float(by_hand), rel=1e-4)
+
+
+def _study_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "adaptation_study.py"
+    spec = importlib.util.spec_from_file_location("adaptation_study", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_path, monkeypatch, caplog):
+    """A study arm killed mid-stage resumes from its last complete checkpoint and reports exactly the row of an
+    uninterrupted run (same steps, same data draws, same evaluation)."""
+    import argparse
+
+    import tiny
+
+    from hf_cocodr.finetuning import IDROTrainer
+
+    root = tmp_path / "data"
+    for name, seed in (("scifact", 1), ("nfcorpus", 2), ("squad-v1.1", 3)):
+        tiny.make_beir(root / name, seed=seed)
+    study = _study_module()
+    overrides = {"max_queries": None, "corpus_pool": None, "coco": {"per_device_train_batch_size": 8},
+                 "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
+                 "target": {"per_device_train_batch_size": 8, "save_steps": 1}}
+
+    def ns(work):
+        return argparse.Namespace(work=str(work), budget_minutes=1.0, doc_max_length=32, fixed_steps=3,
+                                  overrides=overrides)
+
+    model = str(tiny_bert_nomlm_dir)
+    whole = study.run_arm("title-body", 0, ns(tmp_path / "a"), root, model)
+
+    original = IDROTrainer.training_step
+
+    def crash(self, *a, **k):
+        if self.state.global_step == 2:
+            raise RuntimeError("killed")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(IDROTrainer, "training_step", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        study.run_arm("title-body", 0, ns(tmp_path / "b"), root, model)
+    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+        resumed = study.run_arm("title-body", 0, ns(tmp_path / "b"), root, model)
+    assert any("resuming from" in r.getMessage() and "checkpoint-2" in r.getMessage() for r in caplog.records)
+    assert resumed["metrics"] == whole["metrics"]
+    assert resumed["plan"]["target_steps"] == 3
+    # the WiSE-FT arm reuses the trained arm and adds only an interpolation + an evaluation
+    wise = study.run_arm("title-body+wise0.5", 0, ns(tmp_path / "b"), root, model)
+    assert wise["model_dir"] == resumed["model_dir"] and set(wise["metrics"]) == set(resumed["metrics"])
