@@ -415,7 +415,7 @@ def run_recipe(
                 model, pooling, similarity, ", ".join(map(str, target_corpora)), source_data, cfg.source_split)
     dirs = {"coco": out / "coco", "finetune": out / "finetune", "target": out / "target", "wise": out / "wise"}
     final_dir = out / "model"
-    stage_seconds: dict[str, float] = {}
+    stage_seconds: dict[str, float] = {}  # a stage skipped on a re-run keeps the seconds its marker recorded
 
     # ----------------------------------------------------------------------------------- data (cheap, cached)
     t0 = time.perf_counter()
@@ -520,7 +520,7 @@ def run_recipe(
             _mark_done(dirs["coco"], {"steps": trainer.state.global_step})
             del trainer
         current = str(dirs["coco"])
-        stage_seconds["coco"] = round(time.perf_counter() - t0, 1)
+        stage_seconds["coco"] = _stage_seconds(dirs["coco"], t0)
 
     # ----------------------------------------------------------------------------------- stage 2: source fine-tuning
     if not cfg.skip_finetune and plan["finetune_steps"] > 0:
@@ -544,7 +544,7 @@ def run_recipe(
                                   target_corpora=list(target_corpora), negatives_label="bm25",
                                   target_queries=list(cfg.target_queries), resume=resume, joint=joint)
         current = str(dirs["finetune"])
-        stage_seconds["finetune"] = round(time.perf_counter() - t0, 1)
+        stage_seconds["finetune"] = _stage_seconds(dirs["finetune"], t0)
 
     # ----------------------------------------------------------------------------------- stage 3: target pseudo pairs
     if cfg.target_pairs != "none" and not is_joint(cfg) and plan["target_steps"] > 0:
@@ -557,7 +557,7 @@ def run_recipe(
             _train_finetune_stage(current, args, target_data, dirs["target"],
                                   negatives_label="bm25 (within the target corpora)")
         current = str(dirs["target"])
-        stage_seconds["target"] = round(time.perf_counter() - t0, 1)
+        stage_seconds["target"] = _stage_seconds(dirs["target"], t0)
 
     # ----------------------------------------------------------------------------------- stage 4: WiSE-FT
     if cfg.wise_alpha not in (None, 1, 1.0) and current != model:
@@ -567,7 +567,7 @@ def run_recipe(
         else:
             _wise_stage(model, current, dirs["wise"], float(cfg.wise_alpha))
         current = str(dirs["wise"])
-        stage_seconds["wise"] = round(time.perf_counter() - t0, 1)
+        stage_seconds["wise"] = _stage_seconds(dirs["wise"], t0)
 
     # ----------------------------------------------------------------------------------- export + evaluation
     t0 = time.perf_counter()
@@ -578,7 +578,7 @@ def run_recipe(
     else:
         _export_final(Path(current), final_dir)
     stage_seconds["export"] = round(time.perf_counter() - t0, 1)
-    train_seconds = round(time.perf_counter() - t_start, 1)
+    train_seconds = round(sum(stage_seconds.values()), 1)  # data + planning + stages + export
     from .modeling.loading import load_encoder
     from .training_api import evaluate_all
 
@@ -612,6 +612,15 @@ def run_recipe(
                 f" (budget {max_minutes:g})" if max_minutes is not None else "",
                 (stage_seconds["evaluation"] + stage_seconds.get("start_evaluation", 0.0)) / 60)
     return summary
+
+
+def _stage_seconds(stage_dir: Path, t0: float) -> float:
+    """Seconds the stage took: measured now, or (a stage finished by an earlier run) as its marker recorded them."""
+    marker = _stage_done(stage_dir) or {}
+    if "seconds" not in marker:
+        marker = {**marker, "seconds": round(time.perf_counter() - t0, 1)}
+        _mark_done(stage_dir, marker)
+    return float(marker["seconds"])
 
 
 def _given(steps: int | None, skipped: bool) -> int:

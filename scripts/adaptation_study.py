@@ -53,6 +53,12 @@ ARMS: dict[str, tuple[dict, str]] = {
     "coco-mlm0+source": ({"coco_mlm_weight": 0.0, **NO_EXTRAS}, "contrast-only COCO -> iDRO (sequential)"),
     "title-body": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None},
                    "target title -> body pseudo pairs alone"),
+    "title-body-lr5e-5": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None,
+                           "target": {"learning_rate": 5e-5}}, "target title -> body pairs alone, lr 5e-5"),
+    "title-body-lr1e-4": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None,
+                           "target": {"learning_rate": 1e-4}}, "target title -> body pairs alone, lr 1e-4"),
+    "title-body-3neg": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None,
+                         "target": {"num_negatives": 3}}, "target title -> body pairs alone, 3 BM25 negatives"),
     "ict": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "ict", "wise_alpha": None},
             "target sentence -> rest of document pseudo pairs alone"),
     "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None},
@@ -65,10 +71,11 @@ ARMS: dict[str, tuple[dict, str]] = {
 }
 WISE_ALPHAS = (0.25, 0.5, 0.75)
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
-SCREEN = ["title-body", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body", "ict",
+SCREEN = ["title-body", "title-body-lr1e-4", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body", "ict",
           "coco-mlm0+source", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
-          "default-len256", "default-split-target"]
-SCREEN_WISE = {"title-body", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body"}
+          "default-len256", "default-split-target",
+          "title-body-lr5e-5", "title-body-3neg"]
+SCREEN_WISE = {"title-body", "title-body-lr1e-4", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body"}
 
 
 def parse() -> argparse.Namespace:
