@@ -1,9 +1,12 @@
-"""The COCO-DR recipe in one call: COCO on the target corpora, iDRO on the source labels, export, card, evaluation.
+"""The adaptation recipe in one call: COCO on the target corpora, fine-tuning on the source labels, target pseudo pairs,
+WiSE-FT, then export, card and evaluation of the adapted and the starting model.
 
-Stages write into ``OUT/coco`` and ``OUT/finetune``; the final model is ``OUT/model`` and the evaluation
-``OUT/eval.json``. Each stage is resumable (``--resume_from_checkpoint`` semantics: the latest complete
-checkpoint of the stage) and a finished stage (``hf_cocodr_stage.json`` present) is skipped on a re-run.
-``max_minutes`` sizes the stages from throughput measured on this machine and logs the plan.
+Stages write into ``OUT/coco``, ``OUT/finetune``, ``OUT/target`` and ``OUT/wise``; the final model is ``OUT/model``,
+the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``) and the run
+record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage). Each stage
+is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is skipped on a
+re-run. ``max_minutes`` is a training budget: :func:`plan_budget` sizes the stages from step times measured on this
+machine (``OUT/plan.json``).
 """
 
 from __future__ import annotations

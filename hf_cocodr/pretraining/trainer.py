@@ -330,7 +330,8 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def stage_info(self) -> dict[str, Any]:
         a = self.args
         return {
-            "type": "coco", "title": "COCO continuous contrastive pretraining", "method": "coco",
+            "type": "coco", "method": "coco",
+            "title": "COCO continuous contrastive pretraining" + ("" if a.uses_mlm else " (span contrast only, no MLM)"),
             "corpora": list(self.span_corpus.sources), "steps": self.state.global_step,
             "documents per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
             "documents used": self.span_corpus.stats["documents_used"],
