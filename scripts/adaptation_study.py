@@ -130,6 +130,18 @@ def evaluate(model, out: Path, root: Path, doc_max_length: int) -> dict:
     return metrics
 
 
+def stage_losses(run: Path) -> dict:
+    """First and last logged training loss of every stage that trained (how much signal each stage had)."""
+    out = {}
+    for stage, key in (("coco", "contrastive_loss"), ("finetune", "loss"), ("target", "loss")):
+        path = run / stage / "trainer_state.json"
+        if path.is_file():
+            vals = [h[key] for h in json.loads(path.read_text())["log_history"] if key in h and "train_runtime" not in h]
+            if vals:
+                out[stage] = [round(vals[0], 4), round(vals[-1], 4)]
+    return out
+
+
 def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     from hf_cocodr import run_recipe
 
@@ -155,6 +167,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     record = json.loads((out / "run" / "recipe.json").read_text())
     metrics = evaluate(out / "run" / "model", out, root, ns.doc_max_length)
     return {"metrics": metrics, "model_dir": str(out / "run" / "model"), "plan": record["plan"],
+            "losses": stage_losses(out / "run"),
             "stage_seconds": record["stage_seconds"], "train_seconds": record["train_seconds"],
             "schedule": record["schedule"]}
 
@@ -198,6 +211,8 @@ def summarize(rows: dict) -> dict:
                 s[f"{label} {metric}"] = {"mean": round(mean, 4), "half_range": round(half_range, 4), "values": vals}
         first = next(iter(per_seed.values()))
         s["seeds"] = sorted(per_seed)
+        if first.get("losses"):
+            s["losses"] = first["losses"]
         if "plan" in first:
             s["steps"] = {k: first["plan"].get(k) for k in ("coco_steps", "finetune_steps", "target_steps",
                                                              "refreshes")}
@@ -212,7 +227,9 @@ def write_report(ns, rows: dict) -> None:
 
     summary = summarize(rows)
     start = summary.get("start")
-    cmd = "python scripts/adaptation_study.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    seeds = sorted({seed for arm, s in summary.items() if arm != "start" for seed in s["seeds"]}) or [42]
+    cmd = (f"python scripts/adaptation_study.py --budget-minutes {ns.budget_minutes:g} --doc-max-length "
+           f"{ns.doc_max_length} --seeds {','.join(map(str, seeds))} --arms {shlex.quote(','.join(summary))}")
     lines = [
         "# Adaptation study",
         "",
@@ -222,12 +239,13 @@ def write_report(ns, rows: dict) -> None:
         f"SciFact dev (`train` claims, never trained on) and NFCorpus `dev` with documents cut to "
         f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none).",
         "",
-        f"Re-create or continue (cached and resumable under `{ns.work}`): `{cmd}`; one row: "
-        "`--arms NAME --seeds S` with the same `--budget-minutes`.",
+        f"Re-create or continue every row (cached and resumable under `{ns.work}`): `{cmd}`. One row: the same "
+        "command with `--arms NAME --seeds S`. A `+wiseA` row is the arm before it with WiSE-FT α=A applied "
+        "(one interpolation with the starting weights, no training).",
         "",
         "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "
-        "steps COCO / source / target (refreshes) | train min | what it tests |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "steps COCO / source / target (refreshes) | train min | loss first → last | what it tests |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm, s in summary.items():
         def cell(key, s=s):
@@ -242,12 +260,13 @@ def write_report(ns, rows: dict) -> None:
         steps = s.get("steps")
         steps_txt = (f"{steps['coco_steps']} / {steps['finetune_steps']} / {steps['target_steps']} "
                      f"({steps['refreshes']})") if steps else ""
+        losses = ", ".join(f"{k} {v[0]:.3f} → {v[1]:.3f}" for k, v in s.get("losses", {}).items())
         base, _, wise = arm.partition("+wise")
         what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "")
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
                      f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
                      f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | {steps_txt} | "
-                     f"{s.get('train_minutes', '')} | {what} |")
+                     f"{s.get('train_minutes', '')} | {losses} | {what} |")
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(f"{ns.report}.md", "\n".join(lines) + "\n")
     atomic_write_json(f"{ns.report}.json", {"budget_minutes": ns.budget_minutes, "doc_max_length": ns.doc_max_length,
