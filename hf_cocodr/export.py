@@ -94,8 +94,11 @@ def export_sentence_transformer(
             (sentence-transformers 6; not kept by ``legacy_format``).
         card_data: fields for the model card (see :mod:`hf_cocodr.model_card`).
         extra_files: ``{name_in_out_dir: source_path}`` copied into the directory (e.g. the Condenser head).
-        preserve: names of entries of an existing ``out_dir`` to keep (e.g. ``checkpoint-*`` folders); they are
-            hard-linked into the new directory before the swap, so they survive even a crash mid-export.
+        preserve: names of entries of an existing ``out_dir`` to keep. Every entry of an existing model folder that
+            the export does not write itself is kept anyway (checkpoints, trainer state, files of the user): they are
+            hard-linked into the new directory before the swap, so they survive even a crash mid-export. An output
+            folder that could hold the user's files (``.``, a parent of it, home, ``/``, the source, a non-empty
+            folder that is not a model) is refused before any work.
 
     Returns:
         The exported ``SentenceTransformer`` (loaded from the written directory).
@@ -106,6 +109,10 @@ def export_sentence_transformer(
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     from sentence_transformers import SentenceTransformer
 
+    from .utils import check_model_output_dir
+
+    source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
+    check_model_output_dir(out_dir, source)  # before any model is loaded
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     out_dir = Path(out_dir)
@@ -132,12 +139,19 @@ def export_sentence_transformer(
 
             for name, source in (extra_files or {}).items():
                 shutil.copy2(source, tmp / name)
-            for name in preserve or []:
+            # Everything of an existing model folder that this export does not write (checkpoints, trainer state,
+            # the user's own files) is carried over by hard links, so replacing the folder never loses it.
+            carried = set(preserve or [])
+            if out_dir.is_dir():
+                carried |= {p.name for p in out_dir.iterdir() if not (tmp / p.name).exists()}
+            for name in sorted(carried):
                 old = out_dir / name
-                if old.is_dir():
-                    shutil.copytree(old, tmp / name, copy_function=os.link)
-                elif old.is_file():
-                    os.link(old, tmp / name)
+                if (tmp / name).exists():
+                    continue
+                if old.is_dir() and not old.is_symlink():
+                    shutil.copytree(old, tmp / name, copy_function=os.link, symlinks=True)
+                elif old.exists() or old.is_symlink():
+                    os.link(old, tmp / name, follow_symlinks=False)
             from .model_card import write_model_card
 
             write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)

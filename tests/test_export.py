@@ -135,3 +135,53 @@ def test_convert_raw_checkpoint_cli(tiny_bert_dir, tmp_path, capsys):
     assert meta["name"] == "acme/cocodr-tiny" and meta["embed_dim"] == 32 and meta["similarity_fn_name"] == "dot"
     card = (out / "README.md").read_text()
     assert "acme/cocodr-tiny" in card and "CLS token" in card
+
+
+def _digest(folder):
+    import hashlib
+
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_export_never_deletes_the_users_files(tiny_bert_dir, tmp_path, monkeypatch):
+    from hf_cocodr.cli import main
+    from hf_cocodr.export import convert_checkpoint, export_sentence_transformer
+
+    home = tmp_path / "work"
+    (home / "sub").mkdir(parents=True)
+    (home / "notes.txt").write_text("my notes")
+    (home / "sub" / "data.csv").write_text("a,b\n1,2\n")
+    (home / "photos").mkdir()
+    (home / "photos" / "cat.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    before = _digest(home)
+    monkeypatch.chdir(home / "sub")
+    for target in (".", "..", str(home)):
+        with pytest.raises(FileExistsError, match="current folder|not a model"):
+            export_sentence_transformer(str(tiny_bert_dir), target)
+    with pytest.raises(FileExistsError, match="is a file"):
+        export_sentence_transformer(str(tiny_bert_dir), "data.csv")
+    with pytest.raises(FileExistsError, match="read from"):
+        export_sentence_transformer(str(tiny_bert_dir), str(tiny_bert_dir))
+    for convert in (True, False):  # a folder beside the model that holds other files
+        with pytest.raises(FileExistsError, match="not a model"):
+            (convert_checkpoint if convert else export_sentence_transformer)(str(tiny_bert_dir), str(home / "photos"))
+    assert main(["export", str(tiny_bert_dir), "."]) == 2
+    assert _digest(home) == before  # byte for byte
+
+
+def test_export_in_place_keeps_checkpoints_and_other_files(tiny_bert_dir, tmp_path):
+    from hf_cocodr.export import export_sentence_transformer
+
+    out = tmp_path / "model"
+    export_sentence_transformer(str(tiny_bert_dir), out)
+    (out / "checkpoint-5").mkdir()
+    (out / "checkpoint-5" / "optimizer.pt").write_bytes(b"\x00\x01")
+    (out / "my_notes.md").write_text("keep me")
+    kept = {k: v for k, v in _digest(out).items() if k.startswith(("checkpoint-5", "my_notes"))}
+    model = export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine")
+    assert {k: v for k, v in _digest(out).items() if k in kept} == kept
+    assert model.similarity_fn_name == "cosine"
+    with pytest.raises(FileExistsError, match="read from"):  # never in place: the source is what it reads
+        export_sentence_transformer(str(out), out)
+    assert {k: v for k, v in _digest(out).items() if k in kept} == kept
