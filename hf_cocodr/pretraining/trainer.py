@@ -103,6 +103,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
         if corpora is None:
             raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
+        if args.should_save:  # the encoder is exported into output_dir at the end: refuse a folder of user files now
+            from ..utils import check_model_output_dir
+
+            check_model_output_dir(args.output_dir)
         self._hub_token = self._prepare_hub_args(args)
         if not args.backbone_dropout:
             for m in model.lm.modules():

@@ -220,17 +220,17 @@ def test_bad_corpora(tiny_bert_dir, tmp_path):
 
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="is empty"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[tmp_path / "empty.jsonl"])
+        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[tmp_path / "empty.jsonl"])
     with pytest.raises(ValueError, match="has no 'text' column"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[Dataset.from_dict({"body": ["a b c"]})])
+        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[Dataset.from_dict({"body": ["a b c"]})])
     short = Dataset.from_dict({"text": ["One short sentence only."] * 20})
     with pytest.raises(ValueError, match="no document yields two spans"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[short])
+        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[short])
     (tmp_path / "bad.jsonl").write_text('{"text": "fine. Two. Sentences here."}\n{"txt": "oops"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2: missing field 'text'"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[tmp_path / "bad.jsonl"])
+        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[tmp_path / "bad.jsonl"])
     with pytest.raises(FileNotFoundError, match="not found"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path), corpora=[tmp_path / "missing"])
+        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[tmp_path / "missing"])
 
 
 @pytest.mark.parametrize("chunk", [0, 3])
@@ -256,3 +256,13 @@ def test_mlm_weight_zero_runs_no_mlm_forward(tiny_bert_nodrop, tiny_beir, tmp_pa
     head_on.register_forward_hook(lambda *a: calls.append(1))
     on.train()
     assert calls
+
+
+def test_pretrain_into_a_folder_of_user_files_is_refused_before_training(tiny_bert_dir, tiny_beir, tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("\\documentclass{article}")
+    with pytest.raises(FileExistsError, match="not a model"):
+        CocoPretrainer(str(tiny_bert_dir), coco_args(out), corpora=[tiny_beir])
+    assert [p.name for p in out.iterdir()] == ["thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "\\documentclass{article}"
