@@ -128,6 +128,9 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     defaults = {**ta_cfg, **{k: v for k, v in mapped.items() if v is not None}}
     if ns.negatives == "none" and "num_negatives" not in defaults:
         defaults["num_negatives"] = 0
+    if not any(a == "--output_dir" or a.startswith("--output_dir=") or a == "--output-dir"
+               or a.startswith("--output-dir=") for a in rest) and "output_dir" not in defaults:
+        raise UsageError("--output_dir is required (the folder the fine-tuned model and its checkpoints go to)")
     args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune")
     from .training_api import run_finetune
 
