@@ -434,7 +434,15 @@ def run_recipe(
     if cfg.target_pairs != "none" and not _stage_done(dirs["finetune" if is_joint(cfg) else "target"]):
         from .data.pseudo_pairs import target_pseudo_pairs
 
-        target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
+        try:
+            target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
+        except ValueError as e:
+            if not (cfg.target_pairs == "title_body" and "target_pairs" in choice["chosen"] and "no titles" in str(e)):
+                raise
+            logger.warning("the target documents have no titles: target pseudo pairs fall back to 'ict' (one "
+                           "sentence against the rest of its document)")
+            cfg.target_pairs = choice["chosen"]["target_pairs"] = "ict"
+            target_data = target_pseudo_pairs(list(target_corpora), "ict", seed=cfg.seed)
     coco_corpora = list(target_corpora)
     if cfg.include_source_corpus and train_data is not None:
         coco_corpora.append(_source_pool_dataset(train_data))

@@ -149,3 +149,18 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     card = (out / "model" / "README.md").read_text()
     assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
     assert "start → adapted" in card
+
+
+def test_recipe_without_titles_falls_back_to_ict(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """The automatic schedule trains title -> body pairs; documents without titles get sentence -> rest pairs."""
+    docs = tmp_path / "docs.jsonl"
+    lines = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
+    docs.write_text("\n".join(json.dumps({"text": d["text"]}) for d in lines))
+    out = tmp_path / "o"
+    run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), out,
+               config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None})
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["target_pairs"] == "ict" and record["schedule"]["chosen"]["target_pairs"] == "ict"
+    with pytest.raises(ValueError, match="no titles"):  # asked for explicitly: an error, not a silent switch
+        run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "p",
+                   config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"})
