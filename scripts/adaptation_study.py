@@ -173,7 +173,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
 
 
 def all_arm_names() -> list[str]:
-    return ["start"] + list(ARMS) + [f"{a}+wise{w:g}" for a in ARMS for w in WISE_ALPHAS]
+    return ["start"] + [n for a in ARMS for n in [a] + [f"{a}+wise{w:g}" for w in WISE_ALPHAS]]
 
 
 def cached_rows(ns, root: Path, model: str) -> dict:
@@ -216,10 +216,17 @@ def summarize(rows: dict) -> dict:
         if "plan" in first:
             s["steps"] = {k: first["plan"].get(k) for k in ("coco_steps", "finetune_steps", "target_steps",
                                                              "refreshes")}
-            s["train_minutes"] = round(statistics.fmean(r["train_seconds"] for r in per_seed.values()) / 60, 1)
+            minutes = statistics.fmean(r["train_seconds"] for r in per_seed.values()) / 60
+            s["train_minutes"] = round(minutes, 1) if minutes >= 0.5 else None  # trained before stages kept time
             s["optimizer_share"] = first["plan"].get("planned_optimizer_share")
         out[arm] = s
     return out
+
+
+def train_min(s: dict) -> str:
+    if "steps" not in s:
+        return ""
+    return "n/a" if s.get("train_minutes") is None else str(s["train_minutes"])
 
 
 def write_report(ns, rows: dict) -> None:
@@ -242,6 +249,11 @@ def write_report(ns, rows: dict) -> None:
         f"Re-create or continue every row (cached and resumable under `{ns.work}`): `{cmd}`. One row: the same "
         "command with `--arms NAME --seeds S`. A `+wiseA` row is the arm before it with WiSE-FT α=A applied "
         "(one interpolation with the starting weights, no training).",
+        "",
+        "Columns: Δ start = difference of the means to the starting model; steps as planned by the recipe for the "
+        "budget; train min = data + planning + stages + export as recorded (n/a: trained before the recipe kept stage "
+        "times); loss first → last = the first and the last logged training loss of each stage (single logging "
+        "windows, noisy): how much signal a stage had left.",
         "",
         "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "
         "steps COCO / source / target (refreshes) | train min | loss first → last | what it tests |",
@@ -266,7 +278,7 @@ def write_report(ns, rows: dict) -> None:
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
                      f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
                      f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | {steps_txt} | "
-                     f"{s.get('train_minutes', '')} | {losses} | {what} |")
+                     f"{train_min(s)} | {losses} | {what} |")
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(f"{ns.report}.md", "\n".join(lines) + "\n")
     atomic_write_json(f"{ns.report}.json", {"budget_minutes": ns.budget_minutes, "doc_max_length": ns.doc_max_length,
