@@ -408,6 +408,7 @@ def run_recipe(
 
             raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
         cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+        logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
                 choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
@@ -492,6 +493,7 @@ def run_recipe(
                                 target_args=IDROTrainingArguments(**{**target_kw, "max_steps": 1}),
                                 target_data=target_data)
         measured_s = time.perf_counter() - t0
+        # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
         overhead = (time.perf_counter() - t_start) + 20.0 * (1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
         plan = plan_budget(max_minutes * 60.0, tp, cfg, overhead_s=overhead,
                            pool_docs=len(train_data.corpus) if train_data is not None else 0,
