@@ -15,14 +15,13 @@ self-negative refresh all work on it unchanged.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from .beir import BEIRFormatError, column_numpy, load_corpus
+from .beir import column_numpy, load_corpus
 from .training import RetrievalTrainingData
 
 logger = logging.getLogger(__name__)
@@ -45,21 +44,9 @@ def _title_text_records(spec, text_column: str = "text") -> tuple[str, Iterator[
         titles = column_numpy(corpus, "title").tolist() if "title" in corpus.column_names else [""] * len(corpus)
         return path.name, zip(titles, column_numpy(corpus, "text").tolist())
     if path.is_file():
-        def gen():
-            with open(path, "rb") as f:
-                for lineno, raw in enumerate(f, 1):
-                    line = raw.decode("utf-8", errors="strict").strip()
-                    if not line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise BEIRFormatError(f"malformed JSON ({e.msg}).", path, lineno) from None
-                    if not isinstance(rec, dict) or text_column not in rec:
-                        raise BEIRFormatError(f"missing field {text_column!r}.", path, lineno)
-                    yield rec.get("title") or "", rec[text_column] or ""
+        from .spans import jsonl_title_text
 
-        return path.stem, gen()
+        return path.stem, jsonl_title_text(path, text_column)
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
 
 

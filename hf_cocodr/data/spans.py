@@ -94,7 +94,7 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
     """A BEIR folder, a JSONL file (``text`` [+ ``title``] per line) or a ``datasets.Dataset`` with a text column."""
     import datasets
 
-    from .beir import BEIRFormatError, doc_text, load_corpus
+    from .beir import doc_text, load_corpus
 
     if isinstance(spec, datasets.Dataset):
         if text_column not in spec.column_names:
@@ -127,26 +127,34 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
         return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
     if path.is_file():
         def gen_jsonl():
-            with open(path, "rb") as f:
-                for lineno, raw in enumerate(f, 1):
-                    try:
-                        line = raw.decode("utf-8").strip()
-                    except UnicodeDecodeError:
-                        raise BEIRFormatError("not valid UTF-8; re-encode the file as UTF-8.", path, lineno) from None
-                    if not line:
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise BEIRFormatError(f"malformed JSON ({e.msg}).", path, lineno) from None
-                    if not isinstance(rec, dict) or text_column not in rec:
-                        keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-                        raise BEIRFormatError(f"missing field {text_column!r} (found {keys}).", path, lineno)
-                    yield doc_text(rec.get("title") or "", rec[text_column] or "")
+            for title, text in jsonl_title_text(path, text_column):
+                yield doc_text(title, text)
 
         st = path.stat()
         return CorpusSource(path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
+
+
+def jsonl_title_text(path: Path, text_column: str = "text"):
+    """``(title, text)`` of every record of a JSONL corpus file; errors name the file and the line."""
+    from .beir import BEIRFormatError
+
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise BEIRFormatError("not valid UTF-8; re-encode the file as UTF-8.", path, lineno) from None
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise BEIRFormatError(f"malformed JSON ({e.msg}).", path, lineno) from None
+            if not isinstance(rec, dict) or text_column not in rec:
+                keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+                raise BEIRFormatError(f"missing field {text_column!r} (found {keys}).", path, lineno)
+            yield rec.get("title") or "", rec[text_column] or ""
 
 
 def continuation_table(tokenizer) -> np.ndarray:
