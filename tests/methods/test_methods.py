@@ -202,7 +202,9 @@ def test_rmsc_rows_are_clustered_with_their_own_tokens_and_checkpoints_encode_t_
     tw = encode_texts(trainer.model, texts[start:hi], kind="query")
     np.testing.assert_allclose(got, np.concatenate([sw, tw]), rtol=1e-5, atol=1e-6)
     set_rmsc_template(trainer.model, *COMBINATIONS["source_human"])
-    assert not np.allclose(got[2:], encode_texts(trainer.model, texts[start:hi], kind="query"), atol=1e-4)
+    # precondition: the tokens change the embeddings by more than the tolerance used above, so that check could
+    # tell the combinations apart (the tiny model maps texts to nearly one vector: a fixed 1e-4 failed in full runs)
+    assert not np.allclose(got[2:], encode_texts(trainer.model, texts[start:hi], kind="query"), rtol=1e-5, atol=1e-6)
     # a checkpoint loaded as a model adds [T] ... [H] by itself, like the final model
     tok = SentenceTransformer(str(tmp_path / "o" / "checkpoint-1")).tokenizer
     ids = tok("pulse and blood pressure")["input_ids"]
