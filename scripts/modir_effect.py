@@ -63,7 +63,7 @@ def main() -> int:
         out = work / name.replace(" ", "_").replace("λ₀=", "lambda")
         t0 = time.time()
         run_recipe(base, targets if methods else [], str(root / "squad-v1.1"), out, config={
-            "skip_coco": True, "max_queries": args.max_queries, "finetune_steps": args.steps, "refreshes": 1,
+            "schedule": "paper", "skip_coco": True, "max_queries": args.max_queries, "finetune_steps": args.steps, "refreshes": 1,
             "seed": 42, "methods": methods,
             "finetune": {"per_device_train_batch_size": args.batch_size, "idro_preset": "uniform", **extra}})
         state = json.loads((out / "finetune" / "trainer_state.json").read_text())

@@ -154,7 +154,8 @@ def main() -> int:
 
     common_ft = {"per_device_train_batch_size": args.batch_size, "num_clusters": args.num_clusters,
                  "idro_tau": args.tau}
-    base_cfg = {"max_queries": args.max_queries, "corpus_pool": args.corpus_pool, "refreshes": 1,
+    # schedule "paper": the ablation's rows are COCO-DR's stages only (no target pseudo pairs, no WiSE-FT)
+    base_cfg = {"schedule": "paper", "max_queries": args.max_queries, "corpus_pool": args.corpus_pool, "refreshes": 1,
                 "finetune_steps": ft_steps}
 
     targets = [str(root / "scifact"), str(root / "nfcorpus")]
