@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -87,6 +86,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", default="outputs/adaptation_study")
     ap.add_argument("--report", default="reports/adaptation_study")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--findings", default="reports/adaptation_study_findings.md",
+                    help="hand-written conclusions placed under the title of the report (skipped if absent)")
     return ap.parse_args()
 
 
@@ -208,7 +209,7 @@ def summarize(rows: dict) -> dict:
             for metric in ("ndcg@10", "recall@100"):
                 vals = [r["metrics"][label][metric] for r in per_seed.values()]
                 mean, half_range = _stats(vals)
-                s[f"{label} {metric}"] = {"mean": round(mean, 4), "half_range": round(half_range, 4), "values": vals}
+                s[f"{label} {metric}"] = {"mean": mean, "half_range": half_range, "values": vals}
         first = next(iter(per_seed.values()))
         s["seeds"] = sorted(per_seed)
         if first.get("losses"):
@@ -234,9 +235,15 @@ def write_report(ns, rows: dict) -> None:
 
     summary = summarize(rows)
     start = summary.get("start")
-    seeds = sorted({seed for arm, s in summary.items() if arm != "start" for seed in s["seeds"]}) or [42]
-    cmd = (f"python scripts/adaptation_study.py --budget-minutes {ns.budget_minutes:g} --doc-max-length "
-           f"{ns.doc_max_length} --seeds {','.join(map(str, seeds))} --arms {shlex.quote(','.join(summary))}")
+    work = ns.work if not Path(ns.work).is_absolute() else os.path.relpath(ns.work, Path(__file__).parent.parent)
+    noise = {label: max([s[f"{label} ndcg@10"]["half_range"] for a, s in summary.items() if len(s["seeds"]) > 1],
+                        default=None) for _, _, label in EVALS}
+    findings = Path(ns.findings).read_text().strip() if ns.findings and Path(ns.findings).is_file() else ""
+
+    def command(arm: str, seeds: list) -> str:
+        return (f"python scripts/adaptation_study.py --budget-minutes {ns.budget_minutes:g} --doc-max-length "
+                f"{ns.doc_max_length} --arms {arm} --seeds {','.join(map(str, seeds))}")
+
     lines = [
         "# Adaptation study",
         "",
@@ -246,9 +253,12 @@ def write_report(ns, rows: dict) -> None:
         f"SciFact dev (`train` claims, never trained on) and NFCorpus `dev` with documents cut to "
         f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none).",
         "",
-        f"Re-create or continue every row (cached and resumable under `{ns.work}`): `{cmd}`. One row: the same "
-        "command with `--arms NAME --seeds S`. A `+wiseA` row is the arm before it with WiSE-FT α=A applied "
-        "(one interpolation with the starting weights, no training).",
+        f"Every row is cached and resumable under `{work}`; the command that re-creates or continues it is listed "
+        "under the table. A `+wiseA` row is the arm before it with WiSE-FT α=A applied (one interpolation with the "
+        "starting weights, no training). Noise: the largest seed spread among the arms run with several seeds ("
+        + ", ".join(f"{label} ±{v:.4f}" if v is not None else f"{label}: not measured yet" for label, v in
+                    noise.items())
+        + "); the verdict column calls a Δ beyond it *better* / *worse*, anything within it *same*.",
         "",
         "Columns: Δ start = difference of the means to the starting model; steps as planned by the recipe for the "
         "budget; train min = data + planning + stages + export as recorded (n/a: trained before the recipe kept stage "
@@ -256,9 +266,12 @@ def write_report(ns, rows: dict) -> None:
         "windows, noisy): how much signal a stage had left.",
         "",
         "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "
-        "steps COCO / source / target (refreshes) | train min | loss first → last | what it tests |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "verdict SciFact / NFCorpus | steps COCO / source / target (refreshes) | train min | loss first → last | "
+        "what it tests |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    if findings:
+        lines[2:2] = [findings, ""]
     for arm, s in summary.items():
         def cell(key, s=s):
             v = s[key]
@@ -269,6 +282,12 @@ def write_report(ns, rows: dict) -> None:
                 return ""
             return f"{s[key]['mean'] - start[key]['mean']:+.4f}"
 
+        def verdict(label, s=s, arm=arm):
+            if not start or arm == "start" or noise[label] is None:
+                return ""
+            d = s[f"{label} ndcg@10"]["mean"] - start[f"{label} ndcg@10"]["mean"]
+            return "better" if d > noise[label] else "worse" if d < -noise[label] else "same"
+
         steps = s.get("steps")
         steps_txt = (f"{steps['coco_steps']} / {steps['finetune_steps']} / {steps['target_steps']} "
                      f"({steps['refreshes']})") if steps else ""
@@ -277,12 +296,17 @@ def write_report(ns, rows: dict) -> None:
         what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "")
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
                      f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
-                     f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | {steps_txt} | "
+                     f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | "
+                     f"{' / '.join(filter(None, (verdict('SciFact dev'), verdict('NFCorpus dev'))))} | {steps_txt} | "
                      f"{train_min(s)} | {losses} | {what} |")
+    lines += ["", "Commands (run from the repository root; a finished row is read from the cache, a killed one resumes):",
+              ""]
+    lines += [f"- {arm}: `{command(arm, s['seeds'])}`" for arm, s in summary.items()]
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(f"{ns.report}.md", "\n".join(lines) + "\n")
     atomic_write_json(f"{ns.report}.json", {"budget_minutes": ns.budget_minutes, "doc_max_length": ns.doc_max_length,
-                                           "command": cmd, "arms": summary,
+                                           "commands": {a: command(a, s["seeds"]) for a, s in summary.items()},
+                                           "noise_ndcg@10": noise, "arms": summary,
                                            "runs": {a: {str(k): {kk: vv for kk, vv in v.items() if kk != "model_dir"}
                                                         for k, v in r.items()} for a, r in rows.items()}})
 

@@ -247,3 +247,32 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
     # the WiSE-FT arm reuses the trained arm and adds only an interpolation + an evaluation
     wise = study.run_arm("title-body+wise0.5", 0, ns(tmp_path / "b"), root, model)
     assert wise["model_dir"] == resumed["model_dir"] and set(wise["metrics"]) == set(resumed["metrics"])
+
+
+def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path):
+    """The report's noise is the largest seed half-range; a Δ to the start beyond it is better/worse, within it same.
+    Hand-made rows: title-body seeds give SciFact 0.62 / 0.64 (spread ±0.01, mean 0.63 vs start 0.60 -> better) and
+    NFCorpus 0.30 / 0.31 (±0.005, mean 0.305 vs start 0.302 -> same); source-only is 0.58 / 0.28 (worse / worse)."""
+    import argparse
+    import json
+
+    study = _study_module()
+
+    def row(sf, nf):
+        return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
+                            "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}}
+
+    rows = {"start": {0: row(0.60, 0.302)}, "title-body": {42: row(0.62, 0.30), 43: row(0.64, 0.31)},
+            "source-only": {42: row(0.58, 0.28)}}
+    ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=8.0, doc_max_length=128,
+                            report=str(tmp_path / "rep"), findings=str(tmp_path / "none.md"))
+    study.write_report(ns, rows)
+    report = json.loads((tmp_path / "rep.json").read_text())
+    assert report["noise_ndcg@10"] == pytest.approx({"SciFact dev": 0.01, "NFCorpus dev": 0.005})
+    assert report["arms"]["title-body"]["SciFact dev ndcg@10"]["mean"] == pytest.approx(0.63)
+    assert "--arms title-body --seeds 42,43" in report["commands"]["title-body"]
+    text = (tmp_path / "rep.md").read_text()
+    by_arm = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| better / same |" in by_arm["title-body"]
+    assert "| worse / worse |" in by_arm["source-only"]
+    assert "+0.0300" in by_arm["title-body"]
