@@ -55,13 +55,15 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 def _run_evaluate(args, _rest) -> int:
     from .evaluation.retrieval import evaluate_retrieval, print_result_line
-    from .modeling.loading import load_encoder
+    from .modeling.loading import check_model_source, load_encoder
 
     _positive("--batch-size", args.batch_size)
     _positive("--top-k", args.top_k)
+    _output_file("--output", args.output)
     from .data.beir import load_beir
 
     data = load_beir(args.data_dir, args.split)  # bad data fails before the model is loaded
+    check_model_source(args.model)
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
         model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
@@ -87,6 +89,7 @@ def _run_bm25(args, _rest) -> int:
     from .evaluation.retrieval import print_result_line
 
     _positive("--top-k", args.top_k)
+    _output_file("--output", args.output)
     print_result_line(evaluate_bm25(args.data_dir, args.split, top_k=args.top_k, output=args.output))
     return 0
 
@@ -125,6 +128,24 @@ register("export", "write a correct sentence-transformers directory (CLS/dot by 
 def _positive(flag: str, value: int | float) -> None:
     if value is None or value <= 0:
         raise UsageError(f"{flag} must be positive, got {value}")
+
+
+def _output_file(flag: str, path: str | None) -> None:
+    """An output file is checked before the work: not a folder, and its folder (created if missing) writable."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UsageError(f"{flag} {path} is a folder; expected a file path such as {p / 'result.json'}")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:  # missing folders are created on writing
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
 
 
 def _load_more_commands() -> None:

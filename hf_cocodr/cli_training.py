@@ -75,7 +75,29 @@ def _check_config_paths(config: dict[str, Any], output_dir: str) -> None:
 
 
 def _split_config(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    return {k: v for k, v in config.items() if k in own}, {k: v for k, v in config.items() if k not in own}
+    """(values of our own flags, checked for their flag's type; the rest: TrainingArguments / recipe options)."""
+    mine = {k: _own_value(k, v) for k, v in config.items() if k in own}
+    return mine, {k: v for k, v in config.items() if k not in own}
+
+
+_LIST_FLAGS = {"corpus", "eval", "method", "target_corpus", "target_queries"}
+_INT_FLAGS = {"num_clusters", "refresh_negatives_every", "max_queries", "n_head_layers", "skip_from"}
+
+
+def _own_value(key: str, value: Any) -> Any:
+    """A config value of one of our flags: a path or list of paths (repeatable flags), a whole number or a name."""
+    if key in _LIST_FLAGS:
+        value = [value] if isinstance(value, str) else value
+        ok, kind = isinstance(value, list) and all(isinstance(v, str) and v for v in value), "a path or a list of them"
+    elif key in _INT_FLAGS:
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+    elif key in ("tau", "max_minutes"):
+        ok, kind = isinstance(value, int | float) and not isinstance(value, bool), "a number"
+    else:
+        ok, kind = isinstance(value, str) and bool(value), "a non-empty string"
+    if not ok:
+        raise UsageError(f"--config option {key} must be {kind}, got {value!r}")
+    return value
 
 
 def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaults: dict[str, Any]) -> None:
@@ -155,6 +177,11 @@ def parse_eval_spec(spec: str) -> tuple[str, str]:
         folder, split = spec, "test"
     if not os.path.isdir(folder):
         raise ConfigError(f"--eval {spec!r}: {folder} is not a directory")
+    if not os.path.isfile(os.path.join(folder, "qrels", f"{split}.tsv")):
+        from .data.beir import available_splits
+
+        raise ConfigError(f"--eval {spec!r}: split {split!r} not found in {folder}; available splits: "
+                          f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}")
     return folder, split
 
 
@@ -250,8 +277,7 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
                          "under `coco:` / `finetune:`)")
     config = load_config(ns.config)
-    own = {k: config.pop(k) for k in ("model", "target_corpus", "source_data", "output_dir", "eval", "max_minutes")
-           if k in config}
+    own, config = _split_config(config, {"model", "target_corpus", "source_data", "output_dir", "eval", "max_minutes"})
     model = ns.model or own.get("model")
     targets = ns.target_corpus or own.get("target_corpus") or []
     targets = [targets] if isinstance(targets, str) else list(targets)

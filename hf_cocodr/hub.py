@@ -36,6 +36,22 @@ def validate_repo_id(repo_id: str) -> None:
         raise ValueError(f"repository id {repo_id!r} is not valid: {e}") from None
 
 
+def check_push_possible(repo_id: str | None, token: str | None = None) -> None:
+    """Before any training with ``push_to_hub``: a valid ``org/name``, the Hub not switched off (``HF_HUB_OFFLINE``)
+    and a token to push with, so the push cannot fail for these reasons after the work is done."""
+    from huggingface_hub import constants
+
+    if not repo_id:
+        raise ValueError("push_to_hub=True needs hub_model_id='org/name'")
+    validate_repo_id(repo_id)
+    if constants.is_offline_mode():
+        raise HubPushError(f"push_to_hub to {repo_id} needs the Hub, but offline mode is on (HF_HUB_OFFLINE=1); unset "
+                           "it, or train without --push_to_hub and run `hf-cocodr push` afterwards")
+    if not (token or _current_token()):
+        raise HubPushError(f"push_to_hub to {repo_id} needs a Hugging Face token: set HF_TOKEN, run `hf auth login` "
+                           "or pass --hub_token")
+
+
 def _redact(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 

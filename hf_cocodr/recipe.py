@@ -48,7 +48,11 @@ class RecipeConfig:
     4. WiSE-FT (``wise_alpha``): ``θ = (1 − α)·θ_start + α·θ_adapted``; ``None``/1 skips it.
 
     ``max_minutes`` budgets (training only; the evaluations asked for are reported apart) are split between the
-    stages by ``coco_share`` / ``finetune_share`` / ``target_share``.
+    stages by ``coco_share`` / ``finetune_share`` / ``target_share``. ``coco_steps`` / ``finetune_steps`` /
+    ``target_steps`` fix a stage's optimizer steps instead (a whole number >= 1; None: planned). 0 is refused rather
+    than read as "skip": a stage is left out with ``skip_coco`` / ``skip_finetune`` / ``target_pairs: none``. The
+    ``coco`` / ``finetune`` / ``target`` mappings are checked against their arguments class (names, types, ranges)
+    before anything is loaded; their ``max_steps`` is the recipe's to set (use the ``*_steps`` options).
     """
 
     source_split: str = "train"
@@ -92,12 +96,12 @@ class RecipeConfig:
         for stage in ("coco", "finetune", "target"):
             sub = data.get(stage) or {}
             if not isinstance(sub, dict):
-                raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments")
+                raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments, got {sub!r}")
             bad = [k for k in sub if k.endswith("_dir")]
             if bad:
                 raise ConfigError(f"recipe option {stage}.{bad[0]}: the recipe places every stage inside --output_dir; "
                                   "remove it")
-        cfg = cls(**data)
+        cfg = cls(**{k: v for k, v in data.items() if k not in ("coco", "finetune", "target") or v is not None})
         cfg.validate()
         return cfg
 
@@ -118,13 +122,32 @@ class RecipeConfig:
         number("wise_alpha", 0, 1, allow_none=True)
         for share in ("coco_share", "finetune_share", "target_share"):
             number(share, 0, 1)
-        for steps in ("coco_steps", "finetune_steps", "target_steps"):
-            v = getattr(self, steps)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(f"recipe option {steps} must be a whole number >= 0, got {v!r}")
-        if self.refreshes is not None and (isinstance(self.refreshes, bool) or not isinstance(self.refreshes, int)
-                                           or self.refreshes < 0):
-            raise ConfigError(f"recipe option refreshes must be a whole number >= 0, got {self.refreshes!r}")
+
+        def whole(name, lo, allow_none=True, hint=""):
+            v = getattr(self, name)
+            if (v is None and not allow_none) or (v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                                                     or v < lo)):
+                raise ConfigError(f"recipe option {name} must be a whole number >= {lo}"
+                                  f"{' (or unset)' if allow_none else ''}, got {v!r}{hint}")
+
+        for steps, switch in (("coco_steps", "skip_coco: true"), ("finetune_steps", "skip_finetune: true"),
+                              ("target_steps", "target_pairs: none")):
+            whole(steps, 1, hint=f"; to leave the stage out set {switch}")
+        whole("refreshes", 0)
+        whole("max_queries", 1)
+        whole("corpus_pool", 1)
+        whole("eval_batch_size", 1, allow_none=False)
+        whole("seed", 0, allow_none=False)
+        if not isinstance(self.source_split, str) or not self.source_split:
+            raise ConfigError(f"recipe option source_split must be a split name, got {self.source_split!r}")
+        for flag in ("include_source_corpus", "evaluate_start"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"recipe option {flag} must be true or false, got {getattr(self, flag)!r}")
+        for name in ("methods", "target_queries"):
+            v = getattr(self, name)
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise ConfigError(f"recipe option {name} must be a list of names, got {v!r}")
+        self._check_stage_arguments()
         if self.target_pairs not in ("auto", "none", *PSEUDO_PAIR_MODES):
             raise ConfigError(f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
                               f"got {self.target_pairs!r}")
@@ -140,6 +163,51 @@ class RecipeConfig:
         if not isinstance(self.train_max_length, int) or self.train_max_length < 8:
             raise ConfigError(f"recipe option train_max_length must be a whole number >= 8, got "
                               f"{self.train_max_length!r}")
+
+    def _check_stage_arguments(self) -> None:
+        """``coco`` / ``finetune`` / ``target``: known fields of the stage's arguments class, values of their types,
+        and the class's own range checks (run by building it), so a bad value fails before any model is loaded."""
+        import types
+        import typing
+
+        from .errors import ConfigError
+        from .finetuning import IDROTrainingArguments
+        from .pretraining import CocoPretrainingArguments
+
+        def fits(value, hint) -> bool:
+            origin = typing.get_origin(hint)
+            if origin in (typing.Union, types.UnionType):
+                return any(fits(value, h) for h in typing.get_args(hint))
+            if hint is type(None):
+                return value is None
+            if hint is bool:
+                return isinstance(value, bool)
+            if hint in (int, float):
+                return isinstance(value, int if hint is int else int | float) and not isinstance(value, bool)
+            if hint in (str, list, dict) or origin in (list, dict):
+                return isinstance(value, origin or hint)
+            return True  # enums, callables, ...: left to the class
+
+        for stage, cls in (("coco", CocoPretrainingArguments), ("finetune", IDROTrainingArguments),
+                           ("target", IDROTrainingArguments)):
+            sub = getattr(self, stage)
+            if not isinstance(sub, dict):
+                raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments, got {sub!r}")
+            if "max_steps" in sub:
+                raise ConfigError(f"recipe option {stage}.max_steps: the recipe sets each stage's steps; use "
+                                  f"{stage}_steps instead")
+            hints = typing.get_type_hints(cls)
+            unknown = sorted(k for k in sub if k not in hints)
+            if unknown:
+                raise ConfigError(f"recipe option {stage}: unknown field(s) {unknown}, not {cls.__name__} fields")
+            for key, value in sub.items():
+                if not fits(value, hints[key]):
+                    expected = getattr(hints[key], "__name__", str(hints[key]))
+                    raise ConfigError(f"recipe option {stage}.{key} must be of type {expected}, got {value!r}")
+            try:
+                cls(**{"output_dir": "unused", "report_to": "none", **sub, "max_steps": 1})
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"recipe option {stage}: {' '.join(str(e).split())}") from None
 
 
 # What the adaptation study (reports/adaptation_study.md) found best for each kind of starting model, at the demo's

@@ -96,6 +96,28 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
     return results
 
 
+def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
+    """Everything that can be checked before data or a model is loaded: the model path (or cached Hub id when
+    offline), input files, ``--eval`` specs and, with ``push_to_hub``, the repository id, the Hub and a token."""
+    from .cli_training import parse_eval_spec
+    from .modeling.loading import check_model_source
+
+    if isinstance(model, str | os.PathLike):
+        check_model_source(model)
+    for flag, values in paths.items():
+        for value in [values] if isinstance(values, str | os.PathLike) else values or ():
+            if isinstance(value, str | os.PathLike) and not os.path.exists(os.path.expanduser(value)):
+                raise FileNotFoundError(f"{flag} {value}: no such file or folder")
+    for spec in evals:
+        parse_eval_spec(spec)
+    if args.push_to_hub:
+        from .hub import check_push_possible
+        from .trainer_common import TrainerMixin
+
+        args.hub_token = TrainerMixin._prepare_hub_args(args)
+        check_push_possible(args.hub_model_id, args.hub_token)
+
+
 def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
                  max_queries: int | None = None, methods=(), evals=(), loss=None,
                  target_corpora=(), target_queries=()) -> dict[str, Any]:
@@ -106,10 +128,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
-    if args.push_to_hub:  # fail before any data is loaded
-        from .trainer_common import TrainerMixin
-
-        args.hub_token = TrainerMixin._prepare_hub_args(args)
+    _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
@@ -162,6 +181,7 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
 
     if args is None:
         args = CocoPretrainingArguments(output_dir="outputs/coco")
+    _check_inputs(model, {"--corpus": corpora}, (), args)
     if n_head_layers is not None:
         args.n_head_layers = n_head_layers
     if skip_from is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
 QRELS_DIR = "qrels"
 _BATCH_ROWS = 8192
-_CACHE_VERSION = "1"
+_CACHE_VERSION = "2"  # 2: the row count is in the schema metadata (a truncated file is rebuilt)
 
 
 class BEIRFormatError(ValueError):
@@ -174,15 +175,36 @@ def _load_jsonl_dataset(path: Path, kind: str):
     if not path.is_file():
         raise BEIRFormatError(f"{kind} file not found. A BEIR folder holds corpus.jsonl, queries.jsonl and qrels/.", path)
     cache_file = _cache_dir() / f"{kind}-{_cache_key(path, kind)}.arrow"
-    if not cache_file.exists():
+    ds = _read_cache(cache_file, path)
+    if ds is None:
         table = _build_table(path, kind)
+        schema = table.schema.with_metadata({b"num_rows": str(table.num_rows).encode()})
         tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table, max_chunksize=_BATCH_ROWS)
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+            writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=_BATCH_ROWS)
         os.replace(tmp, cache_file)
         del table
-    ds = datasets.Dataset.from_file(str(cache_file))
+        ds = datasets.Dataset.from_file(str(cache_file))
     return ds
+
+
+def _read_cache(cache_file: Path, source: Path):
+    """The cached dataset, or None when there is no cache file or it is truncated or corrupt (it is then rebuilt)."""
+    import datasets
+
+    if not cache_file.exists():
+        return None
+    try:
+        with pa.memory_map(str(cache_file)) as f:
+            expected = int(pa.ipc.open_stream(f).schema.metadata[b"num_rows"])
+        ds = datasets.Dataset.from_file(str(cache_file))
+        if ds.num_rows == expected:
+            return ds
+        problem = f"{ds.num_rows} of {expected} rows"
+    except (pa.ArrowException, OSError, KeyError, TypeError, ValueError) as e:
+        problem = " ".join(str(e).split()) or type(e).__name__
+    logger.warning("cache file %s is truncated or corrupt (%s); rebuilding it from %s", cache_file, problem, source)
+    return None
 
 
 def _check_folder(folder: str | os.PathLike) -> Path:
@@ -216,6 +238,7 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
     """Parse a qrels TSV; returns the qrels and the line number of each pair (for later error messages)."""
     qrels: dict[str, dict[str, int]] = {}
     lines: dict[tuple[str, str], int] = {}
+    duplicates: list[int] = []
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
             line = _decode_line(raw, path, lineno).rstrip("\r\n")
@@ -232,17 +255,31 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
                 )
             qid, did, score = (p.strip() for p in parts)
             try:
-                grade = int(float(score))
+                value = float(score)
             except ValueError:
                 if lineno == 1:  # the header line
                     continue
                 raise BEIRFormatError(f"score {score!r} is not a number.", path, lineno) from None
+            if not math.isfinite(value) or value != int(value):
+                raise BEIRFormatError(f"score {score!r} is not a whole number; relevance grades are integers "
+                                      "(0 = not relevant, 1, 2, ... = relevant).", path, lineno)
+            grade = int(value)
             if not qid or not did:
                 raise BEIRFormatError("empty query-id or corpus-id.", path, lineno)
+            first = lines.get((qid, did))
+            if first is not None:
+                if qrels[qid][did] != grade:
+                    raise BEIRFormatError(f"query-id {qid!r} and corpus-id {did!r} are judged {qrels[qid][did]} on "
+                                          f"line {first} and {grade} here; keep one row per pair.", path, lineno)
+                duplicates.append(lineno)
+                continue
             qrels.setdefault(qid, {})[did] = grade
-            lines.setdefault((qid, did), lineno)
+            lines[(qid, did)] = lineno
     if not qrels:
         raise BEIRFormatError("the qrels file has no judgement rows.", path)
+    if duplicates:
+        logger.warning("%s: %d duplicate (query-id, corpus-id) row(s) with the same grade ignored (first on line %d)",
+                       path, len(duplicates), duplicates[0])
     return qrels, lines
 
 

@@ -74,6 +74,10 @@ class RetrievalTrainingData:
                 kept queries (a mining pool), so self-negative refreshes re-encode only that pool. Needs
                 ``negatives="bm25"``.
         """
+        for name, value in (("bm25_top_k", bm25_top_k), ("max_queries", max_queries), ("corpus_pool", corpus_pool)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a whole number >= 1{'' if name == 'bm25_top_k' else ' (or None)'}, "
+                                 f"got {value!r}")
         data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
         row_of = {d: i for i, d in enumerate(column_numpy(data.corpus, "_id").tolist())}
         qtext = dict(zip(column_numpy(data.queries, "_id").tolist(), column_numpy(data.queries, "text").tolist()))
@@ -175,6 +179,9 @@ class RetrievalTrainingData:
 
     def mine_bm25_negatives(self, top_k: int = 100) -> None:
         from ..evaluation.bm25 import BM25Index
+
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise ValueError(f"bm25_top_k must be a whole number >= 1, got {top_k!r}")
 
         index = BM25Index(self.corpus_text_list())
         _, idx = index.search(self.query_texts, min(top_k + 20, index.ntotal))

@@ -62,6 +62,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             args = IDROTrainingArguments(output_dir="tmp_trainer")
         if not isinstance(args, IDROTrainingArguments):
             raise ValueError("IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)")
+        if model is None:
+            from ..errors import ConfigError
+
+            raise ConfigError("IDROTrainer needs model=: a SentenceTransformer, e.g. hf_cocodr.load_encoder('org/name'); "
+                              "got None")
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
         if isinstance(train_dataset, RetrievalTrainingData | StaticRows) or hasattr(train_dataset, "group_of"):
@@ -82,6 +87,10 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 "lower per_device_train_batch_size"
             )
         self._hub_token = self._prepare_hub_args(args)
+        if args.push_to_hub:  # offline or without a token the push would fail after training
+            from ..hub import check_push_possible
+
+            check_push_possible(args.hub_model_id, self._hub_token)
         if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
             raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
                              "a plain dataset has none")

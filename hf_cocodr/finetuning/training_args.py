@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..errors import ConfigError
 from .losses.idro import PRESETS
+
+
+def _check_number(args, name: str, *, positive: bool) -> None:
+    """``name`` must be a finite number, > 0 (``positive``) or >= 0: nan and inf are refused by name too."""
+    v = getattr(args, name)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (v <= 0 if positive else v < 0):
+        raise ConfigError(f"{name} must be {'> 0' if positive else '>= 0'} and finite, got {v!r}")
+
+
+def check_max_steps(args) -> None:
+    """``max_steps`` 0 (or below -1) would train one step or an epoch silently: refuse it; -1 means epochs."""
+    if isinstance(args.max_steps, bool) or not isinstance(args.max_steps, int) or (
+            args.max_steps < 1 and args.max_steps != -1):
+        raise ConfigError(f"max_steps must be >= 1, or -1 (the default) to train num_train_epochs; got "
+                          f"{args.max_steps!r}")
+    if args.max_steps == -1:
+        _check_number(args, "num_train_epochs", positive=True)
 
 
 @dataclass
@@ -92,10 +110,12 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
             raise ConfigError(f"idro_preset must be one of {PRESETS}, got {self.idro_preset!r}")
         if self.num_clusters < 1:
             raise ConfigError(f"num_clusters must be >= 1, got {self.num_clusters}")
-        if not self.idro_tau > 0:
-            raise ConfigError(f"idro_tau must be > 0, got {self.idro_tau}")
-        if self.idro_beta < 0:
-            raise ConfigError(f"idro_beta must be >= 0, got {self.idro_beta}")
+        check_max_steps(self)
+        for name in ("idro_tau", "idro_scale", "modir_half_life", "modir_classifier_lr"):
+            _check_number(self, name, positive=True)
+        for name in ("idro_beta", "modir_lambda", "berm_alpha", "berm_beta", "learning_rate", "weight_decay",
+                     "warmup_steps"):
+            _check_number(self, name, positive=False)
         if self.cluster_weight_carry not in ("match", "reset"):
             raise ConfigError(f"cluster_weight_carry must be 'match' or 'reset', got {self.cluster_weight_carry!r}")
         if self.kmeans_backend not in ("auto", "faiss", "torch"):
@@ -103,12 +123,6 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         for name in ("cluster_every_steps", "num_negatives", "refresh_negatives_every_steps", "negatives_skip_top"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("modir_lambda", "berm_alpha", "berm_beta"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("modir_half_life", "modir_classifier_lr"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.modir_queue_batches < 1 or self.rmsc_k < 1:
             raise ConfigError(f"modir_queue_batches and rmsc_k must be >= 1, got {self.modir_queue_batches} and "
                               f"{self.rmsc_k}")

@@ -28,6 +28,40 @@ def _hub_has_modules_json(repo_id: str, revision: str | None, token: str | bool 
         return False
 
 
+def check_model_source(path: str | os.PathLike, *, revision: str | None = None) -> bool:
+    """Check a model argument before anything is loaded; True for a local directory, False for a Hub id.
+
+    Raises:
+        FileNotFoundError: one line: a file instead of a folder, a folder without ``modules.json`` / ``config.json``,
+            neither a folder nor a Hub id, or (offline, ``HF_HUB_OFFLINE=1``) a Hub id that is not in the cache.
+    """
+    name = str(path)
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise FileNotFoundError(f"{local} is a file; expected a model directory.")
+        if not is_sentence_transformers_dir(local) and not (local / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{local} is neither a sentence-transformers directory (modules.json) nor a transformers checkpoint "
+                "(config.json)."
+            )
+        return True
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    from ..utils import is_hub_id
+
+    if not is_hub_id(name):
+        raise FileNotFoundError(f"model {name!r} not found: no such directory, and it is not a Hub id (org/name).")
+    if constants.is_offline_mode() and not any(
+        isinstance(try_to_load_from_cache(name, f, revision=revision), str) for f in ("modules.json", "config.json")
+    ):
+        raise FileNotFoundError(
+            f"model {name!r} is not a local folder and is not in the Hugging Face cache (offline: HF_HUB_OFFLINE=1); "
+            "download it once with network access, or pass a local folder."
+        )
+    return False
+
+
 def build_sentence_transformer(
     transformer_path: str,
     *,
@@ -88,22 +122,11 @@ def load_encoder(
 
     name = str(path)
     local = Path(name).expanduser()
-    if local.exists():
-        if not local.is_dir():
-            raise FileNotFoundError(f"{local} is a file; expected a model directory.")
+    if check_model_source(name, revision=revision):
         if is_sentence_transformers_dir(local):
             return SentenceTransformer(str(local), trust_remote_code=trust_remote_code, device=device)
-        if not (local / "config.json").is_file():
-            raise FileNotFoundError(
-                f"{local} is neither a sentence-transformers directory (modules.json) nor a transformers checkpoint "
-                "(config.json)."
-            )
         is_st = False
     else:
-        from ..utils import is_hub_id
-
-        if not is_hub_id(name):
-            raise FileNotFoundError(f"model {name!r} not found: no such directory, and it is not a Hub id (org/name).")
         is_st = _hub_has_modules_json(name, revision, token)
         if is_st:
             return SentenceTransformer(

@@ -88,6 +88,21 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
         if not isinstance(args, CocoPretrainingArguments):
             raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
+        if model is None:
+            from ..errors import ConfigError
+
+            raise ConfigError("CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None")
+        if corpora is None:
+            raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
+        self._hub_token = self._prepare_hub_args(args)
+        if args.push_to_hub:  # offline or without a token the push would fail after training
+            from ..hub import check_push_possible
+
+            check_push_possible(args.hub_model_id, self._hub_token)
+        if not isinstance(model, CondenserForPretraining):
+            from ..modeling.loading import check_model_source
+
+            check_model_source(model)
         source = None
         if not isinstance(model, CondenserForPretraining):
             from transformers import set_seed
@@ -101,13 +116,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
             name = source or model.lm.config._name_or_path
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
-        if corpora is None:
-            raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
         if args.should_save:  # the encoder is exported into output_dir at the end: refuse a folder of user files now
             from ..utils import check_model_output_dir
 
             check_model_output_dir(args.output_dir)
-        self._hub_token = self._prepare_hub_args(args)
         if not args.backbone_dropout:
             for m in model.lm.modules():
                 if isinstance(m, torch.nn.Dropout):

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from ..errors import ConfigError
+from ..finetuning.training_args import _check_number, check_max_steps
 
 
 @dataclass
@@ -86,12 +87,13 @@ class CocoPretrainingArguments(TrainingArguments):
             raise ConfigError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if not 0 <= self.span_break_prob < 1:
             raise ConfigError(f"span_break_prob must be in [0, 1), got {self.span_break_prob}")
-        if self.contrastive_temperature <= 0:
-            raise ConfigError(f"contrastive_temperature must be > 0, got {self.contrastive_temperature}")
+        check_max_steps(self)
+        _check_number(self, "contrastive_temperature", positive=True)
+        for name in ("head_mlm_weight", "mlm_weight", "contrastive_weight", "learning_rate", "weight_decay",
+                     "warmup_steps"):
+            _check_number(self, name, positive=False)
         if self.gradient_cache_chunk_size < 0:
             raise ConfigError("gradient_cache_chunk_size must be >= 0")
-        if min(self.head_mlm_weight, self.mlm_weight, self.contrastive_weight) < 0:
-            raise ConfigError("loss weights must be >= 0")
         if self.max_span_length < self.min_span_tokens + 2:
             raise ConfigError("max_span_length must leave room for min_span_tokens plus the special tokens")
         if self.sentence_splitter not in ("regex", "pysbd"):
