@@ -1,11 +1,14 @@
-"""Finding the checkpoint to resume from: only complete checkpoints count.
+"""Finding the checkpoint to resume from: only complete, intact checkpoints of this run count.
 
 A checkpoint is complete when our marker (written after everything else, atomically) is present and its
-``trainer_state.json`` parses. A folder left behind by a crash during a save is never picked up.
+``trainer_state.json`` parses. The marker records the run id of the run that wrote it and a SHA-256 of every file; a
+resume takes the newest checkpoint of *this* run whose files still match, and falls back past a damaged one with a
+warning naming it. A folder left behind by a crash during a save is never picked up.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -19,16 +22,50 @@ logger = logging.getLogger(__name__)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
-def is_complete(path: str | os.PathLike) -> bool:
-    path = Path(path)
-    if not (path / COMPLETE_MARKER).is_file():
-        return False
+def file_checksums(folder: str | os.PathLike) -> dict[str, str]:
+    """``{relative path: sha256}`` of every file under ``folder`` except the completion marker."""
+    folder = Path(folder)
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != COMPLETE_MARKER:
+            h = hashlib.sha256()
+            with open(p, "rb") as f:
+                for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+                    h.update(chunk)
+            out[str(p.relative_to(folder))] = h.hexdigest()
+    return out
+
+
+def _marker(path: Path) -> dict | None:
     try:
         json.loads((path / "trainer_state.json").read_text())
-        json.loads((path / COMPLETE_MARKER).read_text())
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    return True
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    return _marker(Path(path)) is not None
+
+
+def damage(path: str | os.PathLike) -> str | None:
+    """What is wrong with a complete checkpoint's files (None: they match the checksums its marker recorded)."""
+    path = Path(path)
+    recorded = (_marker(path) or {}).get("files")
+    if recorded is None:
+        return None  # written before checksums were kept
+    for name, sha in recorded.items():
+        p = path / name
+        if not p.is_file():
+            return f"{name} is missing"
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+                h.update(chunk)
+        if h.hexdigest() != sha:
+            return f"{name} changed after the checkpoint was written"
+    return None
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
@@ -39,18 +76,27 @@ def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    complete = [p for _, p in list_checkpoints(output_dir) if is_complete(p)]
-    return complete[-1] if complete else None
+def latest_complete_checkpoint(output_dir: str | os.PathLike, run_id: str | None = None) -> Path | None:
+    """The newest complete checkpoint whose files are intact (and, given ``run_id``, that this run wrote)."""
+    for _, p in reversed(list_checkpoints(output_dir)):
+        marker = _marker(p)
+        if marker is None or (run_id is not None and marker.get("run_id") != run_id):
+            continue
+        problem = damage(p)
+        if problem:
+            logger.warning("checkpoint %s is damaged (%s): falling back to the previous intact one", p, problem)
+            continue
+        return p
+    return None
 
 
-def resolve_resume(value, output_dir: str | os.PathLike) -> str | None:
-    """``True``/"true" → the latest complete checkpoint in ``output_dir`` (or None: start fresh, logged);
-    a path → that checkpoint, which must be complete; ``None``/False → None."""
+def resolve_resume(value, output_dir: str | os.PathLike, run_id: str | None = None) -> str | None:
+    """``True``/"true" → the latest complete, intact checkpoint of this run in ``output_dir`` (or None: start fresh,
+    logged); a path → that checkpoint, which must be complete and intact; ``None``/False → None."""
     if value is None or value is False or (isinstance(value, str) and value.lower() in ("", "false", "no", "0")):
         return None
     if value is True or (isinstance(value, str) and value.lower() in ("true", "yes", "1", "latest")):
-        latest = latest_complete_checkpoint(output_dir)
+        latest = latest_complete_checkpoint(output_dir, run_id)
         for step, p in list_checkpoints(output_dir):
             if not is_complete(p) and (latest is None or step > int(latest.name.split("-")[1])):
                 logger.warning("removing incomplete checkpoint %s (interrupted while saving)", p)
@@ -65,5 +111,9 @@ def resolve_resume(value, output_dir: str | os.PathLike) -> str | None:
         raise FileNotFoundError(f"checkpoint {path} not found")
     if not is_complete(path):
         raise ValueError(f"checkpoint {path} is incomplete (it was being written when the run stopped); "
-                         f"resume from {latest_complete_checkpoint(path.parent) or 'the beginning'} instead")
+                         f"resume from {latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead")
+    problem = damage(path)
+    if problem:
+        raise ValueError(f"checkpoint {path} is damaged ({problem}); resume from "
+                         f"{latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead")
     return str(path)

@@ -105,6 +105,13 @@ def _add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--similarity", choices=["dot", "cosine"], default="dot")
     p.add_argument("--max-seq-length", type=int, default=None)
     p.add_argument("--legacy-format", action="store_true", help="write the sentence-transformers 5.x module layout")
+    add_overwrite_flag(p)
+
+
+def add_overwrite_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
+                   action="store_true", help="write into a folder holding files hf_cocodr did not write (they stay "
+                                             "untouched) and replace what an earlier run recorded there as its own")
 
 
 def _run_export(args, _rest) -> int:
@@ -114,7 +121,7 @@ def _run_export(args, _rest) -> int:
         _positive("--max-seq-length", args.max_seq_length)
     model = export_sentence_transformer(
         args.src, args.out, pooling=args.pooling, similarity=args.similarity, max_seq_length=args.max_seq_length,
-        legacy_format=args.legacy_format,
+        legacy_format=args.legacy_format, overwrite_output_dir=args.overwrite_output_dir,
     )
     print(json.dumps({"output_dir": os.path.abspath(args.out), "pooling": args.pooling,
                       "similarity": str(model.similarity_fn_name), "max_seq_length": model.max_seq_length}))

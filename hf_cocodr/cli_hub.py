@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 
-from .cli import register
+from .cli import add_overwrite_flag, register
 
 
 def _add_push(p: argparse.ArgumentParser) -> None:
@@ -37,13 +37,15 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-length", dest="query_length", type=int, default=64)
     p.add_argument("--document-length", dest="document_length", type=int, default=256)
     p.add_argument("--legacy-format", action="store_true", help="also loadable by sentence-transformers 5.x")
+    add_overwrite_flag(p)
 
 
 def _run_convert(ns, _rest) -> int:
     from .export import convert_checkpoint
 
     model = convert_checkpoint(ns.src, ns.out, name=ns.name, query_length=ns.query_length,
-                               document_length=ns.document_length, legacy_format=ns.legacy_format)
+                               document_length=ns.document_length, legacy_format=ns.legacy_format,
+                               overwrite_output_dir=ns.overwrite_output_dir)
     print(json.dumps({"output_dir": os.path.abspath(ns.out), "pooling": "cls",
                       "similarity": str(model.similarity_fn_name), "query_length": ns.query_length,
                       "document_length": ns.document_length}))

@@ -237,7 +237,11 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-minutes", dest="max_minutes", type=float, default=None,
                    help="size the stages to finish in about this many minutes on this machine")
     p.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", dest="resume", default="true",
-                   help="true (default): skip finished stages and resume the unfinished one; false: restart stages")
+                   help="true (default): skip the finished stages whose inputs are unchanged and resume the "
+                        "unfinished one; false: start over (with --overwrite_output_dir when OUT holds a run)")
+    p.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
+                   action="store_true", help="write into an OUT holding files hf_cocodr did not write (they stay "
+                                             "untouched); with --resume_from_checkpoint false, replace its earlier run")
     p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
                    help="extra seed method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM; repeatable")
     p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
@@ -306,7 +310,8 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
         raise UsageError(f"--max-minutes must be a positive number, got {max_minutes!r}")
     cfg = RecipeConfig.from_dict(config)
     resume = str(ns.resume).lower() not in ("false", "no", "0")
-    result = run_recipe(model, targets, source, out, evals=evals, config=cfg, max_minutes=max_minutes, resume=resume)
+    result = run_recipe(model, targets, source, out, evals=evals, config=cfg, max_minutes=max_minutes, resume=resume,
+                        overwrite_output_dir=ns.overwrite_output_dir)
     print(json.dumps(result))
     return 0
 

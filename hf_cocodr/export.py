@@ -79,6 +79,8 @@ def export_sentence_transformer(
     extra_files: dict[str, str | os.PathLike] | None = None,
     trust_remote_code: bool = False,
     preserve: list[str] | None = None,
+    overwrite_output_dir: bool = False,
+    run_record: bool = True,
 ):
     """Write a complete sentence-transformers directory: Transformer + Pooling, the similarity stored, a model card.
 
@@ -94,11 +96,15 @@ def export_sentence_transformer(
             (sentence-transformers 6; not kept by ``legacy_format``).
         card_data: fields for the model card (see :mod:`hf_cocodr.model_card`).
         extra_files: ``{name_in_out_dir: source_path}`` copied into the directory (e.g. the Condenser head).
-        preserve: names of entries of an existing ``out_dir`` to keep. Every entry of an existing model folder that
+        preserve: names of entries of an existing ``out_dir`` to keep. Every entry of an existing folder that
             the export does not write itself is kept anyway (checkpoints, trainer state, files of the user): they are
-            hard-linked into the new directory before the swap, so they survive even a crash mid-export. An output
-            folder that could hold the user's files (``.``, a parent of it, home, ``/``, the source, a non-empty
-            folder that is not a model) is refused before any work.
+            hard-linked into the new directory before the swap, so they survive even a crash mid-export.
+        overwrite_output_dir: write into a folder that holds files hf_cocodr's export did not write (a fine-tune
+            output, the user's files): the export replaces only the model files it writes and carries over the rest.
+            Without it such a folder is refused before any work, as are a file, ``.``, its parents, home, ``/`` and
+            the folder the model is read from. A folder an earlier export wrote is replaced without it.
+        run_record: claim ``out_dir`` with an owner record and a lock (``hf_cocodr_run.json``, see
+            :mod:`hf_cocodr.run_record`); off for exports a trainer makes into its own, already claimed folder.
 
     Returns:
         The exported ``SentenceTransformer`` (loaded from the written directory).
@@ -112,7 +118,18 @@ def export_sentence_transformer(
     from .utils import check_model_output_dir
 
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
-    check_model_output_dir(out_dir, source)  # before any model is loaded
+    run = None
+    if run_record:  # checked before any model is loaded
+        from .run_record import RunFolder, fingerprint
+
+        check_not_source(out_dir, source)
+        identity = {"source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
+                    "pooling": pooling, "similarity": similarity, "max_seq_length": max_seq_length,
+                    "legacy_format": legacy_format}
+        claim = dict(command="export", identity=identity, overwrite=overwrite_output_dir, replaces_own=True)
+        RunFolder.claim(out_dir, **claim, dry_run=True)
+    else:
+        check_model_output_dir(out_dir, source)  # before any model is loaded
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     out_dir = Path(out_dir)
@@ -131,32 +148,71 @@ def export_sentence_transformer(
             ),
             trust_remote_code=trust_remote_code,
         )
-        with atomic_directory(out_dir) as tmp:
-            model.save(str(tmp))
-            if legacy_format:
-                write_legacy_layout(tmp, model)
-            import shutil
-
-            for name, source in (extra_files or {}).items():
-                shutil.copy2(source, tmp / name)
-            # Everything of an existing model folder that this export does not write (checkpoints, trainer state,
-            # the user's own files) is carried over by hard links, so replacing the folder never loses it.
-            carried = set(preserve or [])
-            if out_dir.is_dir():
-                carried |= {p.name for p in out_dir.iterdir() if not (tmp / p.name).exists()}
-            for name in sorted(carried):
-                old = out_dir / name
-                if (tmp / name).exists():
-                    continue
-                if old.is_dir() and not old.is_symlink():
-                    shutil.copytree(old, tmp / name, copy_function=os.link, symlinks=True)
-                elif old.exists() or old.is_symlink():
-                    os.link(old, tmp / name, follow_symlinks=False)
-            from .model_card import write_model_card
-
-            write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)
+        if run_record:
+            run = RunFolder.claim(out_dir, **claim)
+        try:
+            _write_export(model, out_dir, legacy_format, extra_files, preserve, card_data, pooling, similarity, run)
+        finally:
+            if run is not None:
+                run.release()
     logger.info("exported %s pooling / %s similarity encoder to %s", pooling, similarity, out_dir)
     return SentenceTransformer(str(out_dir))
+
+
+def check_not_source(out_dir, source) -> None:
+    """Refuse an output folder that is the folder a model is read from, holds it or lies inside it."""
+    if source is not None and Path(str(source)).exists():
+        out = Path(out_dir).expanduser().resolve()
+        src = Path(str(source)).expanduser().resolve()
+        if out == src or src in out.parents or out in src.parents:
+            raise FileExistsError(f"refusing to write into {out_dir}: the model is read from {source}; give a "
+                                  "different output folder")
+
+
+def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, card_data, pooling, similarity,
+                  run) -> None:
+    import shutil
+
+    from .run_record import LOCK, RECORD
+
+    with atomic_directory(out_dir) as tmp:
+        model.save(str(tmp))
+        if legacy_format:
+            write_legacy_layout(tmp, model)
+        for name, source in (extra_files or {}).items():
+            shutil.copy2(source, tmp / name)
+        if run is not None:  # never replace a file no hf_cocodr run recorded as its own
+            clash = sorted({p.name for p in tmp.iterdir()} & set(run.record["preexisting"]))
+            if clash:
+                raise FileExistsError(f"{out_dir} holds {', '.join(clash)}, which hf_cocodr did not write; the "
+                                      "export would replace it: give a new folder")
+        # Everything of an existing model folder that this export does not write (checkpoints, trainer state,
+        # the user's own files) is carried over by hard links, so replacing the folder never loses it.
+        carried = set(preserve or [])
+        if out_dir.is_dir():
+            carried |= {p.name for p in out_dir.iterdir() if not (tmp / p.name).exists()}
+        if run is not None:
+            carried -= {LOCK, RECORD}
+        for name in sorted(carried):
+            old = out_dir / name
+            if (tmp / name).exists():
+                continue
+            if old.is_dir() and not old.is_symlink():
+                shutil.copytree(old, tmp / name, copy_function=os.link, symlinks=True)
+            elif old.exists() or old.is_symlink():
+                os.link(old, tmp / name, follow_symlinks=False)
+        from .model_card import write_model_card
+
+        write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)
+        if run is not None:  # the record lists what this export wrote; everything carried over is not its own
+            written = {p.name for p in tmp.iterdir()} - carried
+            run.record["preexisting"] = sorted(set(run.record["preexisting"]) | (carried - written))
+            run.path, home = tmp, run.path
+            run.save()
+            run.path = home
+            from .run_record import acquire_lock
+
+            acquire_lock(tmp)  # the lock moves with the folder; released after the swap
 
 
 def write_legacy_layout(directory: str | os.PathLike, model) -> None:
@@ -220,10 +276,12 @@ def convert_checkpoint(
     max_seq_length: int = 512,
     legacy_format: bool = False,
     card_data: dict[str, Any] | None = None,
+    overwrite_output_dir: bool = False,
 ):
     """Convert a raw COCO-DR / Condenser checkpoint (plain BERT) into a CLS/dot sentence-transformers directory.
 
-    Query and document lengths default to the paper's evaluation setting (64 / 256 tokens).
+    Query and document lengths default to the paper's evaluation setting (64 / 256 tokens). ``out_dir`` is claimed
+    as by :func:`export_sentence_transformer`.
     """
     src_s = str(src)
     if Path(src_s).exists() and is_sentence_transformers_dir(src_s):
@@ -232,9 +290,13 @@ def convert_checkpoint(
     model = export_sentence_transformer(
         src_s, out_dir, pooling="cls", similarity="dot", max_seq_length=max_seq_length, legacy_format=legacy_format,
         query_length=query_length, document_length=document_length, card_data=card,
+        overwrite_output_dir=overwrite_output_dir,
     )
     write_model_meta(out_dir, model, name or f"local/{Path(out_dir).name}",
                      adapted_from=src_s if not Path(src_s).exists() else None)
+    from .run_record import note_written
+
+    note_written(out_dir)
     return model
 
 

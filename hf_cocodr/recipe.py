@@ -252,14 +252,77 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     return resolved, record
 
 
-def _stage_done(path: Path) -> dict | None:
+def _stage_done(path: Path, identity: str | None = None) -> dict | None:
+    """The stage's completion marker; with ``identity``, only if the stage finished with those inputs."""
     marker = path / STAGE_MARKER
     if marker.is_file():
         try:
-            return json.loads(marker.read_text())
+            info = json.loads(marker.read_text())
         except ValueError:
             return None
+        return info if identity is None or info.get("identity") == identity else None
     return None
+
+
+def _log_rerun(stage_dir: Path) -> None:
+    if (stage_dir / STAGE_MARKER).is_file():
+        logger.info("stage %s: its inputs changed since it finished; running it again", stage_dir.name)
+
+
+def _fixed_plan(cfg: RecipeConfig) -> dict[str, Any]:
+    """The plan without a time budget: the steps given (or the defaults)."""
+    return {"coco_steps": _given(cfg.coco_steps, cfg.skip_coco),
+            "finetune_steps": _given(cfg.finetune_steps, cfg.skip_finetune),
+            "target_steps": _given(cfg.target_steps, cfg.target_pairs == "none"),
+            "refreshes": 1 if cfg.refreshes is None else cfg.refreshes}
+
+
+def _saved_plan(out: Path, plan_id: str) -> dict[str, Any] | None:
+    """``OUT/plan.json`` if it was made for these inputs (a resumed run keeps the plan it started with)."""
+    path = out / "plan.json"
+    try:
+        plan = json.loads(path.read_text()) if path.is_file() else None
+    except ValueError:
+        return None
+    if plan is not None and plan.get("identity") != plan_id:
+        logger.info("the inputs or the budget changed since %s was made: planning again", path)
+        return None
+    return plan
+
+
+_NOT_TRAJECTORY = ("output_dir", "logging_steps", "logging_first_step", "save_strategy", "save_steps",
+                   "save_total_limit", "disable_tqdm", "report_to", "use_cpu")
+
+
+def _stage_ids(plan, cfg: RecipeConfig, fps, coco_kw, ft_kw, target_kw) -> dict[str, str]:
+    """Each stage's identity: what it starts from (the stage before it), the data it reads, its settings, steps."""
+    from .run_record import digest
+
+    def settings(kw):
+        return {k: v for k, v in sorted(kw.items()) if k not in _NOT_TRAJECTORY}
+
+    ids, current = {}, digest(fps["model"])
+    source = {"data": fps["source"], "split": cfg.source_split, "max_queries": cfg.max_queries,
+              "corpus_pool": cfg.corpus_pool, "seed": cfg.seed}
+    if not cfg.skip_coco and plan["coco_steps"] > 0:
+        current = ids["coco"] = digest({"stage": "coco", "start": current, "targets": fps["targets"],
+                                        "source": source if cfg.include_source_corpus else None,
+                                        "settings": settings(coco_kw), "steps": plan["coco_steps"]})
+    if not cfg.skip_finetune and plan["finetune_steps"] > 0:
+        joint = ({"pairs": cfg.target_pairs, "weight": cfg.joint_weight, "targets": fps["targets"],
+                  "settings": settings(target_kw)} if is_joint(cfg) else None)
+        current = ids["finetune"] = digest({
+            "stage": "finetune", "start": current, "source": source, "settings": settings(ft_kw),
+            "steps": plan["finetune_steps"], "refreshes": plan["refreshes"], "methods": list(cfg.methods),
+            "targets": fps["targets"] if cfg.methods else None, "target_queries": list(cfg.target_queries),
+            "joint": joint})
+    if cfg.target_pairs != "none" and not is_joint(cfg) and plan["target_steps"] > 0:
+        current = ids["target"] = digest({"stage": "target", "start": current, "targets": fps["targets"],
+                                          "pairs": cfg.target_pairs, "seed": cfg.seed,
+                                          "settings": settings(target_kw), "steps": plan["target_steps"]})
+    if cfg.wise_alpha not in (None, 1, 1.0):
+        ids["wise"] = digest({"stage": "wise", "start": fps["model"], "adapted": current, "alpha": cfg.wise_alpha})
+    return ids
 
 
 def _mark_done(path: Path, info: dict) -> None:
@@ -433,6 +496,7 @@ def run_recipe(
     config: RecipeConfig | dict | None = None,
     max_minutes: float | None = None,
     resume: bool = True,
+    overwrite_output_dir: bool = False,
 ) -> dict[str, Any]:
     """Run COCO → source fine-tuning → target pseudo pairs → WiSE-FT → export → card → evaluation.
 
@@ -450,13 +514,17 @@ def run_recipe(
         max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
             for, takes about this long on this machine (``OUT/plan.json`` has the plan and its measured inputs,
             ``OUT/recipe.json`` the actual time of each stage).
-        resume: continue unfinished stages from their latest complete checkpoint and skip finished ones.
+        resume: continue unfinished stages from their latest complete checkpoint and skip the finished stages
+            whose inputs (model, data, settings, plan, the stage before) are unchanged; a stage whose inputs changed
+            runs again, and so does every stage after it. ``False`` starts over, which needs
+            ``overwrite_output_dir`` when ``OUT`` holds an earlier run.
+        overwrite_output_dir: write into an ``OUT`` that holds files hf_cocodr did not write (they stay untouched),
+            and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
+            record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
     """
     from .cli_training import parse_eval_spec
-    from .finetuning import IDROTrainingArguments
     from .methods import validate_methods
     from .modeling.condenser import checkpoint_has_mlm_head
-    from .pretraining import CocoPretrainingArguments
 
     t_start = time.perf_counter()
     cfg = config if isinstance(config, RecipeConfig) else RecipeConfig.from_dict(dict(config or {}))
@@ -480,8 +548,26 @@ def run_recipe(
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
                 choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .run_record import RunFolder, fingerprint
+
+    fps = {"model": fingerprint(model), "targets": fingerprint([str(t) for t in target_corpora]),
+           "source": fingerprint(str(source_data))}
+    run = RunFolder.claim(output_dir, "recipe", None if resume else fps, resume=resume,
+                          overwrite=overwrite_output_dir)
+    try:
+        return _run_stages(model, list(target_corpora), source_data, Path(output_dir), evals, cfg, choice, has_mlm,
+                           methods, max_minutes, resume, t_start, fps)
+    finally:
+        run.release()
+
+
+def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: RecipeConfig, choice, has_mlm, methods,
+                max_minutes, resume, t_start, fps) -> dict[str, Any]:
+    """The stages of :func:`run_recipe` in its claimed output folder."""
+    from .finetuning import IDROTrainingArguments
+    from .pretraining import CocoPretrainingArguments
+    from .run_record import digest
+
     pooling, similarity = _model_similarity(model)
     logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
                 model, pooling, similarity, ", ".join(map(str, target_corpora)), source_data, cfg.source_split)
@@ -489,32 +575,6 @@ def run_recipe(
     final_dir = out / "model"
     stage_seconds: dict[str, float] = {}  # a stage skipped on a re-run keeps the seconds its marker recorded
 
-    # ----------------------------------------------------------------------------------- data (cheap, cached)
-    t0 = time.perf_counter()
-    train_data = target_data = None
-    need_source = (not cfg.skip_finetune and not _stage_done(dirs["finetune"])) or (
-        not cfg.skip_coco and cfg.include_source_corpus and not _stage_done(dirs["coco"]))
-    if need_source:
-        from .data.training import RetrievalTrainingData
-
-        train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
-                                                     max_queries=cfg.max_queries, seed=cfg.seed,
-                                                     corpus_pool=cfg.corpus_pool)
-    if cfg.target_pairs != "none" and not _stage_done(dirs["finetune" if is_joint(cfg) else "target"]):
-        from .data.pseudo_pairs import target_pseudo_pairs
-
-        try:
-            target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
-        except ValueError as e:
-            if not (cfg.target_pairs == "title_body" and "target_pairs" in choice["chosen"] and "no titles" in str(e)):
-                raise
-            logger.warning("the target documents have no titles: target pseudo pairs fall back to 'ict' (one "
-                           "sentence against the rest of its document)")
-            cfg.target_pairs = choice["chosen"]["target_pairs"] = "ict"
-            target_data = target_pseudo_pairs(list(target_corpora), "ict", seed=cfg.seed)
-    coco_corpora = list(target_corpora)
-    if cfg.include_source_corpus and train_data is not None:
-        coco_corpora.append(_source_pool_dataset(train_data))
     coco_defaults = dict(output_dir=str(dirs["coco"]), seed=cfg.seed, report_to="none", logging_steps=10,
                          logging_first_step=True, save_strategy="steps", save_steps=100, save_total_limit=1,
                          per_device_train_batch_size=32, pooling=pooling, contrastive_similarity=similarity,
@@ -535,15 +595,47 @@ def run_recipe(
     coco_kw = {**coco_defaults, **cfg.coco}
     ft_kw = {**ft_defaults, **cfg.finetune}
     target_kw = {**target_defaults, **cfg.target}
+    # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage
+    # is skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
+    plan_id = digest({"inputs": fps, "max_minutes": max_minutes, "config": {
+        k: v for k, v in asdict(cfg).items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size")}})
+    plan = _fixed_plan(cfg) if max_minutes is None else _saved_plan(out, plan_id)
+    ids = _stage_ids(plan, cfg, fps, coco_kw, ft_kw, target_kw) if plan else {}
+
+    def done(stage: str) -> bool:
+        return stage in ids and _stage_done(dirs[stage], ids[stage]) is not None
+
+    # ----------------------------------------------------------------------------------- data (cheap, cached)
+    t0 = time.perf_counter()
+    train_data = target_data = None
+    need_source = (not cfg.skip_finetune and not done("finetune")) or (
+        not cfg.skip_coco and cfg.include_source_corpus and not done("coco"))
+    if need_source:
+        from .data.training import RetrievalTrainingData
+
+        train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
+                                                     max_queries=cfg.max_queries, seed=cfg.seed,
+                                                     corpus_pool=cfg.corpus_pool)
+    if cfg.target_pairs != "none" and not done("finetune" if is_joint(cfg) else "target"):
+        from .data.pseudo_pairs import target_pseudo_pairs
+
+        try:
+            target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
+        except ValueError as e:
+            if not (cfg.target_pairs == "title_body" and "target_pairs" in choice["chosen"] and "no titles" in str(e)):
+                raise
+            logger.warning("the target documents have no titles: target pseudo pairs fall back to 'ict' (one "
+                           "sentence against the rest of its document)")
+            cfg.target_pairs = choice["chosen"]["target_pairs"] = "ict"
+            target_data = target_pseudo_pairs(list(target_corpora), "ict", seed=cfg.seed)
+    coco_corpora = list(target_corpora)
+    if cfg.include_source_corpus and train_data is not None:
+        coco_corpora.append(_source_pool_dataset(train_data))
     stage_seconds["data"] = round(time.perf_counter() - t0, 1)
 
     # ----------------------------------------------------------------------------------- planning
-    plan: dict[str, Any] = {"coco_steps": _given(cfg.coco_steps, cfg.skip_coco),
-                            "finetune_steps": _given(cfg.finetune_steps, cfg.skip_finetune),
-                            "target_steps": _given(cfg.target_steps, cfg.target_pairs == "none"),
-                            "refreshes": 1 if cfg.refreshes is None else cfg.refreshes}
     spans = None
-    if not cfg.skip_coco and not _stage_done(dirs["coco"]):
+    if not cfg.skip_coco and not done("coco"):
         from transformers import AutoTokenizer
 
         from .data.spans import SpanCorpus
@@ -553,7 +645,7 @@ def run_recipe(
         spans = SpanCorpus.build(coco_corpora, AutoTokenizer.from_pretrained(_transformer_dir(model)),
                                  mode=probe_args.span_mode, span_max_tokens=probe_args.span_max_tokens,
                                  span_break_prob=probe_args.span_break_prob, seed=cfg.seed)
-    if max_minutes is not None and not (out / "plan.json").is_file():
+    if plan is None:
         t0 = time.perf_counter()
         tp = measure_throughput(model, CocoPretrainingArguments(**{**coco_kw, "max_steps": 1}),
                                 IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans,
@@ -568,27 +660,27 @@ def run_recipe(
                            n_queries=len(train_data) if train_data is not None else 0,
                            idro=ft_kw.get("idro_preset", "paper") != "uniform")
         plan.update(max_minutes=max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
-                    measure_seconds=round(measured_s, 1))
+                    measure_seconds=round(measured_s, 1), identity=plan_id)
         logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d steps, source fine-tuning %d "
                     "steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget planned for "
                     "optimizer steps (evaluation not included)", max_minutes, plan["throughput"],
                     plan["coco_steps"], plan["finetune_steps"], plan["refreshes"], plan["target_steps"],
                     100 * (plan["planned_optimizer_share"] or 0))
         atomic_write_json(out / "plan.json", plan)
-    elif max_minutes is not None:
-        plan = json.loads((out / "plan.json").read_text())  # a resumed run keeps the plan it started with
+        ids = _stage_ids(plan, cfg, fps, coco_kw, ft_kw, target_kw)
     stage_seconds["planning"] = round(time.perf_counter() - t_start - sum(stage_seconds.values()), 1)
 
     # ----------------------------------------------------------------------------------- stage 1: COCO
     current = model
     if not cfg.skip_coco and plan["coco_steps"] > 0:
         t0 = time.perf_counter()
-        if _stage_done(dirs["coco"]):
-            logger.info("stage coco: already finished (%s), skipped", dirs["coco"])
+        if done("coco"):
+            logger.info("stage coco: already finished (%s) with the same inputs, skipped", dirs["coco"])
         else:
             from .pretraining import CocoPretrainer
 
-            kw = {**coco_kw, "max_steps": plan["coco_steps"]}
+            _log_rerun(dirs["coco"])
+            kw = {**coco_kw, "max_steps": plan["coco_steps"], "overwrite_output_dir": True}
             if (has_mlm is False and "mlm_head_warmup_steps" not in cfg.coco
                     and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
                 kw["mlm_head_warmup_steps"] = int(0.3 * plan["coco_steps"])
@@ -598,7 +690,7 @@ def run_recipe(
             trainer = CocoPretrainer(model, args, corpora=coco_corpora)  # seeds before building the heads
             trainer.train(resume_from_checkpoint=True if resume else None)
             trainer.finalize()
-            _mark_done(dirs["coco"], {"steps": trainer.state.global_step})
+            _mark_done(dirs["coco"], {"steps": trainer.state.global_step, "identity": ids["coco"]})
             del trainer
         current = str(dirs["coco"])
         stage_seconds["coco"] = _stage_seconds(dirs["coco"], t0)
@@ -606,13 +698,15 @@ def run_recipe(
     # ----------------------------------------------------------------------------------- stage 2: source fine-tuning
     if not cfg.skip_finetune and plan["finetune_steps"] > 0:
         t0 = time.perf_counter()
-        if _stage_done(dirs["finetune"]):
-            logger.info("stage finetune: already finished (%s), skipped", dirs["finetune"])
+        if done("finetune"):
+            logger.info("stage finetune: already finished (%s) with the same inputs, skipped", dirs["finetune"])
         else:
             steps = plan["finetune_steps"]
             refreshes = plan["refreshes"]
             every = max(1, steps // (refreshes + 1)) if refreshes else 0
-            args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps})
+            _log_rerun(dirs["finetune"])
+            args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps,
+                                            "overwrite_output_dir": True})
             joint = None
             if is_joint(cfg):
                 from .methods.joint import TargetPairsObjective
@@ -623,30 +717,33 @@ def run_recipe(
                     seed=cfg.seed)
             _train_finetune_stage(current, args, train_data, dirs["finetune"], methods=methods,
                                   target_corpora=list(target_corpora), negatives_label="bm25",
-                                  target_queries=list(cfg.target_queries), resume=resume, joint=joint)
+                                  target_queries=list(cfg.target_queries), resume=resume, joint=joint,
+                                  identity=ids["finetune"])
         current = str(dirs["finetune"])
         stage_seconds["finetune"] = _stage_seconds(dirs["finetune"], t0)
 
     # ----------------------------------------------------------------------------------- stage 3: target pseudo pairs
     if cfg.target_pairs != "none" and not is_joint(cfg) and plan["target_steps"] > 0:
         t0 = time.perf_counter()
-        if _stage_done(dirs["target"]):
-            logger.info("stage target: already finished (%s), skipped", dirs["target"])
+        if done("target"):
+            logger.info("stage target: already finished (%s) with the same inputs, skipped", dirs["target"])
         else:
+            _log_rerun(dirs["target"])
             args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **target_kw,
-                                            "max_steps": plan["target_steps"]})
+                                            "max_steps": plan["target_steps"], "overwrite_output_dir": True})
             _train_finetune_stage(current, args, target_data, dirs["target"],
-                                  negatives_label="bm25 (within the target corpora)")
+                                  negatives_label="bm25 (within the target corpora)", identity=ids["target"])
         current = str(dirs["target"])
         stage_seconds["target"] = _stage_seconds(dirs["target"], t0)
 
     # ----------------------------------------------------------------------------------- stage 4: WiSE-FT
     if cfg.wise_alpha not in (None, 1, 1.0) and current != model:
         t0 = time.perf_counter()
-        if _stage_done(dirs["wise"]):
-            logger.info("stage wise: already finished (%s), skipped", dirs["wise"])
+        if done("wise"):
+            logger.info("stage wise: already finished (%s) with the same inputs, skipped", dirs["wise"])
         else:
-            _wise_stage(model, current, dirs["wise"], float(cfg.wise_alpha))
+            _log_rerun(dirs["wise"])
+            _wise_stage(model, current, dirs["wise"], float(cfg.wise_alpha), ids["wise"])
         current = str(dirs["wise"])
         stage_seconds["wise"] = _stage_seconds(dirs["wise"], t0)
 
@@ -655,7 +752,7 @@ def run_recipe(
     if current == model:
         from .export import export_sentence_transformer
 
-        export_sentence_transformer(model, final_dir, pooling=pooling, similarity=similarity)
+        export_sentence_transformer(model, final_dir, pooling=pooling, similarity=similarity, run_record=False)
     else:
         _export_final(Path(current), final_dir)
     stage_seconds["export"] = round(time.perf_counter() - t0, 1)
@@ -710,7 +807,7 @@ def _given(steps: int | None, skipped: bool) -> int:
 
 def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=(), target_corpora=(),
                           negatives_label: str = "bm25", target_queries=(), resume: bool = True,
-                          joint=None) -> None:
+                          joint=None, identity: str | None = None) -> None:
     from .modeling.loading import load_encoder
     from .training_api import build_idro_trainer
 
@@ -723,10 +820,10 @@ def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=()
     trainer.train(resume_from_checkpoint=True if resume else None)
     trainer.finalize()
     _save_weight_history(trainer, stage_dir)
-    _mark_done(stage_dir, {"steps": trainer.state.global_step})
+    _mark_done(stage_dir, {"steps": trainer.state.global_step, "identity": identity})
 
 
-def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float) -> None:
+def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float, identity: str | None = None) -> None:
     """WiSE-FT of the last stage's model with the starting model, written as a complete model directory."""
     from .model_card import TRAINING_INFO_FILE, write_model_card
     from .modeling.loading import load_encoder
@@ -747,14 +844,15 @@ def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float) -> None
             if (Path(adapted) / name).is_file():
                 shutil.copy2(Path(adapted) / name, tmp / name)
         write_model_card(tmp, st, card)
-        _mark_done(tmp, {"alpha": alpha, "start": start, "adapted": adapted})
+        _mark_done(tmp, {"alpha": alpha, "start": start, "adapted": adapted, "identity": identity})
 
 
 def _export_final(src: Path, dst: Path) -> None:
     """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically."""
+    from .run_record import LOCK, RECORD
     from .utils import atomic_directory
 
-    skip = {"trainer_state.json", "training_args.bin", STAGE_MARKER, "eval.json", "idro_weights.json"}
+    skip = {"trainer_state.json", "training_args.bin", STAGE_MARKER, "eval.json", "idro_weights.json", RECORD, LOCK}
     with atomic_directory(dst) as tmp:
         for p in src.iterdir():
             if p.name.startswith("checkpoint-") or p.name in skip or p.name.startswith("."):

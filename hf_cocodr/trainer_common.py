@@ -34,17 +34,64 @@ class TrainerMixin:
             validate_repo_id(args.hub_model_id)
         return token
 
+    _command = "train"  # the command name in the output folder's owner record
+
+    def _run_identity(self) -> dict:
+        """What makes a run this run: the starting model, the data and the settings that change the trajectory."""
+        raise NotImplementedError
+
+    def _trajectory_settings(self) -> dict:
+        skip = ("output_dir", "overwrite_output_dir", "logging", "log_", "save_", "report_to", "disable_tqdm",
+                "run_name", "hub_", "push_to_hub", "eval", "per_device_eval", "dataloader_num_workers",
+                "dataloader_pin", "dataloader_persistent", "dataloader_prefetch", "resume_from_checkpoint",
+                "load_best", "metric_for_best", "greater_is_better", "do_", "prediction_loss_only", "include_",
+                "ddp_", "local_rank", "use_cpu", "no_cuda", "project", "trackio", "restore_callback")
+        return {k: v for k, v in self.args.to_dict().items() if not k.startswith(skip)}
+
+    def _claim_output_dir(self, resume: bool):
+        """Claim ``output_dir`` for this run (owner record + lock, see :mod:`hf_cocodr.run_record`); main process
+        only. Returns the run id every process resumes under."""
+        from . import distributed as D
+        from .run_record import RunFolder, read_record
+
+        self._run_folder = None
+        if self.args.should_save:
+            self._run_folder = RunFolder.claim(
+                self.args.output_dir, self._command, self._run_identity(), resume=resume,
+                overwrite=bool(getattr(self.args, "overwrite_output_dir", False)), trainer=True)
+        D.barrier()
+        return (read_record(self.args.output_dir) or {}).get("run_id")
+
     def train(self, resume_from_checkpoint=None, **kwargs):
-        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete* checkpoint. With
+        """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete, intact* checkpoint of this
+        run. The output folder is claimed first: a folder of someone else's files, another run's folder or one
+        another process writes is refused (``overwrite_output_dir=True`` replaces an earlier run's own files). With
         ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end."""
         from .checkpoints import resolve_resume
 
-        resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
-        self._finalized = False
-        output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        wants_resume = not (resume_from_checkpoint is None or resume_from_checkpoint is False or (
+            isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0")))
+        run_id = self._claim_output_dir(wants_resume)
+        try:
+            resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, run_id=run_id)
+            self._finalized = False
+            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally:
+            if self._run_folder is not None:
+                self._run_folder.release()
         if self.args.push_to_hub:
             self.push_to_hub()
         return output
+
+    def _record_outputs(self) -> None:
+        """List what this run wrote into ``output_dir`` in its owner record (after the final model is written)."""
+        from .run_record import RunFolder, read_record
+
+        run = getattr(self, "_run_folder", None)
+        if run is not None and self.args.should_save:
+            rec = read_record(run.path)
+            if rec and rec.get("run_id") == run.run_id:
+                RunFolder(run.path, rec).save()
 
     def _mark_checkpoint_complete(self, trial) -> None:
         """Written last, atomically: only checkpoints with this marker are ever resumed from."""
@@ -53,12 +100,18 @@ class TrainerMixin:
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from . import distributed as D
+        from .checkpoints import file_checksums
         from .state import COMPLETE_MARKER
         from .utils import atomic_write_json
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:
-            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": self.state.global_step})
+            run = getattr(self, "_run_folder", None)
+            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {
+                "global_step": self.state.global_step, "run_id": run.run_id if run else None,
+                "files": file_checksums(folder)})
+            if run is not None:
+                run.save()
         D.barrier()
 
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:

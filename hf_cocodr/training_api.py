@@ -118,6 +118,22 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
         check_push_possible(args.hub_model_id, args.hub_token)
 
 
+def check_output_dir(args, command: str) -> None:
+    """Refuse, before any work, an ``output_dir`` that is not writable or holds files of someone else (see
+    :mod:`hf_cocodr.run_record`); ``train()`` claims it for real."""
+    from .run_record import RunFolder
+
+    if not args.should_save:
+        return
+    RunFolder.claim(args.output_dir, command, None, resume=True, overwrite=bool(args.overwrite_output_dir),
+                    trainer=True, dry_run=True)
+    parent = Path(args.output_dir).expanduser().resolve()
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"output_dir {args.output_dir}: {parent} is not writable")
+
+
 def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
                  max_queries: int | None = None, methods=(), evals=(), loss=None,
                  target_corpora=(), target_queries=()) -> dict[str, Any]:
@@ -129,6 +145,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
+    check_output_dir(args, "finetune")
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
@@ -146,6 +163,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
         from .model_card import write_model_card
 
         write_model_card(args.output_dir, trainer.model, trainer.card_data())
+    trainer._record_outputs()  # the evaluation files are this run's too
     if push:
         args.push_to_hub = True
         result["commit_url"] = trainer.push_to_hub()
@@ -181,6 +199,7 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
 
     if args is None:
         args = CocoPretrainingArguments(output_dir="outputs/coco")
+    check_output_dir(args, "pretrain")
     _check_inputs(model, {"--corpus": corpora}, (), args)
     if n_head_layers is not None:
         args.n_head_layers = n_head_layers

@@ -157,14 +157,14 @@ def test_export_never_deletes_the_users_files(tiny_bert_dir, tmp_path, monkeypat
     before = _digest(home)
     monkeypatch.chdir(home / "sub")
     for target in (".", "..", str(home)):
-        with pytest.raises(FileExistsError, match="current folder|not a model"):
+        with pytest.raises(FileExistsError, match="current folder|did not write"):
             export_sentence_transformer(str(tiny_bert_dir), target)
     with pytest.raises(FileExistsError, match="is a file"):
         export_sentence_transformer(str(tiny_bert_dir), "data.csv")
     with pytest.raises(FileExistsError, match="read from"):
         export_sentence_transformer(str(tiny_bert_dir), str(tiny_bert_dir))
     for convert in (True, False):  # a folder beside the model that holds other files
-        with pytest.raises(FileExistsError, match="not a model"):
+        with pytest.raises(FileExistsError, match="did not write"):
             (convert_checkpoint if convert else export_sentence_transformer)(str(tiny_bert_dir), str(home / "photos"))
     assert main(["export", str(tiny_bert_dir), "."]) == 2
     assert _digest(home) == before  # byte for byte
@@ -179,7 +179,11 @@ def test_export_in_place_keeps_checkpoints_and_other_files(tiny_bert_dir, tmp_pa
     (out / "checkpoint-5" / "optimizer.pt").write_bytes(b"\x00\x01")
     (out / "my_notes.md").write_text("keep me")
     kept = {k: v for k, v in _digest(out).items() if k.startswith(("checkpoint-5", "my_notes"))}
-    model = export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine")
+    with pytest.raises(FileExistsError, match="did not write"):  # files the export did not write: refused...
+        export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine")
+    # ...unless asked to write beside them: they are carried over untouched
+    model = export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine",
+                                        overwrite_output_dir=True)
     assert {k: v for k, v in _digest(out).items() if k in kept} == kept
     assert model.similarity_fn_name == "cosine"
     with pytest.raises(FileExistsError, match="read from"):  # never in place: the source is what it reads

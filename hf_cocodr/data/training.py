@@ -116,6 +116,18 @@ class RetrievalTrainingData:
                     out.name, len(out), out.pos_idx.size / len(out), len(out.corpus))
         return out
 
+    def fingerprint(self) -> dict:
+        """A content hash of the queries, their positives and negatives and the corpus (run identity)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for part in (self.query_ids, self.query_texts):
+            h.update("\x1f".join(part).encode())
+        for arr in (self.pos_ptr, self.pos_idx, self.neg_ptr, self.neg_idx):
+            h.update(np.ascontiguousarray(arr).tobytes())
+        h.update(str(getattr(self.corpus, "_fingerprint", len(self.corpus))).encode())
+        return {"training_data": h.hexdigest()[:32], "queries": len(self.query_ids)}
+
     def __len__(self) -> int:
         return len(self.query_ids)
 
@@ -276,6 +288,9 @@ class StaticRows:
         self.query_ids = [str(i) for i in range(len(dataset))]
         self.name = name or "dataset"
         self.negatives_source = "static" if len(cols) > 2 else "none"
+
+    def fingerprint(self) -> dict:
+        return {"dataset": self.dataset._fingerprint, "rows": len(self.dataset)}
 
     def __len__(self) -> int:
         return len(self.dataset)

@@ -137,6 +137,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         self._num_negatives = args.num_negatives if isinstance(
             getattr(self.training_data, "human", self.training_data), RetrievalTrainingData) else None
         self.rmsc_k: int | None = None  # set by hf_cocodr.methods when RMSC tokens are in use
+        self._identity = None
+        self._run_identity()
         self._log_setup()
 
     # ---------------------------------------------------------------------------------------------- helpers
@@ -414,6 +416,15 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
             write_model_card(output_dir or self.args.output_dir, self.model, self.card_data())
 
+    _command = "finetune"
+
+    def _run_identity(self) -> dict:
+        if getattr(self, "_identity", None) is None:  # the starting weights: taken before the first step changes them
+            from ..run_record import fingerprint, model_fingerprint
+
+            self._identity = {"model": model_fingerprint(self.model), "data": fingerprint(self.training_data)}
+        return {**self._identity, "settings": self._trajectory_settings()}
+
     def finalize(self) -> str:
         """Write the final model, ``trainer_state.json`` and the card into ``output_dir`` (once per train())."""
         if self.rmsc_k is not None:  # the model in memory encodes as the saved one: [T] ... [H]
@@ -424,4 +435,5 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             self.save_model(self.args.output_dir, _internal_call=True)  # _save pins the RMSC tokenizer
             self.save_state()
             self._finalized = True
+            self._record_outputs()
         return self.args.output_dir

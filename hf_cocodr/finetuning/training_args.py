@@ -67,6 +67,10 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         rmsc_weak_pairs: weak pairs per corpus (None: balanced, as many as the labelled source queries).
     """
 
+    overwrite_output_dir: bool = field(default=False, metadata={"help": (
+        "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
+        "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
+        "refused")})
     idro_preset: str = field(default="paper", metadata={"help": f"iDRO preset: one of {PRESETS}"})
     num_clusters: int = field(default=50, metadata={"help": "K, number of query clusters"})
     idro_beta: float = field(default=0.25, metadata={"help": "beta of the loss-scaling terms"})

@@ -103,6 +103,11 @@ class CocoPretrainer(TrainerMixin, Trainer):
             from ..modeling.loading import check_model_source
 
             check_model_source(model)
+        if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
+            from ..run_record import RunFolder
+
+            RunFolder.claim(args.output_dir, self._command, None, resume=True, overwrite=args.overwrite_output_dir,
+                            trainer=True, dry_run=True)
         source = None
         if not isinstance(model, CondenserForPretraining):
             from transformers import set_seed
@@ -116,15 +121,15 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
             name = source or model.lm.config._name_or_path
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
-        if args.should_save:  # the encoder is exported into output_dir at the end: refuse a folder of user files now
-            from ..utils import check_model_output_dir
-
-            check_model_output_dir(args.output_dir)
         if not args.backbone_dropout:
             for m in model.lm.modules():
                 if isinstance(m, torch.nn.Dropout):
                     m.p = 0.0
         self.source_model = source
+        from ..run_record import fingerprint, model_fingerprint
+
+        self._identity = {"model": fingerprint(source) if source else model_fingerprint(model.lm),
+                          "data": fingerprint(corpora)}
         self.span_corpus = SpanCorpus.build(
             corpora, tokenizer, mode=args.span_mode, span_max_tokens=args.span_max_tokens,
             span_break_prob=args.span_break_prob, span_len=args.span_len, min_span_tokens=args.min_span_tokens,
@@ -341,7 +346,13 @@ class CocoPretrainer(TrainerMixin, Trainer):
             if self.args.should_save:
                 self.save_state()
             self._finalized = True
+            self._record_outputs()
         return self.args.output_dir
+
+    _command = "pretrain"
+
+    def _run_identity(self) -> dict:
+        return {**self._identity, "settings": self._trajectory_settings()}
 
     def stage_info(self) -> dict[str, Any]:
         a = self.args
@@ -384,7 +395,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 tmp, output_dir, pooling=self.args.pooling, similarity=self.args.contrastive_similarity,
                 max_seq_length=self._export_max_len(), card_data=card,
                 extra_files={HEAD_WEIGHTS: Path(tmp) / HEAD_WEIGHTS, HEAD_CONFIG: Path(tmp) / HEAD_CONFIG},
-                preserve=_checkpoint_dirs(output_dir),
+                preserve=_checkpoint_dirs(output_dir), run_record=False,  # train() claimed output_dir
             )
 
     def _export_max_len(self) -> int:

@@ -44,6 +44,10 @@ class CocoPretrainingArguments(TrainingArguments):
             models, half the depth otherwise).
     """
 
+    overwrite_output_dir: bool = field(default=False, metadata={"help": (
+        "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
+        "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
+        "refused")})
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (1e-4 base, 1e-5 large)"})
     warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a ratio when < 1"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})

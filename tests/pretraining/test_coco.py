@@ -262,7 +262,7 @@ def test_pretrain_into_a_folder_of_user_files_is_refused_before_training(tiny_be
     out = tmp_path / "mine"
     out.mkdir()
     (out / "thesis.tex").write_text("\\documentclass{article}")
-    with pytest.raises(FileExistsError, match="not a model"):
+    with pytest.raises(FileExistsError, match="did not write"):
         CocoPretrainer(str(tiny_bert_dir), coco_args(out), corpora=[tiny_beir])
     assert [p.name for p in out.iterdir()] == ["thesis.tex"]
     assert (out / "thesis.tex").read_text() == "\\documentclass{article}"

@@ -1,0 +1,348 @@
+"""Who wrote an output folder, for which run, and who is writing it now.
+
+Every hf_cocodr command that writes a folder keeps two small files in it:
+
+* ``hf_cocodr_run.json``, the owner record: the command, a run id, the version, when it started, the *identity* of
+  the run (fingerprints of its inputs and the settings that change its trajectory), the entries that were in the
+  folder before it (``preexisting``: never touched) and the entries it wrote (``files``: its own artifacts, the only
+  ones it may ever replace or remove).
+* ``hf_cocodr_run.lock`` while it runs: pid, host and start of the writer. A second writer gets a one-line error
+  naming the first; a lock left by a process that died (same host, pid gone) is taken over with a warning.
+
+:meth:`RunFolder.claim` applies the rules before any work:
+
+* a folder holding entries no hf_cocodr record lists is refused unless ``overwrite`` (then they are written beside,
+  never touched);
+* resuming checks that the folder's run has this run's identity, else a one-line :class:`RunMismatchError` names
+  what differs (with ``overwrite`` the old run's own artifacts are removed and the run starts over);
+* a fresh start into the folder of an earlier run is refused unless ``overwrite`` or the command *replaces* its own
+  output by nature (export, convert, mteb); the earlier run's own artifacts are removed first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .utils import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+RECORD = "hf_cocodr_run.json"
+LOCK = "hf_cocodr_run.lock"
+_MIB = 1 << 20
+_MAX_FILES = 500  # a folder input is fingerprinted by at most this many files (sorted paths)
+
+
+class RunMismatchError(ValueError):
+    """The output folder belongs to another run (different inputs or settings)."""
+
+
+class RunLockedError(FileExistsError):
+    """Another live process is writing the output folder."""
+
+
+# ----------------------------------------------------------------------------------------------------- fingerprints
+def _file_fingerprint(path: Path) -> dict[str, Any]:
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_MIB))
+        if size > 2 * _MIB:
+            f.seek(size - _MIB)
+            h.update(f.read(_MIB))
+        elif size > _MIB:
+            h.update(f.read())
+    return {"size": size, "sha256_head_tail": h.hexdigest()[:32]}
+
+
+def fingerprint(obj: Any) -> Any:
+    """A JSON-able fingerprint of an input: a file (size + hash of its first and last MiB), a folder (the same for
+    each file, hidden entries, checkpoints and our own run files left out), a ``datasets.Dataset`` (its datasets
+    fingerprint), an object with a ``fingerprint()`` method, a Hub id or any other value (itself), lists of these."""
+    if isinstance(obj, (list, tuple)):
+        return [fingerprint(o) for o in obj]
+    if hasattr(obj, "fingerprint") and callable(obj.fingerprint):
+        return obj.fingerprint()
+    if hasattr(obj, "_fingerprint") and hasattr(obj, "column_names"):  # datasets.Dataset
+        return {"dataset": obj._fingerprint, "rows": len(obj)}
+    if isinstance(obj, (str, os.PathLike)) and os.path.exists(obj):
+        p = Path(obj)
+        if p.is_file():
+            return _file_fingerprint(p)
+        files = sorted(f for f in p.rglob("*") if f.is_file() and not _skip(f.relative_to(p)))
+        return {str(f.relative_to(p)): _file_fingerprint(f) for f in files[:_MAX_FILES]}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    for inner in ("human", "data", "dataset"):  # wrappers around training data
+        if hasattr(obj, inner) and getattr(obj, inner) is not obj:
+            return {"type": type(obj).__name__, inner: fingerprint(getattr(obj, inner))}
+    return {"type": type(obj).__name__, "rows": len(obj) if hasattr(obj, "__len__") else None}
+
+
+def model_fingerprint(module) -> dict[str, Any]:
+    """SHA-256 of a torch module's parameters and buffers (names, shapes, dtypes and bytes)."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for name, t in sorted(module.state_dict().items()):
+            t = t.detach().cpu().contiguous()
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return {"weights_sha256": h.hexdigest()[:32]}
+
+
+def _skip(rel: Path) -> bool:
+    parts = rel.parts
+    return any(x.startswith(".") or x.startswith("checkpoint-") or x == "runs" for x in parts) or \
+        rel.name in (RECORD, LOCK)
+
+
+def digest(obj: Any) -> str:
+    """A short stable hash of a JSON-able value."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The keys (``a.b`` for one level down) whose values differ between two identities."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            sub = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            out += [f"{key}.{k}" for k in sub[:6]] + ([f"{key}.(+{len(sub) - 6} more)"] if len(sub) > 6 else [])
+        else:
+            out.append(key)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------ lock
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(folder: str | os.PathLike) -> Path:
+    """Create ``folder/hf_cocodr_run.lock`` or fail with a one-line :class:`RunLockedError` naming its holder."""
+    folder = Path(folder)
+    path = folder / LOCK
+    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now()}
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                holder = json.loads(path.read_text())
+            except (OSError, ValueError):
+                holder = {}
+            if holder.get("pid") == os.getpid() and holder.get("host") == me["host"]:
+                return path  # this process holds it already (a trainer inside a recipe stage, ...)
+            if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _pid_alive(holder["pid"]):
+                logger.warning("taking over the lock of %s left by process %s (started %s), which is no longer "
+                               "running", folder, holder.get("pid"), holder.get("started", "?"))
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                continue
+            if not holder:
+                raise RunLockedError(f"{folder} is locked by {path} (unreadable); if no hf-cocodr process writes "
+                                     "there, delete that file") from None
+            raise RunLockedError(
+                f"{folder} is being written by another hf-cocodr process (pid {holder.get('pid')} on "
+                f"{holder.get('host')}, since {holder.get('started')}); wait for it to finish or use another "
+                "folder") from None
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return path
+    raise RunLockedError(f"could not lock {folder}")
+
+
+def release_lock(folder: str | os.PathLike) -> None:
+    path = Path(folder) / LOCK
+    with contextlib.suppress(OSError, ValueError):
+        holder = json.loads(path.read_text())
+        if holder.get("pid") == os.getpid():
+            path.unlink()
+
+
+# ------------------------------------------------------------------------------------------------------ the record
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _entries(folder: Path) -> set[str]:
+    if not folder.is_dir():
+        return set()
+    return {p.name for p in folder.iterdir() if p.name not in (RECORD, LOCK) and not _is_staging(p.name)}
+
+
+def _is_staging(name: str) -> bool:
+    # atomic writes stage as hidden siblings: ".name.tmp-xxxx", ".name.old-xxxx", ".name.123.tmp"
+    return name.startswith(".") and (".tmp" in name or ".old-" in name)
+
+
+def read_record(folder: str | os.PathLike) -> dict[str, Any] | None:
+    path = Path(folder) / RECORD
+    if not path.is_file():
+        return None
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise RunMismatchError(f"{path} is not readable JSON; move it away (or the folder) to start a new run") \
+            from None
+    return rec if isinstance(rec, dict) else None
+
+
+def check_not_precious(folder: str | os.PathLike, what: str = "output") -> Path:
+    """Refuse a file, the current folder, one of its parents, the home folder and ``/`` as an output folder."""
+    out = Path(folder).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{folder} is a file; the {what} must be a folder (a new one, or one hf_cocodr wrote)")
+    cwd = Path.cwd().resolve()
+    if out == Path(out.anchor) or out == Path.home().resolve() or out == cwd or out in cwd.parents:
+        raise FileExistsError(f"refusing to write into {folder} ({out}): it is the current folder, one of its "
+                              "parents, your home or the root; give a new folder, e.g. ./model")
+    return out
+
+
+class RunFolder:
+    """An output folder claimed by one run (see the module docstring). Use :meth:`claim`, then :meth:`save` after
+    writing (and whenever a checkpoint lands), then :meth:`release`."""
+
+    def __init__(self, path: Path, record: dict[str, Any]):
+        self.path = path
+        self.record = record
+
+    @property
+    def run_id(self) -> str:
+        return self.record["run_id"]
+
+    @classmethod
+    def claim(cls, folder: str | os.PathLike, command: str, identity: dict[str, Any], *, resume: bool = False,
+              overwrite: bool = False, replaces_own: bool = False, lock: bool = True, trainer: bool = False,
+              dry_run: bool = False) -> RunFolder | None:
+        """Check ``folder`` against the rules, lock it and write this run's record (``dry_run``: only check, write
+        nothing). ``trainer``: foreign ``checkpoint-*`` folders are refused even with ``overwrite`` (a resume or the
+        trainer's checkpoint rotation could take them for this run's)."""
+        from . import __version__
+
+        out = check_not_precious(folder)
+        if dry_run:
+            lock = False
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+        if lock:
+            acquire_lock(out)
+        try:
+            old = read_record(out)
+            entries = _entries(out)
+            own = set(old["files"]) if old else set()
+            known = own | set(old.get("preexisting", [])) if old else set()
+            foreign = sorted(entries - known)
+            same_run = bool(old and resume and (identity is None or (
+                old.get("command") == command and not identity_diff(old.get("identity", {}), identity))))
+            if same_run:  # checkpoints this run wrote after it last updated its record (killed mid-save, ...)
+                own |= {f for f in foreign if f.startswith("checkpoint-")}
+                foreign = [f for f in foreign if not f.startswith("checkpoint-")]
+            if trainer and any(f.startswith("checkpoint-") for f in foreign):
+                raise FileExistsError(
+                    f"{folder} holds checkpoint folders hf_cocodr did not record for it "
+                    f"({', '.join(f for f in foreign if f.startswith('checkpoint-'))}); a resume could take them for "
+                    "this run's: give a new folder")
+            if foreign and not overwrite:
+                raise FileExistsError(
+                    f"{folder} holds files hf_cocodr did not write ({', '.join(foreign[:3])}"
+                    f"{', ...' if len(foreign) > 3 else ''}); hf_cocodr never deletes or changes files it did not "
+                    "write: give a new or empty folder, or pass --overwrite_output_dir to write beside them (they "
+                    "stay untouched)")
+            run_id = uuid.uuid4().hex[:12]
+            if old and resume:
+                diff = [] if identity is None else identity_diff(old.get("identity", {}), identity)
+                if old.get("command") != command:
+                    diff = ["command"] + diff
+                if not diff:
+                    old.setdefault("resumed", []).append(_now())
+                    run_id = old["run_id"]
+                elif not overwrite:
+                    raise RunMismatchError(
+                        f"{folder} holds another run ({old.get('command')}, started {old.get('started')}): "
+                        f"{', '.join(diff)} differ; pass --overwrite_output_dir to replace that run's files, or give "
+                        "a new folder")
+                elif dry_run:
+                    return None
+                else:
+                    logger.warning("%s: the earlier run differs in %s; replacing its files and starting over",
+                                   folder, ", ".join(diff))
+                    remove_own(out, own & entries)
+            elif old and own & entries:
+                if not (overwrite or (replaces_own and old.get("command") == command)):
+                    raise FileExistsError(
+                        f"{folder} holds an earlier run ({old.get('command')}, started {old.get('started')}); "
+                        "resume it (--resume_from_checkpoint true), pass --overwrite_output_dir to replace its files, "
+                        "or give a new folder")
+                if dry_run:
+                    return None
+                if not replaces_own:
+                    remove_own(out, own & entries)
+            if dry_run:
+                return None
+            if old and old.get("run_id") == run_id:
+                record = old
+            else:
+                preexisting = sorted((set(old.get("preexisting", [])) if old else set()) | set(foreign))
+                record = {"command": command, "run_id": run_id, "version": __version__, "started": _now(),
+                          "identity": identity, "preexisting": preexisting,
+                          "files": sorted(own & _entries(out)) if replaces_own else []}
+            rf = cls(out, record)
+            rf.save()
+            return rf
+        except BaseException:
+            if lock:
+                release_lock(out)
+            raise
+
+    def save(self) -> None:
+        """Record every entry written since the claim as this run's own artifact."""
+        entries = _entries(self.path)
+        self.record["files"] = sorted(entries - set(self.record["preexisting"]))
+        self.record["updated"] = _now()
+        atomic_write_json(self.path / RECORD, self.record)
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            self.save()
+        release_lock(self.path)
+
+
+def remove_own(folder: Path, names: Iterable[str]) -> None:
+    """Remove the entries ``names`` of ``folder`` (only ever called with a run's own artifacts)."""
+    for name in sorted(names):
+        p = folder / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+
+
+def note_written(folder: str | os.PathLike) -> None:
+    """After a command that claimed ``folder`` wrote more into it: list those entries in its record as its own."""
+    rec = read_record(folder)
+    if rec is not None and "preexisting" in rec:
+        RunFolder(Path(folder), rec).save()
