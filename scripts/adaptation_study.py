@@ -258,7 +258,8 @@ def write_report(ns, rows: dict) -> None:
         "starting weights, no training). Noise: the largest seed spread among the arms run with several seeds ("
         + ", ".join(f"{label} ±{v:.4f}" if v is not None else f"{label}: not measured yet" for label, v in
                     noise.items())
-        + "); the verdict column calls a Δ beyond it *better* / *worse*, anything within it *same*.",
+        + "); the verdict column (arms with at least 3 seeds) calls a Δ beyond it *better* / *worse*, anything "
+        "within it *same*.",
         "",
         "Columns: Δ start = difference of the means to the starting model; steps as planned by the recipe for the "
         "budget; train min = data + planning + stages + export as recorded (n/a: trained before the recipe kept stage "
@@ -285,6 +286,8 @@ def write_report(ns, rows: dict) -> None:
         def verdict(label, s=s, arm=arm):
             if not start or arm == "start" or noise[label] is None:
                 return ""
+            if len(s["seeds"]) < 3:  # one or two seeds say nothing about this arm's own spread
+                return "n<3"
             d = s[f"{label} ndcg@10"]["mean"] - start[f"{label} ndcg@10"]["mean"]
             return "better" if d > noise[label] else "worse" if d < -noise[label] else "same"
 
@@ -297,7 +300,8 @@ def write_report(ns, rows: dict) -> None:
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
                      f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
                      f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | "
-                     f"{' / '.join(filter(None, (verdict('SciFact dev'), verdict('NFCorpus dev'))))} | {steps_txt} | "
+                     f"{' / '.join(dict.fromkeys(filter(None, (verdict('SciFact dev'), verdict('NFCorpus dev')))))} | "
+                     f"{steps_txt} | "
                      f"{train_min(s)} | {losses} | {what} |")
     lines += ["", "Commands (run from the repository root; a finished row is read from the cache, a killed one resumes):",
               ""]

@@ -251,8 +251,9 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
 
 def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path):
     """The report's noise is the largest seed half-range; a Δ to the start beyond it is better/worse, within it same.
-    Hand-made rows: title-body seeds give SciFact 0.62 / 0.64 (spread ±0.01, mean 0.63 vs start 0.60 -> better) and
-    NFCorpus 0.30 / 0.31 (±0.005, mean 0.305 vs start 0.302 -> same); source-only is 0.58 / 0.28 (worse / worse)."""
+    Hand-made rows: title-body seeds give SciFact 0.62 / 0.63 / 0.64 (spread ±0.01, mean 0.63 vs start 0.60 ->
+    better) and NFCorpus 0.30 / 0.305 / 0.31 (±0.005, mean 0.305 vs start 0.302 -> same); source-only (3 seeds) is
+    0.58 / 0.28 (worse / worse); a one-seed arm gets no verdict."""
     import argparse
     import json
 
@@ -262,17 +263,19 @@ def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path
         return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
                             "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}}
 
-    rows = {"start": {0: row(0.60, 0.302)}, "title-body": {42: row(0.62, 0.30), 43: row(0.64, 0.31)},
-            "source-only": {42: row(0.58, 0.28)}}
+    rows = {"start": {0: row(0.60, 0.302)},
+            "title-body": {42: row(0.62, 0.30), 43: row(0.64, 0.31), 44: row(0.63, 0.305)},
+            "source-only": {s: row(0.58, 0.28) for s in (42, 43, 44)}, "ict": {42: row(0.70, 0.35)}}
     ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=8.0, doc_max_length=128,
                             report=str(tmp_path / "rep"), findings=str(tmp_path / "none.md"))
     study.write_report(ns, rows)
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["noise_ndcg@10"] == pytest.approx({"SciFact dev": 0.01, "NFCorpus dev": 0.005})
     assert report["arms"]["title-body"]["SciFact dev ndcg@10"]["mean"] == pytest.approx(0.63)
-    assert "--arms title-body --seeds 42,43" in report["commands"]["title-body"]
+    assert "--arms title-body --seeds 42,43,44" in report["commands"]["title-body"]
     text = (tmp_path / "rep.md").read_text()
     by_arm = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "| better / same |" in by_arm["title-body"]
-    assert "| worse / worse |" in by_arm["source-only"]
+    assert "| worse |" in by_arm["source-only"]
+    assert "| n<3 |" in by_arm["ict"]
     assert "+0.0300" in by_arm["title-body"]
