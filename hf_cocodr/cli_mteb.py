@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from .cli import UsageError, register
+from .cli import UsageError, add_overwrite_flag, register
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -44,6 +44,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="re-run tasks that already have results in OUT")
     p.add_argument("--prediction-folder", default=None, help="also save the top-ranked documents per query here")
     p.add_argument("--device", default=None)
+    add_overwrite_flag(p)
 
 
 def _run_mteb(args, _rest) -> int:
@@ -66,11 +67,22 @@ def _run_mteb(args, _rest) -> int:
     model_path = Path(args.model).expanduser()
     if not model_path.exists() and "/" not in args.model:
         raise FileNotFoundError(f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name).")
-    result = run_mteb(
-        args.model, args.data_dir, args.split, args.task_name, args.model_name, args.revision, args.output_folder,
-        tasks=tasks or None, batch_size=args.batch_size, languages=_csv(args.languages) or ["eng-Latn"],
-        overwrite=args.overwrite, prediction_folder=args.prediction_folder, device=args.device,
-    )
+    from .run_record import RunFolder, fingerprint
+
+    # the results folder is claimed like every output (owner record + lock); results of earlier hf-cocodr mteb runs
+    # there are its own and stay (mteb adds a folder per model and revision)
+    run = RunFolder.claim(args.output_folder, "mteb", {"model": fingerprint(args.model), "tasks": tasks,
+                                                       "data": fingerprint(args.data_dir)},
+                          overwrite=args.overwrite_output_dir, replaces_own=True)
+    try:
+        result = run_mteb(
+            args.model, args.data_dir, args.split, args.task_name, args.model_name, args.revision,
+            args.output_folder, tasks=tasks or None, batch_size=args.batch_size,
+            languages=_csv(args.languages) or ["eng-Latn"], overwrite=args.overwrite,
+            prediction_folder=args.prediction_folder, device=args.device,
+        )
+    finally:
+        run.release()
     for name, scores in result["tasks"].items():
         logger.info("%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s", name, scores.get("ndcg@10"), scores.get("recall@100"),
                     scores.get("mrr@10"))

@@ -34,7 +34,7 @@ def _finetune_cli(model, data, out, *extra):
 
 
 def test_a_users_folder_survives_every_writing_command(tiny_bert_dir, tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
-    """export, convert, pretrain, finetune and recipe into a folder of the user's files, into '.', '..' and a
+    """export, convert, pretrain, finetune, recipe and mteb into a folder of the user's files, into '.', '..' and a
     folder beside the model: each exits 2 with one line before any work, and every byte stays as it was."""
     from hf_cocodr.cli import main
 
@@ -53,6 +53,8 @@ def test_a_users_folder_survives_every_writing_command(tiny_bert_dir, tiny_st_di
             _finetune_cli(tiny_st_dir, tiny_beir, target),
             ["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
              str(tiny_beir), "--output_dir", target],
+            ["mteb", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--task-name", "Mine", "--model-name",
+             "me/mine", "--revision", "r1", "--output-folder", target],
         ]
     for argv in commands:
         assert main(argv) == 2, argv
