@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hf-cocodr {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and the result line")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an input error instead of one line (or HF_COCODR_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cmd in COMMANDS.values():
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
@@ -197,6 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import USER_ERRORS
 
     command = "hf-cocodr"
+    first_command = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))
+    debug = bool(os.environ.get("HF_COCODR_DEBUG")) or "--debug" in argv[:first_command]
     try:
         args, rest = parser.parse_known_args(argv)
         if args.command is None:
@@ -209,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_logging(logging.WARNING if args.quiet else logging.INFO)
         return cmd.run(args, rest)
     except (UsageError, *USER_ERRORS) as e:
-        if os.environ.get("HF_COCODR_DEBUG"):
+        if debug:
             raise
         msg = " ".join((str(e) or type(e).__name__).split())  # one line, whatever the library wrote
         print(f"{command}: error: {msg}", file=sys.stderr)

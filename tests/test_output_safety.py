@@ -211,3 +211,13 @@ def test_the_recipe_reruns_exactly_the_stages_whose_inputs_changed(tiny_bert_dir
     changed["finetune"] = {**RECIPE_CFG["finetune"], "learning_rate": 1e-3}
     assert run(changed) == {"coco"}
     assert run(changed) == {"coco", "finetune", "target", "wise"}
+
+
+def test_debug_shows_the_traceback_of_an_input_error(tmp_path, capsys):
+    from hf_cocodr.cli import main
+
+    argv = ["export", str(tmp_path / "missing-model"), str(tmp_path / "out")]
+    assert main(argv) == 2
+    assert "error:" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError):
+        main(["-q", "--debug", *argv])
