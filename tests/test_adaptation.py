@@ -279,3 +279,21 @@ def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path
     assert "| worse |" in by_arm["source-only"]
     assert "| n<3 |" in by_arm["ict"]
     assert "+0.0300" in by_arm["title-body"]
+
+
+def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
+    """Seed 43 of an arm gets exactly the steps seed 42's wall-clock plan bought; a stage planned with 0 steps is
+    skipped, not planned anew; without seed 42's plan the study stops with a message naming the file."""
+    import argparse
+    import json
+
+    study = _study_module()
+    ns = argparse.Namespace(work=str(tmp_path), budget_minutes=8.0, plan_from_seed=42)
+    plan_dir = study.arm_dir(tmp_path, 8.0, "title-body", 42) / "run"
+    with pytest.raises(SystemExit, match="plan.json"):
+        study.planned_steps(ns, "title-body", 43)
+    plan_dir.mkdir(parents=True)
+    (plan_dir / "plan.json").write_text(json.dumps({"coco_steps": 0, "finetune_steps": 12, "target_steps": 0,
+                                                    "refreshes": 0}))
+    assert study.planned_steps(ns, "title-body", 43) == {"refreshes": 0, "skip_coco": True, "finetune_steps": 12,
+                                                         "target_pairs": "none"}
