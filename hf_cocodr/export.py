@@ -20,6 +20,7 @@ from .modeling.loading import (
     is_sentence_transformers_dir,
     load_encoder,
 )
+from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
 from .utils import atomic_directory
 
 logger = logging.getLogger(__name__)
@@ -132,6 +133,8 @@ def export_sentence_transformer(
         check_model_output_dir(out_dir, source)  # before any model is loaded
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
+    origin = str(source) if source is not None else start_path(src)
+    card_data = {**_inherited_provenance(origin, pooling, similarity), **(card_data or {})}
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix=".hf_cocodr-export-") as staging:
         # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
@@ -148,6 +151,8 @@ def export_sentence_transformer(
             ),
             trust_remote_code=trust_remote_code,
         )
+        if origin:  # the exported model comes from the source, not from the staging folder (never saved to disk)
+            model[0].auto_model.config._name_or_path = origin
         if run_record:
             run = RunFolder.claim(out_dir, **claim)
         try:
@@ -157,6 +162,19 @@ def export_sentence_transformer(
                 run.release()
     logger.info("exported %s pooling / %s similarity encoder to %s", pooling, similarity, out_dir)
     return SentenceTransformer(str(out_dir))
+
+
+def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> dict[str, Any]:
+    """What an export carries over from its source's provenance (see :mod:`hf_cocodr.provenance`): stages, base model,
+    data sets, ... — everything but what the export writes anew; scores measured with another pooling or similarity
+    are not carried."""
+    info = source_info(origin)
+    for key in ("settings", "versions", "format"):
+        info.pop(key, None)
+    old = read_provenance(origin).get("settings") or {} if origin and Path(origin).is_dir() else {}
+    if (old.get("pooling"), old.get("similarity")) != (pooling, similarity):
+        info.pop("start_vs_adapted", None)
+    return info
 
 
 def check_not_source(out_dir, source) -> None:
@@ -182,7 +200,7 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
         for name, source in (extra_files or {}).items():
             shutil.copy2(source, tmp / name)
         if run is not None:  # never replace a file no hf_cocodr run recorded as its own
-            clash = sorted({p.name for p in tmp.iterdir()} & set(run.record["preexisting"]))
+            clash = sorted(({p.name for p in tmp.iterdir()} | {PROVENANCE_FILE}) & set(run.record["preexisting"]))
             if clash:
                 raise FileExistsError(f"{out_dir} holds {', '.join(clash)}, which hf_cocodr did not write; the "
                                       "export would replace it: give a new folder")
@@ -191,6 +209,7 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
         carried = set(preserve or [])
         if out_dir.is_dir():
             carried |= {p.name for p in out_dir.iterdir() if not (tmp / p.name).exists()}
+        carried -= {PROVENANCE_FILE, LEGACY_TRAINING_INFO_FILE}  # the provenance of the model written now replaces it
         if run is not None:
             carried -= {LOCK, RECORD}
         for name in sorted(carried):
@@ -203,7 +222,7 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
                 os.link(old, tmp / name, follow_symlinks=False)
         from .model_card import write_model_card
 
-        write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity)
+        write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity, name=out_dir.name)
         if run is not None:  # the record lists what this export wrote; everything carried over is not its own
             written = {p.name for p in tmp.iterdir()} - carried
             run.record["preexisting"] = sorted(set(run.record["preexisting"]) | (carried - written))

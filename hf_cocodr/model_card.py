@@ -1,8 +1,11 @@
-"""Model cards for hf_cocodr models: YAML metadata + a Markdown body rendered from ``model_cards/*.jinja``.
+"""Model cards for hf_cocodr models, built with ``huggingface_hub``'s ``ModelCard`` / ``ModelCardData`` / ``EvalResult``.
 
-The card is built from plain data (``card_data``) plus what the directory holds (``eval.json``, MTEB results,
-``hf_cocodr_training.json``), so it renders identically offline and online and can be regenerated at each save.
-Tokens never enter the card: values that look like credentials are refused.
+The card is built from plain data (``card_data``), the model's provenance (``hf_cocodr_provenance.json``, see
+:mod:`hf_cocodr.provenance`) and what the directory holds (``eval.json``, MTEB results), so it renders identically
+offline and online and can be regenerated at each save. The metadata the Hub parses: ``base_model`` (a Hub id),
+``datasets`` (only real Hub dataset ids; local data is described in the text), ``model-index`` (every evaluation:
+``hf-cocodr evaluate`` / recipe results and MTEB results). The Markdown body is rendered from
+``model_cards/cocodr_model_card.md.jinja``. Tokens never enter the card: values that look like credentials are refused.
 """
 
 from __future__ import annotations
@@ -15,15 +18,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .utils import atomic_write_json, atomic_write_text
+from .provenance import (
+    LEGACY_TRAINING_INFO_FILE,
+    PROVENANCE_FILE,
+    is_cocodr_model,
+    update_provenance,
+    write_provenance,
+)
+from .utils import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
-TRAINING_INFO_FILE = "hf_cocodr_training.json"
+# The provenance record (stages, base model, data fingerprints, ...); older outputs hold it as LEGACY_TRAINING_INFO_FILE.
+TRAINING_INFO_FILE = PROVENANCE_FILE
 EVAL_FILE = "eval.json"
 MTEB_DIR = "mteb_results"
+RETRIEVAL_TASK = ("text-retrieval", "Retrieval")  # the Hub's task id for retrieval (as mteb maps it) and its name
+HF_COCODR_URL = "https://github.com/hf-cocodr/hf_cocodr"
+MTEB_URL = "https://github.com/embeddings-benchmark/mteb"
+_METRIC_RE = re.compile(r"^(ndcg|recall|mrr|map)@(\d+)$")
+_METRIC_NAMES = {"ndcg": "nDCG", "recall": "Recall", "mrr": "MRR", "map": "MAP"}
 
 CITATIONS: dict[str, dict[str, str]] = {
     "cocodr": {
@@ -117,40 +131,141 @@ def _read_json(path: Path) -> Any:
         return None
 
 
+def _split_spec(spec: str) -> tuple[str, str | None]:
+    """``"../data/scifact:train"`` → ``("scifact", "train")``; a spec without a split → ``(label, None)``."""
+    text = str(spec).strip().rstrip("/\\")
+    split = None
+    if ":" in text and not re.match(r"^[A-Za-z]:[\\/]", text) and not os.path.isdir(text):
+        text, split = text.rsplit(":", 1)
+    return (Path(text).name or text), split
+
+
+def _metric_label(key: str) -> tuple[str, str] | None:
+    """``"ndcg@10"`` → ``("ndcg_at_10", "nDCG@10")`` (mteb's metric id and a readable name); None for other keys."""
+    m = _METRIC_RE.match(key)
+    return (f"{m[1]}_at_{m[2]}", f"{_METRIC_NAMES[m[1]]}@{m[2]}") if m else None
+
+
 def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
-    """Rows for the evaluation table from ``eval.json`` (hf-cocodr evaluate / recipe) and MTEB result files."""
+    """Every evaluation stored with the model: ``eval.json`` (hf-cocodr evaluate / recipe) and MTEB result files.
+
+    One row per data set and split: ``dataset`` (the table label), ``name``, ``split``, ``dataset_type`` (a Hub
+    dataset id for MTEB's built-in tasks, else the local data set's name), ``dataset_revision``, ``source`` and
+    ``metrics`` (``{"ndcg@10": value, ...}``).
+    """
     rows: list[dict[str, Any]] = []
     ev = _read_json(directory / EVAL_FILE)
     if isinstance(ev, dict):
         for key, value in ev.items():
             if isinstance(value, dict) and "ndcg@10" in value:
-                rows.append({"dataset": key, "source": "hf-cocodr evaluate", **_metric_subset(value)})
+                name, split = _split_spec(key)
+                metrics = {k: v for k, v in value.items() if _metric_label(k) and isinstance(v, (int, float))}
+                rows.append({"dataset": key, "name": name, "split": split, "dataset_type": name,
+                             "dataset_revision": None, "source": "hf-cocodr evaluate", "metrics": metrics,
+                             **_metric_subset(value)})
     mteb_root = directory / MTEB_DIR
     if mteb_root.is_dir():
         for task_file in sorted(mteb_root.rglob("*.json")):
             if task_file.name == "model_meta.json":
                 continue
             data = _read_json(task_file)
-            if not isinstance(data, dict) or "scores" not in data:
+            if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
                 continue
+            task = data.get("task_name", task_file.stem)
             for split, entries in data["scores"].items():
                 for entry in entries:
+                    metrics = {k.replace("_at_", "@"): float(v) for k, v in entry.items()
+                               if _metric_label(k.replace("_at_", "@")) and isinstance(v, (int, float))}
+                    subset = entry.get("hf_subset", "default")
                     rows.append({
-                        "dataset": f"{data.get('task_name', task_file.stem)} ({split})",
-                        "source": "MTEB",
-                        "ndcg@10": entry.get("ndcg_at_10"),
-                        "recall@100": entry.get("recall_at_100"),
+                        "dataset": f"{task} ({split})" if subset == "default" else f"{task} {subset} ({split})",
+                        "name": task if subset == "default" else f"{task} ({subset})", "split": split,
+                        "dataset_type": _mteb_dataset_path(task) or task, "dataset_config": subset,
+                        "dataset_revision": data.get("dataset_revision"), "source": "MTEB", "metrics": metrics,
+                        "ndcg@10": entry.get("ndcg_at_10"), "recall@100": entry.get("recall_at_100"),
                         "mrr@10": entry.get("mrr_at_10"),
                     })
     return rows
+
+
+def _mteb_dataset_path(task_name: str) -> str | None:
+    """The Hub dataset id of a built-in MTEB task (``SciFact`` → ``mteb/scifact``); None for a local task."""
+    try:
+        from .evaluation.mteb import _mteb_task_names, _norm
+
+        if _mteb_task_names().get(_norm(task_name)) != task_name:
+            return None
+        import mteb
+
+        return mteb.get_task(task_name).metadata.dataset.get("path")
+    except Exception:  # mteb missing or the task unknown
+        return None
+
+
+def eval_results(evaluations: list[dict[str, Any]]) -> list:
+    """``huggingface_hub.EvalResult`` for every metric of every evaluation row (the card's ``model-index``)."""
+    from huggingface_hub import EvalResult
+
+    out = []
+    for row in evaluations:
+        for key, value in row["metrics"].items():
+            metric_type, metric_name = _metric_label(key)
+            source = ({"source_name": "MTEB", "source_url": MTEB_URL} if row["source"] == "MTEB"
+                      else {"source_name": "hf-cocodr evaluate", "source_url": HF_COCODR_URL})
+            out.append(EvalResult(
+                task_type=RETRIEVAL_TASK[0], task_name=RETRIEVAL_TASK[1], dataset_type=row["dataset_type"],
+                dataset_name=row["name"], dataset_config=row.get("dataset_config"), dataset_split=row["split"],
+                dataset_revision=row.get("dataset_revision"), metric_type=metric_type, metric_name=metric_name,
+                metric_value=round(float(value), 6), **source,
+            ))
+    return out
 
 
 def _metric_subset(value: dict[str, Any]) -> dict[str, Any]:
     return {k: value.get(k) for k in ("ndcg@10", "recall@100", "mrr@10")}
 
 
-def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: str, similarity: str) -> dict[str, Any]:
-    training = _read_json(directory / TRAINING_INFO_FILE) or {}
+def _local_data_labels(stages: list[dict[str, Any]]) -> set[str]:
+    """Names of the data the stages read from local folders (never Hub dataset ids)."""
+    labels: set[str] = set()
+    for s in stages:
+        for spec in [*(s.get("corpora") or []), *(s.get("target queries") or []), s.get("source_data")]:
+            if spec:
+                labels |= {str(spec), _split_spec(str(spec))[0]}
+    return labels
+
+
+def hub_datasets(datasets: list[str], stages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """``(hub, local)``: the entries that are Hub dataset ids (``validate_repo_id`` passes, no split suffix, not a local
+    path, not data a stage read from a local folder) and the rest, which the card describes in its text."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    local_labels = _local_data_labels(stages)
+    hub, local = [], []
+    for d in dict.fromkeys(str(x) for x in datasets if x):
+        try:
+            validate_repo_id(d)
+            ok = ":" not in d and d not in local_labels and not Path(d).expanduser().exists()
+        except HFValidationError:
+            ok = False
+        (hub if ok else local).append(d)
+    return hub, local
+
+
+def display_name(directory: Path) -> str:
+    """The name of a model folder for its card: the final folder's name, not a staging or checkpoint folder's."""
+    name = directory.name
+    m = re.match(r"^\.(.+)\.tmp-[0-9a-f]{8}$", name)  # utils.atomic_directory's staging sibling
+    if m:
+        return m[1]
+    if name.startswith("checkpoint-") and directory.parent.name:
+        return directory.parent.name
+    return name
+
+
+def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: str, similarity: str,
+                    name: str | None = None) -> dict[str, Any]:
+    training = _read_json(directory / TRAINING_INFO_FILE) or _read_json(directory / LEGACY_TRAINING_INFO_FILE) or {}
     data = {**training, **{k: v for k, v in card_data.items() if v is not None}}
     stages = data.get("stages", [])
     methods = list(dict.fromkeys(data.get("methods") or [s.get("method") for s in stages if s.get("method")]))
@@ -162,11 +277,12 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
                or any(s.get("method") == "pseudo-pairs" for s in stages) else [])
     readers += [name for key, name in (("modir", "MoDIR"), ("rmsc", "RMSC")) if key in methods]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
-    citations = ["cocodr"] + (["condenser"] if "coco" in methods else [])
+    citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in CITATIONS and m not in citations]
+    datasets, local_datasets = hub_datasets(list(data.get("datasets") or []), stages)
     transformer = model[0]
     data.update(
-        model_name=data.get("model_name") or directory.name,
+        model_name=data.get("model_name") or name or display_name(directory),
         pooling=pooling,
         similarity=similarity,
         embedding_dim=model.get_embedding_dimension(),
@@ -185,6 +301,10 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         target_queries_read=target_queries_read,
         source_data=source_data,
         stages=stages,
+        datasets=datasets,
+        local_datasets=local_datasets,
+        base_model=data.get("base_model"),
+        base_model_revision=data.get("base_model_revision"),
         evaluations=collect_evaluations(directory),
         citations=[CITATIONS[c] for c in citations],
     )
@@ -199,33 +319,43 @@ def _tokenizer_lowercases(transformer) -> bool:
         return False
 
 
-def card_metadata(data: dict[str, Any]) -> dict[str, Any]:
-    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense-retrieval", "hf-cocodr",
-            "cocodr"] + [m for m in data.get("methods", []) if m not in ("uniform",)]
-    meta: dict[str, Any] = {
-        "library_name": "sentence-transformers",
-        "pipeline_tag": "sentence-similarity",
-        "tags": list(dict.fromkeys(tags + list(data.get("tags") or []))),
-        "license": data.get("license") or "apache-2.0",
-        "language": data.get("language") or ["en"],
-    }
-    if data.get("base_model"):
-        meta["base_model"] = data["base_model"]
-    datasets = list(dict.fromkeys(list(data.get("datasets") or [])))
-    if datasets:
-        meta["datasets"] = datasets
-    return meta
+def card_metadata(data: dict[str, Any]):
+    """The card's ``huggingface_hub.ModelCardData``: library, tags, license, language, ``base_model``, Hub
+    ``datasets`` and the ``model-index`` of every evaluation."""
+    from huggingface_hub import ModelCardData
+
+    tags = ["sentence-transformers", "sentence-similarity", "feature-extraction", "dense-retrieval", "hf-cocodr"]
+    tags += (["cocodr"] if is_cocodr_model(data) else []) + [m for m in data.get("methods", []) if m != "uniform"]
+    results = eval_results(data.get("evaluations") or [])
+    return ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=list(dict.fromkeys(tags + list(data.get("tags") or []))),
+        license=data.get("license") or "apache-2.0",
+        language=data.get("language") or ["en"],
+        base_model=data.get("base_model") or None,
+        datasets=list(data.get("datasets") or []) or None,
+        model_name=data["model_name"] if results else None,
+        eval_results=results or None,
+    )
 
 
-def render_model_card(data: dict[str, Any]) -> str:
+def build_model_card(data: dict[str, Any]):
+    """The ``huggingface_hub.ModelCard``: the metadata of :func:`card_metadata` and the body rendered from the
+    template (``{{ card_data }}`` is the YAML header, as in huggingface_hub's own templates)."""
     import jinja2
+    from huggingface_hub import ModelCard
 
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters["fmt"] = lambda v: "–" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
-    body = env.from_string(_template("cocodr_model_card.md.jinja")).render(**data)
-    meta = yaml.safe_dump(card_metadata(data), sort_keys=False, allow_unicode=True).strip()
-    text = f"---\n{meta}\n---\n\n{body}"
+    meta = card_metadata(data)
+    text = env.from_string(_template("cocodr_model_card.md.jinja")).render(card_data=meta.to_yaml(), **data)
+    return ModelCard(text)
+
+
+def render_model_card(data: dict[str, Any]) -> str:
+    text = str(build_model_card(data))
     if _TOKEN_PATTERN.search(text):
         raise ValueError("refusing to write a model card that contains something that looks like a Hugging Face token")
     return text
@@ -238,26 +368,28 @@ def write_model_card(
     *,
     pooling: str | None = None,
     similarity: str | None = None,
+    name: str | None = None,
 ) -> Path:
-    """Render ``README.md`` in ``directory`` (atomically) and store the training info it was built from."""
+    """Render ``README.md`` in ``directory`` (atomically) and store the provenance it was built from
+    (``hf_cocodr_provenance.json``: ``card_data`` merged into what the folder, the starting model and this run's
+    owner record already say; see :mod:`hf_cocodr.provenance`).
+
+    The card's title is ``card_data["model_name"]`` (the user's name for the model), else ``name``, else the folder's
+    name (the final folder's when ``directory`` is a staging or checkpoint folder)."""
     from .modeling.loading import pooling_mode
 
     directory = Path(directory)
     card_data = dict(card_data or {})
-    training = None
-    if card_data.get("stages") is not None or card_data.get("methods") is not None:
-        training = {**(_read_json(directory / TRAINING_INFO_FILE) or {}), **_jsonable(card_data)}
-    data = build_card_data(
-        directory, model, {**(training or {}), **card_data}, pooling or pooling_mode(model) or "unknown",
-        similarity or str(getattr(model, "similarity_fn_name", "cosine")),
-    )
+    pooling = pooling or pooling_mode(model) or "unknown"
+    similarity = similarity or str(getattr(model, "similarity_fn_name", "cosine"))
+    transformer = model[0]
+    settings = {"pooling": pooling, "similarity": similarity, "max_seq_length": transformer.max_seq_length,
+                "query_length": getattr(transformer, "query_length", None),
+                "document_length": getattr(transformer, "document_length", None)}
+    provenance = update_provenance(directory, model, card_data, settings)
+    data = build_card_data(directory, model, {**provenance, **card_data}, pooling, similarity, name=name)
     text = render_model_card(data)  # refuses token-like strings before anything is written
-    if training is not None:
-        atomic_write_json(directory / TRAINING_INFO_FILE, training)
+    write_provenance(directory, provenance)
     path = directory / "README.md"
     atomic_write_text(path, text)
     return path
-
-
-def _jsonable(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=str))

@@ -8,21 +8,19 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .model_card import EVAL_FILE, TRAINING_INFO_FILE
+from .model_card import EVAL_FILE
 from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
 
 def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, Any]:
-    """The training record of a starting model (so the card lists every stage), if it has one."""
-    if model_path is None:
-        return {}
-    p = Path(str(model_path)) / TRAINING_INFO_FILE
-    try:
-        return json.loads(p.read_text()) if p.is_file() else {}
-    except ValueError:
-        return {}
+    """The provenance of a starting model (so the card lists every stage), if it has one; for a local copy of a Hub
+    model hf_cocodr did not train, the Hub id it is a copy of as ``base_model`` (see
+    :func:`hf_cocodr.provenance.source_info`)."""
+    from .provenance import source_info
+
+    return source_info(model_path)
 
 
 def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:

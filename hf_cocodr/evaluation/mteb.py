@@ -3,7 +3,8 @@
 * :func:`beir_task` turns a BEIR folder and split into a local ``mteb.abstasks.AbsTaskRetrieval`` (documents are read
   as ``title + " " + text``, exactly as :func:`hf_cocodr.evaluate_retrieval` encodes them).
 * :func:`model_meta_for` builds the ``mteb.ModelMeta`` of a model directory: pooling and similarity read from the
-  model, parameter counts, embedding size, and the training data declared from ``hf_cocodr_training.json``.
+  model, parameter counts, embedding size, and the training data and base model declared in
+  ``hf_cocodr_provenance.json``; a model mteb already knows (or its adaptation) starts from mteb's registered meta.
 * :func:`run_mteb` runs ``mteb.evaluate`` offline and writes the layout the MTEB results repository expects:
   ``OUT/results/ORG__NAME/REV/{TASK}.json`` next to ``OUT/results/ORG__NAME/REV/model_meta.json``.
 * :func:`mteb_meta_snippet` prints the ``ModelMeta(...)`` for an mteb model-implementation PR and the steps of a
@@ -53,7 +54,8 @@ _BEIR_TO_MTEB = {
 }
 
 # Files of a model directory that describe it but are not part of the model (ignored by the content hash).
-_NOT_MODEL_FILES = {"README.md", "eval.json", "hf_cocodr_training.json", "trainer_state.json", "training_args.bin"}
+_NOT_MODEL_FILES = {"README.md", "eval.json", "hf_cocodr_provenance.json", "hf_cocodr_training.json", "trainer_state.json",
+                    "training_args.bin"}
 
 
 # --------------------------------------------------------------------------------------------------- validation
@@ -278,18 +280,11 @@ def _similarity_name(model) -> str:
 
 
 def read_training_info(model_dir: str | os.PathLike | None) -> dict[str, Any]:
-    """The ``hf_cocodr_training.json`` of a model directory (``{}`` when absent or unreadable)."""
-    from ..model_card import TRAINING_INFO_FILE
+    """The provenance record of a model directory (``hf_cocodr_provenance.json``, or the older
+    ``hf_cocodr_training.json``; ``{}`` when absent or unreadable)."""
+    from ..provenance import read_provenance
 
-    if model_dir is None:
-        return {}
-    path = Path(model_dir) / TRAINING_INFO_FILE
-    try:
-        data = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        logger.warning("%s is not valid JSON; the training data cannot be declared from it.", path)
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_provenance(model_dir)
 
 
 def _dataset_label(spec: str) -> str:
@@ -413,23 +408,34 @@ def model_meta_for(
 ):
     """The ``mteb.ModelMeta`` of a model directory, as an mteb model-implementation PR would declare it.
 
-    Read from the model: pooling (CLS) and similarity (dot), ``n_parameters``, ``n_embedding_parameters``,
-    ``embed_dim``, ``max_tokens`` and ``memory_usage_mb``; from ``hf_cocodr_training.json``: the training data sets
-    (COCO corpora, fine-tuning source, ``datasets``) and the base model (``adapted_from``); from the card's front
-    matter: the license. A sentence-transformers directory gets mteb's ``SentenceTransformerEncoderWrapper`` as
-    loader; a raw checkpoint gets :func:`cocodr_sentence_transformer_loader` with its pooling and similarity.
+    For a model mteb already knows (``model_name`` itself, or the base model it was adapted from, e.g.
+    ``sentence-transformers/all-MiniLM-L6-v2``; ``mteb.get_model_meta`` reads mteb's registry offline), the registry's
+    meta is the starting point and only what adaptation changed is replaced: name, revision, loader, the training data
+    added by hf_cocodr's stages, the release date of this model (when a stage trained it), ``adapted_from``, and the
+    pooling / similarity / sizes when the exported model differs. Other models get mteb's own
+    ``ModelMeta.from_sentence_transformer_model`` (no Hub access), completed from the model and the directory.
+
+    Read from the model: pooling and similarity, ``n_parameters``, ``n_embedding_parameters``, ``embed_dim``,
+    ``max_tokens`` and ``memory_usage_mb``; from ``hf_cocodr_provenance.json``: the training data sets (COCO corpora,
+    fine-tuning source, ``datasets``) and the base model (``adapted_from``; for a local copy of a Hub model, the Hub
+    id it was resolved to); from the card's front matter: the license. The COCO-DR citation is set only for COCO-DR
+    models (a COCO stage ran, or the base is a COCO-DR checkpoint). A sentence-transformers directory gets mteb's
+    ``SentenceTransformerEncoderWrapper`` as loader; a raw checkpoint gets :func:`cocodr_sentence_transformer_loader`
+    with its pooling and similarity.
 
     Args:
         model_dir: the model directory (``None`` when only ``model`` is given).
         model_name: the published name, ``ORG/NAME``.
         revision: the Hub commit SHA of the published model (default: a content hash of the weights).
         model: the already loaded SentenceTransformer (default: loaded from ``model_dir``).
-        languages: ISO 639-3 + script codes the model is meant for.
-        license: default: the card's license, else ``apache-2.0`` (the hf_cocodr card's default).
-        release_date: ``YYYY-MM-DD`` (default: the date of the weight files).
-        training_datasets: extra data sets to declare, on top of those read from the training info. Without either,
-            ``training_datasets`` is ``None``: unknown to MTEB, whose zero-shot status is then unknown too.
-        adapted_from: the base model (default: ``base_model`` from the training info or card, when a Hub id).
+        languages: ISO 639-3 + script codes the model is meant for (a known model keeps its own unless these differ
+            from the default).
+        license: default: the known model's or the card's license, else ``apache-2.0`` (the hf_cocodr card's default).
+        release_date: ``YYYY-MM-DD`` (default: the date of the weight files; a known model that no stage trained keeps
+            its own).
+        training_datasets: extra data sets to declare, on top of those read from the provenance. Without either (and
+            no known base), ``training_datasets`` is ``None``: unknown to MTEB, whose zero-shot status is then unknown.
+        adapted_from: the base model (default: ``base_model`` from the provenance or card, when a Hub id).
         raw_checkpoint: whether the published model lacks ``modules.json`` (so its loader must set CLS pooling);
             default: read from ``model_dir``, else False.
 
@@ -444,6 +450,7 @@ def model_meta_for(
 
     from ..model_card import CITATIONS
     from ..modeling.loading import is_sentence_transformers_dir, load_encoder, pooling_mode
+    from ..provenance import is_cocodr_model, resolve_hub_id
 
     model_name = check_model_name(model_name)
     path = None
@@ -459,11 +466,17 @@ def model_meta_for(
 
     info = read_training_info(path)
     card = _readme_front_matter(path)
-    # No training info and nothing given: the training data is unknown (None), not "none" (an empty set).
-    declared = None
-    if info or training_datasets is not None:
-        declared = declared_training_datasets(info) | {mteb_dataset_name(d) for d in training_datasets or []}
+    trained = bool(info.get("stages"))
     base = adapted_from or _hub_id(info.get("base_model")) or _hub_id(card.get("base_model"))
+    if base is None and path is not None and not trained:  # a local copy of a Hub model keeps its origin
+        base = _hub_id(resolve_hub_id(path)[0])
+    if base == model_name:
+        base = None
+    known = _registry_meta(model_name) or (_registry_meta(base) if base else None)
+    # Training data: none declared and no provenance is unknown (None), not "none" (an empty set).
+    ours = None
+    if trained or info.get("datasets") or training_datasets is not None:
+        ours = declared_training_datasets(info) | {mteb_dataset_name(d) for d in training_datasets or []}
 
     params = list(model.parameters())
     n_parameters = int(sum(p.numel() for p in params))
@@ -476,20 +489,68 @@ def model_meta_for(
     if raw_checkpoint is None:
         raw_checkpoint = path is not None and not is_sentence_transformers_dir(path)
     is_st = not raw_checkpoint
-    framework = ["Sentence Transformers", "PyTorch"]
+    prompts = {k: v for k, v in (getattr(model, "prompts", None) or {}).items() if v}
+    cocodr = is_cocodr_model({**info, "base_model": base or info.get("base_model")})
+    if citation is None and cocodr:
+        citation = CITATIONS["cocodr"]["bibtex"]
+        if known is not None and known.citation:
+            citation = f"{citation}\n\n{known.citation.strip()}"
+    ours_changed = {
+        "name": model_name,
+        "revision": revision,
+        "loader": _sentence_transformers_loader() if is_st else cocodr_sentence_transformer_loader,
+        "loader_kwargs": {} if is_st else {"pooling_mode": pool, "similarity_fn_name": similarity},
+        "adapted_from": base,
+    }
+
+    if known is not None:
+        renamed = known.name != model_name
+        fields = dict(known)
+        fields.update(ours_changed)
+        if trained or release_date:
+            fields["release_date"] = release_date or _release_date(path)
+        if ours is not None or known.training_datasets is not None:
+            fields["training_datasets"] = set(known.training_datasets or set()) | (ours or set())
+        measured = {"similarity_fn_name": ScoringFunction(similarity), "max_tokens": model.max_seq_length,
+                    "embed_dim": int(model.get_embedding_dimension()), "n_parameters": n_parameters}
+        for key, value in measured.items():
+            if fields.get(key) != value:
+                fields[key] = value
+        if fields["n_parameters"] != known.n_parameters:
+            fields.update(memory_usage_mb=memory_mb, n_embedding_parameters=n_embedding)
+        if tuple(languages) != tuple(DEFAULT_LANGUAGES):
+            fields["languages"] = list(languages)
+        if license:
+            fields["license"] = license
+        if trained and public_training_code:
+            fields["public_training_code"] = public_training_code
+        if public_training_data is not None:
+            fields["public_training_data"] = public_training_data
+        if renamed:
+            fields["reference"] = reference or f"https://huggingface.co/{model_name}"
+        elif reference:
+            fields["reference"] = reference
+        if citation is not None:
+            fields["citation"] = citation
+        if contacts:
+            fields["contacts"] = list(contacts)
+        if path is not None and any(path.glob("*.safetensors")) and "safetensors" not in fields["framework"]:
+            fields["framework"] = [*fields["framework"], "safetensors"]
+        return ModelMeta(**fields)
+
+    with warnings_quiet():  # mteb's own helper, without the Hub
+        meta = ModelMeta.from_sentence_transformer_model(model, revision=revision, fill_missing=None,
+                                                         fetch_from_hf=False)
+    framework = list(dict.fromkeys([*meta.framework, "Sentence Transformers", "PyTorch"]))
     if path is not None and any(path.glob("*.safetensors")):
         framework.append("safetensors")
-    prompts = {k: v for k, v in (getattr(model, "prompts", None) or {}).items() if v}
-
-    return ModelMeta(
-        loader=_sentence_transformers_loader() if is_st else cocodr_sentence_transformer_loader,
-        loader_kwargs={} if is_st else {"pooling_mode": pool, "similarity_fn_name": similarity},
-        name=model_name,
-        revision=revision,
+    fields = dict(meta)
+    fields.update(
+        ours_changed,
         release_date=release_date or _release_date(path),
         languages=list(languages),
         n_parameters=n_parameters,
-        n_embedding_parameters=n_embedding,
+        n_embedding_parameters=n_embedding if n_embedding is not None else meta.n_embedding_parameters,
         memory_usage_mb=memory_mb,
         max_tokens=model.max_seq_length,
         embed_dim=int(model.get_embedding_dimension()),
@@ -501,13 +562,29 @@ def model_meta_for(
         reference=reference or f"https://huggingface.co/{model_name}",
         similarity_fn_name=ScoringFunction(similarity),
         use_instructions=bool(prompts),
-        training_datasets=declared,
-        adapted_from=base,
+        training_datasets=ours,
         model_type=["dense"],
         modalities=["text"],
-        citation=citation if citation is not None else CITATIONS["cocodr"]["bibtex"],
+        citation=citation,
         contacts=list(contacts) if contacts else None,
     )
+    return ModelMeta(**fields)
+
+
+def _registry_meta(name: str | None):
+    """mteb's registered ``ModelMeta`` of ``name`` (offline: mteb's own registry), else None."""
+    if not name:
+        return None
+    try:
+        import mteb
+        from mteb.models.get_model_meta import MODEL_REGISTRY
+
+        if name not in MODEL_REGISTRY:
+            return None
+        with warnings_quiet():
+            return mteb.get_model_meta(name, fetch_from_hf=False)
+    except Exception:  # an mteb without this registry layout: treat the model as unknown
+        return None
 
 
 def _sentence_transformers_loader():
@@ -799,7 +876,7 @@ def mteb_meta_snippet(
     body = []
     for line in lines:
         if line.startswith("    citation=") and citation:
-            line = "    citation=COCODR_CITATION,"
+            line = "    citation=CITATION,"
         body.append(line)
     body[0] = f"{_python_identifier(meta.name)} = {body[0]}"
     custom_loader = meta.loader is cocodr_sentence_transformer_loader
@@ -809,7 +886,7 @@ def mteb_meta_snippet(
         "Add it to mteb/models/model_implementations/ in a pull request to embeddings-benchmark/mteb.",
     ]
     if meta.training_datasets is None:
-        notes.append("The training data is unknown (no hf_cocodr_training.json): fill in training_datasets.")
+        notes.append("The training data is unknown (no hf_cocodr_provenance.json): fill in training_datasets.")
     else:
         own = sorted(d for d in meta.training_datasets if _norm(d) not in _mteb_task_names())
         if own:
@@ -836,7 +913,7 @@ def mteb_meta_snippet(
             "",
         ]
     if citation:
-        header += ["COCODR_CITATION = r'''" + citation.replace("'''", "\\'\\'\\'") + "'''", ""]
+        header += ["CITATION = r'''" + citation.replace("'''", "\\'\\'\\'") + "'''", ""]
     steps = results_submission_steps(meta.name, meta.revision, output_folder)
     footer = ["", "", "# Submitting results to the MTEB leaderboard:"]
     for i, step in enumerate(steps, 1):
