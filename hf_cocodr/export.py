@@ -134,7 +134,13 @@ def export_sentence_transformer(
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     origin = str(source) if source is not None else start_path(src)
-    card_data = {**_inherited_provenance(origin, pooling, similarity), **(card_data or {})}
+    inherited, same_encoding = _inherited_provenance(origin, pooling, similarity)
+    card_data = {**inherited, **(card_data or {})}
+    if same_encoding and max_seq_length in (None, transformer.max_seq_length):
+        # the same weights, pooling and similarity: the source's evaluations hold for the export too
+        for name in ("eval.json", "mteb_results"):
+            if (Path(origin) / name).exists() and name not in (extra_files or {}):
+                extra_files = {**(extra_files or {}), name: Path(origin) / name}
     out_dir = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix=".hf_cocodr-export-") as staging:
         # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
@@ -164,17 +170,18 @@ def export_sentence_transformer(
     return SentenceTransformer(str(out_dir))
 
 
-def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> dict[str, Any]:
+def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> tuple[dict[str, Any], bool]:
     """What an export carries over from its source's provenance (see :mod:`hf_cocodr.provenance`): stages, base model,
-    data sets, ... — everything but what the export writes anew; scores measured with another pooling or similarity
-    are not carried."""
+    data sets, ... — everything but what the export writes anew — and whether the source is an hf_cocodr model with
+    the same pooling and similarity (then its scores hold for the export; otherwise they are not carried)."""
     info = source_info(origin)
     for key in ("settings", "versions", "format"):
         info.pop(key, None)
     old = read_provenance(origin).get("settings") or {} if origin and Path(origin).is_dir() else {}
-    if (old.get("pooling"), old.get("similarity")) != (pooling, similarity):
+    same = bool(old) and (old.get("pooling"), old.get("similarity")) == (pooling, similarity)
+    if not same:
         info.pop("start_vs_adapted", None)
-    return info
+    return info, same
 
 
 def check_not_source(out_dir, source) -> None:
@@ -198,7 +205,10 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
         if legacy_format:
             write_legacy_layout(tmp, model)
         for name, source in (extra_files or {}).items():
-            shutil.copy2(source, tmp / name)
+            if Path(source).is_dir():
+                shutil.copytree(source, tmp / name)
+            else:
+                shutil.copy2(source, tmp / name)
         if run is not None:  # never replace a file no hf_cocodr run recorded as its own
             clash = sorted(({p.name for p in tmp.iterdir()} | {PROVENANCE_FILE}) & set(run.record["preexisting"]))
             if clash:

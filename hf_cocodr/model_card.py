@@ -374,12 +374,16 @@ def write_model_card(
     (``hf_cocodr_provenance.json``: ``card_data`` merged into what the folder, the starting model and this run's
     owner record already say; see :mod:`hf_cocodr.provenance`).
 
-    The card's title is ``card_data["model_name"]`` (the user's name for the model), else ``name``, else the folder's
-    name (the final folder's when ``directory`` is a staging or checkpoint folder)."""
+    The card's title is the user's name for the model: ``card_data["model_name"]``, else the model's
+    ``model_card_data.model_id`` (set from ``hub_model_id`` by the trainers), else ``name``, else the folder's name (the
+    final folder's when ``directory`` is a staging or checkpoint folder)."""
     from .modeling.loading import pooling_mode
 
     directory = Path(directory)
     card_data = dict(card_data or {})
+    model_id = getattr(getattr(model, "model_card_data", None), "model_id", None)  # the trainer's hub_model_id
+    if model_id and not card_data.get("model_name"):
+        card_data["model_name"] = model_id
     pooling = pooling or pooling_mode(model) or "unknown"
     similarity = similarity or str(getattr(model, "similarity_fn_name", "cosine"))
     transformer = model[0]
