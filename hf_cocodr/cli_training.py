@@ -80,7 +80,7 @@ def _split_config(config: dict[str, Any], own: set[str]) -> tuple[dict[str, Any]
     return mine, {k: v for k, v in config.items() if k not in own}
 
 
-_LIST_FLAGS = {"corpus", "eval", "method", "target_corpus", "target_queries"}
+_LIST_FLAGS = {"corpus", "eval", "eval_corpus", "method", "target_corpus", "target_queries"}
 _INT_FLAGS = {"num_clusters", "refresh_negatives_every", "max_queries", "n_head_layers", "skip_from"}
 
 
@@ -110,7 +110,7 @@ def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaul
 # ------------------------------------------------------------------------------------------------------ finetune
 FINETUNE_FLAGS = {"model", "train_data", "train_split", "idro_preset", "num_clusters", "tau", "negatives",
                   "refresh_negatives_every", "max_queries", "method", "config", "eval", "target_corpus",
-                  "target_queries"}
+                  "target_queries", "eval_during_training"}
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
@@ -132,6 +132,9 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
                         "JSONL file with a text field); repeatable. The model card records that they were read")
     p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT",
                    help="evaluate the final model on this BEIR split (repeatable)")
+    p.add_argument("--eval-during-training", dest="eval_during_training", default=None, metavar="DIR:SPLIT",
+                   help="nDCG@10 (and Recall, MRR, MAP) on this labelled BEIR split every --eval_steps during "
+                        "training (eval_strategy steps unless given); keep the split small")
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
 
 
@@ -150,6 +153,9 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     defaults = {**ta_cfg, **{k: v for k, v in mapped.items() if v is not None}}
     if ns.negatives == "none" and "num_negatives" not in defaults:
         defaults["num_negatives"] = 0
+    if ns.eval_during_training:
+        parse_eval_spec(ns.eval_during_training, "--eval-during-training")
+        defaults.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
     if not any(a == "--output_dir" or a.startswith("--output_dir=") or a == "--output-dir"
                or a.startswith("--output-dir=") for a in rest) and "output_dir" not in defaults:
         raise UsageError("--output_dir is required (the folder the fine-tuned model and its checkpoints go to)")
@@ -160,6 +166,7 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
         model=ns.model, train_data=ns.train_data, train_split=ns.train_split, args=args, negatives=ns.negatives,
         max_queries=ns.max_queries, methods=ns.method or [], evals=ns.eval or [],
         target_corpora=ns.target_corpus or [], target_queries=ns.target_queries or [],
+        eval_during_training=ns.eval_during_training,
     )
     print(json.dumps(result))
     return 0
@@ -169,30 +176,33 @@ register("finetune", "iDRO fine-tuning on labelled source data (K-Means clusters
          _add_finetune, _run_finetune, passthrough=True)
 
 
-def parse_eval_spec(spec: str) -> tuple[str, str]:
-    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted."""
+def parse_eval_spec(spec: str, flag: str = "--eval") -> tuple[str, str]:
+    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted. Errors name ``flag``."""
     if ":" in spec and not os.path.isdir(spec):
         folder, split = spec.rsplit(":", 1)
     else:
         folder, split = spec, "test"
     if not os.path.isdir(folder):
-        raise ConfigError(f"--eval {spec!r}: {folder} is not a directory")
+        raise ConfigError(f"{flag} {spec!r}: {folder} is not a directory")
     if not os.path.isfile(os.path.join(folder, "qrels", f"{split}.tsv")):
         from .data.beir import available_splits
 
-        raise ConfigError(f"--eval {spec!r}: split {split!r} not found in {folder}; available splits: "
+        raise ConfigError(f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
                           f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}")
     return folder, split
 
 
 # ------------------------------------------------------------------------------------------------------ pretrain
-PRETRAIN_FLAGS = {"model", "corpus", "n_head_layers", "skip_from", "config"}
+PRETRAIN_FLAGS = {"model", "corpus", "n_head_layers", "skip_from", "config", "eval_corpus"}
 
 
 def _add_pretrain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="starting encoder: sentence-transformers dir, checkpoint or Hub id")
     p.add_argument("--corpus", action="append", default=None,
                    help="BEIR folder or JSONL file of documents (repeatable; corpora are mixed)")
+    p.add_argument("--eval-corpus", dest="eval_corpus", action="append", default=None, metavar="PATH",
+                   help="held-out BEIR folder or JSONL file: eval contrastive and MLM losses every --eval_steps "
+                        "(eval_strategy steps unless given); repeatable")
     p.add_argument("--n_head_layers", "--n-head-layers", dest="n_head_layers", type=int, default=None)
     p.add_argument("--skip_from", "--skip-from", dest="skip_from", type=int, default=None)
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
@@ -203,8 +213,9 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
 
     config = load_config(ns.config)
     own_cfg, ta_cfg = _split_config(config, PRETRAIN_FLAGS)
-    if "corpus" in own_cfg and isinstance(own_cfg["corpus"], str):
-        own_cfg["corpus"] = [own_cfg["corpus"]]
+    for key in ("corpus", "eval_corpus"):
+        if key in own_cfg and isinstance(own_cfg[key], str):
+            own_cfg[key] = [own_cfg[key]]
     _apply_own(ns, own_cfg, {})
     if not ns.model:
         raise UsageError("--model is required")
@@ -214,10 +225,15 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
         ta_cfg["n_head_layers"] = ns.n_head_layers
     if ns.skip_from is not None:
         ta_cfg["skip_from"] = ns.skip_from
+    for path in ns.eval_corpus or []:
+        if not os.path.exists(os.path.expanduser(path)):
+            raise UsageError(f"--eval-corpus {path}: no such file or folder (a BEIR folder or a JSONL file)")
+    if ns.eval_corpus:
+        ta_cfg.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
     args = parse_training_args(CocoPretrainingArguments, rest, ta_cfg, "hf-cocodr pretrain")
     from .training_api import run_pretrain
 
-    print(json.dumps(run_pretrain(ns.model, ns.corpus, args=args)))
+    print(json.dumps(run_pretrain(ns.model, ns.corpus, args=args, eval_corpora=ns.eval_corpus or [])))
     return 0
 
 

@@ -134,8 +134,11 @@ def check_output_dir(args, command: str) -> None:
 
 def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
                  max_queries: int | None = None, methods=(), evals=(), loss=None,
-                 target_corpora=(), target_queries=()) -> dict[str, Any]:
-    """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate."""
+                 target_corpora=(), target_queries=(), eval_during_training: str | None = None) -> dict[str, Any]:
+    """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate.
+
+    ``eval_during_training="DIR:SPLIT"`` evaluates retrieval on that labelled split every ``args.eval_steps``
+    (:class:`~hf_cocodr.evaluation.evaluator.BEIRRetrievalEvaluator`: ``eval_{folder}_{split}_ndcg@10``, ...)."""
     from .data.training import RetrievalTrainingData
     from .finetuning import IDROTrainingArguments
     from .modeling.loading import load_encoder
@@ -143,12 +146,19 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if args is None:
         args = IDROTrainingArguments(output_dir="outputs/finetune")
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
+    evaluator = None
+    if eval_during_training:
+        from .cli_training import parse_eval_spec
+        from .evaluation.evaluator import BEIRRetrievalEvaluator
+
+        folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")
+        evaluator = BEIRRetrievalEvaluator(folder, split)  # bad qrels fail before the model is loaded
     check_output_dir(args, "finetune")
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     trainer = build_idro_trainer(st, args, data, methods=methods, target_corpora=target_corpora, loss=loss,
-                                 negatives_label=negatives, target_queries=target_queries)
+                                 negatives_label=negatives, target_queries=target_queries, evaluator=evaluator)
     push = args.push_to_hub
     args.push_to_hub = False  # push once, after the evaluation results are written
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
@@ -169,7 +179,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
 
 def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25",
-                       target_queries=()):
+                       target_queries=(), evaluator=None):
     """An IDROTrainer for ``model`` on ``data`` with the seed ``methods`` wired in (their loss terms, RMSC data)."""
     from .finetuning import IDROTrainer
 
@@ -179,7 +189,7 @@ def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss
 
         loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora,
                                               target_queries=target_queries)
-    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, evaluator=evaluator)
     trainer.extra_methods = [str(m).lower() for m in methods]
     if setup is not None:
         setup(trainer)
@@ -188,8 +198,9 @@ def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss
 
 
 def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
-                 skip_from: int | None = None) -> dict[str, Any]:
-    """COCO pretraining end to end: build spans, train (resumable), export encoder + head + card to ``output_dir``."""
+                 skip_from: int | None = None, eval_corpora=()) -> dict[str, Any]:
+    """COCO pretraining end to end: build spans, train (resumable), export encoder + head + card to ``output_dir``;
+    with ``eval_corpora`` (held-out documents) the eval losses every ``args.eval_steps``."""
     from transformers import AutoTokenizer
 
     from .modeling.condenser import CondenserForPretraining, _transformer_dir
@@ -198,7 +209,7 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     if args is None:
         args = CocoPretrainingArguments(output_dir="outputs/coco")
     check_output_dir(args, "pretrain")
-    _check_inputs(model, {"--corpus": corpora}, (), args)
+    _check_inputs(model, {"--corpus": corpora, "--eval-corpus": eval_corpora}, (), args)
     if n_head_layers is not None:
         args.n_head_layers = n_head_layers
     if skip_from is not None:
@@ -212,7 +223,8 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
         logger.info("skip_from not given: using layer %d of %d (%s)", cond.skip_from, cond.config.num_hidden_layers,
                     "the paper's choice" if cond.skip_from == 6 else "half the depth")
     tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(str(model)))
-    trainer = CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer)
+    trainer = CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer,
+                             eval_dataset=list(eval_corpora) or None)
     trainer.source_model = str(model)
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.finalize()

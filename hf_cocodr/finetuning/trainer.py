@@ -22,6 +22,29 @@ from .training_args import IDROTrainingArguments
 logger = logging.getLogger(__name__)
 
 ROW_COLUMN = "label"  # the only dataset column: the row index, resolved into texts at step time
+EVAL_ROW_BITS = 40  # evaluation rows: (evaluation set << EVAL_ROW_BITS) | row
+
+
+def _as_rows_source(dataset, what: str):
+    """What the trainer samples rows from: RetrievalTrainingData as is, a Dataset of text columns as StaticRows."""
+    import datasets
+
+    if isinstance(dataset, RetrievalTrainingData | StaticRows) or hasattr(dataset, "group_of"):
+        return dataset
+    if isinstance(dataset, datasets.Dataset):
+        return StaticRows(dataset)
+    raise ValueError(f"{what} must be RetrievalTrainingData or datasets.Dataset, got {type(dataset)}")
+
+
+def _has_negatives_table(data) -> bool:
+    return isinstance(getattr(data, "human", data), RetrievalTrainingData)
+
+
+def _is_row_view(dataset) -> bool:
+    """A Dataset of row indices only (what ``IDROTrainer._eval_rows`` builds), not a user's dataset of texts."""
+    import datasets
+
+    return isinstance(dataset, datasets.Dataset) and dataset.column_names == [ROW_COLUMN]
 
 
 class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
@@ -39,6 +62,12 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     the iDRO weights and the negatives table are saved with every checkpoint (safetensors + JSON) and restored by
     ``trainer.train(resume_from_checkpoint=...)``. A step whose loss is not finite is skipped (no optimizer
     update) and logged.
+
+    ``eval_dataset`` takes the forms of ``train_dataset`` (or a dict of them): its ``eval_loss`` is the plain
+    contrastive objective of the loss (:meth:`IDROLoss.plain_loss`: no cluster weights, no gradient similarity),
+    so evaluating never moves ω, the clusters or the negatives. ``evaluator=`` takes any sentence-transformers
+    evaluator, e.g. :class:`~hf_cocodr.evaluation.evaluator.BEIRRetrievalEvaluator`; with
+    ``load_best_model_at_end`` the best checkpoint's iDRO state is restored with its weights.
 
     Example:
         ::
@@ -69,12 +98,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                               "got None")
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
-        if isinstance(train_dataset, RetrievalTrainingData | StaticRows) or hasattr(train_dataset, "group_of"):
-            self.training_data = train_dataset
-        elif isinstance(train_dataset, datasets.Dataset):
-            self.training_data = StaticRows(train_dataset)
-        else:
-            raise ValueError(f"train_dataset must be RetrievalTrainingData or datasets.Dataset, got {type(train_dataset)}")
+        self.training_data = _as_rows_source(train_dataset, "train_dataset")
         if len(self.training_data) == 0:
             raise ValueError("the training data is empty")
         per_step = args.per_device_train_batch_size * max(1, args.world_size)
@@ -121,7 +145,9 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
             )
             callbacks.append(self.negatives_callback)
-        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_dataset, loss=loss,
+        self._eval_sources: list[tuple[Any, Any]] = []  # (what the user passed, its rows source)
+        eval_rows = self._eval_rows(eval_dataset) if eval_dataset is not None else None
+        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_rows, loss=loss,
                          evaluator=evaluator, callbacks=callbacks, **kwargs)
         for cb in (self.kmeans_callback, self.negatives_callback):
             if cb is not None:
@@ -134,8 +160,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         self.weight_history: list[dict[str, Any]] = []
         self._log_acc: dict[str, float] = {}
         self._log_n = 0
-        self._num_negatives = args.num_negatives if isinstance(
-            getattr(self.training_data, "human", self.training_data), RetrievalTrainingData) else None
+        self._num_negatives = args.num_negatives if _has_negatives_table(self.training_data) else None
         self.rmsc_k: int | None = None  # set by hf_cocodr.methods when RMSC tokens are in use
         self._identity = None
         self._run_identity()
@@ -165,19 +190,24 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         rows_np = rows.detach().cpu().numpy().astype(np.int64)
         if self.rmsc_k is not None:  # RMSC: this batch's domain/relevance tokens (batches never mix combinations)
             self.use_rmsc_combination(self.training_data.combination(rows_np))
-        columns, doc_keys, pos_keys = self.training_data.sample(
-            rows_np, step=self.state.global_step, seed=self.args.seed, num_negatives=self._num_negatives or 0
-        )
+        features, doc_keys, pos_keys, columns = self._sample_features(
+            self.training_data, rows_np, step=self.state.global_step, num_negatives=self._num_negatives or 0)
+        labels = torch.as_tensor(self.cluster_ids[rows_np], device=features[0]["input_ids"].device)
+        return features, labels, doc_keys, pos_keys, columns
+
+    def _sample_features(self, data, rows: np.ndarray, step: int, num_negatives: int):
+        """Rows of ``data`` drawn as at ``step`` → (features, doc keys, positive keys, texts)."""
+        columns, doc_keys, pos_keys = data.sample(rows, step=step, seed=self.args.seed, num_negatives=num_negatives)
         names = ["query", "positive"] + [f"negative_{i}" for i in range(1, len(columns) - 1)]
         examples = [dict(zip(names, values)) for values in zip(*columns)]
         batch = self._prepare_inputs(self.data_collator(examples))
         features, _ = self.collect_features(batch)
         device = features[0]["input_ids"].device
-        labels = torch.as_tensor(self.cluster_ids[rows_np], device=device)
+
         def as_tensor(x):
             return None if x is None else torch.as_tensor(x, device=device)
 
-        return features, labels, as_tensor(doc_keys), as_tensor(pos_keys), columns
+        return features, as_tensor(doc_keys), as_tensor(pos_keys), columns
 
     def use_rmsc_combination(self, group: str) -> None:
         """RMSC: make the tokenizer add the tokens of ``group`` (``source_human``, ``source_weak``, ``target_weak``)."""
@@ -246,6 +276,60 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 self._flag_skip()
                 loss = loss.nan_to_num(0.0, 0.0, 0.0) * 0.0
         return (loss, {}) if return_outputs else loss
+
+    # ---------------------------------------------------------------------------------------------- evaluation
+    def _eval_rows(self, dataset):
+        """The dataset the evaluation loop iterates for an ``eval_dataset`` (RetrievalTrainingData, a Dataset of text
+        columns, or a dict of them): its row indices, each packed with the index of its set in ``_eval_sources``
+        (``set << EVAL_ROW_BITS | row``), so a batch names its own data whatever the data loader does with it."""
+        import datasets
+
+        if _is_row_view(dataset):  # already ours (transformers hands the sets of a dict back one by one)
+            return dataset
+        if isinstance(dataset, dict):
+            return datasets.DatasetDict({name: self._eval_rows(d) for name, d in dataset.items()})
+        index = next((i for i, (given, _) in enumerate(self._eval_sources) if given is dataset), None)
+        if index is None:
+            self._eval_sources.append((dataset, _as_rows_source(dataset, "eval_dataset")))
+            index = len(self._eval_sources) - 1
+        n = len(self._eval_sources[index][1])
+        return datasets.Dataset.from_dict({ROW_COLUMN: (index << EVAL_ROW_BITS) + np.arange(n, dtype=np.int64)})
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """``trainer.evaluate()``: ``eval_loss`` is the plain contrastive objective of the loss (for an
+        :class:`IDROLoss` the mean InfoNCE, without cluster weights) on every evaluation set, plus the metrics of
+        ``evaluator``. Evaluation reads no cluster ids and changes no state: ω, clusters, negatives and the
+        optimizer stay as they were. Each evaluation draws the same positives and negatives (those of step 0)."""
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            eval_dataset = self._eval_rows(eval_dataset)
+        return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if ROW_COLUMN not in inputs:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        packed = inputs[ROW_COLUMN].detach().cpu().numpy().astype(np.int64)
+        sets = np.unique(packed >> EVAL_ROW_BITS)
+        if len(sets) != 1:
+            raise ValueError(f"an evaluation batch mixes {len(sets)} evaluation sets; evaluate them one by one")
+        data = self._eval_sources[int(sets[0])][1]
+        negatives = self.args.num_negatives if _has_negatives_table(data) else 0
+        with torch.no_grad(), self.compute_loss_context_manager():
+            features, doc_keys, pos_keys, _ = self._sample_features(
+                data, packed & ((1 << EVAL_ROW_BITS) - 1), step=0, num_negatives=negatives)
+            loss = self.plain_loss(features, doc_keys, pos_keys)
+        return loss.detach(), None, None
+
+    def plain_loss(self, features, doc_keys=None, pos_keys=None) -> torch.Tensor:
+        """The evaluation objective: the loss's ``plain_loss`` when it has one (:meth:`IDROLoss.plain_loss`),
+        otherwise the loss itself (without labels, as sentence-transformers evaluates it)."""
+        plain = getattr(self.loss, "plain_loss", None)
+        if plain is not None:
+            return plain(features, doc_keys=doc_keys, pos_keys=pos_keys)
+        loss = self.loss(features, None)
+        if isinstance(loss, dict):
+            self.track_loss_components(loss)
+            loss = torch.stack(list(loss.values())).sum()
+        return loss
 
     def _flag_skip(self) -> None:
         self._skip_optimizer_step = True
@@ -374,6 +458,14 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint)
         self.load_checkpoint_state(resume_from_checkpoint)
+
+    def _load_best_model(self) -> None:
+        """``load_best_model_at_end``: the best checkpoint's weights *and* its iDRO weights, clusters, centroids,
+        negatives and auxiliary state (through :meth:`_load_from_checkpoint`); the list of skipped steps stays the
+        whole run's."""
+        skipped = list(self.skipped_steps)
+        super()._load_best_model()
+        self.skipped_steps = skipped
 
     # ---------------------------------------------------------------------------------------------- output
     def starting_model_info(self) -> dict[str, Any]:

@@ -28,8 +28,11 @@ COMPONENTS = ("mlm_loss", "head_mlm_loss", "contrastive_loss")
 
 
 class _DocIndexCollator:
+    """Document indices of a batch: ``doc`` (training corpus) or ``eval_doc`` (evaluation corpus)."""
+
     def __call__(self, features):
-        return {"doc": torch.tensor([f["doc"] for f in features], dtype=torch.long)}
+        key = "eval_doc" if "eval_doc" in features[0] else "doc"
+        return {key: torch.tensor([f[key] for f in features], dtype=torch.long)}
 
 
 class RandContext:
@@ -67,6 +70,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
         args: :class:`~hf_cocodr.CocoPretrainingArguments`.
         corpora: one or several corpora: BEIR folders, JSONL files (``text`` [+ ``title``]) or ``datasets.Dataset``
             objects with a text column. Only documents are read: never queries or labels.
+        eval_dataset: held-out documents in the same forms as ``corpora`` (one corpus or a list, mixed). With
+            ``eval_strategy`` set, every evaluation reports ``eval_loss`` (the weighted training objective),
+            ``eval_contrastive_loss``, ``eval_mlm_loss`` and ``eval_head_mlm_loss`` on the same span pairs and
+            masks each time (those of step 0). Evaluation changes neither the model nor the optimizer.
         tokenizer: defaults to the model's own tokenizer.
 
     Example:
@@ -82,7 +89,8 @@ class CocoPretrainer(TrainerMixin, Trainer):
             trainer.export("out/coco")  # sentence-transformers directory + condenser_head.safetensors
     """
 
-    def __init__(self, model, args: CocoPretrainingArguments, corpora=None, tokenizer=None, callbacks=None, **kwargs):
+    def __init__(self, model, args: CocoPretrainingArguments, corpora=None, tokenizer=None, callbacks=None,
+                 eval_dataset=None, **kwargs):
         import datasets
         from transformers import AutoTokenizer
 
@@ -130,14 +138,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
         self._identity = {"model": fingerprint(source) if source else model_fingerprint(model.lm),
                           "data": fingerprint(corpora)}
-        self.span_corpus = SpanCorpus.build(
-            corpora, tokenizer, mode=args.span_mode, span_max_tokens=args.span_max_tokens,
-            span_break_prob=args.span_break_prob, span_len=args.span_len, min_span_tokens=args.min_span_tokens,
-            sentence_splitter=args.sentence_splitter, seed=args.seed, text_column=args.text_column,
-        )
-        self.builder = SpanPairBuilder(self.span_corpus, tokenizer, mlm_probability=args.mlm_probability,
-                                       max_length=args.max_span_length, span_len=args.span_len,
-                                       mask=args.uses_mlm)
+        self.span_corpus = _span_corpus(corpora, tokenizer, args)
+        self.builder = _pair_builder(self.span_corpus, tokenizer, args)
+        self._eval_builder = None
+        eval_rows = self._eval_rows(eval_dataset, tokenizer, args) if eval_dataset is not None else None
         n_docs = len(self.span_corpus)
         world = max(1, args.world_size)
         if n_docs < args.per_device_train_batch_size * world:
@@ -147,12 +151,14 @@ class CocoPretrainer(TrainerMixin, Trainer):
             )
         args.remove_unused_columns = False
         rows = datasets.Dataset.from_dict({"doc": np.arange(n_docs, dtype=np.int64)})
-        super().__init__(model=model, args=args, train_dataset=rows, data_collator=_DocIndexCollator(),
-                         processing_class=tokenizer, callbacks=callbacks, **kwargs)
+        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_rows,
+                         data_collator=_DocIndexCollator(), processing_class=tokenizer, callbacks=callbacks, **kwargs)
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self.model_accepts_loss_kwargs = False
         self._acc = {k: 0.0 for k in COMPONENTS}
         self._acc_n = 0
+        self._eval_acc = {k: 0.0 for k in COMPONENTS}
+        self._eval_n = 0
         self.last_gradcache_rep_diff: float | None = None
         self._log_setup()
 
@@ -207,16 +213,19 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
     # ------------------------------------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, mlm, head, co = self._loss_terms(model, self._inputs(inputs["doc"]), self._warming_up())
+        self._track(mlm, head, co)
+        return (loss, {}) if return_outputs else loss
+
+    def _loss_terms(self, model, batch, detach_mlm_inputs: bool):
+        """(weighted loss, backbone MLM, head MLM, contrastive) of one batch of span pairs."""
         a = self.args
         world, _ = D.world()
-        batch = self._inputs(inputs["doc"])
-        out = model(**batch, pooling=a.pooling, detach_mlm_inputs=self._warming_up())
+        out = model(**batch, pooling=a.pooling, detach_mlm_inputs=detach_mlm_inputs)
         mlm, head = self._mlm_terms(out, _all_reduce(self._num_masked(batch)).clamp(min=1), world)
         reps, offset = self._gather_with_grad(out["embedding"])
         co = self._contrastive(out["embedding"], reps, offset)
-        loss = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co
-        self._track(mlm, head, co)
-        return (loss, {}) if return_outputs else loss
+        return a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co, mlm, head, co
 
     @staticmethod
     def _num_masked(batch) -> torch.Tensor:
@@ -298,6 +307,55 @@ class CocoPretrainer(TrainerMixin, Trainer):
         loss = a.mlm_weight * mlm_total + a.head_mlm_weight * head_total + a.contrastive_weight * float(co.detach())
         return torch.tensor(loss / ga, device=a.device)
 
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def _eval_rows(self, corpora, tokenizer=None, args=None):
+        """Span pairs of held-out ``corpora`` (the forms of ``corpora=``) → the rows the evaluation loop iterates."""
+        import datasets
+
+        args = args or self.args
+        tokenizer = tokenizer or self.processing_class
+        spans = _span_corpus(corpora, tokenizer, args)
+        if len(spans) == 0:
+            raise ValueError(f"eval_dataset {corpora}: no document has two spans to contrast")
+        self._eval_builder = _pair_builder(spans, tokenizer, args)
+        logger.info("COCO evaluation on %s: %d documents", ", ".join(spans.sources), len(spans))
+        return datasets.Dataset.from_dict({"eval_doc": np.arange(len(spans), dtype=np.int64)})
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """``trainer.evaluate()`` on the ``eval_dataset`` given to the trainer, or on ``eval_dataset`` (a corpus in
+        the forms of ``corpora=``) for this call only."""
+        builder = self._eval_builder
+        try:
+            if eval_dataset is not None:  # a path is a corpus here, not the name of an evaluation set
+                eval_dataset = self._eval_rows(eval_dataset)
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        finally:
+            self._eval_builder = builder
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """The training objective on the evaluation spans, without gradients; the same spans and masks at every
+        evaluation (those of step 0)."""
+        docs = inputs["eval_doc"]
+        batch = self._eval_builder.build(docs.cpu().numpy(), step=0, seed=self.args.seed)
+        batch = {k: v.to(self.args.device) for k, v in batch.items()}
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss, *terms = self._loss_terms(model, batch, detach_mlm_inputs=False)
+        for k, v in zip(COMPONENTS, terms):  # weighted by documents, as transformers averages eval_loss
+            self._eval_acc[k] += float(v) * len(docs)
+        self._eval_n += len(docs)
+        return loss.detach(), None, None
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix: str = "eval"):
+        self._eval_acc, self._eval_n = {k: 0.0 for k in COMPONENTS}, 0
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+        sums = torch.tensor([self._eval_acc[k] for k in COMPONENTS] + [self._eval_n], dtype=torch.float64)
+        sums = _all_reduce(sums.to(self.args.device)).cpu()
+        if sums[-1] > 0:
+            for k, v in zip(COMPONENTS, (sums[:-1] / sums[-1]).tolist()):
+                output.metrics[f"{metric_key_prefix}_{k}"] = round(v, 6)
+        return output
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._acc_n:
             logs = dict(logs)
@@ -333,6 +391,11 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         self._mark_checkpoint_complete(trial)
+
+    def _load_best_model(self) -> None:
+        logger.info("loading the best checkpoint %s (%s %s)", self.state.best_model_checkpoint,
+                    self.args.metric_for_best_model, self.state.best_metric)
+        self._load_from_checkpoint(self.state.best_model_checkpoint)
 
     def finalize(self) -> str:
         """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""
@@ -404,6 +467,19 @@ class CocoPretrainer(TrainerMixin, Trainer):
         limit = int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
         declared = _declared_max_seq_length(self.source_model, self.processing_class) if self.source_model else None
         return min(declared, limit) if declared else limit
+
+
+def _span_corpus(corpora, tokenizer, args: CocoPretrainingArguments) -> SpanCorpus:
+    return SpanCorpus.build(
+        corpora, tokenizer, mode=args.span_mode, span_max_tokens=args.span_max_tokens,
+        span_break_prob=args.span_break_prob, span_len=args.span_len, min_span_tokens=args.min_span_tokens,
+        sentence_splitter=args.sentence_splitter, seed=args.seed, text_column=args.text_column,
+    )
+
+
+def _pair_builder(spans: SpanCorpus, tokenizer, args: CocoPretrainingArguments) -> SpanPairBuilder:
+    return SpanPairBuilder(spans, tokenizer, mlm_probability=args.mlm_probability, max_length=args.max_span_length,
+                           span_len=args.span_len, mask=args.uses_mlm)
 
 
 def _declared_max_seq_length(source: str, tokenizer) -> int | None:

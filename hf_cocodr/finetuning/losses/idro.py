@@ -257,6 +257,13 @@ class IDROLoss(nn.Module):
         features, embeddings, _ = self._embed(sentence_features, None)
         return self._local_losses(features, embeddings, doc_keys, pos_keys)[0]
 
+    def plain_loss(self, sentence_features, doc_keys=None, pos_keys=None) -> Tensor:
+        """The plain contrastive objective of this loss: the mean InfoNCE over the rows, with its similarity, scale,
+        in-batch negatives and false-negative masking, but no cluster weights. It needs no labels, computes no
+        gradient similarity and reads or changes no state (ω, :attr:`last_stats`, auxiliary objectives): the
+        :class:`~hf_cocodr.IDROTrainer` reports it as the evaluation loss."""
+        return self.per_sample_loss(sentence_features, doc_keys=doc_keys, pos_keys=pos_keys).mean()
+
     def _local_losses(self, features, embeddings, doc_keys, pos_keys):
         world, rank = _dist_info()
         B, M, doc_flat, pos_all = self._layout(features, embeddings, doc_keys, pos_keys, world)
