@@ -179,7 +179,7 @@ def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_
     # encode() alone gives the [T] ... [H] embedding
     feats = model.preprocess(["pulse and blood pressure"])
     assert feats["input_ids"][0, 1] == tok.convert_tokens_to_ids("[T]")
-    card = json.loads((tmp_path / "o" / "hf_cocodr_training.json").read_text())
+    card = json.loads((tmp_path / "o" / "hf_cocodr_provenance.json").read_text())
     assert "rmsc" in card["methods"]
 
 
@@ -221,7 +221,7 @@ def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path,
                  str(tmp_path / "ft"), "--num-clusters", "2", "--method", "berm", "--method", "modir",
                  "--target-corpus", str(tiny_beir), "--target-queries", str(tiny_beir), "--modir_lambda", "0.25",
                  *common]) == 0
-    info = json.loads((tmp_path / "ft" / "hf_cocodr_training.json").read_text())
+    info = json.loads((tmp_path / "ft" / "hf_cocodr_provenance.json").read_text())
     assert {"coco", "idro", "berm", "modir"} <= set(info["methods"])
     card = (tmp_path / "ft" / "README.md").read_text()
     assert "xu2023berm" in card and "xin2022modir" in card
