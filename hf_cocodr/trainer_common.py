@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from .hub import push_directory, validate_repo_id
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def preserved_rng_state():
+    """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state(), (
+        torch.cuda.get_rng_state_all() if cuda else None)
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
 
 
 class TrainerMixin:
@@ -82,6 +104,13 @@ class TrainerMixin:
         if self.args.push_to_hub:
             self.push_to_hub()
         return output
+
+    def evaluate(self, *args, **kwargs) -> dict[str, float]:
+        """``trainer.evaluate()`` without side effects on training: the random states (Python, NumPy, torch CPU and
+        CUDA) are restored afterwards, so the evaluation's data loader and evaluators do not change the dropout or
+        sampling of the steps that follow; a run with evaluation trains exactly as the same run without."""
+        with preserved_rng_state():
+            return super().evaluate(*args, **kwargs)
 
     def _record_outputs(self) -> None:
         """List what this run wrote into ``output_dir`` in its owner record (after the final model is written)."""

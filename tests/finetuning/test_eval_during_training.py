@@ -114,17 +114,32 @@ def test_evaluate_twice_changes_no_state(preset, tiny_bert_dir, train_data, eval
     trainer.train()
     assert trainer.optimizer.state  # Adam moments exist: the comparison below covers them
     assert len(set(trainer.cluster_ids.tolist())) > 1
-    before = snapshot(trainer)
+    before, rng = snapshot(trainer), torch.get_rng_state()
     first = trainer.evaluate()
     after_first = snapshot(trainer)
     second = trainer.evaluate()
     assert_same(before, after_first)
     assert_same(before, snapshot(trainer))
+    assert torch.equal(torch.get_rng_state(), rng)
     assert first["eval_loss"] == second["eval_loss"]  # the same positives and negatives each time
     # evaluating another set explicitly (a plain dataset) changes nothing either
     other = trainer.evaluate(eval_dataset=pairs(8), metric_key_prefix="other")
     assert np.isfinite(other["other_loss"])
     assert_same(before, snapshot(trainer))
+
+
+def test_a_run_with_evaluation_trains_as_the_run_without(tiny_bert_dir, train_data, eval_data, tmp_path):
+    """Evaluating consumes no randomness of the run (its data loader draws a seed): same dropout, same steps."""
+    runs = {}
+    for strategy in ("no", "steps"):
+        torch.manual_seed(0)
+        args = make_args(tmp_path / strategy, max_steps=3, eval_strategy=strategy, eval_steps=1)
+        trainer = IDROTrainer(model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data,
+                              eval_dataset=eval_data)
+        trainer.train()
+        runs[strategy] = snapshot(trainer)
+    assert trainer.model[0].auto_model.config.hidden_dropout_prob > 0  # dropout draws from the torch RNG
+    assert_same(runs["no"], runs["steps"])
 
 
 def test_eval_loss_is_the_plain_infonce(tiny_st_dir, train_data, tmp_path):

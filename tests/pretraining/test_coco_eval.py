@@ -78,6 +78,7 @@ def test_evaluate_twice_changes_nothing(tiny_bert_dir, tiny_beir, held_out_jsonl
     params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     optimizer = copy.deepcopy(trainer.optimizer.state_dict())
     assert optimizer["state"]
+    rng = torch.get_rng_state()
     first = trainer.evaluate()
     second = trainer.evaluate()
     for k in KEYS:  # the same spans and masks each time
@@ -88,6 +89,7 @@ def test_evaluate_twice_changes_nothing(tiny_bert_dir, tiny_beir, held_out_jsonl
     for k, st in optimizer["state"].items():
         for name, v in st.items():
             assert torch.equal(v, now["state"][k][name]) if isinstance(v, torch.Tensor) else v == now["state"][k][name]
+    assert torch.equal(torch.get_rng_state(), rng)  # the steps after an evaluation draw what they would have
 
 
 def test_cli_eval_corpus(tiny_bert_dir, tiny_beir, held_out_jsonl, tmp_path, capsys):
