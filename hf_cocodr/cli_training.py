@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import UsageError, register
-from .errors import ConfigError
+from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -174,22 +174,6 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
 
 register("finetune", "iDRO fine-tuning on labelled source data (K-Means clusters, BM25 + self-mined negatives)",
          _add_finetune, _run_finetune, passthrough=True)
-
-
-def parse_eval_spec(spec: str, flag: str = "--eval") -> tuple[str, str]:
-    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted. Errors name ``flag``."""
-    if ":" in spec and not os.path.isdir(spec):
-        folder, split = spec.rsplit(":", 1)
-    else:
-        folder, split = spec, "test"
-    if not os.path.isdir(folder):
-        raise ConfigError(f"{flag} {spec!r}: {folder} is not a directory")
-    if not os.path.isfile(os.path.join(folder, "qrels", f"{split}.tsv")):
-        from .data.beir import available_splits
-
-        raise ConfigError(f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
-                          f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}")
-    return folder, split
 
 
 # ------------------------------------------------------------------------------------------------------ pretrain

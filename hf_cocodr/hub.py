@@ -11,6 +11,8 @@ import logging
 import os
 from pathlib import Path
 
+from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
+
 logger = logging.getLogger(__name__)
 
 # Never uploaded: training state that is large, private or pickled.
@@ -20,8 +22,6 @@ IGNORE_PATTERNS = [
 ]
 
 
-class HubPushError(RuntimeError):
-    """A push failed; the message says why (status, repository) and the local directory is untouched."""
 
 
 def validate_repo_id(repo_id: str) -> None:

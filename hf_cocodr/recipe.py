@@ -471,7 +471,7 @@ def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) ->
         cached = {"model": model, "results": {}}
     todo = [s for s in evals if s not in cached["results"]]
     if todo:
-        from .cli_training import parse_eval_spec
+        from .data.beir import parse_eval_spec
 
         st = load_encoder(model)
         for spec in todo:
@@ -522,7 +522,7 @@ def run_recipe(
             and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
             record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
     """
-    from .cli_training import parse_eval_spec
+    from .data.beir import parse_eval_spec
     from .methods import validate_methods
     from .modeling.condenser import checkpoint_has_mlm_head
 

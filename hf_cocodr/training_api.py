@@ -8,10 +8,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .finetuning.stage_info import finetune_stage_info  # noqa: F401  (re-exported: it lived here)
 from .model_card import EVAL_FILE
 from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
+
+
 
 
 def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, Any]:
@@ -23,62 +26,9 @@ def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, An
     return source_info(model_path)
 
 
-def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
-    a = trainer.args
-    loss = trainer.idro_loss
-    cfg = loss.get_config_dict() if loss is not None else {}
-    method = {"paper": "idro", "reference": "idro", "groupdro": "groupdro", "uniform": "uniform"}.get(
-        cfg.get("preset"), "finetune")
-    negs = negatives
-    if a.refresh_negatives_every_steps:
-        negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
-    pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
-    if pseudo is not None:  # target pseudo pairs: no labels, no source task
-        return {"type": "finetune", "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
-                "method": "pseudo-pairs", "pseudo pairs": pseudo, "corpora": list(trainer.training_data.corpora),
-                "steps": trainer.state.global_step,
-                "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
-                "hard negatives per query": trainer._num_negatives, "negatives": negatives,
-                "learning rate": a.learning_rate, "seed": a.seed}
-    info = {
-        "type": "finetune",
-        "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(method, "contrastive fine-tuning"),
-        "method": method,
-        "source_data": data_name,
-        "steps": trainer.state.global_step,
-        "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
-        "hard negatives per query": trainer._num_negatives,
-        "negatives": negs,
-        "learning rate": a.learning_rate,
-        "seed": a.seed,
-    }
-    if loss is not None:
-        info.update({"iDRO preset": cfg["preset"], "K (clusters)": cfg["num_clusters"], "tau": cfg["tau"],
-                     "beta": cfg["beta"], "gradient-similarity parameters": cfg["grad_params"],
-                     "similarity": cfg["similarity"], "scale": cfg["scale"]})
-    methods = set(getattr(trainer, "extra_methods", []))
-    if "modir" in methods:
-        info["MoDIR"] = (f"λ₀={a.modir_lambda:g}, half-life {a.modir_half_life:g} steps, queue "
-                         f"{a.modir_queue_batches} batches, classifier Adam lr {a.modir_classifier_lr:g}")
-    if "berm" in methods:
-        info["BERM"] = f"extraction weight α={a.berm_alpha:g}, balance weight β={a.berm_beta:g}"
-    if getattr(trainer, "target_corpora_read", None):
-        info["corpora"] = list(trainer.target_corpora_read)  # target documents read (MoDIR / RMSC), never labels
-    if getattr(trainer, "target_queries_read", None):
-        info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by MoDIR
-    joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
-    if joint:
-        info["joint target pseudo pairs"] = (f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, "
-                                             f"{joint[0].batch_size} pairs per step")
-    if "rmsc" in methods:
-        info["RMSC"] = (f"{a.rmsc_k} token(s) per kind, weak pairs by {a.rmsc_weak_mode.upper()}, "
-                        f"{a.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]")
-    return info
-
-
 def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, **kwargs) -> dict[str, dict]:
     """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``."""
-    from .cli_training import parse_eval_spec
+    from .data.beir import parse_eval_spec
     from .evaluation.retrieval import evaluate_retrieval
 
     results: dict[str, dict] = {}
@@ -97,7 +47,7 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
 def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
     """Everything that can be checked before data or a model is loaded: the model path (or cached Hub id when
     offline), input files, ``--eval`` specs and, with ``push_to_hub``, the repository id, the Hub and a token."""
-    from .cli_training import parse_eval_spec
+    from .data.beir import parse_eval_spec
     from .modeling.loading import check_model_source
 
     if isinstance(model, str | os.PathLike):
@@ -148,7 +98,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
     evaluator = None
     if eval_during_training:
-        from .cli_training import parse_eval_spec
+        from .data.beir import parse_eval_spec
         from .evaluation.evaluator import BEIRRetrievalEvaluator
 
         folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")

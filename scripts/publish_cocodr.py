@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args(argv)
 
-    from hf_cocodr.cli_training import parse_eval_spec
+    from hf_cocodr.data.beir import parse_eval_spec
     from hf_cocodr.evaluation.mteb import model_revision, run_mteb
     from hf_cocodr.export import convert_checkpoint
     from hf_cocodr.hub import push_directory, validate_repo_id

@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import BEIRFormatError, ConfigError  # defined with the other input errors (re-exported)
+
 logger = logging.getLogger(__name__)
 
 CORPUS_FILE = "corpus.jsonl"
@@ -27,18 +29,6 @@ QUERIES_FILE = "queries.jsonl"
 QRELS_DIR = "qrels"
 _BATCH_ROWS = 8192
 _CACHE_VERSION = "2"  # 2: the row count is in the schema metadata (a truncated file is rebuilt)
-
-
-class BEIRFormatError(ValueError):
-    """A BEIR file is malformed. The message names the file, the line and how to fix it."""
-
-    def __init__(self, message: str, path: str | os.PathLike | None = None, line: int | None = None):
-        where = ""
-        if path is not None:
-            where = f"{path}" + (f", line {line}" if line is not None else "") + ": "
-        super().__init__(where + message)
-        self.path = None if path is None else str(path)
-        self.line = line
 
 
 @dataclass
@@ -383,3 +373,17 @@ def column_array(ds, name: str) -> pa.ChunkedArray:
 def column_numpy(ds, name: str) -> np.ndarray:
     """A dataset column as a NumPy array (object dtype for strings)."""
     return column_array(ds, name).to_numpy()
+
+
+def parse_eval_spec(spec: str, flag: str = "--eval") -> tuple[str, str]:
+    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted. Errors name ``flag``."""
+    if ":" in spec and not os.path.isdir(spec):
+        folder, split = spec.rsplit(":", 1)
+    else:
+        folder, split = spec, "test"
+    if not os.path.isdir(folder):
+        raise ConfigError(f"{flag} {spec!r}: {folder} is not a directory")
+    if not os.path.isfile(os.path.join(folder, QRELS_DIR, f"{split}.tsv")):
+        raise ConfigError(f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
+                          f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}")
+    return folder, split

@@ -471,7 +471,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     def starting_model_info(self) -> dict[str, Any]:
         """The training record of the model this run started from (its stages go first on the card)."""
         if getattr(self, "_prev_info", None) is None:
-            from ..training_api import previous_training_info
+            from ..provenance import source_info as previous_training_info
 
             path = getattr(getattr(getattr(self.model[0], "model", None), "config", None), "_name_or_path", None)
             info = previous_training_info(path) if path else {}
@@ -481,7 +481,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         return self._prev_info
 
     def card_data(self) -> dict[str, Any]:
-        from ..training_api import finetune_stage_info
+        from .stage_info import finetune_stage_info
 
         prev = self.starting_model_info()
         stage = finetune_stage_info(self, self.training_data.name, getattr(self, "negatives_label",

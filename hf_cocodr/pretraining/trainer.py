@@ -400,7 +400,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def finalize(self) -> str:
         """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""
         if not getattr(self, "_finalized", False):
-            from ..training_api import previous_training_info
+            from ..provenance import source_info as previous_training_info
 
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():

@@ -1,0 +1,58 @@
+"""What a fine-tuning stage did, as the model card and the provenance record describe it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
+    a = trainer.args
+    loss = trainer.idro_loss
+    cfg = loss.get_config_dict() if loss is not None else {}
+    method = {"paper": "idro", "reference": "idro", "groupdro": "groupdro", "uniform": "uniform"}.get(
+        cfg.get("preset"), "finetune")
+    negs = negatives
+    if a.refresh_negatives_every_steps:
+        negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
+    pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
+    if pseudo is not None:  # target pseudo pairs: no labels, no source task
+        return {"type": "finetune", "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
+                "method": "pseudo-pairs", "pseudo pairs": pseudo, "corpora": list(trainer.training_data.corpora),
+                "steps": trainer.state.global_step,
+                "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+                "hard negatives per query": trainer._num_negatives, "negatives": negatives,
+                "learning rate": a.learning_rate, "seed": a.seed}
+    info = {
+        "type": "finetune",
+        "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(method, "contrastive fine-tuning"),
+        "method": method,
+        "source_data": data_name,
+        "steps": trainer.state.global_step,
+        "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+        "hard negatives per query": trainer._num_negatives,
+        "negatives": negs,
+        "learning rate": a.learning_rate,
+        "seed": a.seed,
+    }
+    if loss is not None:
+        info.update({"iDRO preset": cfg["preset"], "K (clusters)": cfg["num_clusters"], "tau": cfg["tau"],
+                     "beta": cfg["beta"], "gradient-similarity parameters": cfg["grad_params"],
+                     "similarity": cfg["similarity"], "scale": cfg["scale"]})
+    methods = set(getattr(trainer, "extra_methods", []))
+    if "modir" in methods:
+        info["MoDIR"] = (f"λ₀={a.modir_lambda:g}, half-life {a.modir_half_life:g} steps, queue "
+                         f"{a.modir_queue_batches} batches, classifier Adam lr {a.modir_classifier_lr:g}")
+    if "berm" in methods:
+        info["BERM"] = f"extraction weight α={a.berm_alpha:g}, balance weight β={a.berm_beta:g}"
+    if getattr(trainer, "target_corpora_read", None):
+        info["corpora"] = list(trainer.target_corpora_read)  # target documents read (MoDIR / RMSC), never labels
+    if getattr(trainer, "target_queries_read", None):
+        info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by MoDIR
+    joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
+    if joint:
+        info["joint target pseudo pairs"] = (f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, "
+                                             f"{joint[0].batch_size} pairs per step")
+    if "rmsc" in methods:
+        info["RMSC"] = (f"{a.rmsc_k} token(s) per kind, weak pairs by {a.rmsc_weak_mode.upper()}, "
+                        f"{a.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]")
+    return info
