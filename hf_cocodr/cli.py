@@ -49,6 +49,8 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-max-length", type=int, default=None)
     p.add_argument("--top-k", type=int, default=1000)
     p.add_argument("--backend", choices=["auto", "faiss", "torch"], default="auto")
+    p.add_argument("--encode-precision", dest="encode_precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="fp32 (exact), bf16 (autocast; fast only with native bf16) or int8 (dynamic, CPU)")
     p.add_argument("--output", default=None, help="also write the JSON result and the run (top-100 per query) here")
     p.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with the checkpoint")
 
@@ -68,6 +70,7 @@ def _run_evaluate(args, _rest) -> int:
     result = evaluate_retrieval(
         model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
         doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, output=args.output,
+        encode_precision=args.encode_precision,
     )
     print_result_line(result)
     return 0

@@ -141,6 +141,7 @@ def evaluate_retrieval(
     output: str | os.PathLike | None = None,
     show_progress_bar: bool = True,
     return_run: bool = False,
+    encode_precision: str = "fp32",
 ) -> dict[str, Any]:
     """Evaluate a SentenceTransformer on a BEIR split with exact search.
 
@@ -155,11 +156,15 @@ def evaluate_retrieval(
         query_max_length / doc_max_length: token limits (default: the model's own query/document lengths).
         top_k: documents retrieved per query.
         output: also write the result JSON and the run (top-100 per query) to this file (atomically).
+        encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
         ``num_docs``, ``encode_seconds``, ``search_seconds``.
     """
+    from ..modeling.precision import check_encode_precision, encoding_precision
+
+    check_encode_precision(encode_precision)
     if isinstance(model, (str, os.PathLike)):
         from ..modeling.loading import load_encoder
 
@@ -168,12 +173,14 @@ def evaluate_retrieval(
     corpus, queries, qrels = data.corpus, data.queries, data.qrels
 
     t0 = time.perf_counter()
-    index, order = build_index(
-        model, corpus, batch_size=batch_size, max_length=doc_max_length, backend=backend,
-        show_progress_bar=show_progress_bar,
-    )
-    qids = list(queries["_id"])
-    q_emb = encode_texts(model, list(queries["text"]), kind="query", batch_size=batch_size, max_length=query_max_length)
+    with encoding_precision(model, encode_precision) as encoder:
+        index, order = build_index(
+            encoder, corpus, batch_size=batch_size, max_length=doc_max_length, backend=backend,
+            show_progress_bar=show_progress_bar,
+        )
+        qids = list(queries["_id"])
+        q_emb = encode_texts(encoder, list(queries["text"]), kind="query", batch_size=batch_size,
+                             max_length=query_max_length)
     encode_seconds = time.perf_counter() - t0
 
     t1 = time.perf_counter()
@@ -187,6 +194,7 @@ def evaluate_retrieval(
         encode_seconds=round(encode_seconds, 3),
         search_seconds=round(search_seconds, 3),
         index_backend=index.backend,
+        encode_precision=encode_precision,
     )
     if output is not None:
         write_result(output, result, run)

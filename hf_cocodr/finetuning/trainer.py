@@ -143,6 +143,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             self.negatives_callback = HardNegativeRefreshCallback(
                 args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
                 recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
+                encode_precision=args.negatives_encode_precision,
             )
             callbacks.append(self.negatives_callback)
         self._eval_sources: list[tuple[Any, Any]] = []  # (what the user passed, its rows source)

@@ -89,6 +89,8 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
     refresh_negatives_every_steps: int = field(default=0, metadata={"help": "refresh self negatives every N steps"})
     negatives_top_k: int = field(default=100, metadata={"help": "negatives sampled from the top-k"})
     negatives_skip_top: int = field(default=0, metadata={"help": "skip the first ranks when sampling negatives"})
+    negatives_encode_precision: str = field(default="fp32", metadata={
+        "help": "precision of the corpus encoding for self-mined negatives: fp32 | bf16 | int8 (dynamic, CPU)"})
     recluster_on_refresh: bool = field(default=True, metadata={"help": "re-cluster at each negatives refresh"})
     encode_batch_size: int = field(default=64, metadata={"help": "batch size of the callbacks' encoding passes"})
     max_length: int | None = field(
@@ -115,6 +117,9 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         if self.num_clusters < 1:
             raise ConfigError(f"num_clusters must be >= 1, got {self.num_clusters}")
         check_max_steps(self)
+        from ..modeling.precision import check_encode_precision
+
+        check_encode_precision(self.negatives_encode_precision, "negatives_encode_precision")
         for name in ("idro_tau", "idro_scale", "modir_half_life", "modir_classifier_lr"):
             _check_number(self, name, positive=True)
         for name in ("idro_beta", "modir_lambda", "berm_alpha", "berm_beta", "learning_rate", "weight_decay",

@@ -9,6 +9,7 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ... import distributed as D
+from ...modeling.precision import check_encode_precision
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,8 @@ class HardNegativeRefreshCallback(TrainerCallback):
     """
 
     def __init__(self, every_steps: int, top_k: int = 100, skip_top: int = 0, recluster: bool = True,
-                 batch_size: int = 64, max_length: int | None = None, query_chunk: int = 65536):
+                 batch_size: int = 64, max_length: int | None = None, query_chunk: int = 65536,
+                 encode_precision: str = "fp32"):
         if every_steps <= 0:
             raise ValueError(f"every_steps must be > 0, got {every_steps}")
         if top_k <= skip_top:
@@ -34,6 +36,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
         self.recluster = recluster
         self.batch_size = batch_size
         self.max_length = max_length
+        self.encode_precision = check_encode_precision(encode_precision)  # fp32 | bf16 | int8 (modeling.precision)
         self.query_chunk = query_chunk
         self.trainer = None
         self.count = 0
@@ -46,6 +49,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
     def refresh(self) -> None:
         from ...data.training import RetrievalTrainingData
         from ...evaluation.retrieval import build_index, encode_texts
+        from ...modeling.precision import encoding_precision
 
         trainer = self.trainer
         data = getattr(trainer.training_data, "human", trainer.training_data)  # RMSC: refresh the human rows
@@ -58,18 +62,19 @@ class HardNegativeRefreshCallback(TrainerCallback):
         trainer.use_rmsc_combination("source_human")  # RMSC: the human rows are encoded as they are trained
         try:
             if D.is_main():
-                index, order = build_index(model, data.corpus, batch_size=self.batch_size, show_progress_bar=False,
-                                           max_length=self.max_length)
-                k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
-                blocks, q_parts = [], []
-                for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
-                    q = encode_texts(model, data.query_texts[s:s + self.query_chunk], kind="query",
-                                     batch_size=self.batch_size, max_length=self.max_length)
-                    _, idx = index.search(q, k)
-                    ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
-                    blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
-                    if self.recluster:
-                        q_parts.append(q.astype(np.float32))
+                with encoding_precision(model, self.encode_precision) as encoder:
+                    index, order = build_index(encoder, data.corpus, batch_size=self.batch_size, show_progress_bar=False,
+                                               max_length=self.max_length)
+                    k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
+                    blocks, q_parts = [], []
+                    for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
+                        q = encode_texts(encoder, data.query_texts[s:s + self.query_chunk], kind="query",
+                                         batch_size=self.batch_size, max_length=self.max_length)
+                        _, idx = index.search(q, k)
+                        ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
+                        blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
+                        if self.recluster:
+                            q_parts.append(q.astype(np.float32))
                 del index
                 counts = np.concatenate([c for c, _ in blocks])
                 neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
