@@ -22,17 +22,18 @@ logger = logging.getLogger(__name__)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def file_checksums(folder: str | os.PathLike) -> dict[str, str]:
     """``{relative path: sha256}`` of every file under ``folder`` except the completion marker."""
     folder = Path(folder)
     out = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != COMPLETE_MARKER:
-            h = hashlib.sha256()
-            with open(p, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 22), b""):
-                    h.update(chunk)
-            out[str(p.relative_to(folder))] = h.hexdigest()
+            out[str(p.relative_to(folder))] = _sha256(p)
     return out
 
 
@@ -59,11 +60,7 @@ def damage(path: str | os.PathLike) -> str | None:
         p = path / name
         if not p.is_file():
             return f"{name} is missing"
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda f=f: f.read(1 << 22), b""):
-                h.update(chunk)
-        if h.hexdigest() != sha:
+        if _sha256(p) != sha:
             return f"{name} changed after the checkpoint was written"
     return None
 

@@ -116,7 +116,7 @@ def export_sentence_transformer(
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     from sentence_transformers import SentenceTransformer
 
-    from .utils import check_model_output_dir
+    from .utils import check_model_output_dir, check_not_source
 
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
     run = None
@@ -182,16 +182,6 @@ def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> 
     if not same:
         info.pop("start_vs_adapted", None)
     return info, same
-
-
-def check_not_source(out_dir, source) -> None:
-    """Refuse an output folder that is the folder a model is read from, holds it or lies inside it."""
-    if source is not None and Path(str(source)).exists():
-        out = Path(out_dir).expanduser().resolve()
-        src = Path(str(source)).expanduser().resolve()
-        if out == src or src in out.parents or out in src.parents:
-            raise FileExistsError(f"refusing to write into {out_dir}: the model is read from {source}; give a "
-                                  "different output folder")
 
 
 def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, card_data, pooling, similarity,

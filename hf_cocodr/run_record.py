@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .utils import atomic_write_json
+from .utils import atomic_write_json, check_not_precious
 
 logger = logging.getLogger(__name__)
 
@@ -208,18 +208,6 @@ def read_record(folder: str | os.PathLike) -> dict[str, Any] | None:
         raise RunMismatchError(f"{path} is not readable JSON; move it away (or the folder) to start a new run") \
             from None
     return rec if isinstance(rec, dict) else None
-
-
-def check_not_precious(folder: str | os.PathLike, what: str = "output") -> Path:
-    """Refuse a file, the current folder, one of its parents, the home folder and ``/`` as an output folder."""
-    out = Path(folder).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{folder} is a file; the {what} must be a folder (a new one, or one hf_cocodr wrote)")
-    cwd = Path.cwd().resolve()
-    if out == Path(out.anchor) or out == Path.home().resolve() or out == cwd or out in cwd.parents:
-        raise FileExistsError(f"refusing to write into {folder} ({out}): it is the current folder, one of its "
-                              "parents, your home or the root; give a new folder, e.g. ./model")
-    return out
 
 
 class RunFolder:

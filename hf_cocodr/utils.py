@@ -112,6 +112,28 @@ _OWN_PREFIXES = ("checkpoint-", "hf_cocodr_", ".")
 _OWN_NAMES = {"trainer_state.json", "training_args.bin", "runs", "eval.json", "idro_weights.json"}
 
 
+def check_not_precious(folder: str | os.PathLike) -> Path:
+    """Refuse a file, the current folder, one of its parents, the home folder and ``/`` as an output folder."""
+    out = Path(folder).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{folder} is a file; the output must be a folder (a new one, or one hf_cocodr wrote)")
+    cwd = Path.cwd().resolve()
+    if out == Path(out.anchor) or out == Path.home().resolve() or out == cwd or out in cwd.parents:
+        raise FileExistsError(f"refusing to write into {folder} ({out}): it is the current folder, one of its "
+                              "parents, your home or the root; give a new folder, e.g. ./model")
+    return out
+
+
+def check_not_source(out_dir: str | os.PathLike, source: str | os.PathLike | None) -> None:
+    """Refuse an output folder that is the folder a model is read from, holds it or lies inside it."""
+    if source is not None and Path(str(source)).exists():
+        out = Path(out_dir).expanduser().resolve()
+        src = Path(str(source)).expanduser().resolve()
+        if out == src or src in out.parents or out in src.parents:
+            raise FileExistsError(f"refusing to write into {out_dir}: the model is read from {source}; give a "
+                                  "different output folder")
+
+
 def check_model_output_dir(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> Path:
     """Refuse, before any work, a model output folder whose replacement could lose files the user owns.
 
@@ -119,18 +141,8 @@ def check_model_output_dir(out_dir: str | os.PathLike, source: str | os.PathLike
     from (or one holding it, or inside it); an existing non-empty folder that is not a model directory (no
     ``modules.json`` / ``config.json``). Raises ``FileExistsError`` naming the folder and the way out.
     """
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"{out_dir} is a file; the output must be a folder (a new one, or a model folder)")
-    cwd = Path.cwd().resolve()
-    if out == Path(out.anchor) or out == Path.home().resolve() or out == cwd or out in cwd.parents:
-        raise FileExistsError(f"refusing to write a model into {out_dir} ({out}): it is the current folder, one of "
-                              "its parents, your home or the root; give a new folder, e.g. ./model")
-    if source is not None and Path(str(source)).exists():
-        src = Path(str(source)).expanduser().resolve()
-        if out == src or src in out.parents or out in src.parents:
-            raise FileExistsError(f"refusing to write into {out_dir}: the model is read from {source}; give a "
-                                  "different output folder")
+    out = check_not_precious(out_dir)
+    check_not_source(out_dir, source)
     if out.is_dir():
         entries = sorted(p.name for p in out.iterdir())
         foreign = [e for e in entries if not e.startswith(_OWN_PREFIXES) and e not in _OWN_NAMES]

@@ -220,4 +220,4 @@ def test_debug_shows_the_traceback_of_an_input_error(tmp_path, capsys):
     assert main(argv) == 2
     assert "error:" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError):
-        main(["-q", "--debug", *argv])
+        main(["--debug", *argv])  # (-q would leave the hf_cocodr logger at WARNING for later tests)
