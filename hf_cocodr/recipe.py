@@ -225,6 +225,11 @@ SCHEDULES: dict[str, dict[str, Any]] = {
 }
 
 
+# Everything run_recipe writes into its output folder (declared in its record before any stage starts).
+RECIPE_ENTRIES = ("coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json", "eval.json",
+                  "recipe.json", "idro_weights.json")
+
+
 def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
     """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model.
 
@@ -554,6 +559,7 @@ def run_recipe(
            "source": fingerprint(str(source_data))}
     run = RunFolder.claim(output_dir, "recipe", None if resume else fps, resume=resume,
                           overwrite=overwrite_output_dir)
+    run.expect(RECIPE_ENTRIES)
     try:
         return _run_stages(model, list(target_corpora), source_data, Path(output_dir), evals, cfg, choice, has_mlm,
                            methods, max_minutes, resume, t_start, fps)

@@ -241,7 +241,9 @@ class RunFolder:
         try:
             old = read_record(out)
             entries = _entries(out)
-            own = set(old["files"]) if old else set()
+            # "expected": the names a run declared before writing them (a kill can land before its next save)
+            own = set(old["files"]) | (set(old.get("expected", [])) & entries) - set(old.get("preexisting", [])) \
+                if old else set()
             known = own | set(old.get("preexisting", [])) if old else set()
             foreign = sorted(entries - known)
             same_run = bool(old and resume and (identity is None or (
@@ -305,6 +307,13 @@ class RunFolder:
             if lock:
                 release_lock(out)
             raise
+
+    def expect(self, names: Iterable[str]) -> None:
+        """Declare, before writing them, the entries this run will write (stage folders, ...): a run killed before
+        its next :meth:`save` still owns them when it is resumed."""
+        self.record["expected"] = sorted((set(self.record.get("expected", [])) | set(names))
+                                         - set(self.record["preexisting"]))
+        self.save()
 
     def save(self) -> None:
         """Record every entry written since the claim as this run's own artifact."""

@@ -151,6 +151,28 @@ def test_resume_identity_and_owner_rules_by_hand(tmp_path):
         RunFolder.claim(out, "pretrain", {}, resume=True)
 
 
+def test_a_run_killed_before_its_next_save_still_owns_what_it_declared(tmp_path):
+    """A recipe declares its stage folders before writing them: killed between creating one and saving its record
+    (SIGKILL runs no ``finally``), the resumed run still owns it, while a file someone else added stays foreign and a
+    declared name that was there before the run is never adopted."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model").mkdir()  # the user's, there before the run
+    run = RunFolder.claim(out, "recipe", None, overwrite=True)
+    run.expect(["stage", "model"])
+    (out / "stage").mkdir()  # killed here: no save, no release
+    (out / LOCK).unlink()
+    (out / "notes.txt").write_text("someone else's")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        RunFolder.claim(out, "recipe", None, resume=True)
+    (out / "notes.txt").unlink()
+    again = RunFolder.claim(out, "recipe", None, resume=True)
+    again.release()
+    record = read_record(out)
+    assert again.run_id == run.run_id
+    assert record["files"] == ["stage"] and record["preexisting"] == ["model"]
+
+
 def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(tiny_st_dir, tiny_beir, tmp_path,
                                                                               caplog):
     """Flip a byte of the newest checkpoint's weights after its marker: the resume warns, names it, continues from
