@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,5 +184,8 @@ def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
     assert {"model.safetensors", "README.md", "eval.json", "mteb_model_meta.json"} <= files
     assert any(f.startswith("mteb_results/results/acme__cocodr-pub/") and f.endswith("model_meta.json") for f in files)
     card = state.repos["acme/cocodr-pub"]["branches"]["main"]["README.md"].decode()
-    assert "| MTEB |" in card or "MTEB" in card
+    task = f"{Path(tiny_beir).name}-dev".replace("_", "-")  # the local MTEB task the script ran
+    mteb_rows = [line for line in card.splitlines() if line.startswith(f"| {task} (dev) | MTEB | ")]
+    assert len(mteb_rows) == 1, card  # the card's results table shows the MTEB result, with its score
+    assert re.match(r"\| [^|]+ \| MTEB \| \d\.\d+ \|", mteb_rows[0]), mteb_rows[0]
     assert_no_token(proc.stdout, proc.stderr, out)
