@@ -22,6 +22,8 @@ RUN = {
     # q3 retrieved nothing (counts as zero); q4 is not judged (ignored).
     "q4": {"d1": 1.0},
 }
+# hand-computed nDCG@10 of RUN (see test_hand_computed_case): q1, q2 and q3 (0) averaged
+NDCG10 = ((1 / L2(3) + 1 / L2(5)) / (1 + 1 / L2(3)) + (1 / L2(2) + 2 / L2(3)) / (2 / L2(2) + 1 / L2(3))) / 3
 
 
 @pytest.fixture
@@ -63,7 +65,11 @@ def test_hand_computed_case(metric):
     assert out["recall@10"] == pytest.approx((1 + 1 + 0) / 3)
     # MAP@10: q1 precision at the relevant ranks 2 and 4 is 1/2 and 2/4; q2 is perfect.
     assert out["map@10"] == pytest.approx((0.5 + 1 + 0) / 3)
-    assert out == compute_metrics(QRELS, RUN, k_values=(3, 10))  # same keys, same numbers, one implementation
+    # @3 cuts q1 after its first relevant document (rank 2); q2 is unchanged
+    q1_ndcg3 = (1 / L2(3)) / (1 + 1 / L2(3))
+    assert out["ndcg@3"] == pytest.approx((q1_ndcg3 + q2_ndcg + 0) / 3, abs=1e-9)
+    assert out["map@3"] == pytest.approx((0.5 / 2 + 1 + 0) / 3)  # q1: precision 1/2 at rank 2, over 2 relevant
+    assert set(out) == {f"{m}@{k}" for m in ("ndcg", "recall", "mrr", "map") for k in (3, 10)}
 
 
 def test_brief_single_query_case(metric):
@@ -81,11 +87,16 @@ def test_brief_single_query_case(metric):
 def test_default_k_values_batches_and_per_query(metric):
     inputs = run_to_metric_inputs(RUN, QRELS)
     assert set(metric.compute(**inputs)) == set(compute_metrics(QRELS, RUN))  # default cut-offs 1..1000
-    for i in range(len(inputs["query_ids"])):  # streamed row by row == all at once
+    at_once = metric.compute(**inputs, k_values=[10])
+    for i in reversed(range(len(inputs["query_ids"]))):  # streamed row by row, in another order == all at once
         metric.add_batch(**{key: values[i : i + 1] for key, values in inputs.items()})
-    assert metric.compute(k_values=[10]) == compute_metrics(QRELS, RUN, k_values=[10])
+    assert metric.compute(k_values=[10]) == at_once
+    assert at_once["ndcg@10"] == pytest.approx(NDCG10, abs=1e-9)
     out = metric.compute(**inputs, k_values=[10], per_query=True)
-    assert out["per_query"] == compute_metrics(QRELS, RUN, k_values=[10], per_query=True)[1]
+    per_query = out["per_query"]
+    assert set(per_query) == {"q1", "q2", "q3"}  # the judged queries; q4 is not judged
+    assert [per_query[q]["mrr@10"] for q in ("q1", "q2", "q3")] == [0.5, 1.0, 0.0]
+    assert per_query["q1"]["recall@10"] == 1.0 and per_query["q3"]["ndcg@10"] == 0.0
     five = load_retrieval_metric(keep_in_memory=True, k_values=[5])
     assert set(five.compute(**inputs)) == {"ndcg@5", "recall@5", "mrr@5", "map@5"}
 
@@ -93,7 +104,9 @@ def test_default_k_values_batches_and_per_query(metric):
 def test_duplicate_and_malformed_rows(metric):
     inputs = run_to_metric_inputs(RUN, QRELS)
     doubled = {key: values + values[:1] for key, values in inputs.items()}  # verbatim repeat (sampler padding)
-    assert metric.compute(**doubled, k_values=[10]) == compute_metrics(QRELS, RUN, k_values=[10])
+    once = metric.compute(**inputs, k_values=[10])
+    assert metric.compute(**doubled, k_values=[10]) == once
+    assert once["ndcg@10"] == pytest.approx(NDCG10, abs=1e-9)  # the repeated query counted once
     conflicting = {key: list(values) for key, values in doubled.items()}
     conflicting["predictions"][-1] = {"doc_ids": ["d1"], "scores": [1.0]}
     with pytest.raises(ValueError, match="several rows"):

@@ -110,10 +110,6 @@ def test_stats_contract(st_model):
     assert s["alpha"].sum().item() == pytest.approx(1.0, abs=1e-6)
 
 
-class FakeLoss(IDROLoss):
-    """Drive the weight update with hand-chosen cluster losses and Gram (no model needed for the maths)."""
-
-
 def make_loss(st_model, **kw):
     return IDROLoss(st_model, num_clusters=4, **kw)
 

@@ -75,9 +75,14 @@ def test_two_distinct_spans_per_document(tiny_bert_dir, tiny_beir):
     spans = SpanCorpus.build([tiny_beir], tok, cache=False)
     rng = np.random.default_rng(0)
     for d in range(len(spans)):
-        a, b = spans.sample_pair(d, rng, 64)
-        idx = [i for i, s in enumerate(spans.spans_of(d)) if np.array_equal(s, a) or np.array_equal(s, b)]
-        assert len(spans.spans_of(d)) >= 2 and len(idx) >= 2
+        own = spans.spans_of(d)
+        assert len(own) >= 2
+        for _ in range(5):
+            a, b = spans.sample_pair(d, rng, 64)
+            ia = [i for i, s in enumerate(own) if np.array_equal(s, a)]
+            ib = [i for i, s in enumerate(own) if np.array_equal(s, b)]
+            assert ia and ib, "both halves of the pair are spans of their document"
+            assert not np.array_equal(a, b) and set(ia) != set(ib), "the two spans are distinct"
 
 
 def test_random_crops_do_not_overlap(tiny_bert_dir, tiny_beir):
