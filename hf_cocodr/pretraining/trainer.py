@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from sentence_transformers.base.losses.gradcache import RandContext
 from transformers import Trainer
 
 from .. import distributed as D
@@ -33,19 +34,6 @@ class _DocIndexCollator:
     def __call__(self, features):
         key = "eval_doc" if "eval_doc" in features[0] else "doc"
         return {key: torch.tensor([f[key] for f in features], dtype=torch.long)}
-
-
-class RandContext:
-    """Captures the CPU (and CUDA) RNG state so a forward can be replayed with identical dropout."""
-
-    def __init__(self):
-        self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-
-    def restore(self):
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state_all(self.cuda)
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -267,7 +255,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         states, reps = [], []
         with torch.no_grad():
             for sl in slices:
-                states.append(RandContext())
+                states.append(RandContext(*batch.values()))  # CPU RNG + the RNG of the batch's devices
                 reps.append(model(**{k: v[sl] for k, v in batch.items() if k != "labels"}, pooling=a.pooling)["embedding"])
         local = torch.cat(reps).detach().requires_grad_()
         if world > 1:
@@ -289,8 +277,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
             last = i == len(slices) - 1
             ctx = model.no_sync if (not last and hasattr(model, "no_sync")) else contextlib.nullcontext
             with ctx():
-                states[i].restore()
-                with self.compute_loss_context_manager():
+                with states[i], self.compute_loss_context_manager():  # replays chunk i's dropout
                     out = model(**{k: v[sl] for k, v in batch.items()}, pooling=a.pooling,
                                 detach_mlm_inputs=self._warming_up())
                 emb = out["embedding"]
