@@ -7,13 +7,18 @@ Errors in the input print one clear line (``hf-cocodr: error: ...``) and exit wi
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from .errors import USER_ERRORS
+from .export import export_sentence_transformer
+from .modeling.loading import check_model_source, load_encoder
 from .utils import setup_logging
 
 logger = logging.getLogger("hf_cocodr.cli")
@@ -57,7 +62,6 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 def _run_evaluate(args, _rest) -> int:
     from .evaluation.retrieval import evaluate_retrieval, print_result_line
-    from .modeling.loading import check_model_source, load_encoder
 
     _positive("--batch-size", args.batch_size)
     _positive("--top-k", args.top_k)
@@ -118,7 +122,6 @@ def add_overwrite_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _run_export(args, _rest) -> int:
-    from .export import export_sentence_transformer
 
     if args.max_seq_length is not None:
         _positive("--max-seq-length", args.max_seq_length)
@@ -144,7 +147,6 @@ def _output_file(flag: str, path: str | None) -> None:
     """An output file is checked before the work: not a folder, and its folder (created if missing) writable."""
     if path is None:
         return
-    from pathlib import Path
 
     p = Path(path).expanduser()
     if p.is_dir():
@@ -160,7 +162,6 @@ def _output_file(flag: str, path: str | None) -> None:
 
 def _load_more_commands() -> None:
     """Commands defined next to their feature register themselves on import."""
-    import importlib
 
     for mod in ("hf_cocodr.cli_training", "hf_cocodr.cli_hub", "hf_cocodr.cli_mteb"):
         try:
@@ -199,7 +200,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    from .errors import USER_ERRORS
 
     command = "hf-cocodr"
     first_command = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))

@@ -7,6 +7,8 @@ import json
 import os
 
 from .cli import add_overwrite_flag, register
+from .export import convert_checkpoint
+from .hub import push_directory
 
 
 def _add_push(p: argparse.ArgumentParser) -> None:
@@ -18,7 +20,6 @@ def _add_push(p: argparse.ArgumentParser) -> None:
 
 
 def _run_push(ns, _rest) -> int:
-    from .hub import push_directory
 
     url = push_directory(ns.model_dir, ns.repo_id, private=ns.private, revision=ns.revision,
                          commit_message=ns.commit_message)
@@ -41,7 +42,6 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
 
 
 def _run_convert(ns, _rest) -> int:
-    from .export import convert_checkpoint
 
     model = convert_checkpoint(ns.src, ns.out, name=ns.name, query_length=ns.query_length,
                                document_length=ns.document_length, legacy_format=ns.legacy_format,

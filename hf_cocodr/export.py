@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,11 @@ from .modeling.loading import (
     build_sentence_transformer,
     is_sentence_transformers_dir,
     load_encoder,
+    pooling_mode,
 )
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
-from .utils import atomic_directory
+from .run_record import LOCK, RECORD, note_written
+from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +119,6 @@ def export_sentence_transformer(
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     from sentence_transformers import SentenceTransformer
 
-    from .utils import check_model_output_dir, check_not_source
 
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
     run = None
@@ -186,9 +188,7 @@ def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> 
 
 def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, card_data, pooling, similarity,
                   run) -> None:
-    import shutil
 
-    from .run_record import LOCK, RECORD
 
     with atomic_directory(out_dir) as tmp:
         model.save(str(tmp))
@@ -240,7 +240,6 @@ def write_legacy_layout(directory: str | os.PathLike, model) -> None:
     import torch
     import transformers
 
-    from .modeling.loading import pooling_mode
 
     directory = Path(directory)
     modules = json.loads((directory / "modules.json").read_text())
@@ -313,7 +312,6 @@ def convert_checkpoint(
     )
     write_model_meta(out_dir, model, name or f"local/{Path(out_dir).name}",
                      adapted_from=src_s if not Path(src_s).exists() else None)
-    from .run_record import note_written
 
     note_written(out_dir)
     return model
@@ -325,7 +323,6 @@ MODEL_META_FILE = "mteb_model_meta.json"
 def write_model_meta(out_dir: str | os.PathLike, model, model_name: str, adapted_from: str | None = None) -> dict:
     """Write the generated mteb ``ModelMeta`` (CLS, dot, sizes, training data) as ``mteb_model_meta.json``."""
     from .evaluation.mteb import model_meta_for, model_revision
-    from .utils import atomic_write_json
 
     meta = model_meta_for(out_dir, model_name, revision=model_revision(model), model=model, adapted_from=adapted_from)
     data = json.loads(json.dumps(meta.to_dict(), default=str))

@@ -17,14 +17,21 @@ import math
 import os
 import shutil
 import time
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .data.beir import load_corpus, parse_eval_spec
 from .data.pseudo_pairs import PSEUDO_PAIR_MODES
-from .utils import atomic_write_json
+from .errors import ConfigError
+from .model_card import TRAINING_INFO_FILE, write_model_card
+from .modeling.loading import load_encoder, pooling_mode
+from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
+from .utils import atomic_directory, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +95,6 @@ class RecipeConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RecipeConfig:
         known = {f for f in cls.__dataclass_fields__}
-        from .errors import ConfigError
 
         unknown = sorted(set(data) - known)
         if unknown:
@@ -107,7 +113,6 @@ class RecipeConfig:
 
     def validate(self) -> None:
         """Refuse out-of-range settings by name (before any model is loaded)."""
-        from .errors import ConfigError
 
         def number(name, lo, hi, allow_auto=True, allow_none=False):
             v = getattr(self, name)
@@ -167,10 +172,7 @@ class RecipeConfig:
     def _check_stage_arguments(self) -> None:
         """``coco`` / ``finetune`` / ``target``: known fields of the stage's arguments class, values of their types,
         and the class's own range checks (run by building it), so a bad value fails before any model is loaded."""
-        import types
-        import typing
 
-        from .errors import ConfigError
         from .finetuning import IDROTrainingArguments
         from .pretraining import CocoPretrainingArguments
 
@@ -301,7 +303,6 @@ _NOT_TRAJECTORY = ("output_dir", "logging_steps", "logging_first_step", "save_st
 
 def _stage_ids(plan, cfg: RecipeConfig, fps, coco_kw, ft_kw, target_kw) -> dict[str, str]:
     """Each stage's identity: what it starts from (the stage before it), the data it reads, its settings, steps."""
-    from .run_record import digest
 
     def settings(kw):
         return {k: v for k, v in sorted(kw.items()) if k not in _NOT_TRAJECTORY}
@@ -336,7 +337,6 @@ def _mark_done(path: Path, info: dict) -> None:
 
 def _model_similarity(model_path: str) -> tuple[str, str]:
     """(pooling, similarity) the starting model declares; raw checkpoints follow COCO-DR (cls, dot)."""
-    from .modeling.loading import load_encoder, pooling_mode
 
     st = load_encoder(model_path)
     return pooling_mode(st) or "cls", str(st.similarity_fn_name or "dot")
@@ -380,7 +380,6 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
                        target_args=None, target_data=None) -> dict[str, float]:
     """Seconds per COCO step, per source / target fine-tuning step, and per encoded document and query, measured
     on this machine with the settings the stages will use."""
-    from .modeling.loading import load_encoder
 
     out: dict[str, float] = {}
     if spans is not None:
@@ -468,7 +467,6 @@ def is_joint(cfg: RecipeConfig) -> bool:
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
     """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
     from .evaluation.retrieval import evaluate_retrieval
-    from .modeling.loading import load_encoder
 
     path = out / "start_eval.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
@@ -527,7 +525,6 @@ def run_recipe(
             and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
             record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
     """
-    from .data.beir import parse_eval_spec
     from .methods import validate_methods
     from .modeling.condenser import checkpoint_has_mlm_head
 
@@ -553,7 +550,6 @@ def run_recipe(
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
                 choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
-    from .run_record import RunFolder, fingerprint
 
     fps = {"model": fingerprint(model), "targets": fingerprint([str(t) for t in target_corpora]),
            "source": fingerprint(str(source_data))}
@@ -572,7 +568,6 @@ def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: Recip
     """The stages of :func:`run_recipe` in its claimed output folder."""
     from .finetuning import IDROTrainingArguments
     from .pretraining import CocoPretrainingArguments
-    from .run_record import digest
 
     pooling, similarity = _model_similarity(model)
     logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
@@ -763,7 +758,6 @@ def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: Recip
         _export_final(Path(current), final_dir)
     stage_seconds["export"] = round(time.perf_counter() - t0, 1)
     train_seconds = round(sum(stage_seconds.values()), 1)  # data + planning + stages + export
-    from .modeling.loading import load_encoder
     from .training_api import evaluate_all
 
     t0 = time.perf_counter()
@@ -777,7 +771,6 @@ def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: Recip
             logger.info("%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)", spec, summary[spec]["ndcg@10"],
                         start["ndcg@10"], summary[spec]["ndcg@10"] - start["ndcg@10"])
         stage_seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
-    from .model_card import write_model_card
 
     record = {"model": model, "target_corpora": list(map(str, target_corpora)), "source_data": str(source_data),
               "evals": evals, "config": asdict(cfg), "schedule": choice, "plan": plan,
@@ -814,7 +807,6 @@ def _given(steps: int | None, skipped: bool) -> int:
 def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=(), target_corpora=(),
                           negatives_label: str = "bm25", target_queries=(), resume: bool = True,
                           joint=None, identity: str | None = None) -> None:
-    from .modeling.loading import load_encoder
     from .training_api import build_idro_trainer
 
     trainer = build_idro_trainer(load_encoder(start), args, data, methods=methods, target_corpora=target_corpora,
@@ -831,11 +823,8 @@ def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=()
 
 def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float, identity: str | None = None) -> None:
     """WiSE-FT of the last stage's model with the starting model, written as a complete model directory."""
-    from .model_card import TRAINING_INFO_FILE, write_model_card
-    from .modeling.loading import load_encoder
     from .modeling.wise import wise_ensemble
     from .training_api import previous_training_info
-    from .utils import atomic_directory
 
     st = wise_ensemble(load_encoder(start), load_encoder(adapted), alpha)
     prev = previous_training_info(adapted)
@@ -855,8 +844,6 @@ def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float, identit
 
 def _export_final(src: Path, dst: Path) -> None:
     """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically."""
-    from .run_record import LOCK, RECORD
-    from .utils import atomic_directory
 
     skip = {"trainer_state.json", "training_args.bin", STAGE_MARKER, "eval.json", "idro_weights.json", RECORD, LOCK}
     with atomic_directory(dst) as tmp:
@@ -885,7 +872,6 @@ def _source_pool_dataset(train_data):
 
 
 def _corpus_size(folder: str) -> int:
-    from .data.beir import load_corpus
 
     return len(load_corpus(folder))
 

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -33,7 +34,6 @@ class _StderrHandler(logging.StreamHandler):
 
     @property
     def stream(self):
-        import sys
 
         return sys.stderr
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .beir import column_numpy, load_corpus
+from .spans import split_sentences_regex
 from .training import RetrievalTrainingData
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,6 @@ def target_pseudo_pairs(corpora: Iterable, mode: str = "title_body", *, negative
 
     if mode not in PSEUDO_PAIR_MODES:
         raise ValueError(f"pseudo-pair mode must be one of {PSEUDO_PAIR_MODES}, got {mode!r}")
-    from .spans import split_sentences_regex
 
     rng = np.random.default_rng(seed)
     queries: list[str] = []

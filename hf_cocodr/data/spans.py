@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..utils import atomic_write_json
+from .beir import BEIRFormatError, doc_text, load_corpus
+
 logger = logging.getLogger(__name__)
 
 _ABBREV = {
@@ -94,7 +97,6 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
     """A BEIR folder, a JSONL file (``text`` [+ ``title``] per line) or a ``datasets.Dataset`` with a text column."""
     import datasets
 
-    from .beir import doc_text, load_corpus
 
     if isinstance(spec, datasets.Dataset):
         if text_column not in spec.column_names:
@@ -137,7 +139,6 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
 
 def jsonl_title_text(path: Path, text_column: str = "text"):
     """``(title, text)`` of every record of a JSONL corpus file; errors name the file and the line."""
-    from .beir import BEIRFormatError
 
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -307,7 +308,6 @@ class SpanCorpus:
 
     def _save(self, path: Path) -> None:
         """Arrays to ``.npz`` (no pickle), then the JSON metadata, whose presence marks a complete cache entry."""
-        from ..utils import atomic_write_json
 
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         np.savez(tmp, doc_span_ptr=self.doc_span_ptr, span_tok_ptr=self.span_tok_ptr, tokens=self.tokens,

@@ -11,6 +11,7 @@ columns) so the same trainer also accepts it (negatives then cannot be refreshed
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -118,7 +119,6 @@ class RetrievalTrainingData:
 
     def fingerprint(self) -> dict:
         """A content hash of the queries, their positives and negatives and the corpus (run identity)."""
-        import hashlib
 
         h = hashlib.sha256()
         for part in (self.query_ids, self.query_texts):

@@ -13,13 +13,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..data.spans import SpanCorpus
+
 
 def span_pairs(texts: Sequence[str], tokenizer, *, max_pairs: int = 2000, seed: int = 0,
                span_max_tokens: int = 30) -> list[tuple[str, str]]:
     """Two distinct sentence-group spans from each document (documents with fewer than two are skipped)."""
     from datasets import Dataset
 
-    from ..data.spans import SpanCorpus
 
     spans = SpanCorpus.build([Dataset.from_dict({"text": list(texts)})], tokenizer, span_max_tokens=span_max_tokens,
                              seed=seed, cache=False)

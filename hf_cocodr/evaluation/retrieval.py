@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from ..data.beir import BEIRData, column_array, column_numpy, doc_text, load_beir
 from ..index import DenseIndex
+from ..modeling.precision import check_encode_precision, encoding_precision
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
 
@@ -162,7 +163,6 @@ def evaluate_retrieval(
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
         ``num_docs``, ``encode_seconds``, ``search_seconds``.
     """
-    from ..modeling.precision import check_encode_precision, encoding_precision
 
     check_encode_precision(encode_precision)
     if isinstance(model, (str, os.PathLike)):

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..utils import atomic_write_json
+
 logger = logging.getLogger(__name__)
 
 HEAD_WEIGHTS = "condenser_head.safetensors"
@@ -168,7 +170,6 @@ class CondenserForPretraining(nn.Module):
     def save_head(self, directory: str | os.PathLike) -> None:
         from safetensors.torch import save_file
 
-        from ..utils import atomic_write_json
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

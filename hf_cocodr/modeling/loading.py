@@ -6,6 +6,8 @@ import logging
 import os
 from pathlib import Path
 
+from ..utils import is_hub_id
+
 logger = logging.getLogger(__name__)
 
 COCODR_POOLING = "cls"
@@ -48,7 +50,6 @@ def check_model_source(path: str | os.PathLike, *, revision: str | None = None) 
         return True
     from huggingface_hub import constants, try_to_load_from_cache
 
-    from ..utils import is_hub_id
 
     if not is_hub_id(name):
         raise FileNotFoundError(f"model {name!r} not found: no such directory, and it is not a Hub id (org/name).")
