@@ -1,4 +1,9 @@
-"""Small torch.distributed helpers that are no-ops in a single process."""
+"""Small torch.distributed helpers that are no-ops in a single process.
+
+The collectives are the library's: ``broadcast_object_list`` / ``all_gather_object`` for NumPy arrays (any shape,
+dtype or row count; they follow the backend's device rules, so they also work under NCCL) and sentence-transformers'
+``all_gather`` for tensors.
+"""
 
 from __future__ import annotations
 
@@ -22,38 +27,26 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_array(arr: np.ndarray | None, src: int = 0) -> np.ndarray:
-    """Send rank ``src``'s array (any shape, int64/float32) to every rank."""
-    size, rank = world()
-    if size == 1:
+def broadcast_array(arr: np.ndarray | None, src: int = 0) -> np.ndarray | None:
+    """Rank ``src``'s array (any shape and dtype, or None) on every rank."""
+    if world()[0] == 1:
         return arr
-    if rank == src:
-        t = torch.from_numpy(np.ascontiguousarray(arr))
-        meta = torch.tensor([t.ndim, *t.shape, 0 if t.dtype == torch.int64 else 1] + [0] * (8 - t.ndim - 2),
-                            dtype=torch.int64)
-    else:
-        meta = torch.zeros(8, dtype=torch.int64)
-    dist.broadcast(meta, src)
-    ndim = int(meta[0])
-    shape = [int(x) for x in meta[1:1 + ndim]]
-    dtype = torch.int64 if int(meta[1 + ndim]) == 0 else torch.float32
-    if rank != src:
-        t = torch.empty(shape, dtype=dtype)
-    dist.broadcast(t, src)
-    return t.numpy()
+    box = [arr]
+    dist.broadcast_object_list(box, src)
+    return box[0]
 
 
 def gather_rows(x: np.ndarray, total: int) -> np.ndarray:
-    """All-gather contiguous row shards (rank r holds rows [r·s, (r+1)·s) of ``total``) into the full array."""
+    """All-gather contiguous row shards (rank r holds the rows :func:`shard_range` gives it) into the full array."""
     size, _ = world()
     if size == 1:
         return x
-    shard = (total + size - 1) // size
-    t = torch.zeros((shard, *x.shape[1:]), dtype=torch.from_numpy(x[:0]).dtype)
-    t[: len(x)] = torch.from_numpy(x)
-    parts = [torch.empty_like(t) for _ in range(size)]
-    dist.all_gather(parts, t)
-    return torch.cat(parts)[:total].numpy()
+    parts: list[np.ndarray | None] = [None] * size
+    dist.all_gather_object(parts, x)
+    out = np.concatenate(parts)
+    if len(out) != total:
+        raise RuntimeError(f"gather_rows: the ranks hold {len(out)} rows together, expected {total}")
+    return out
 
 
 def shard_range(total: int) -> tuple[int, int]:
@@ -64,9 +57,8 @@ def shard_range(total: int) -> tuple[int, int]:
 
 def all_gather_tensor(x: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's ``x`` (same shape on every rank) along dim 0, in rank order; no gradient."""
-    size, _ = world()
-    if size == 1:
+    if world()[0] == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x.detach().contiguous())
-    return torch.cat(parts)
+    from sentence_transformers.util import all_gather
+
+    return all_gather(x.detach().contiguous())

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from sentence_transformers.base.losses.gradcache import RandContext
+from sentence_transformers.util import all_gather, all_gather_with_grad
 from transformers import Trainer
 
 from .. import distributed as D
@@ -195,8 +196,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
         world, rank = D.world()
         if world == 1:
             return x, 0
-        from sentence_transformers.util import all_gather_with_grad
-
         return all_gather_with_grad(x), rank * x.shape[0]
 
     # ------------------------------------------------------------------------------------------------ loss
@@ -247,7 +246,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         """GradCache: no-grad pass for all representations, loss gradient w.r.t. them, then chunk-wise backward."""
         a = self.args
         model.train()
-        world, rank = D.world()
+        world, _ = D.world()
         batch = self._inputs(inputs["doc"])
         chunk = 2 * a.gradient_cache_chunk_size  # spans per chunk
         n = batch["input_ids"].shape[0]
@@ -258,13 +257,8 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 states.append(RandContext(*batch.values()))  # CPU RNG + the RNG of the batch's devices
                 reps.append(model(**{k: v[sl] for k, v in batch.items() if k != "labels"}, pooling=a.pooling)["embedding"])
         local = torch.cat(reps).detach().requires_grad_()
-        if world > 1:
-            gathered = [torch.empty_like(local) for _ in range(world)]
-            dist.all_gather(gathered, local.detach())
-            gathered[rank] = local
-            all_reps = torch.cat(gathered)
-        else:
-            all_reps = local
+        # the other ranks' spans are constants here, our own keep their gradient (all_gather keeps the local tensor)
+        all_reps = all_gather(local) if world > 1 else local
         # Every rank computes the loss of the *whole* global batch, so the cached gradient of its own spans includes
         # their role as negatives of the other ranks' spans; x world undoes DDP's gradient averaging.
         co = self._contrastive(None, all_reps, 0, rows=slice(None))

@@ -134,8 +134,7 @@ class KMeansClusteringCallback(TrainerCallback):
             centroids = assign = mapping = None
         centroids = D.broadcast_array(centroids)
         assign = D.broadcast_array(assign)
-        has_map = D.broadcast_array(np.array([mapping is not None], dtype=np.int64))[0]
-        mapping = D.broadcast_array(mapping) if has_map else None
+        mapping = D.broadcast_array(mapping)  # None on every rank when there is nothing to carry over
         if loss is not None:
             if mapping is not None:
                 import torch
