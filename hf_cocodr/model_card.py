@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .modeling.loading import pooling_mode
 from .provenance import (
     LEGACY_TRAINING_INFO_FILE,
     PROVENANCE_FILE,
@@ -71,35 +72,6 @@ CITATIONS: dict[str, dict[str, str]] = {
   url = {https://arxiv.org/abs/1911.08731}
 }""",
     },
-    "modir": {
-        "title": "Zero-Shot Dense Retrieval with Momentum Adversarial Domain Invariant Representations",
-        "bibtex": """@inproceedings{xin2022modir,
-  title = {Zero-Shot Dense Retrieval with Momentum Adversarial Domain Invariant Representations},
-  author = {Xin, Ji and Xiong, Chenyan and Srinivasan, Ashwin and Sharma, Ankita and Jose, Damien and Bennett, Paul},
-  booktitle = {Findings of the Association for Computational Linguistics: ACL 2022},
-  year = {2022},
-  url = {https://arxiv.org/abs/2110.07581}
-}""",
-    },
-    "berm": {
-        "title": "BERM: Training the Balanced and Extractable Representation for Matching to Improve Generalization "
-        "Ability of Dense Retrieval",
-        "bibtex": """@inproceedings{xu2023berm,
-  title = {{BERM}: Training the Balanced and Extractable Representation for Matching to Improve Generalization Ability of Dense Retrieval},
-  author = {Xu, Shicheng and Pang, Liang and Shen, Huawei and Cheng, Xueqi},
-  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics},
-  year = {2023},
-  url = {https://arxiv.org/abs/2305.11052}
-}""",
-    },
-    "rmsc": {
-        "title": "Improving the Generalization Ability of Dense Passage Retrieval via Relevance Matching and "
-        "Soft Domain Control (RMSC)",
-        "bibtex": """@misc{rmsc,
-  title = {Relevance Matching and Soft Domain Control for Zero-Shot Dense Retrieval},
-  note = {RMSC: domain tokens [S]/[T] and relevance tokens [W]/[H] prepended/appended to the input}
-}""",
-    },
 }
 
 METHOD_NAMES = {
@@ -107,9 +79,6 @@ METHOD_NAMES = {
     "idro": "iDRO (implicit distributionally robust optimisation)",
     "groupdro": "GroupDRO",
     "uniform": "plain contrastive fine-tuning (uniform cluster weights)",
-    "modir": "MoDIR (momentum adversarial domain-invariant representations)",
-    "berm": "BERM (balanced and extractable representations for matching)",
-    "rmsc": "RMSC (relevance matching and soft domain control tokens)",
     "pseudo-pairs": "contrastive fine-tuning on target pseudo pairs (title or sentence vs. the rest of the document)",
     "wise-ft": "WiSE-FT (weight-space ensemble with the starting model)",
 }
@@ -269,16 +238,19 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     data = {**training, **{k: v for k, v in card_data.items() if v is not None}}
     stages = data.get("stages", [])
     methods = list(dict.fromkeys(data.get("methods") or [s.get("method") for s in stages if s.get("method")]))
+    # fine-tuning methods describe themselves (hf_cocodr.methods.Method.card_metadata): name, citation, and
+    # whether they read target documents while fine-tuning (their stage lists them under "corpora")
+    method_cards = {m: c for m, c in (data.get("method_cards") or {}).items() if m in methods and isinstance(c, dict)}
+    known = {**CITATIONS, **{m: c["citation"] for m, c in method_cards.items() if c.get("citation")}}
     pretraining_corpora = sorted({c for s in stages if s.get("type") == "coco" for c in s.get("corpora", [])})
-    # MoDIR / RMSC read target documents while fine-tuning (their stage lists them under "corpora")
     finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
     target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
     readers = (["training on target pseudo pairs"] if "pseudo-pairs" in methods
                or any(s.get("method") == "pseudo-pairs" for s in stages) else [])
-    readers += [name for key, name in (("modir", "MoDIR"), ("rmsc", "RMSC")) if key in methods]
+    readers += [c["reads_target_corpora"] for c in method_cards.values() if c.get("reads_target_corpora")]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
-    citations += [m for m in methods if m in CITATIONS and m not in citations]
+    citations += [m for m in methods if m in known and m not in citations]
     datasets, local_datasets = hub_datasets(list(data.get("datasets") or []), stages)
     transformer = model[0]
     data.update(
@@ -292,7 +264,7 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         do_lower_case=bool(getattr(getattr(transformer, "tokenizer", None), "do_lower_case", False)
                            or _tokenizer_lowercases(transformer)),
         methods=methods,
-        method_names=[METHOD_NAMES.get(m, m) for m in methods],
+        method_names=[method_cards.get(m, {}).get("display_name") or METHOD_NAMES.get(m, m) for m in methods],
         pretraining_corpora=pretraining_corpora,
         finetuning_corpora=finetuning_corpora,
         finetuning_readers=readers or ["fine-tuning"],
@@ -306,7 +278,7 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         base_model=data.get("base_model"),
         base_model_revision=data.get("base_model_revision"),
         evaluations=collect_evaluations(directory),
-        citations=[CITATIONS[c] for c in citations],
+        citations=[known[c] for c in citations],
     )
     return data
 
@@ -377,8 +349,6 @@ def write_model_card(
     The card's title is the user's name for the model: ``card_data["model_name"]``, else the model's
     ``model_card_data.model_id`` (set from ``hub_model_id`` by the trainers), else ``name``, else the folder's name (the
     final folder's when ``directory`` is a staging or checkpoint folder)."""
-    from .modeling.loading import pooling_mode
-
     directory = Path(directory)
     card_data = dict(card_data or {})
     model_id = getattr(getattr(model, "model_card_data", None), "model_id", None)  # the trainer's hub_model_id

@@ -8,29 +8,33 @@ import os
 from pathlib import Path
 from typing import Any
 
+# the trainers and load_encoder are looked up on their modules at call time (tests replace them there)
+from . import finetuning, pretraining
+from .data.beir import parse_eval_spec
+from .data.training import RetrievalTrainingData
+from .evaluation.retrieval import evaluate_retrieval
 from .finetuning.stage_info import finetune_stage_info  # noqa: F401  (re-exported: it lived here)
-from .model_card import EVAL_FILE
+from .methods import configure_methods
+from .model_card import EVAL_FILE, write_model_card
+from .modeling import loading
+from .modeling.condenser import CondenserForPretraining, _transformer_dir
+from .modeling.loading import check_model_source
+from .provenance import source_info
+from .run_record import RunFolder
 from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
-
-
 
 
 def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, Any]:
     """The provenance of a starting model (so the card lists every stage), if it has one; for a local copy of a Hub
     model hf_cocodr did not train, the Hub id it is a copy of as ``base_model`` (see
     :func:`hf_cocodr.provenance.source_info`)."""
-    from .provenance import source_info
-
     return source_info(model_path)
 
 
 def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, **kwargs) -> dict[str, dict]:
     """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``."""
-    from .data.beir import parse_eval_spec
-    from .evaluation.retrieval import evaluate_retrieval
-
     results: dict[str, dict] = {}
     for spec in evals:
         folder, split = parse_eval_spec(spec)
@@ -47,9 +51,6 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
 def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
     """Everything that can be checked before data or a model is loaded: the model path (or cached Hub id when
     offline), input files, ``--eval`` specs and, with ``push_to_hub``, the repository id, the Hub and a token."""
-    from .data.beir import parse_eval_spec
-    from .modeling.loading import check_model_source
-
     if isinstance(model, str | os.PathLike):
         check_model_source(model)
     for flag, values in paths.items():
@@ -69,8 +70,6 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
 def check_output_dir(args, command: str) -> None:
     """Refuse, before any work, an ``output_dir`` that is not writable or holds files of someone else (see
     :mod:`hf_cocodr.run_record`); ``train()`` claims it for real."""
-    from .run_record import RunFolder
-
     if not args.should_save:
         return
     RunFolder.claim(args.output_dir, command, None, resume=True, overwrite=bool(args.overwrite_output_dir),
@@ -89,16 +88,11 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
     ``eval_during_training="DIR:SPLIT"`` evaluates retrieval on that labelled split every ``args.eval_steps``
     (:class:`~hf_cocodr.evaluation.evaluator.BEIRRetrievalEvaluator`: ``eval_{folder}_{split}_ndcg@10``, ...)."""
-    from .data.training import RetrievalTrainingData
-    from .finetuning import IDROTrainingArguments
-    from .modeling.loading import load_encoder
-
     if args is None:
-        args = IDROTrainingArguments(output_dir="outputs/finetune")
+        args = finetuning.IDROTrainingArguments(output_dir="outputs/finetune")
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
     evaluator = None
     if eval_during_training:
-        from .data.beir import parse_eval_spec
         from .evaluation.evaluator import BEIRRetrievalEvaluator
 
         folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")
@@ -106,7 +100,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     check_output_dir(args, "finetune")
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
-    st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
+    st = loading.load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
     trainer = build_idro_trainer(st, args, data, methods=methods, target_corpora=target_corpora, loss=loss,
                                  negatives_label=negatives, target_queries=target_queries, evaluator=evaluator)
     push = args.push_to_hub
@@ -118,8 +112,6 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if evals and trainer.args.should_save:
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
-        from .model_card import write_model_card
-
         write_model_card(args.output_dir, trainer.model, trainer.card_data())
     trainer._record_outputs()  # the evaluation files are this run's too
     if push:
@@ -130,17 +122,13 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
 
 def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25",
                        target_queries=(), evaluator=None):
-    """An IDROTrainer for ``model`` on ``data`` with the seed ``methods`` wired in (their loss terms, RMSC data)."""
-    from .finetuning import IDROTrainer
-
+    """An IDROTrainer for ``model`` on ``data`` with the named ``methods`` plugged in (their loss terms, data
+    transforms and trainer hooks; see :func:`~hf_cocodr.methods.configure_methods`)."""
     setup = None
     if methods:
-        from .methods import configure_methods
-
         loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora,
                                               target_queries=target_queries)
-    trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, evaluator=evaluator)
-    trainer.extra_methods = [str(m).lower() for m in methods]
+    trainer = finetuning.IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, evaluator=evaluator)
     if setup is not None:
         setup(trainer)
     trainer.negatives_label = negatives_label
@@ -153,11 +141,9 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     with ``eval_corpora`` (held-out documents) the eval losses every ``args.eval_steps``."""
     from transformers import AutoTokenizer
 
-    from .modeling.condenser import CondenserForPretraining, _transformer_dir
-    from .pretraining import CocoPretrainer, CocoPretrainingArguments
 
     if args is None:
-        args = CocoPretrainingArguments(output_dir="outputs/coco")
+        args = pretraining.CocoPretrainingArguments(output_dir="outputs/coco")
     check_output_dir(args, "pretrain")
     _check_inputs(model, {"--corpus": corpora, "--eval-corpus": eval_corpora}, (), args)
     if n_head_layers is not None:
@@ -173,7 +159,7 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
         logger.info("skip_from not given: using layer %d of %d (%s)", cond.skip_from, cond.config.num_hidden_layers,
                     "the paper's choice" if cond.skip_from == 6 else "half the depth")
     tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(str(model)))
-    trainer = CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer,
+    trainer = pretraining.CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer,
                              eval_dataset=list(eval_corpora) or None)
     trainer.source_model = str(model)
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)

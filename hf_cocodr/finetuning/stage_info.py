@@ -38,21 +38,14 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info.update({"iDRO preset": cfg["preset"], "K (clusters)": cfg["num_clusters"], "tau": cfg["tau"],
                      "beta": cfg["beta"], "gradient-similarity parameters": cfg["grad_params"],
                      "similarity": cfg["similarity"], "scale": cfg["scale"]})
-    methods = set(getattr(trainer, "extra_methods", []))
-    if "modir" in methods:
-        info["MoDIR"] = (f"λ₀={a.modir_lambda:g}, half-life {a.modir_half_life:g} steps, queue "
-                         f"{a.modir_queue_batches} batches, classifier Adam lr {a.modir_classifier_lr:g}")
-    if "berm" in methods:
-        info["BERM"] = f"extraction weight α={a.berm_alpha:g}, balance weight β={a.berm_beta:g}"
+    for method in getattr(trainer, "methods", []):  # each plugged-in method describes its settings
+        info.update(method.stage_info(a))
     if getattr(trainer, "target_corpora_read", None):
-        info["corpora"] = list(trainer.target_corpora_read)  # target documents read (MoDIR / RMSC), never labels
+        info["corpora"] = list(trainer.target_corpora_read)  # target documents read by a method, never labels
     if getattr(trainer, "target_queries_read", None):
-        info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by MoDIR
+        info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by a method
     joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
     if joint:
         info["joint target pseudo pairs"] = (f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, "
                                              f"{joint[0].batch_size} pairs per step")
-    if "rmsc" in methods:
-        info["RMSC"] = (f"{a.rmsc_k} token(s) per kind, weak pairs by {a.rmsc_weak_mode.upper()}, "
-                        f"{a.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]")
     return info

@@ -12,6 +12,11 @@ import torch
 from sentence_transformers import SentenceTransformerTrainer
 
 from ..data.training import RetrievalTrainingData, StaticRows
+from ..errors import ConfigError
+from ..evaluation.retrieval import encode_texts
+from ..methods.base import Method
+from ..methods.registry import get_method
+from ..model_card import write_model_card
 from ..state import load_state, save_state
 from ..trainer_common import TrainerMixin
 from .callbacks.kmeans import KMeansClusteringCallback
@@ -63,6 +68,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     ``trainer.train(resume_from_checkpoint=...)``. A step whose loss is not finite is skipped (no optimizer
     update) and logged.
 
+    Other methods plug in through the :class:`~hf_cocodr.methods.Method` hooks (``methods=[...]`` or
+    :meth:`add_method`; :func:`~hf_cocodr.methods.configure_methods` builds them from names): loss terms of the
+    IDROLoss, batch transforms and samplers, the encoding of queries for clustering, checkpoint state, transforms of
+    saved models and model-card lines. The trainer itself knows no particular method.
+
     ``eval_dataset`` takes the forms of ``train_dataset`` (or a dict of them): its ``eval_loss`` is the plain
     contrastive objective of the loss (:meth:`IDROLoss.plain_loss`: no cluster weights, no gradient similarity),
     so evaluating never moves ω, the clusters or the negatives. ``evaluator=`` takes any sentence-transformers
@@ -84,7 +94,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     """
 
     def __init__(self, model=None, args: IDROTrainingArguments | None = None, train_dataset=None, eval_dataset=None,
-                 loss=None, evaluator=None, callbacks=None, **kwargs):
+                 loss=None, evaluator=None, callbacks=None, methods: list[Method] | None = None, **kwargs):
         import datasets
 
         if args is None:
@@ -92,10 +102,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         if not isinstance(args, IDROTrainingArguments):
             raise ValueError("IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)")
         if model is None:
-            from ..errors import ConfigError
-
-            raise ConfigError("IDROTrainer needs model=: a SentenceTransformer, e.g. hf_cocodr.load_encoder('org/name'); "
-                              "got None")
+            raise ConfigError("IDROTrainer needs model=: a SentenceTransformer, e.g. "
+                              "hf_cocodr.load_encoder('org/name'); got None")
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
         self.training_data = _as_rows_source(train_dataset, "train_dataset")
@@ -103,8 +111,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             raise ValueError("the training data is empty")
         per_step = args.per_device_train_batch_size * max(1, args.world_size)
         if len(self.training_data) < per_step:
-            from ..errors import ConfigError
-
             raise ConfigError(
                 f"{len(self.training_data)} training queries cannot fill one batch of {per_step} "
                 f"({args.per_device_train_batch_size} per device x {max(1, args.world_size)} devices); "
@@ -125,6 +131,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
                 gather_across_devices=args.world_size > 1,
             )
+        self.methods: list[Method] = []  # plugged-in methods, in the order their hooks run
         self.cluster_ids = np.zeros(len(self.training_data), dtype=np.int64)
         rows = datasets.Dataset.from_dict({ROW_COLUMN: np.arange(len(self.training_data), dtype=np.int64)})
         callbacks = list(callbacks or [])
@@ -153,19 +160,19 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         for cb in (self.kmeans_callback, self.negatives_callback):
             if cb is not None:
                 cb.trainer = self
-        self.extra_methods: list[str] = []
+        self.extra_methods: list[str] = []  # method names for the model card
         self.target_corpora_read: list[str] = []  # target corpora whose documents a method reads (model card)
-        self.target_queries_read: list[str] = []  # target query sets MoDIR reads (model card)
+        self.target_queries_read: list[str] = []  # unlabelled target query sets a method reads (model card)
         self._skip_optimizer_step = False
         self.skipped_steps: list[int] = []
         self.weight_history: list[dict[str, Any]] = []
         self._log_acc: dict[str, float] = {}
         self._log_n = 0
         self._num_negatives = args.num_negatives if _has_negatives_table(self.training_data) else None
-        self.rmsc_k: int | None = None  # set by hf_cocodr.methods when RMSC tokens are in use
         self._identity = None
         self._run_identity()
         self._log_setup()
+        self.add_methods(methods or [])
 
     # ---------------------------------------------------------------------------------------------- helpers
     @property
@@ -187,10 +194,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         )
 
     def materialize(self, rows: torch.Tensor):
-        """Row indices → (features, cluster ids, doc keys, positive keys, texts) for the current step."""
+        """Row indices → (features, cluster ids, doc keys, positive keys, texts) for the current step; the methods'
+        batch transforms (:meth:`Method.before_batch`) run first."""
         rows_np = rows.detach().cpu().numpy().astype(np.int64)
-        if self.rmsc_k is not None:  # RMSC: this batch's domain/relevance tokens (batches never mix combinations)
-            self.use_rmsc_combination(self.training_data.combination(rows_np))
+        for method in self.methods:
+            method.before_batch(self, rows_np)
         features, doc_keys, pos_keys, columns = self._sample_features(
             self.training_data, rows_np, step=self.state.global_step, num_negatives=self._num_negatives or 0)
         labels = torch.as_tensor(self.cluster_ids[rows_np], device=features[0]["input_ids"].device)
@@ -210,38 +218,51 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
         return features, as_tensor(doc_keys), as_tensor(pos_keys), columns
 
-    def use_rmsc_combination(self, group: str) -> None:
-        """RMSC: make the tokenizer add the tokens of ``group`` (``source_human``, ``source_weak``, ``target_weak``)."""
-        if self.rmsc_k is not None:
-            from ..methods.rmsc import COMBINATIONS, set_rmsc_template
+    # ---------------------------------------------------------------------------------------------- methods
+    def add_method(self, method: Method) -> None:
+        """Plug ``method`` in: its loss terms join the IDROLoss's auxiliary objectives, its name and the target data
+        it reads go to the model card, and its hooks run from now on."""
+        terms = list(method.loss_terms())
+        if terms:
+            loss = self.idro_loss
+            if loss is None:
+                raise ConfigError(f"method {method.name!r} adds loss terms: it needs an IDROLoss, got "
+                                  f"{type(self.loss).__name__}")
+            loss.auxiliary.extend(terms)
+            loss._token_states = any(getattr(a, "needs_token_states", False) for a in loss.auxiliary)
+        self.methods.append(method)
+        if method.name and method.name not in self.extra_methods:
+            self.extra_methods.append(method.name)
+        self.target_corpora_read = list(dict.fromkeys(self.target_corpora_read + list(method.target_corpora_read)))
+        self.target_queries_read = list(dict.fromkeys(self.target_queries_read + list(method.target_queries_read)))
 
-            set_rmsc_template(self.model, *COMBINATIONS[group], k=self.rmsc_k)
+    def add_methods(self, methods, names=None) -> None:
+        """:meth:`add_method` for each of ``methods``; ``names`` (as the user listed them) orders the card's list."""
+        if names is not None:
+            self.extra_methods = [str(n).lower() for n in names]
+        for method in methods:
+            self.add_method(method)
+
+    def use_row_group(self, group: str) -> None:
+        """Make the model encode as it does for the training rows of ``group`` (a group of a grouped training set,
+        e.g. the labelled rows before a negatives refresh); a no-op unless a method encodes groups differently."""
+        for method in self.methods:
+            method.use_row_group(self, group)
 
     def encode_query_rows(self, lo: int, hi: int, batch_size: int = 64) -> np.ndarray:
-        """Embeddings of the training queries ``lo..hi-1`` as they are trained (eval mode, no grad): with RMSC each
-        row is encoded with its own combination's tokens, not with whatever the last batch left in the tokenizer."""
-        from ..evaluation.retrieval import encode_texts
-
-        texts = self.training_data.query_texts
-        groups = getattr(self.training_data, "group_of", None)
-        if self.rmsc_k is None or groups is None:
-            return encode_texts(self.model, texts[lo:hi], kind="query", batch_size=batch_size)
-        g = np.asarray(groups[lo:hi])
-        cuts = [0, *(np.flatnonzero(np.diff(g)) + 1).tolist(), len(g)]
-        parts = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            if b > a:
-                self.use_rmsc_combination(self.training_data.groups[int(g[a])])
-                parts.append(encode_texts(self.model, texts[lo + a:lo + b], kind="query", batch_size=batch_size))
-        return np.concatenate(parts) if parts else np.zeros((0, self.model.get_embedding_dimension()), np.float32)
+        """Embeddings of the training queries ``lo..hi-1`` as they are trained (eval mode, no grad): a method's
+        :meth:`Method.encode_query_rows` when it has one (rows that carry their own tokens), else plain queries."""
+        for method in self.methods:
+            emb = method.encode_query_rows(self, lo, hi, batch_size)
+            if emb is not None:
+                return emb
+        return encode_texts(self.model, self.training_data.query_texts[lo:hi], kind="query", batch_size=batch_size)
 
     def get_batch_sampler(self, dataset, batch_size, drop_last, valid_label_columns=None, generator=None, seed=0):
-        groups = getattr(getattr(self, "training_data", None), "group_of", None)
-        if groups is not None and len(dataset) == len(groups):  # RMSC: one token combination per batch
-            from ..methods.rmsc import GroupedBatchSampler
-
-            return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed,
-                                       world_size=max(1, self.args.world_size))
+        for method in self.methods:  # e.g. batches that never mix row groups
+            sampler = method.batch_sampler(self, dataset, batch_size, seed)
+            if sampler is not None:
+                return sampler
         return super().get_batch_sampler(dataset, batch_size, drop_last, valid_label_columns, generator, seed)
 
     def get_data_collator(self, model, args, processing_class=None):
@@ -387,18 +408,26 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     # ---------------------------------------------------------------------------------------------- optimizer
     def create_optimizer(self, *args, **kwargs):
+        """The Trainer's optimizer, with a step pre-hook (``torch.optim.Optimizer.register_step_pre_hook``) that
+        turns the step after a non-finite loss into a no-op (see :meth:`_skip_flagged_step`)."""
         optimizer = super().create_optimizer(*args, **kwargs)
-        inner_step = optimizer.step
-        trainer = self
-
-        def step(*a, **k):
-            if trainer._skip_optimizer_step:
-                trainer._skip_optimizer_step = False
-                return None
-            return inner_step(*a, **k)
-
-        optimizer.step = step
+        if getattr(self, "_skip_hook_of", None) is not optimizer:  # create_optimizer may return the same one again
+            optimizer.register_step_pre_hook(self._skip_flagged_step)
+            self._skip_hook_of = optimizer
         return optimizer
+
+    def _skip_flagged_step(self, optimizer, args, kwargs) -> None:
+        """Before ``optimizer.step()``: after a non-finite loss, drop the gradients of every parameter, so the step
+        changes neither the parameters nor the optimizer state (torch optimizers skip a parameter whose ``.grad`` is
+        None: no update, no weight decay, no step count; the Trainer zeroes the gradients right after the step
+        anyway). No callback can do this (callbacks observe) and the Trainer has no hook around its
+        ``optimizer.step()``; the scheduler still steps, as it did when the step was skipped outright."""
+        if not self._skip_optimizer_step:
+            return
+        self._skip_optimizer_step = False
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     # ---------------------------------------------------------------------------------------------- state
     def state_for_checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -411,9 +440,12 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             meta["idro_config"] = loss.get_config_dict()
         for k, v in self.training_data.state_tensors().items():
             tensors[f"data_{k}"] = v
-        for aux in getattr(loss, "auxiliary", []):
+        for aux in getattr(loss, "auxiliary", []):  # the state of loss terms (e.g. a method's classifier and queue)
             if hasattr(aux, "state_tensors"):
                 tensors.update(aux.state_tensors())
+        for method in self.methods:
+            for k, v in method.state_tensors().items():
+                tensors[f"method_{method.name}_{k}"] = v
         if self.kmeans_callback is not None:
             for k, v in self.kmeans_callback.state_tensors().items():
                 tensors[f"kmeans_{k}"] = v
@@ -435,6 +467,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         for aux in getattr(loss, "auxiliary", []):
             if hasattr(aux, "load_state_tensors"):
                 aux.load_state_tensors(tensors)
+        for method in self.methods:
+            prefix = f"method_{method.name}_"
+            own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+            if own:
+                method.load_state_tensors(own)
         data_t = {k[5:]: v.numpy() for k, v in tensors.items() if k.startswith("data_")}
         if data_t:
             self.training_data.load_state_tensors(data_t, meta.get("negatives_source", "checkpoint"))
@@ -491,22 +528,32 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + [stage.get("source_data")]
                                       + list(stage.get("corpora", []))))
         datasets = [d for d in datasets if d]
-        return {"stages": list(prev.get("stages", [])) + [stage], "methods": methods, "datasets": datasets,
+        data = {"stages": list(prev.get("stages", [])) + [stage], "methods": methods, "datasets": datasets,
                 "base_model": prev.get("base_model")}
+        cards = self._method_cards(methods, prev.get("method_cards") or {})
+        if cards:
+            data["method_cards"] = cards
+        return data
+
+    def _method_cards(self, names: list[str], earlier: dict[str, Any]) -> dict[str, Any]:
+        """What the model card needs of each method of this model (its earlier stages' too): display name,
+        citation, whether it read target documents; from the plugged-in or registered :class:`Method` classes."""
+        active = {m.name: type(m) for m in self.methods}
+        cards = dict(earlier)
+        for name in names:
+            cls = active.get(name) or get_method(name)
+            if cls is not None:
+                cards[name] = cls.card_metadata()
+        return cards
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
-        if self.rmsc_k is not None:  # every saved model (checkpoints too) encodes with [T] ... [H] by itself
-            from ..methods.rmsc import finalize_rmsc_model
-
-            finalize_rmsc_model(self.model, self.rmsc_k)  # the next batch sets its own tokens again
+        for method in self.methods:  # every saved model (checkpoints too) encodes as the final one
+            method.before_save(self)
         super()._save(output_dir, state_dict)
-        if self.rmsc_k is not None and self.args.should_save:
-            from ..methods.rmsc import pin_saved_tokenizer
-
-            pin_saved_tokenizer(output_dir or self.args.output_dir)
-        if self.args.should_save:  # regenerate our card at every save (checkpoints and the final model)
-            from ..model_card import write_model_card
-
+        if self.args.should_save:
+            for method in self.methods:  # transforms of the saved files
+                method.after_save(self, output_dir or self.args.output_dir)
+            # regenerate our card at every save (checkpoints and the final model)
             write_model_card(output_dir or self.args.output_dir, self.model, self.card_data())
 
     _command = "finetune"
@@ -520,12 +567,10 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     def finalize(self) -> str:
         """Write the final model, ``trainer_state.json`` and the card into ``output_dir`` (once per train())."""
-        if self.rmsc_k is not None:  # the model in memory encodes as the saved one: [T] ... [H]
-            from ..methods.rmsc import finalize_rmsc_model
-
-            finalize_rmsc_model(self.model, self.rmsc_k)
+        for method in self.methods:  # the model in memory encodes as the saved one
+            method.before_save(self)
         if not getattr(self, "_finalized", False):
-            self.save_model(self.args.output_dir, _internal_call=True)  # _save pins the RMSC tokenizer
+            self.save_model(self.args.output_dir, _internal_call=True)  # _save runs the methods' save hooks
             self.save_state()
             self._finalized = True
             self._record_outputs()

@@ -1,21 +1,21 @@
-"""IDROTrainingArguments: the arguments specific to iDRO fine-tuning."""
+"""IDROTrainingArguments: the arguments specific to iDRO fine-tuning, plus the settings of every built-in method."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..errors import ConfigError
+from ..methods.base import check_number
+from ..methods.registry import builtin_settings
+from ..modeling.precision import check_encode_precision
 from .losses.idro import PRESETS
 
+_check_number = check_number  # the pretraining arguments import it from here
 
-def _check_number(args, name: str, *, positive: bool) -> None:
-    """``name`` must be a finite number, > 0 (``positive``) or >= 0: nan and inf are refused by name too."""
-    v = getattr(args, name)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (v <= 0 if positive else v < 0):
-        raise ConfigError(f"{name} must be {'> 0' if positive else '>= 0'} and finite, got {v!r}")
+# the methods' settings dataclasses (MoDIRSettings, ...): their fields are fields of IDROTrainingArguments
+METHOD_SETTINGS: tuple[type, ...] = tuple(builtin_settings())
 
 
 def check_max_steps(args) -> None:
@@ -25,47 +25,13 @@ def check_max_steps(args) -> None:
         raise ConfigError(f"max_steps must be >= 1, or -1 (the default) to train num_train_epochs; got "
                           f"{args.max_steps!r}")
     if args.max_steps == -1:
-        _check_number(args, "num_train_epochs", positive=True)
+        check_number(args, "num_train_epochs", positive=True)
 
 
 @dataclass
-class IDROTrainingArguments(SentenceTransformerTrainingArguments):
-    r"""Arguments of :class:`~hf_cocodr.IDROTrainer`; only the parameters specific to iDRO are listed here.
-
-    See :class:`~sentence_transformers.SentenceTransformerTrainingArguments` for the rest
-    (``per_device_train_batch_size`` is the number of *queries* per device and step).
-
-    Loss (used when the trainer builds the :class:`~hf_cocodr.IDROLoss` itself):
-        idro_preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
-        num_clusters: K, the number of K-Means query clusters.
-        idro_beta / idro_tau: β and τ of the weight update.
-        idro_grad_params: the gradient-similarity parameter subset (``"auto"``, ``"last_layer"``,
-            ``"last_norm"``, ``"last_blocks:N"``).
-        idro_scale: similarity scale (1/temperature) of the InfoNCE.
-        in_batch_negatives: other documents of the batch are negatives too.
-    Clustering:
-        cluster_every_steps: re-cluster every N optimizer steps (0: only at the start of each epoch).
-        kmeans_max_points_per_centroid: training-point cap per centroid (None: all points; faiss's own default
-            would sample 256·K points).
-        kmeans_niter: Lloyd iterations.
-        kmeans_backend: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
-        cluster_weight_carry: ``"match"`` (carry ω over by matching new centroids to old ones) or ``"reset"``.
-    Negatives:
-        num_negatives: hard negatives per query in each row.
-        refresh_negatives_every_steps: re-mine self negatives (ANCE-style) every N steps (0: never).
-        negatives_top_k / negatives_skip_top: sample negatives from ranks ``[skip_top, top_k)`` of the model's own
-            ranking (labelled positives removed).
-        recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
-        max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
-    Seed methods (used when ``--method`` / :func:`~hf_cocodr.methods.configure_methods` turns them on):
-        modir_lambda / modir_half_life: the confusion-loss weight λ = λ₀·2^(−step/half_life).
-        modir_queue_batches: n, past batches in the momentum queue of the domain classifier.
-        modir_classifier_lr: Adam learning rate of the domain classifier (one update on the queue per step).
-        berm_alpha / berm_beta: weights of BERM's extraction and balance losses.
-        rmsc_k: soft tokens per kind ([S], [T], [W], [H]).
-        rmsc_weak_mode: ``"scl"`` (two halves of a document) or ``"ict"`` (a sentence vs. the rest).
-        rmsc_weak_pairs: weak pairs per corpus (None: balanced, as many as the labelled source queries).
-    """
+class _IDROFields(SentenceTransformerTrainingArguments):
+    """The iDRO fields of :class:`IDROTrainingArguments` (documented there); a base class so that the methods'
+    settings come after them in the field order (and in ``--help``)."""
 
     overwrite_output_dir: bool = field(default=False, metadata={"help": (
         "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
@@ -98,17 +64,42 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         metadata={"help": "token limit of training texts (and of the negative-refresh encoding); the saved model "
                           "keeps its own limits for inference"},
     )
-    modir_lambda: float = field(default=1.0, metadata={"help": "MoDIR: initial confusion-loss weight lambda0"})
-    modir_half_life: float = field(default=10_000.0, metadata={"help": "MoDIR: steps after which lambda halves"})
-    modir_queue_batches: int = field(default=1000, metadata={"help": "MoDIR: past batches in the momentum queue"})
-    modir_classifier_lr: float = field(default=0.01, metadata={"help": "MoDIR: Adam lr of the domain classifier"})
-    berm_alpha: float = field(default=0.1, metadata={"help": "BERM: weight of the unit-extraction loss"})
-    berm_beta: float = field(default=1.0, metadata={"help": "BERM: weight of the unit-balance loss"})
-    rmsc_k: int = field(default=1, metadata={"help": "RMSC: soft tokens per kind"})
-    rmsc_weak_mode: str = field(default="scl", metadata={"help": "RMSC: weak pairs by 'scl' or 'ict'"})
-    rmsc_weak_pairs: int | None = field(
-        default=None, metadata={"help": "RMSC: weak pairs per corpus (None: as many as labelled source queries)"}
-    )
+
+
+@dataclass
+class IDROTrainingArguments(*reversed(METHOD_SETTINGS), _IDROFields):
+    r"""Arguments of :class:`~hf_cocodr.IDROTrainer`; only the parameters specific to iDRO are listed here.
+
+    See :class:`~sentence_transformers.SentenceTransformerTrainingArguments` for the rest
+    (``per_device_train_batch_size`` is the number of *queries* per device and step).
+
+    Loss (used when the trainer builds the :class:`~hf_cocodr.IDROLoss` itself):
+        idro_preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
+        num_clusters: K, the number of K-Means query clusters.
+        idro_beta / idro_tau: β and τ of the weight update.
+        idro_grad_params: the gradient-similarity parameter subset (``"auto"``, ``"last_layer"``,
+            ``"last_norm"``, ``"last_blocks:N"``).
+        idro_scale: similarity scale (1/temperature) of the InfoNCE.
+        in_batch_negatives: other documents of the batch are negatives too.
+    Clustering:
+        cluster_every_steps: re-cluster every N optimizer steps (0: only at the start of each epoch).
+        kmeans_max_points_per_centroid: training-point cap per centroid (None: all points; faiss's own default
+            would sample 256·K points).
+        kmeans_niter: Lloyd iterations.
+        kmeans_backend: ``"auto"`` (faiss when installed), ``"faiss"`` or ``"torch"``.
+        cluster_weight_carry: ``"match"`` (carry ω over by matching new centroids to old ones) or ``"reset"``.
+    Negatives:
+        num_negatives: hard negatives per query in each row.
+        refresh_negatives_every_steps: re-mine self negatives (ANCE-style) every N steps (0: never).
+        negatives_top_k / negatives_skip_top: sample negatives from ranks ``[skip_top, top_k)`` of the model's own
+            ranking (labelled positives removed).
+        recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
+        max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
+    Seed methods (used when ``--method`` / :func:`~hf_cocodr.methods.configure_methods` turns them on): the
+        fields of each registered method's settings dataclass (``METHOD_SETTINGS``), e.g. ``modir_lambda``
+        (:class:`~hf_cocodr.methods.MoDIRSettings`), ``berm_alpha`` (:class:`~hf_cocodr.methods.BERMSettings`),
+        ``rmsc_k`` (:class:`~hf_cocodr.methods.RMSCSettings`); each class documents its own.
+    """
 
     def __post_init__(self):
         super().__post_init__()
@@ -117,14 +108,11 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         if self.num_clusters < 1:
             raise ConfigError(f"num_clusters must be >= 1, got {self.num_clusters}")
         check_max_steps(self)
-        from ..modeling.precision import check_encode_precision
-
         check_encode_precision(self.negatives_encode_precision, "negatives_encode_precision")
-        for name in ("idro_tau", "idro_scale", "modir_half_life", "modir_classifier_lr"):
-            _check_number(self, name, positive=True)
-        for name in ("idro_beta", "modir_lambda", "berm_alpha", "berm_beta", "learning_rate", "weight_decay",
-                     "warmup_steps"):
-            _check_number(self, name, positive=False)
+        for name in ("idro_tau", "idro_scale"):
+            check_number(self, name, positive=True)
+        for name in ("idro_beta", "learning_rate", "weight_decay", "warmup_steps"):
+            check_number(self, name, positive=False)
         if self.cluster_weight_carry not in ("match", "reset"):
             raise ConfigError(f"cluster_weight_carry must be 'match' or 'reset', got {self.cluster_weight_carry!r}")
         if self.kmeans_backend not in ("auto", "faiss", "torch"):
@@ -132,15 +120,10 @@ class IDROTrainingArguments(SentenceTransformerTrainingArguments):
         for name in ("cluster_every_steps", "num_negatives", "refresh_negatives_every_steps", "negatives_skip_top"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.modir_queue_batches < 1 or self.rmsc_k < 1:
-            raise ConfigError(f"modir_queue_batches and rmsc_k must be >= 1, got {self.modir_queue_batches} and "
-                              f"{self.rmsc_k}")
-        if self.rmsc_weak_mode not in ("scl", "ict"):
-            raise ConfigError(f"rmsc_weak_mode must be 'scl' or 'ict', got {self.rmsc_weak_mode!r}")
-        if self.rmsc_weak_pairs is not None and self.rmsc_weak_pairs < 1:
-            raise ConfigError(f"rmsc_weak_pairs must be >= 1 (or unset), got {self.rmsc_weak_pairs}")
         if self.negatives_top_k <= self.negatives_skip_top:
             raise ConfigError(
                 f"negatives_top_k ({self.negatives_top_k}) must be larger than negatives_skip_top "
                 f"({self.negatives_skip_top})"
             )
+        for settings in METHOD_SETTINGS:  # each method checks its own settings, by name
+            settings.check(self)

@@ -22,6 +22,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,8 +30,38 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data.spans import split_sentences_regex
+from .base import Method, check_number
 
 logger = logging.getLogger(__name__)
+
+CITATION = {
+    "title": "BERM: Training the Balanced and Extractable Representation for Matching to Improve Generalization "
+    "Ability of Dense Retrieval",
+    "bibtex": """@inproceedings{xu2023berm,
+  title = {{BERM}: Training the Balanced and Extractable Representation for Matching to Improve Generalization Ability of Dense Retrieval},
+  author = {Xu, Shicheng and Pang, Liang and Shen, Huawei and Cheng, Xueqi},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics},
+  year = {2023},
+  url = {https://arxiv.org/abs/2305.11052}
+}""",
+}
+
+
+@dataclass
+class BERMSettings:
+    """BERM's training arguments (fields of :class:`~hf_cocodr.IDROTrainingArguments`).
+
+    Args:
+        berm_alpha / berm_beta: weights of BERM's extraction and balance losses.
+    """
+
+    berm_alpha: float = field(default=0.1, metadata={"help": "BERM: weight of the unit-extraction loss"})
+    berm_beta: float = field(default=1.0, metadata={"help": "BERM: weight of the unit-balance loss"})
+
+    def check(self) -> None:
+        """ConfigError for a setting out of range, by name (IDROTrainingArguments calls ``Settings.check(args)``)."""
+        for name in ("berm_alpha", "berm_beta"):
+            check_number(self, name, positive=False)
 
 
 class BM25Scorer:
@@ -156,3 +187,31 @@ class BERMObjective(nn.Module):
         self.last_stats = {"single_unit_passages": single, "passages": len(texts_p)}
         return {"berm_extract_loss": self.alpha * l_ext, "berm_balance_loss": self.beta * l_bal,
                 "_berm_single_unit_passages": torch.tensor(float(single))}
+
+
+class BERM(Method):
+    """BERM as a method of :class:`~hf_cocodr.IDROTrainer`: one :class:`BERMObjective` loss term (BM25 statistics
+    from the training corpus); training only, it leaves the saved model as it is."""
+
+    name = "berm"
+    label = "BERM"
+    display_name = "BERM (balanced and extractable representations for matching)"
+    citation = CITATION
+    settings = BERMSettings
+
+    def __init__(self, settings: BERMSettings | None = None, objective: BERMObjective | None = None):
+        super().__init__(settings or BERMSettings())
+        self.objective = objective
+
+    @classmethod
+    def build(cls, model, args, data, *, target_corpora=(), target_queries=(), **overrides) -> BERM:
+        cfg = cls.settings_from(args, **overrides)
+        objective = BERMObjective(model.tokenizer, data.corpus_text_list(), alpha=cfg.berm_alpha, beta=cfg.berm_beta,
+                                  max_length=args.max_length)
+        return cls(cfg, objective)
+
+    def loss_terms(self) -> list:
+        return [self.objective] if self.objective is not None else []
+
+    def stage_info(self, args) -> dict[str, str]:
+        return {"BERM": f"extraction weight α={self.config.berm_alpha:g}, balance weight β={self.config.berm_beta:g}"}

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,8 +22,47 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed as D
+from ..data.beir import load_queries
+from ..data.spans import corpus_source
+from ..errors import ConfigError
+from .base import Method, check_number
 
 logger = logging.getLogger(__name__)
+
+CITATION = {
+    "title": "Zero-Shot Dense Retrieval with Momentum Adversarial Domain Invariant Representations",
+    "bibtex": """@inproceedings{xin2022modir,
+  title = {Zero-Shot Dense Retrieval with Momentum Adversarial Domain Invariant Representations},
+  author = {Xin, Ji and Xiong, Chenyan and Srinivasan, Ashwin and Sharma, Ankita and Jose, Damien and Bennett, Paul},
+  booktitle = {Findings of the Association for Computational Linguistics: ACL 2022},
+  year = {2022},
+  url = {https://arxiv.org/abs/2110.07581}
+}""",
+}
+
+
+@dataclass
+class MoDIRSettings:
+    """MoDIR's training arguments (fields of :class:`~hf_cocodr.IDROTrainingArguments`).
+
+    Args:
+        modir_lambda / modir_half_life: the confusion-loss weight λ = λ₀·2^(−step/half_life).
+        modir_queue_batches: n, past batches in the momentum queue of the domain classifier.
+        modir_classifier_lr: Adam learning rate of the domain classifier (one update on the queue per step).
+    """
+
+    modir_lambda: float = field(default=1.0, metadata={"help": "MoDIR: initial confusion-loss weight lambda0"})
+    modir_half_life: float = field(default=10_000.0, metadata={"help": "MoDIR: steps after which lambda halves"})
+    modir_queue_batches: int = field(default=1000, metadata={"help": "MoDIR: past batches in the momentum queue"})
+    modir_classifier_lr: float = field(default=0.01, metadata={"help": "MoDIR: Adam lr of the domain classifier"})
+
+    def check(self) -> None:
+        """ConfigError for a setting out of range, by name (IDROTrainingArguments calls ``Settings.check(args)``)."""
+        for name in ("modir_half_life", "modir_classifier_lr"):
+            check_number(self, name, positive=True)
+        check_number(self, "modir_lambda", positive=False)
+        if self.modir_queue_batches < 1:
+            raise ConfigError(f"modir_queue_batches must be >= 1, got {self.modir_queue_batches}")
 
 
 def confusion_loss(logits: Tensor) -> Tensor:
@@ -211,3 +252,71 @@ def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: i
 def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, **kwargs) -> float:
     """Held-out accuracy of :func:`domain_classifier_probe` (lower is more domain-invariant)."""
     return domain_classifier_probe(source, target, **kwargs)["accuracy"]
+
+
+# ---------------------------------------------------------------------------------------------- target streams
+def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list[str]:
+    """Unlabelled target texts for MoDIR: documents of the target corpora (a random sample if very large)."""
+    texts = [t for c in target_corpora for t in corpus_source(c).texts() if t.strip()]
+    if len(texts) > max_texts:
+        idx = np.random.default_rng(seed).choice(len(texts), max_texts, replace=False)
+        texts = [texts[i] for i in sorted(idx)]
+    return texts
+
+
+def target_query_texts(sources) -> tuple[list[str], list[str]]:
+    """Unlabelled target queries for MoDIR: ``(texts, names)`` from BEIR folders (their ``queries.jsonl``; qrels are
+    never read) or JSONL files with a ``text`` field."""
+    texts, names = [], []
+    for spec in sources:
+        path = Path(str(spec)).expanduser()
+        if path.is_dir():
+            texts += [t for t in load_queries(path)["text"] if t and t.strip()]
+            names.append(path.name)
+        elif path.is_file():
+            texts += [t for t in corpus_source(path).texts() if t.strip()]
+            names.append(path.name)
+        else:
+            raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file")
+    if sources and not texts:
+        raise ConfigError(f"target queries {list(map(str, sources))}: no non-empty query text found")
+    return texts, names
+
+
+# ---------------------------------------------------------------------------------------------- the method
+class MoDIR(Method):
+    """MoDIR as a method of :class:`~hf_cocodr.IDROTrainer`: one :class:`MoDIRObjective` loss term fed by the target
+    documents (and optionally target queries); its classifier, Adam moments and queue are saved with the loss."""
+
+    name = "modir"
+    label = "MoDIR"
+    display_name = "MoDIR (momentum adversarial domain-invariant representations)"
+    citation = CITATION
+    settings = MoDIRSettings
+    reads_target_corpora = True
+    reads_target_queries = True
+
+    def __init__(self, settings: MoDIRSettings | None = None, objective: MoDIRObjective | None = None):
+        super().__init__(settings or MoDIRSettings())
+        self.objective = objective
+
+    @classmethod
+    def build(cls, model, args, data, *, target_corpora=(), target_queries=(), **overrides) -> MoDIR:
+        cfg = cls.settings_from(args, **overrides)
+        query_texts, query_names = target_query_texts(target_queries) if target_queries else ([], [])
+        objective = MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
+                                   target_queries=query_texts, queue_batches=cfg.modir_queue_batches,
+                                   lambda0=cfg.modir_lambda, half_life=cfg.modir_half_life,
+                                   classifier_lr=cfg.modir_classifier_lr, seed=args.seed)
+        method = cls(cfg, objective)
+        method.target_corpora_read = [corpus_source(c).name for c in target_corpora]
+        method.target_queries_read = query_names
+        return method
+
+    def loss_terms(self) -> list:
+        return [self.objective] if self.objective is not None else []
+
+    def stage_info(self, args) -> dict[str, str]:
+        c = self.config
+        return {"MoDIR": f"λ₀={c.modir_lambda:g}, half-life {c.modir_half_life:g} steps, queue "
+                         f"{c.modir_queue_batches} batches, classifier Adam lr {c.modir_classifier_lr:g}"}

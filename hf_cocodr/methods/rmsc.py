@@ -14,15 +14,57 @@ come from rows with the same tokens.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..data.spans import corpus_source, split_sentences_regex
+from ..errors import ConfigError
+from ..evaluation.retrieval import encode_texts
+from ..utils import atomic_write_json
+from .base import Method
 
 logger = logging.getLogger(__name__)
+
+CITATION = {
+    "title": "Improving the Generalization Ability of Dense Passage Retrieval via Relevance Matching and "
+    "Soft Domain Control (RMSC)",
+    "bibtex": """@misc{rmsc,
+  title = {Relevance Matching and Soft Domain Control for Zero-Shot Dense Retrieval},
+  note = {RMSC: domain tokens [S]/[T] and relevance tokens [W]/[H] prepended/appended to the input}
+}""",
+}
+
+
+@dataclass
+class RMSCSettings:
+    """RMSC's training arguments (fields of :class:`~hf_cocodr.IDROTrainingArguments`).
+
+    Args:
+        rmsc_k: soft tokens per kind ([S], [T], [W], [H]).
+        rmsc_weak_mode: ``"scl"`` (two halves of a document) or ``"ict"`` (a sentence vs. the rest).
+        rmsc_weak_pairs: weak pairs per corpus (None: balanced, as many as the labelled source queries).
+    """
+
+    rmsc_k: int = field(default=1, metadata={"help": "RMSC: soft tokens per kind"})
+    rmsc_weak_mode: str = field(default="scl", metadata={"help": "RMSC: weak pairs by 'scl' or 'ict'"})
+    rmsc_weak_pairs: int | None = field(
+        default=None, metadata={"help": "RMSC: weak pairs per corpus (None: as many as labelled source queries)"}
+    )
+
+    def check(self) -> None:
+        """ConfigError for a setting out of range, by name (IDROTrainingArguments calls ``Settings.check(args)``)."""
+        if self.rmsc_k < 1:
+            raise ConfigError(f"rmsc_k must be >= 1, got {self.rmsc_k}")
+        if self.rmsc_weak_mode not in ("scl", "ict"):
+            raise ConfigError(f"rmsc_weak_mode must be 'scl' or 'ict', got {self.rmsc_weak_mode!r}")
+        if self.rmsc_weak_pairs is not None and self.rmsc_weak_pairs < 1:
+            raise ConfigError(f"rmsc_weak_pairs must be >= 1 (or unset), got {self.rmsc_weak_pairs}")
 
 KINDS = ("S", "T", "W", "H")
 COMBINATIONS = {"source_human": ("S", "H"), "source_weak": ("S", "W"), "target_weak": ("T", "W")}
@@ -212,11 +254,6 @@ def pin_saved_tokenizer(directory) -> None:
     ``[CLS]``/``[SEP]`` when loaded, which would drop the ``[T] … [H]`` template; the generic
     ``PreTrainedTokenizerFast`` keeps the stored one (normaliser, lower-casing and special tokens included).
     """
-    import json
-    from pathlib import Path
-
-    from ..utils import atomic_write_json
-
     root = Path(directory)
     for cfg_path in root.rglob("tokenizer_config.json"):
         inner = cfg_path.relative_to(root).parts[:-1]  # checkpoints inside `directory` are pinned when saved
@@ -225,3 +262,99 @@ def pin_saved_tokenizer(directory) -> None:
         cfg = json.loads(cfg_path.read_text())
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
         atomic_write_json(cfg_path, cfg)
+
+
+class RMSC(Method):
+    """RMSC as a method of :class:`~hf_cocodr.IDROTrainer`.
+
+    * data: adds the tokens to the model and mixes the source rows with source and target weak pairs
+      (:class:`RMSCTrainingData`); batches never mix combinations (:class:`GroupedBatchSampler`) and each batch is
+      tokenized with its combination's tokens;
+    * clustering encodes each query row with the tokens it is trained with;
+    * every saved model (checkpoints too) encodes with ``[T] … [H]`` by itself (:func:`finalize_rmsc_model`,
+      :func:`pin_saved_tokenizer`).
+
+    Mixing the three training sets: by default they are balanced: as many source weak pairs as labelled source
+    queries (at most 20,000), and the same number of target weak pairs shared evenly by the target corpora
+    (``rmsc_weak_pairs`` sets a fixed count per corpus instead).
+    """
+
+    name = "rmsc"
+    label = "RMSC"
+    display_name = "RMSC (relevance matching and soft domain control tokens)"
+    citation = CITATION
+    settings = RMSCSettings
+    reads_target_corpora = True
+
+    def __init__(self, settings: RMSCSettings | None = None, target_corpora=(), seed: int = 0):
+        super().__init__(settings or RMSCSettings())
+        self.target_corpora = list(target_corpora)
+        self.seed = seed
+        self.target_corpora_read = [corpus_source(c).name for c in self.target_corpora]
+
+    @property
+    def k(self) -> int:
+        return self.config.rmsc_k
+
+    @classmethod
+    def build(cls, model, args, data, *, target_corpora=(), target_queries=(), **overrides) -> RMSC:
+        return cls(cls.settings_from(args, **overrides), target_corpora, seed=args.seed)
+
+    def prepare_data(self, model, data) -> RMSCTrainingData:
+        """Add the tokens to ``model``; the source rows of ``data`` plus source and target weak pairs."""
+        if not self.target_corpora:
+            raise ConfigError("RMSC needs a target stream (the target corpora)")
+        add_rmsc_tokens(model, k=self.k)
+        per_corpus = self.config.rmsc_weak_pairs
+        n_source = per_corpus or min(20_000, len(data))
+        n_target = per_corpus or max(1, -(-n_source // len(self.target_corpora)))
+        mode = self.config.rmsc_weak_mode
+        source_weak = weak_pairs(data.corpus, mode, n_source, seed=self.seed)
+        target_weak = [p for i, c in enumerate(self.target_corpora)
+                       for p in weak_pairs(c, mode, n_target, seed=self.seed + 1 + i)]
+        return RMSCTrainingData(data, source_weak, target_weak)
+
+    # ------------------------------------------------------------------------------------------ training
+    def use_row_group(self, trainer, group: str) -> None:
+        """The tokenizer adds the tokens of ``group`` (``source_human``, ``source_weak``, ``target_weak``)."""
+        set_rmsc_template(trainer.model, *COMBINATIONS[group], k=self.k)
+
+    def before_batch(self, trainer, rows) -> None:
+        """This batch's domain/relevance tokens (batches never mix combinations)."""
+        self.use_row_group(trainer, trainer.training_data.combination(rows))
+
+    def batch_sampler(self, trainer, dataset, batch_size: int, seed: int):
+        groups = getattr(trainer.training_data, "group_of", None)
+        if groups is None or len(dataset) != len(groups):
+            return None
+        return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed,
+                                   world_size=max(1, trainer.args.world_size))
+
+    def encode_query_rows(self, trainer, lo: int, hi: int, batch_size: int):
+        """Each row encoded with its own combination's tokens, not whatever the last batch left in the tokenizer."""
+        data = trainer.training_data
+        groups = getattr(data, "group_of", None)
+        if groups is None:
+            return None
+        g = np.asarray(groups[lo:hi])
+        cuts = [0, *(np.flatnonzero(np.diff(g)) + 1).tolist(), len(g)]
+        parts = []
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            if b > a:
+                self.use_row_group(trainer, data.groups[int(g[a])])
+                parts.append(encode_texts(trainer.model, data.query_texts[lo + a:lo + b], kind="query",
+                                          batch_size=batch_size))
+        return np.concatenate(parts) if parts else np.zeros((0, trainer.model.get_embedding_dimension()), np.float32)
+
+    # ------------------------------------------------------------------------------------------ saved models
+    def before_save(self, trainer) -> None:
+        """The model encodes with ``[T] … [H]`` (the next batch sets its own tokens again)."""
+        finalize_rmsc_model(trainer.model, self.k)
+
+    def after_save(self, trainer, output_dir: str) -> None:
+        pin_saved_tokenizer(output_dir)
+
+    def stage_info(self, args) -> dict[str, str]:
+        c = self.config
+        return {"RMSC": f"{c.rmsc_k} token(s) per kind, weak pairs by {c.rmsc_weak_mode.upper()}, "
+                        f"{c.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]"}

@@ -59,7 +59,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
         was_training = model.training
         t0 = time.perf_counter()
         q_all = None
-        trainer.use_rmsc_combination("source_human")  # RMSC: the human rows are encoded as they are trained
+        trainer.use_row_group("source_human")  # RMSC: the human rows are encoded as they are trained
         try:
             if D.is_main():
                 with encoding_precision(model, self.encode_precision) as encoder:
