@@ -19,6 +19,7 @@ import shutil
 import time
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import numpy as np
 from .data.beir import load_corpus, parse_eval_spec
 from .data.pseudo_pairs import PSEUDO_PAIR_MODES
 from .errors import ConfigError
+from .export import export_sentence_transformer
 from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
 from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
@@ -566,229 +568,268 @@ def run_recipe(
 def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: RecipeConfig, choice, has_mlm, methods,
                 max_minutes, resume, t_start, fps) -> dict[str, Any]:
     """The stages of :func:`run_recipe` in its claimed output folder."""
-    from .finetuning import IDROTrainingArguments
-    from .pretraining import CocoPretrainingArguments
+    run = _RecipeRun(model, list(target_corpora), source_data, out, evals, cfg, choice, has_mlm, methods,
+                     max_minutes, resume, t_start, fps)
+    run.load_data()
+    run.make_plan()
+    run.stage("coco", not cfg.skip_coco and run.plan["coco_steps"] > 0, run.train_coco)
+    run.stage("finetune", not cfg.skip_finetune and run.plan["finetune_steps"] > 0, run.train_finetune)
+    run.stage("target", cfg.target_pairs != "none" and not is_joint(cfg) and run.plan["target_steps"] > 0,
+              run.train_target)
+    run.stage("wise", cfg.wise_alpha not in (None, 1, 1.0) and run.current != model, run.interpolate)
+    return run.finish()
 
-    pooling, similarity = _model_similarity(model)
-    logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
-                model, pooling, similarity, ", ".join(map(str, target_corpora)), source_data, cfg.source_split)
-    dirs = {"coco": out / "coco", "finetune": out / "finetune", "target": out / "target", "wise": out / "wise"}
-    final_dir = out / "model"
-    stage_seconds: dict[str, float] = {}  # a stage skipped on a re-run keeps the seconds its marker recorded
 
-    coco_defaults = dict(output_dir=str(dirs["coco"]), seed=cfg.seed, report_to="none", logging_steps=10,
-                         logging_first_step=True, save_strategy="steps", save_steps=100, save_total_limit=1,
-                         per_device_train_batch_size=32, pooling=pooling, contrastive_similarity=similarity,
-                         contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
-                         learning_rate=float(cfg.coco_learning_rate), mlm_weight=float(cfg.coco_mlm_weight),
-                         head_mlm_weight=float(cfg.coco_mlm_weight), use_cpu=_no_gpu(), disable_tqdm=True,
-                         max_span_length=min(64, cfg.train_max_length))
-    ft_defaults = dict(output_dir=str(dirs["finetune"]), seed=cfg.seed, report_to="none", logging_steps=5,
-                       logging_first_step=True, save_strategy="steps", save_steps=50, save_total_limit=1,
-                       per_device_train_batch_size=32, num_clusters=50, learning_rate=2e-5, use_cpu=_no_gpu(),
-                       disable_tqdm=True, idro_scale=20.0 if similarity == "cosine" else 1.0, num_negatives=1,
-                       dataloader_drop_last=True, warmup_steps=0.1, max_length=cfg.train_max_length,
-                       # tau sets how fast the cluster weights move; the gradient inner products scale with the
-                       # similarity (cosine x 20 vs raw dot products), see reports/reproduction.md for the sweep
-                       idro_tau=100.0 if similarity == "cosine" else 3000.0)
-    # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus.
-    target_defaults = {**ft_defaults, "output_dir": str(dirs["target"]), "idro_preset": "uniform"}
-    coco_kw = {**coco_defaults, **cfg.coco}
-    ft_kw = {**ft_defaults, **cfg.finetune}
-    target_kw = {**target_defaults, **cfg.target}
-    # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage
-    # is skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
-    plan_id = digest({"inputs": fps, "max_minutes": max_minutes, "config": {
-        k: v for k, v in asdict(cfg).items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size")}})
-    plan = _fixed_plan(cfg) if max_minutes is None else _saved_plan(out, plan_id)
-    ids = _stage_ids(plan, cfg, fps, coco_kw, ft_kw, target_kw) if plan else {}
+class _RecipeRun:
+    """The state one :func:`run_recipe` call carries from stage to stage: settings, plan, data, the current model."""
 
-    def done(stage: str) -> bool:
-        return stage in ids and _stage_done(dirs[stage], ids[stage]) is not None
+    def __init__(self, model, target_corpora, source_data, out: Path, evals, cfg: RecipeConfig, choice, has_mlm,
+                 methods, max_minutes, resume, t_start, fps):
+        self.model, self.target_corpora, self.source_data, self.out = model, target_corpora, source_data, out
+        self.evals, self.cfg, self.choice, self.has_mlm, self.methods = evals, cfg, choice, has_mlm, methods
+        self.max_minutes, self.resume, self.t_start, self.fps = max_minutes, resume, t_start, fps
+        self.pooling, self.similarity = _model_similarity(model)
+        logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
+                    model, self.pooling, self.similarity, ", ".join(map(str, target_corpora)), source_data,
+                    cfg.source_split)
+        self.dirs = {s: out / s for s in ("coco", "finetune", "target", "wise")}
+        self.final_dir = out / "model"
+        self.stage_seconds: dict[str, float] = {}  # a stage skipped on a re-run keeps the seconds its marker recorded
+        self.coco_kw, self.ft_kw, self.target_kw = self._stage_kwargs()
+        # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage
+        # is skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
+        self.plan_id = digest({"inputs": fps, "max_minutes": max_minutes, "config": {
+            k: v for k, v in asdict(cfg).items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size")}})
+        self.plan = _fixed_plan(cfg) if max_minutes is None else _saved_plan(out, self.plan_id)
+        self.ids = self._ids() if self.plan else {}
+        self.train_data = self.target_data = self.spans = None
+        self.coco_corpora: list = []
+        self.current = model
 
-    # ----------------------------------------------------------------------------------- data (cheap, cached)
-    t0 = time.perf_counter()
-    train_data = target_data = None
-    need_source = (not cfg.skip_finetune and not done("finetune")) or (
-        not cfg.skip_coco and cfg.include_source_corpus and not done("coco"))
-    if need_source:
+    def _stage_kwargs(self) -> tuple[dict, dict, dict]:
+        """The training arguments of the COCO, source fine-tuning and target pseudo-pair stages (the user's
+        ``coco`` / ``finetune`` / ``target`` options over the recipe's defaults)."""
+        cfg, similarity, dirs = self.cfg, self.similarity, self.dirs
+        coco = dict(output_dir=str(dirs["coco"]), seed=cfg.seed, report_to="none", logging_steps=10,
+                    logging_first_step=True, save_strategy="steps", save_steps=100, save_total_limit=1,
+                    per_device_train_batch_size=32, pooling=self.pooling, contrastive_similarity=similarity,
+                    contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
+                    learning_rate=float(cfg.coco_learning_rate), mlm_weight=float(cfg.coco_mlm_weight),
+                    head_mlm_weight=float(cfg.coco_mlm_weight), use_cpu=_no_gpu(), disable_tqdm=True,
+                    max_span_length=min(64, cfg.train_max_length))
+        ft = dict(output_dir=str(dirs["finetune"]), seed=cfg.seed, report_to="none", logging_steps=5,
+                  logging_first_step=True, save_strategy="steps", save_steps=50, save_total_limit=1,
+                  per_device_train_batch_size=32, num_clusters=50, learning_rate=2e-5, use_cpu=_no_gpu(),
+                  disable_tqdm=True, idro_scale=20.0 if similarity == "cosine" else 1.0, num_negatives=1,
+                  dataloader_drop_last=True, warmup_steps=0.1, max_length=cfg.train_max_length,
+                  # tau sets how fast the cluster weights move; the gradient inner products scale with the
+                  # similarity (cosine x 20 vs raw dot products), see reports/reproduction.md for the sweep
+                  idro_tau=100.0 if similarity == "cosine" else 3000.0)
+        # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus
+        target = {**ft, "output_dir": str(dirs["target"]), "idro_preset": "uniform"}
+        return {**coco, **cfg.coco}, {**ft, **cfg.finetune}, {**target, **cfg.target}
+
+    def _ids(self) -> dict[str, str]:
+        return _stage_ids(self.plan, self.cfg, self.fps, self.coco_kw, self.ft_kw, self.target_kw)
+
+    def done(self, stage: str) -> bool:
+        return stage in self.ids and _stage_done(self.dirs[stage], self.ids[stage]) is not None
+
+    # ------------------------------------------------------------------------------------------- data and plan
+    def load_data(self) -> None:
+        """The source training data and the target pseudo pairs, for the stages that still have to run."""
         from .data.training import RetrievalTrainingData
 
-        train_data = RetrievalTrainingData.from_beir(source_data, cfg.source_split, negatives="bm25",
-                                                     max_queries=cfg.max_queries, seed=cfg.seed,
-                                                     corpus_pool=cfg.corpus_pool)
-    if cfg.target_pairs != "none" and not done("finetune" if is_joint(cfg) else "target"):
+        cfg, t0 = self.cfg, time.perf_counter()
+        need_source = (not cfg.skip_finetune and not self.done("finetune")) or (
+            not cfg.skip_coco and cfg.include_source_corpus and not self.done("coco"))
+        if need_source:
+            self.train_data = RetrievalTrainingData.from_beir(
+                self.source_data, cfg.source_split, negatives="bm25", max_queries=cfg.max_queries, seed=cfg.seed,
+                corpus_pool=cfg.corpus_pool)
+        if cfg.target_pairs != "none" and not self.done("finetune" if is_joint(cfg) else "target"):
+            self.target_data = self._target_pairs()
+        self.coco_corpora = list(self.target_corpora)
+        if cfg.include_source_corpus and self.train_data is not None:
+            self.coco_corpora.append(_source_pool_dataset(self.train_data))
+        self.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+
+    def _target_pairs(self):
         from .data.pseudo_pairs import target_pseudo_pairs
 
+        cfg = self.cfg
         try:
-            target_data = target_pseudo_pairs(list(target_corpora), cfg.target_pairs, seed=cfg.seed)
+            return target_pseudo_pairs(list(self.target_corpora), cfg.target_pairs, seed=cfg.seed)
         except ValueError as e:
-            if not (cfg.target_pairs == "title_body" and "target_pairs" in choice["chosen"] and "no titles" in str(e)):
+            chosen = self.choice["chosen"]
+            if not (cfg.target_pairs == "title_body" and "target_pairs" in chosen and "no titles" in str(e)):
                 raise
-            logger.warning("the target documents have no titles: target pseudo pairs fall back to 'ict' (one "
-                           "sentence against the rest of its document)")
-            cfg.target_pairs = choice["chosen"]["target_pairs"] = "ict"
-            target_data = target_pseudo_pairs(list(target_corpora), "ict", seed=cfg.seed)
-    coco_corpora = list(target_corpora)
-    if cfg.include_source_corpus and train_data is not None:
-        coco_corpora.append(_source_pool_dataset(train_data))
-    stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+        logger.warning("the target documents have no titles: target pseudo pairs fall back to 'ict' (one sentence "
+                       "against the rest of its document)")
+        cfg.target_pairs = self.choice["chosen"]["target_pairs"] = "ict"
+        return target_pseudo_pairs(list(self.target_corpora), "ict", seed=cfg.seed)
 
-    # ----------------------------------------------------------------------------------- planning
-    spans = None
-    if not cfg.skip_coco and not done("coco"):
+    def make_plan(self) -> None:
+        """Measure this machine's step times and size the stages to the budget (unless ``plan.json`` holds the plan
+        for these inputs, or the steps are fixed)."""
+        from .finetuning import IDROTrainingArguments
+        from .pretraining import CocoPretrainingArguments
+
+        cfg = self.cfg
+        if not cfg.skip_coco and not self.done("coco"):
+            self.spans = self._span_corpus()
+        if self.plan is None:
+            t0 = time.perf_counter()
+            tp = measure_throughput(self.model, CocoPretrainingArguments(**{**self.coco_kw, "max_steps": 1}),
+                                    IDROTrainingArguments(**{**self.ft_kw, "max_steps": 1}), self.spans,
+                                    self.train_data if not cfg.skip_finetune else None, self.pooling,
+                                    target_args=IDROTrainingArguments(**{**self.target_kw, "max_steps": 1}),
+                                    target_data=self.target_data)
+            measured_s = time.perf_counter() - t0
+            # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
+            overhead = (time.perf_counter() - self.t_start) + 20.0 * (
+                1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
+            data = self.train_data
+            plan = plan_budget(self.max_minutes * 60.0, tp, cfg, overhead_s=overhead,
+                               pool_docs=len(data.corpus) if data is not None else 0,
+                               n_queries=len(data) if data is not None else 0,
+                               idro=self.ft_kw.get("idro_preset", "paper") != "uniform")
+            plan.update(max_minutes=self.max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
+                        measure_seconds=round(measured_s, 1), identity=self.plan_id)
+            logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d steps, source fine-tuning "
+                        "%d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget planned "
+                        "for optimizer steps (evaluation not included)", self.max_minutes, plan["throughput"],
+                        plan["coco_steps"], plan["finetune_steps"], plan["refreshes"], plan["target_steps"],
+                        100 * (plan["planned_optimizer_share"] or 0))
+            atomic_write_json(self.out / "plan.json", plan)
+            self.plan = plan
+            self.ids = self._ids()
+        self.stage_seconds["planning"] = round(
+            time.perf_counter() - self.t_start - sum(self.stage_seconds.values()), 1)
+
+    def _span_corpus(self):
         from transformers import AutoTokenizer
 
         from .data.spans import SpanCorpus
         from .modeling.condenser import _transformer_dir
+        from .pretraining import CocoPretrainingArguments
 
-        probe_args = CocoPretrainingArguments(**{**coco_kw, "max_steps": 1})
-        spans = SpanCorpus.build(coco_corpora, AutoTokenizer.from_pretrained(_transformer_dir(model)),
-                                 mode=probe_args.span_mode, span_max_tokens=probe_args.span_max_tokens,
-                                 span_break_prob=probe_args.span_break_prob, seed=cfg.seed)
-    if plan is None:
-        t0 = time.perf_counter()
-        tp = measure_throughput(model, CocoPretrainingArguments(**{**coco_kw, "max_steps": 1}),
-                                IDROTrainingArguments(**{**ft_kw, "max_steps": 1}), spans,
-                                train_data if not cfg.skip_finetune else None, pooling,
-                                target_args=IDROTrainingArguments(**{**target_kw, "max_steps": 1}),
-                                target_data=target_data)
-        measured_s = time.perf_counter() - t0
-        # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
-        overhead = (time.perf_counter() - t_start) + 20.0 * (1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
-        plan = plan_budget(max_minutes * 60.0, tp, cfg, overhead_s=overhead,
-                           pool_docs=len(train_data.corpus) if train_data is not None else 0,
-                           n_queries=len(train_data) if train_data is not None else 0,
-                           idro=ft_kw.get("idro_preset", "paper") != "uniform")
-        plan.update(max_minutes=max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
-                    measure_seconds=round(measured_s, 1), identity=plan_id)
-        logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d steps, source fine-tuning %d "
-                    "steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget planned for "
-                    "optimizer steps (evaluation not included)", max_minutes, plan["throughput"],
-                    plan["coco_steps"], plan["finetune_steps"], plan["refreshes"], plan["target_steps"],
-                    100 * (plan["planned_optimizer_share"] or 0))
-        atomic_write_json(out / "plan.json", plan)
-        ids = _stage_ids(plan, cfg, fps, coco_kw, ft_kw, target_kw)
-    stage_seconds["planning"] = round(time.perf_counter() - t_start - sum(stage_seconds.values()), 1)
+        probe = CocoPretrainingArguments(**{**self.coco_kw, "max_steps": 1})
+        return SpanCorpus.build(self.coco_corpora, AutoTokenizer.from_pretrained(_transformer_dir(self.model)),
+                                mode=probe.span_mode, span_max_tokens=probe.span_max_tokens,
+                                span_break_prob=probe.span_break_prob, seed=self.cfg.seed)
 
-    # ----------------------------------------------------------------------------------- stage 1: COCO
-    current = model
-    if not cfg.skip_coco and plan["coco_steps"] > 0:
+    # ------------------------------------------------------------------------------------------- stages
+    def stage(self, name: str, enabled: bool, train: Callable[[], None]) -> None:
+        """Run stage ``name`` (skipped when it finished with the same inputs); the next stage starts from it."""
+        if not enabled:
+            return
         t0 = time.perf_counter()
-        if done("coco"):
-            logger.info("stage coco: already finished (%s) with the same inputs, skipped", dirs["coco"])
+        if self.done(name):
+            logger.info("stage %s: already finished (%s) with the same inputs, skipped", name, self.dirs[name])
         else:
-            from .pretraining import CocoPretrainer
+            _log_rerun(self.dirs[name])
+            train()
+        self.current = str(self.dirs[name])
+        self.stage_seconds[name] = _stage_seconds(self.dirs[name], t0)
 
-            _log_rerun(dirs["coco"])
-            kw = {**coco_kw, "max_steps": plan["coco_steps"], "overwrite_output_dir": True}
-            if (has_mlm is False and "mlm_head_warmup_steps" not in cfg.coco
-                    and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
-                kw["mlm_head_warmup_steps"] = int(0.3 * plan["coco_steps"])
-                logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
-                            "gradients reach the encoder", kw["mlm_head_warmup_steps"])
-            args = CocoPretrainingArguments(**kw)
-            trainer = CocoPretrainer(model, args, corpora=coco_corpora)  # seeds before building the heads
-            trainer.train(resume_from_checkpoint=True if resume else None)
-            trainer.finalize()
-            _mark_done(dirs["coco"], {"steps": trainer.state.global_step, "identity": ids["coco"]})
-            del trainer
-        current = str(dirs["coco"])
-        stage_seconds["coco"] = _stage_seconds(dirs["coco"], t0)
+    def train_coco(self) -> None:
+        from .pretraining import CocoPretrainer, CocoPretrainingArguments
 
-    # ----------------------------------------------------------------------------------- stage 2: source fine-tuning
-    if not cfg.skip_finetune and plan["finetune_steps"] > 0:
+        kw = {**self.coco_kw, "max_steps": self.plan["coco_steps"], "overwrite_output_dir": True}
+        if (self.has_mlm is False and "mlm_head_warmup_steps" not in self.cfg.coco
+                and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
+            kw["mlm_head_warmup_steps"] = int(0.3 * self.plan["coco_steps"])
+            logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
+                        "gradients reach the encoder", kw["mlm_head_warmup_steps"])
+        trainer = CocoPretrainer(self.model, CocoPretrainingArguments(**kw), corpora=self.coco_corpora)
+        trainer.train(resume_from_checkpoint=True if self.resume else None)
+        trainer.finalize()
+        _mark_done(self.dirs["coco"], {"steps": trainer.state.global_step, "identity": self.ids["coco"]})
+
+    def train_finetune(self) -> None:
+        from .finetuning import IDROTrainingArguments
+
+        cfg, steps, refreshes = self.cfg, self.plan["finetune_steps"], self.plan["refreshes"]
+        every = max(1, steps // (refreshes + 1)) if refreshes else 0
+        args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **self.ft_kw, "max_steps": steps,
+                                        "overwrite_output_dir": True})
+        joint = None
+        if is_joint(cfg):
+            from .methods.joint import TargetPairsObjective
+
+            kw = self.target_kw
+            joint = TargetPairsObjective(self.target_data, cfg.joint_weight,
+                                         batch_size=kw["per_device_train_batch_size"],
+                                         num_negatives=kw["num_negatives"], similarity=self.similarity,
+                                         scale=kw["idro_scale"], max_length=kw["max_length"], seed=cfg.seed)
+        _train_finetune_stage(self.current, args, self.train_data, self.dirs["finetune"], methods=self.methods,
+                              target_corpora=list(self.target_corpora), negatives_label="bm25",
+                              target_queries=list(cfg.target_queries), resume=self.resume, joint=joint,
+                              identity=self.ids["finetune"])
+
+    def train_target(self) -> None:
+        from .finetuning import IDROTrainingArguments
+
+        args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **self.target_kw,
+                                        "max_steps": self.plan["target_steps"], "overwrite_output_dir": True})
+        _train_finetune_stage(self.current, args, self.target_data, self.dirs["target"],
+                              negatives_label="bm25 (within the target corpora)", identity=self.ids["target"])
+
+    def interpolate(self) -> None:
+        _wise_stage(self.model, self.current, self.dirs["wise"], float(self.cfg.wise_alpha), self.ids["wise"])
+
+    # ------------------------------------------------------------------------------------------- export + evaluation
+    def finish(self) -> dict[str, Any]:
+        """Export the final model, evaluate it (and the starting model), write the card, ``eval.json`` and
+        ``recipe.json``; returns the summary."""
+        from .training_api import evaluate_all
+
         t0 = time.perf_counter()
-        if done("finetune"):
-            logger.info("stage finetune: already finished (%s) with the same inputs, skipped", dirs["finetune"])
+        if self.current == self.model:
+            export_sentence_transformer(self.model, self.final_dir, pooling=self.pooling,
+                                        similarity=self.similarity, run_record=False)
         else:
-            steps = plan["finetune_steps"]
-            refreshes = plan["refreshes"]
-            every = max(1, steps // (refreshes + 1)) if refreshes else 0
-            _log_rerun(dirs["finetune"])
-            args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **ft_kw, "max_steps": steps,
-                                            "overwrite_output_dir": True})
-            joint = None
-            if is_joint(cfg):
-                from .methods.joint import TargetPairsObjective
-
-                joint = TargetPairsObjective(target_data, cfg.joint_weight, batch_size=target_kw[
-                    "per_device_train_batch_size"], num_negatives=target_kw["num_negatives"],
-                    similarity=similarity, scale=target_kw["idro_scale"], max_length=target_kw["max_length"],
-                    seed=cfg.seed)
-            _train_finetune_stage(current, args, train_data, dirs["finetune"], methods=methods,
-                                  target_corpora=list(target_corpora), negatives_label="bm25",
-                                  target_queries=list(cfg.target_queries), resume=resume, joint=joint,
-                                  identity=ids["finetune"])
-        current = str(dirs["finetune"])
-        stage_seconds["finetune"] = _stage_seconds(dirs["finetune"], t0)
-
-    # ----------------------------------------------------------------------------------- stage 3: target pseudo pairs
-    if cfg.target_pairs != "none" and not is_joint(cfg) and plan["target_steps"] > 0:
+            _export_final(Path(self.current), self.final_dir)
+        seconds = self.stage_seconds
+        seconds["export"] = round(time.perf_counter() - t0, 1)
+        train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
         t0 = time.perf_counter()
-        if done("target"):
-            logger.info("stage target: already finished (%s) with the same inputs, skipped", dirs["target"])
-        else:
-            _log_rerun(dirs["target"])
-            args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **target_kw,
-                                            "max_steps": plan["target_steps"], "overwrite_output_dir": True})
-            _train_finetune_stage(current, args, target_data, dirs["target"],
-                                  negatives_label="bm25 (within the target corpora)", identity=ids["target"])
-        current = str(dirs["target"])
-        stage_seconds["target"] = _stage_seconds(dirs["target"], t0)
+        results = evaluate_all(load_encoder(str(self.final_dir)), self.evals, self.final_dir,
+                               batch_size=self.cfg.eval_batch_size)
+        summary = {spec: {k: r[k] for k in SUMMARY_KEYS} for spec, r in results.items()}
+        seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+        if self.evals and self.cfg.evaluate_start:
+            self._add_start(summary)
+        self._write_records(summary, train_seconds)
+        logger.info("recipe finished: training %.1f minutes%s, evaluation %.1f minutes", train_seconds / 60,
+                    f" (budget {self.max_minutes:g})" if self.max_minutes is not None else "",
+                    (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60)
+        return summary
 
-    # ----------------------------------------------------------------------------------- stage 4: WiSE-FT
-    if cfg.wise_alpha not in (None, 1, 1.0) and current != model:
+    def _add_start(self, summary: dict) -> None:
         t0 = time.perf_counter()
-        if done("wise"):
-            logger.info("stage wise: already finished (%s) with the same inputs, skipped", dirs["wise"])
-        else:
-            _log_rerun(dirs["wise"])
-            _wise_stage(model, current, dirs["wise"], float(cfg.wise_alpha), ids["wise"])
-        current = str(dirs["wise"])
-        stage_seconds["wise"] = _stage_seconds(dirs["wise"], t0)
-
-    # ----------------------------------------------------------------------------------- export + evaluation
-    t0 = time.perf_counter()
-    if current == model:
-        from .export import export_sentence_transformer
-
-        export_sentence_transformer(model, final_dir, pooling=pooling, similarity=similarity, run_record=False)
-    else:
-        _export_final(Path(current), final_dir)
-    stage_seconds["export"] = round(time.perf_counter() - t0, 1)
-    train_seconds = round(sum(stage_seconds.values()), 1)  # data + planning + stages + export
-    from .training_api import evaluate_all
-
-    t0 = time.perf_counter()
-    results = evaluate_all(load_encoder(str(final_dir)), evals, final_dir, batch_size=cfg.eval_batch_size)
-    summary = {spec: {k: r[k] for k in SUMMARY_KEYS} for spec, r in results.items()}
-    stage_seconds["evaluation"] = round(time.perf_counter() - t0, 1)
-    if evals and cfg.evaluate_start:
-        t0 = time.perf_counter()
-        for spec, start in _run_start_eval(model, evals, out, cfg.eval_batch_size).items():
+        for spec, start in _run_start_eval(self.model, self.evals, self.out, self.cfg.eval_batch_size).items():
             summary[spec]["start"] = start
             logger.info("%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)", spec, summary[spec]["ndcg@10"],
                         start["ndcg@10"], summary[spec]["ndcg@10"] - start["ndcg@10"])
-        stage_seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
+        self.stage_seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
 
-    record = {"model": model, "target_corpora": list(map(str, target_corpora)), "source_data": str(source_data),
-              "evals": evals, "config": asdict(cfg), "schedule": choice, "plan": plan,
-              "stage_seconds": stage_seconds, "train_seconds": train_seconds,
-              "wall_seconds": round(time.perf_counter() - t_start, 1)}
-    if max_minutes is not None:
-        record["budget_seconds"] = round(max_minutes * 60.0, 1)
-        record["train_over_budget_seconds"] = round(train_seconds - max_minutes * 60.0, 1)
-    write_model_card(final_dir, load_encoder(str(final_dir)), {
-        "recipe_schedule": choice, "start_vs_adapted": {s: {"adapted": {k: v[k] for k in ("ndcg@10", "recall@100")},
-                                                          "start": {k: v["start"][k] for k in ("ndcg@10", "recall@100")}}
-                                                      for s, v in summary.items() if "start" in v}})
-    atomic_write_json(out / "eval.json", summary)
-    atomic_write_json(out / "recipe.json", record)
-    logger.info("recipe finished: training %.1f minutes%s, evaluation %.1f minutes", train_seconds / 60,
-                f" (budget {max_minutes:g})" if max_minutes is not None else "",
-                (stage_seconds["evaluation"] + stage_seconds.get("start_evaluation", 0.0)) / 60)
-    return summary
+    def _write_records(self, summary: dict, train_seconds: float) -> None:
+        record = {"model": self.model, "target_corpora": list(map(str, self.target_corpora)),
+                  "source_data": str(self.source_data), "evals": self.evals, "config": asdict(self.cfg),
+                  "schedule": self.choice, "plan": self.plan, "stage_seconds": self.stage_seconds,
+                  "train_seconds": train_seconds, "wall_seconds": round(time.perf_counter() - self.t_start, 1)}
+        if self.max_minutes is not None:
+            record["budget_seconds"] = round(self.max_minutes * 60.0, 1)
+            record["train_over_budget_seconds"] = round(train_seconds - self.max_minutes * 60.0, 1)
+        keys = ("ndcg@10", "recall@100")
+        write_model_card(self.final_dir, load_encoder(str(self.final_dir)), {
+            "recipe_schedule": self.choice,
+            "start_vs_adapted": {s: {"adapted": {k: v[k] for k in keys}, "start": {k: v["start"][k] for k in keys}}
+                                 for s, v in summary.items() if "start" in v}})
+        atomic_write_json(self.out / "eval.json", summary)
+        atomic_write_json(self.out / "recipe.json", record)
 
 
 def _stage_seconds(stage_dir: Path, t0: float) -> float:
