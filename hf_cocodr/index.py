@@ -1,4 +1,4 @@
-"""Exact inner-product search and K-Means, with faiss when installed and a torch fallback otherwise.
+"""Exact inner-product search and K-Means: faiss when installed; otherwise torch (search) and scikit-learn (K-Means).
 
 Both backends give the same results on the same inputs (up to float rounding and tie order): the tests check it.
 """
@@ -100,6 +100,8 @@ class DenseIndex:
         if self.use_faiss:
             scores, idx = self._index.search(q, k)
             return scores, idx.astype(np.int64)
+        # torch.topk, not sentence_transformers.util.semantic_search: on 1,109 x 5,183 x 384 (SciFact size, 1 core)
+        # semantic_search took 1.07 s at k=100 and 6.45 s at k=1000 vs 0.52 s / 0.78 s here (its per-query heaps)
         docs = self._buf[: self.ntotal]
         out_s = np.empty((len(q), k), np.float32)
         out_i = np.empty((len(q), k), np.int64)
@@ -133,12 +135,14 @@ def kmeans(
     backend: str = "auto",
     init_centroids: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Lloyd's K-Means; returns ``(centroids (k, d), assignments (n,))``.
+    """Lloyd's K-Means; returns ``(centroids (k, d), assignments (n,))``. ``faiss.Kmeans`` when faiss is installed
+    (``backend="auto"`` / ``"faiss"``), else scikit-learn's ``KMeans`` (``backend="torch"``: the backend without
+    faiss). The same seed gives the same clusters, bit for bit.
 
     Args:
-        max_points_per_centroid: faiss trains on at most this many points per centroid (its own default is 256,
+        max_points_per_centroid: train on at most this many points per centroid (faiss's own default is 256,
             i.e. a 12,800-point sample for k=50). ``None`` means *all points*, which is what iDRO wants.
-        spherical: normalise centroids after each iteration (for cosine geometry).
+        spherical: normalise centroids after each iteration (for cosine geometry); faiss only.
         init_centroids: start from these centroids instead of a random sample (used to keep cluster identities
             stable when re-clustering).
     """
@@ -167,52 +171,35 @@ def kmeans(
         km.train(x, init_centroids=None if init_centroids is None else _as_f32_numpy(init_centroids))
         _, assign = km.index.search(x, 1)
         return km.centroids.copy(), assign[:, 0].astype(np.int64)
-    _log_backend("K-Means", "torch")
-    return _torch_kmeans(x, k, niter, seed, max_points_per_centroid, spherical, init_centroids)
+    if spherical:
+        raise ValueError("spherical K-Means needs faiss (backend='auto' or 'faiss'): scikit-learn has no spherical mode")
+    _log_backend("K-Means", "scikit-learn")
+    return _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids)
 
 
-def _torch_kmeans(x, k, niter, seed, max_points_per_centroid, spherical, init_centroids):
+def _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids):
+    """scikit-learn's Lloyd K-Means from a seeded random sample (or ``init_centroids``), on one thread: its threads
+    sum partial centroids in arrival order, so more than two of them would not give bit-identical clusters."""
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
     gen = np.random.default_rng(seed)
     n = len(x)
     train = x
     if max_points_per_centroid and n > k * max_points_per_centroid:
         train = x[np.sort(gen.choice(n, k * max_points_per_centroid, replace=False))]
-    t = torch.from_numpy(train)
     if init_centroids is not None:
-        c = torch.from_numpy(_as_f32_numpy(init_centroids)).clone()
+        init = _as_f32_numpy(init_centroids)
     else:
-        c = t[torch.from_numpy(gen.choice(len(t), k, replace=False))].clone()
-    t_sq = (t * t).sum(1, keepdim=True)
-    for _ in range(niter):
-        assign = _nearest(t, t_sq, c)
-        sums = torch.zeros_like(c).index_add_(0, assign, t)
-        counts = torch.bincount(assign, minlength=k).to(t.dtype)
-        empty = counts == 0
-        c_new = sums / counts.clamp(min=1).unsqueeze(1)
-        if empty.any():  # re-seed empty clusters by splitting the largest ones (as faiss does)
-            big = torch.argsort(counts, descending=True)
-            for j, e in enumerate(torch.nonzero(empty).flatten().tolist()):
-                src = big[j % len(big)]
-                c_new[e] = c_new[src] * (1 + 1e-4 * (j + 1))
-        if spherical:
-            c_new = torch.nn.functional.normalize(c_new, dim=1)
-        c = c_new
-    full = torch.from_numpy(x)
-    assign = _nearest(full, (full * full).sum(1, keepdim=True), c)
-    return c.numpy(), assign.numpy().astype(np.int64)
-
-
-def _nearest(x: torch.Tensor, x_sq: torch.Tensor, c: torch.Tensor, chunk: int = 65536) -> torch.Tensor:
-    c_sq = (c * c).sum(1)
-    out = torch.empty(len(x), dtype=torch.long)
-    for s in range(0, len(x), chunk):
-        d = x_sq[s : s + chunk] - 2 * x[s : s + chunk] @ c.T + c_sq
-        out[s : s + chunk] = d.argmin(1)
-    return out
+        init = train[gen.choice(len(train), k, replace=False)]
+    with threadpool_limits(limits=1):
+        km = KMeans(k, init=init, n_init=1, max_iter=niter, tol=0.0, algorithm="lloyd").fit(train)
+        assign = km.predict(x)
+    return km.cluster_centers_.astype(np.float32), assign.astype(np.int64)
 
 
 def assign_to_centroids(x: np.ndarray | torch.Tensor, centroids: np.ndarray) -> np.ndarray:
     """Nearest-centroid ids (squared L2) for every row of ``x``."""
-    t = torch.from_numpy(_as_f32_numpy(x))
-    c = torch.from_numpy(_as_f32_numpy(centroids))
-    return _nearest(t, (t * t).sum(1, keepdim=True), c).numpy().astype(np.int64)
+    from sklearn.metrics import pairwise_distances_argmin
+
+    return pairwise_distances_argmin(_as_f32_numpy(x), _as_f32_numpy(centroids)).astype(np.int64)

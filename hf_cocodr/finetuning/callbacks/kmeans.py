@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 from transformers import TrainerCallback
 
 from ... import distributed as D
@@ -20,19 +21,8 @@ def match_centroids(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     """For each new centroid, the old centroid it continues (Hungarian matching on squared distance; -1 if none)."""
     d = ((new[:, None, :] - old[None, :, :]) ** 2).sum(-1)
     mapping = np.full(len(new), -1, dtype=np.int64)
-    try:
-        from scipy.optimize import linear_sum_assignment
-
-        r, c = linear_sum_assignment(d)
-    except ImportError:  # greedy fallback
-        r, c, used = [], [], set()
-        for i in np.argsort(d.min(1)):
-            j = next(j for j in np.argsort(d[i]) if j not in used) if len(used) < len(old) else None
-            if j is not None:
-                used.add(j)
-                r.append(i)
-                c.append(j)
-    mapping[np.asarray(r, dtype=np.int64)] = np.asarray(c, dtype=np.int64)
+    r, c = linear_sum_assignment(d)  # scipy is a dependency of sentence-transformers
+    mapping[r] = c
     return mapping
 
 
@@ -52,7 +42,8 @@ class KMeansClusteringCallback(TrainerCallback):
         every_steps: re-cluster period in optimizer steps (0: once per epoch).
         max_points_per_centroid: K-Means training points per centroid; None uses all points.
         niter: Lloyd iterations. seed: K-Means seed (offset by the re-clustering count).
-        carry: ``"match"`` or ``"reset"``. backend: ``"auto"``, ``"faiss"`` or ``"torch"``.
+        carry: ``"match"`` or ``"reset"``. backend: ``"auto"`` / ``"faiss"`` (faiss.Kmeans) or ``"torch"``
+            (without faiss: scikit-learn's KMeans); see :func:`hf_cocodr.index.kmeans`.
     """
 
     def __init__(self, num_clusters: int | None = None, every_steps: int = 0, max_points_per_centroid: int | None = None,
