@@ -15,6 +15,8 @@ import logging
 from pathlib import Path
 
 from .cli import UsageError, add_overwrite_flag, register
+from .run_record import RunFolder, fingerprint
+from .utils import atomic_write_text
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -48,7 +50,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
 
 
 def _run_mteb(args, _rest) -> int:
-    from .evaluation.mteb import check_model_name, check_revision, run_mteb
+    from .evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
     check_model_name(args.model_name)
     if args.revision is not None:
@@ -67,8 +69,6 @@ def _run_mteb(args, _rest) -> int:
     model_path = Path(args.model).expanduser()
     if not model_path.exists() and "/" not in args.model:
         raise FileNotFoundError(f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name).")
-    from .run_record import RunFolder, fingerprint
-
     # the results folder is claimed like every output (owner record + lock); results of earlier hf-cocodr mteb runs
     # there are its own and stay (mteb adds a folder per model and revision)
     run = RunFolder.claim(args.output_folder, "mteb", {"model": fingerprint(args.model), "tasks": tasks,
@@ -110,8 +110,7 @@ def _add_mteb_meta(p: argparse.ArgumentParser) -> None:
 
 
 def _run_mteb_meta(args, _rest) -> int:
-    from .evaluation.mteb import check_model_name, check_revision, mteb_meta_snippet, results_dir
-    from .utils import atomic_write_text
+    from .evaluation.mteb import check_model_name, check_revision, mteb_meta_snippet, results_dir  # not at CLI start
 
     check_model_name(args.model_name)
     check_revision(args.revision)

@@ -23,8 +23,12 @@ import logging
 import os
 import re
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from .run_record import fingerprint, read_record
+from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -71,23 +75,25 @@ def start_path(model) -> str | None:
     return str(name) if name else None
 
 
-def _front_matter_and_body(folder: Path) -> tuple[dict[str, Any], str]:
-    readme = folder / "README.md"
+def read_card(folder: str | os.PathLike) -> tuple[dict[str, Any], str]:
+    """The front matter (as a dict) and the Markdown text of a folder's ``README.md``, read by ``huggingface_hub``'s
+    ``ModelCard`` (the Hub's own parser); ``({}, "")`` without a card, ``({}, text)`` for a card without front matter,
+    ``({}, "")`` for one that cannot be parsed."""
+    readme = Path(folder) / "README.md"
     if not readme.is_file():
         return {}, ""
-    text = readme.read_text(encoding="utf-8", errors="replace")
-    if not text.startswith("---"):
-        return {}, text
-    end = text.find("\n---", 3)
-    if end < 0:
-        return {}, text
-    try:
-        import yaml
+    from huggingface_hub import ModelCard  # 0.5 s to import: only a folder with a card needs it
 
-        meta = yaml.safe_load(text[3:end])
-    except Exception:  # a malformed card does not stop anything
-        meta = None
-    return (meta if isinstance(meta, dict) else {}), text[end + 4:]
+    hub_logger = logging.getLogger("huggingface_hub.repocard")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)  # a card without front matter is normal here, not worth its warning
+    try:
+        card = ModelCard.load(readme, ignore_metadata_errors=True)  # a Path: never looked up on the Hub
+    except Exception:  # malformed YAML or not UTF-8: a bad card does not stop anything
+        return {}, ""
+    finally:
+        hub_logger.setLevel(level)
+    return card.data.to_dict(), card.text
 
 
 def _norm(name: str) -> str:
@@ -101,7 +107,7 @@ def _resolve_hub_id(folder: str) -> tuple[str | None, str | None, str]:
     for i, part in enumerate(parts):  # the Hugging Face cache: .../models--org--name/snapshots/<commit>
         if part.startswith("models--") and part.count("--") >= 2 and i + 2 < len(parts) and parts[i + 1] == "snapshots":
             return part[len("models--"):].replace("--", "/", 1), parts[i + 2], "Hugging Face cache layout"
-    meta, body = _front_matter_and_body(path)
+    meta, body = read_card(path)
     title = next((line[2:].strip() for line in body.splitlines() if line.startswith("# ")), "")
     names = {_norm(n) for n in (title, path.name) if n}
 
@@ -121,7 +127,7 @@ def _resolve_hub_id(folder: str) -> tuple[str | None, str | None, str]:
             return name_or_path, None, "config.json _name_or_path"
     if title:  # a card that names a model mteb knows
         try:
-            from mteb.models.get_model_meta import MODEL_REGISTRY
+            from mteb.models.get_model_meta import MODEL_REGISTRY  # 9 s to import: only a titled card needs it
 
             hits = [n for n in MODEL_REGISTRY if _norm(n.split("/", 1)[-1]) == _norm(title) or _norm(n) == _norm(title)]
         except Exception:
@@ -151,8 +157,6 @@ def resolve_hub_id(folder: str | os.PathLike) -> tuple[str | None, str | None]:
 
 @lru_cache(maxsize=64)
 def _folder_fingerprint(folder: str) -> Any:
-    from .run_record import fingerprint
-
     return fingerprint(folder)
 
 
@@ -194,8 +198,6 @@ def is_cocodr_model(info: dict[str, Any]) -> bool:
 
 def versions() -> dict[str, str]:
     """Versions of hf_cocodr and the libraries that shape a model file."""
-    from importlib import metadata
-
     from . import __version__
 
     out = {"hf_cocodr": __version__}
@@ -227,8 +229,6 @@ def update_provenance(
 
     Returns the record; :func:`write_provenance` stores it.
     """
-    from .run_record import read_record
-
     directory = Path(directory)
     prov = {**read_provenance(directory), **_jsonable({k: v for k, v in given.items() if v is not None})}
     start = start_path(model)
@@ -264,8 +264,6 @@ def update_provenance(
 def write_provenance(directory: str | os.PathLike, provenance: dict[str, Any]) -> Path:
     """Store ``provenance`` as ``hf_cocodr_provenance.json`` (atomically); it is read before an older
     ``hf_cocodr_training.json`` of the folder, which is left as it is."""
-    from .utils import atomic_write_json
-
     path = Path(directory) / PROVENANCE_FILE
     atomic_write_json(path, _jsonable(provenance))
     return path

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_cocodr.provenance import PROVENANCE_FILE, read_provenance, resolve_hub_id
+from hf_cocodr.provenance import PROVENANCE_FILE, read_card, read_provenance, resolve_hub_id
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -44,6 +44,21 @@ def test_resolve_hub_id(cached_base, minilm_dir, tiny_bert_dir):
     assert resolve_hub_id(minilm_dir) == ("sentence-transformers/all-MiniLM-L6-v2", None)
     assert resolve_hub_id(tiny_bert_dir) == (None, None)
 
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("---\nlicense: mit\nbase_model: acme/b\n---\n# acme/x\nbody\n", ({"license": "mit", "base_model": "acme/b"},
+                                                                        "# acme/x\nbody\n")),
+    ("---\r\nlicense: mit\r\n---\r\n# T\r\n", ({"license": "mit"}, "# T\r\n")),  # Windows line ends kept
+    ("# no front matter\n", ({}, "# no front matter\n")),
+    ("---\nlicense: [mit\n---\n# T\n", ({}, "")),  # malformed YAML: nothing, and no exception
+    ("---\n- a list\n---\n# T\n", ({}, "")),  # front matter that is not a mapping
+])
+def test_read_card(tmp_path, text, expected):
+    """The card is read by huggingface_hub's own parser (ModelCard), never raising on a bad card."""
+    (tmp_path / "README.md").write_bytes(text.encode())
+    assert read_card(tmp_path) == expected
+    assert read_card(tmp_path / "no-such-folder") == ({}, "")
 
 def test_finetune_records_its_provenance(finetuned, cached_base):
     from huggingface_hub import ModelCard

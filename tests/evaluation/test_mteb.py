@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -63,16 +65,17 @@ def mteb_run(trained_dir, tiny_beir, tmp_path_factory):
     return code, out, stdout.getvalue()
 
 
-def test_results_layout(mteb_run):
+def test_results_layout(mteb_run, tiny_beir):
+    from hf_cocodr.evaluation.mteb import beir_revision
+
     code, out, _ = mteb_run
     assert code == 0
     rev_dir = out / "results" / "test-org__tiny-cocodr" / REVISION
-    assert (rev_dir / "toy-dev.json").is_file()
-    assert (rev_dir / "model_meta.json").is_file()
+    assert {"model_meta.json", "toy-dev.json"} <= {p.name for p in rev_dir.iterdir()}  # (+ mteb's run_settings.jsonl)
     task = json.loads((rev_dir / "toy-dev.json").read_text())
     assert task["task_name"] == "toy-dev"
     assert list(task["scores"]) == ["dev"]
-    assert task["dataset_revision"]  # the content hash of the split
+    assert task["dataset_revision"] == beir_revision(tiny_beir, "dev")  # the content hash of the split
 
 
 def test_cli_result_line(mteb_run):
@@ -81,6 +84,8 @@ def test_cli_result_line(mteb_run):
     line = json.loads(stdout.strip().splitlines()[-1])
     rev_dir = out / "results" / "test-org__tiny-cocodr" / REVISION
     assert line["results_folder"] == str(rev_dir.resolve())
+    assert line["model_meta"] == str((rev_dir / "model_meta.json").resolve())
+    assert line["tasks"]["toy-dev"]["file"] == str(rev_dir / "toy-dev.json")
     assert line["model_name"] == MODEL_NAME and line["revision"] == REVISION
     task = json.loads((rev_dir / "toy-dev.json").read_text())
     assert line["tasks"]["toy-dev"]["main_score"] == pytest.approx(task["scores"]["dev"][0]["main_score"])
@@ -217,3 +222,11 @@ def test_task_name_and_builtin_task_errors(tiny_st_dir, tiny_beir, tmp_path, mon
     monkeypatch.setattr(type(mteb.get_task("SciFact")), "load_data", offline)
     with pytest.raises(MTEBDataUnavailableError, match=r"SciFact.*mteb/scifact.*local BEIR"):
         run_mteb(tiny_st_dir, model_name=MODEL_NAME, revision=REVISION, output_folder=tmp_path, tasks=["SciFact"])
+
+
+def test_importing_the_mteb_package_does_not_import_mteb():
+    """mteb takes about 9 s to import: the package (and the CLI) load it only when an MTEB function runs."""
+    code = ("import sys, hf_cocodr.cli_mteb, hf_cocodr.evaluation.mteb as m; m.check_model_name('a/b'); "
+            "print('mteb' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -1,0 +1,165 @@
+"""Running MTEB offline: load the model, attach its generated ``ModelMeta``, ``mteb.evaluate`` every task into a
+``mteb.ResultCache`` (the results-repository layout), and return a summary the CLI prints."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...modeling.loading import _hub_has_modules_json, load_encoder
+from .common import DEFAULT_LANGUAGES, check_model_name, check_revision, warnings_quiet
+from .meta import model_meta_for
+from .model import mteb_model
+from .results import _summarise
+from .tasks import _builtin_tasks, beir_task
+
+
+class MTEBDataUnavailableError(FileNotFoundError):
+    """A built-in MTEB task's dataset is neither cached locally nor downloadable (e.g. the Hub is unreachable)."""
+
+
+def _is_offline_error(exc: BaseException) -> bool:
+    """``exc`` (or an exception it was raised from) says the Hub or the network could not be reached."""
+    seen = 0
+    while exc is not None and seen < 10:
+        name = type(exc).__name__
+        if isinstance(exc, ConnectionError) or name in {
+            "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError", "ConnectionError", "ConnectError",
+            "ConnectTimeout",
+        }:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def _data_unavailable(task, error: BaseException) -> MTEBDataUnavailableError:
+    """The error for a built-in task whose data the Hub could not deliver: names the task, its dataset, the way out."""
+    ds = task.metadata.dataset
+    return MTEBDataUnavailableError(
+        f"MTEB task {task.metadata.name!r} needs the dataset {ds.get('path')!r} (revision {ds.get('revision')}), which "
+        "is not in the local Hugging Face cache, and the Hub is unreachable"
+        f"{' (HF_HUB_OFFLINE=1)' if os.environ.get('HF_HUB_OFFLINE') == '1' else ''}. Run once with network "
+        "access to cache it, or evaluate a local BEIR copy: hf-cocodr mteb MODEL DATA_DIR --task-name NAME."
+    )
+
+
+def _load_with_meta(model, model_name: str, revision: str | None, languages: Sequence[str], device: str | None,
+                    meta_kwargs: dict[str, Any]):
+    """The loaded model (from a directory, a Hub id or as given) and its :func:`model_meta_for`."""
+    model_dir = None
+    meta_kwargs = dict(meta_kwargs)
+    if isinstance(model, (str, os.PathLike)):
+        model_dir = Path(model).expanduser()
+        model_id = str(model)
+        model = load_encoder(model_dir if model_dir.exists() else model_id, device=device)
+        if not model_dir.is_dir():  # a Hub id: no local files to read metadata from
+            model_dir = None
+            if "raw_checkpoint" not in meta_kwargs:
+                with contextlib.suppress(Exception):
+                    meta_kwargs["raw_checkpoint"] = not _hub_has_modules_json(model_id, None, None)
+    meta = model_meta_for(model_dir, model_name, revision, model=model, languages=languages, **meta_kwargs)
+    return model, meta
+
+
+def run_mteb(
+    model,
+    folder: str | os.PathLike | None = None,
+    split: str = "test",
+    task_name: str | None = None,
+    model_name: str | None = None,
+    revision: str | None = None,
+    output_folder: str | os.PathLike = "mteb_results",
+    *,
+    tasks: Sequence[Any] | None = None,
+    batch_size: int = 64,
+    languages: Sequence[str] = DEFAULT_LANGUAGES,
+    task_languages: Sequence[str] | None = None,
+    overwrite: bool = False,
+    prediction_folder: str | os.PathLike | None = None,
+    co2_tracker: bool = False,
+    device: str | None = None,
+    meta_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate a model with ``mteb.evaluate`` on a local BEIR split and/or built-in MTEB tasks.
+
+    Results land in the MTEB results-repository layout, written by ``mteb.ResultCache``:
+    ``OUT/results/ORG__NAME/REV/{TASK}.json`` and ``OUT/results/ORG__NAME/REV/model_meta.json`` (the generated
+    :func:`model_meta_for`), so the revision folder can be copied into ``embeddings-benchmark/results`` as it is. The
+    main score is nDCG@10; on a BEIR folder it equals :func:`hf_cocodr.evaluate_retrieval`'s (same texts, same
+    query/document encoders, same similarity).
+
+    Args:
+        model: a model directory (sentence-transformers or raw checkpoint, loaded with CLS/dot) or a loaded
+            SentenceTransformer.
+        folder / split / task_name: a local BEIR folder to evaluate as the task ``task_name`` (see :func:`beir_task`).
+        model_name: ``ORG/NAME`` (required).
+        revision: the model revision (default: a content hash of the weights).
+        output_folder: the MTEB cache folder written to (``OUT``).
+        tasks: built-in MTEB task names (``["SciFact", "NFCorpus"]``) or MTEB task objects; they need the Hub or a
+            local Hugging Face datasets cache.
+        batch_size: encoding batch size.
+        languages: the model's languages (for the ModelMeta) and the local task's languages.
+        task_languages: restrict multilingual built-in tasks to these languages.
+        overwrite: re-run tasks that already have results in ``output_folder`` (default: only missing splits).
+        prediction_folder: also save the top-ranked documents per query there.
+        meta_kwargs: extra arguments for :func:`model_meta_for` (license, training_datasets, adapted_from, ...).
+
+    Returns:
+        ``{"results_folder", "model_meta", "model_name", "revision", "tasks": {name: {"main_score", "ndcg@10",
+        "recall@100", "mrr@10", "splits", "file"}}}``.
+
+    Raises:
+        ValueError: bad model name, revision, task name or unknown MTEB task; nothing to evaluate.
+        FileNotFoundError / BEIRFormatError: missing model or BEIR folder, malformed data.
+        MTEBDataUnavailableError: a built-in task's data is not cached and the Hub is unreachable.
+    """
+    import mteb  # heavy (about 9 s): imported on first use only
+
+    model_name = check_model_name(model_name)
+    if revision is not None:
+        revision = check_revision(revision)
+    if batch_size is None or batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if folder is None and not tasks:
+        raise ValueError("nothing to evaluate: give a BEIR folder (DATA_DIR) or MTEB task names (--tasks SciFact,...).")
+    local_tasks = [beir_task(folder, split, task_name, languages=languages)] if folder is not None else []
+    task_objects = [t for t in tasks or [] if not isinstance(t, str)]
+    builtin_names = [t for t in tasks or [] if isinstance(t, str)]
+    with warnings_quiet():
+        builtin = _builtin_tasks(builtin_names, task_languages) if builtin_names else []
+
+    model, meta = _load_with_meta(model, model_name, revision, languages, device, meta_kwargs or {})
+    encoder = mteb_model(model, meta)
+    cache = mteb.ResultCache(output_folder)
+    encode_kwargs = {"batch_size": int(batch_size), "show_progress_bar": False}
+    summary: dict[str, Any] = {}
+    for task in [*local_tasks, *task_objects, *builtin]:
+        try:
+            with warnings_quiet():
+                result = mteb.evaluate(
+                    encoder, task, cache=cache, encode_kwargs=dict(encode_kwargs),
+                    overwrite_strategy="always" if overwrite else "only-missing", co2_tracker=co2_tracker,
+                    show_progress_bar=False, prediction_folder=prediction_folder, raise_error=True,
+                )
+        except Exception as e:
+            if task in builtin and _is_offline_error(e):
+                raise _data_unavailable(task, e) from e
+            raise
+        for task_result in result.task_results:
+            file = cache.get_task_result_path(task_result.task_name, meta)
+            summary[task_result.task_name] = {**_summarise(task_result), "file": str(file)}
+        if result.exceptions:
+            raise RuntimeError(f"MTEB task {task.metadata.name!r} failed: {result.exceptions[0].exception}")
+    # ResultCache.save_to_cache writes model_meta.json next to the task files, as if it were a task's results
+    meta_path = cache.get_task_result_path("model_meta", meta)
+    return {
+        "results_folder": str(meta_path.parent.resolve()),
+        "model_meta": str(meta_path.resolve()),
+        "model_name": meta.name,
+        "revision": meta.revision,
+        "tasks": summary,
+    }
