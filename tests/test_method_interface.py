@@ -184,7 +184,7 @@ def test_a_toy_method_trains_checkpoints_and_reaches_the_card(toy_registered, ti
 
 def test_a_method_with_loss_terms_needs_an_idro_loss(toy_registered, tiny_st_dir, tmp_path):
     from datasets import Dataset
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
     from hf_cocodr.errors import ConfigError
 

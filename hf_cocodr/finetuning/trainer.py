@@ -45,6 +45,16 @@ def _has_negatives_table(data) -> bool:
     return isinstance(getattr(data, "human", data), RetrievalTrainingData)
 
 
+def _default_loss(model, args) -> IDROLoss:
+    """The IDROLoss the arguments describe (when the trainer is given no loss)."""
+    return IDROLoss(
+        model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta, tau=args.idro_tau,
+        grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
+        in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
+        gather_across_devices=args.world_size > 1,
+    )
+
+
 def _is_row_view(dataset) -> bool:
     """A Dataset of row indices only (what ``IDROTrainer._eval_rows`` builds), not a user's dataset of texts."""
     import datasets
@@ -125,34 +135,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
                              "a plain dataset has none")
         if loss is None:
-            loss = IDROLoss(
-                model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta, tau=args.idro_tau,
-                grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
-                in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
-                gather_across_devices=args.world_size > 1,
-            )
+            loss = _default_loss(model, args)
         self.methods: list[Method] = []  # plugged-in methods, in the order their hooks run
         self.cluster_ids = np.zeros(len(self.training_data), dtype=np.int64)
         rows = datasets.Dataset.from_dict({ROW_COLUMN: np.arange(len(self.training_data), dtype=np.int64)})
-        callbacks = list(callbacks or [])
-        idro = loss if isinstance(loss, IDROLoss) else None
-        self.kmeans_callback = next((c for c in callbacks if isinstance(c, KMeansClusteringCallback)), None)
-        if idro is not None and idro.preset != "uniform" and self.kmeans_callback is None:
-            # the uniform preset never reads cluster ids: no K-Means (it would encode every query for nothing)
-            self.kmeans_callback = KMeansClusteringCallback(
-                num_clusters=idro.num_clusters, every_steps=args.cluster_every_steps,
-                max_points_per_centroid=args.kmeans_max_points_per_centroid, niter=args.kmeans_niter,
-                carry=args.cluster_weight_carry, backend=args.kmeans_backend, batch_size=args.encode_batch_size,
-            )
-            callbacks.append(self.kmeans_callback)
-        self.negatives_callback = next((c for c in callbacks if isinstance(c, HardNegativeRefreshCallback)), None)
-        if self.negatives_callback is None and args.refresh_negatives_every_steps:
-            self.negatives_callback = HardNegativeRefreshCallback(
-                args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
-                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
-                encode_precision=args.negatives_encode_precision,
-            )
-            callbacks.append(self.negatives_callback)
+        callbacks = self._with_default_callbacks(list(callbacks or []), loss, args)
         self._eval_sources: list[tuple[Any, Any]] = []  # (what the user passed, its rows source)
         eval_rows = self._eval_rows(eval_dataset) if eval_dataset is not None else None
         super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_rows, loss=loss,
@@ -173,6 +160,29 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         self._run_identity()
         self._log_setup()
         self.add_methods(methods or [])
+
+    def _with_default_callbacks(self, callbacks: list, loss, args) -> list:
+        """``callbacks`` plus the K-Means and negatives-refresh callbacks the run needs and the user did not pass
+        (``self.kmeans_callback`` / ``self.negatives_callback``, None without one)."""
+        idro = loss if isinstance(loss, IDROLoss) else None
+        self.kmeans_callback = next((c for c in callbacks if isinstance(c, KMeansClusteringCallback)), None)
+        if idro is not None and idro.preset != "uniform" and self.kmeans_callback is None:
+            # the uniform preset never reads cluster ids: no K-Means (it would encode every query for nothing)
+            self.kmeans_callback = KMeansClusteringCallback(
+                num_clusters=idro.num_clusters, every_steps=args.cluster_every_steps,
+                max_points_per_centroid=args.kmeans_max_points_per_centroid, niter=args.kmeans_niter,
+                carry=args.cluster_weight_carry, backend=args.kmeans_backend, batch_size=args.encode_batch_size,
+            )
+            callbacks.append(self.kmeans_callback)
+        self.negatives_callback = next((c for c in callbacks if isinstance(c, HardNegativeRefreshCallback)), None)
+        if self.negatives_callback is None and args.refresh_negatives_every_steps:
+            self.negatives_callback = HardNegativeRefreshCallback(
+                args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
+                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
+                encode_precision=args.negatives_encode_precision,
+            )
+            callbacks.append(self.negatives_callback)
+        return callbacks
 
     # ---------------------------------------------------------------------------------------------- helpers
     @property
