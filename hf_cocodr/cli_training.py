@@ -18,6 +18,7 @@ from typing import Any
 
 from .cli import UsageError, register
 from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
+from .utils import resolve_inside
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -39,14 +40,21 @@ def load_config(path: str | None) -> dict[str, Any]:
     return {k.replace("-", "_"): v for k, v in data.items()}
 
 
-def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: str):
-    """TrainingArguments from ``defaults`` (config + our flags) overridden by the remaining command-line flags."""
+def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: str, config: str | None = None):
+    """TrainingArguments from ``defaults`` (config + our flags) overridden by the remaining command-line flags.
+
+    The config values become the parser's defaults, so any flag given wins. Not ``HfArgumentParser.parse_yaml_file``:
+    it takes no command line to override the file, names neither the file nor our flags for an unknown key ("Some
+    keys are not used by the HfArgumentParser: ['learning_rat']") and took ``max_queries: abc`` without a word
+    (checked with transformers 5.23).
+    """
     from transformers import HfArgumentParser
 
     names = {f.name for f in fields(cls)}
     unknown = sorted(k for k in defaults if k not in names)
     if unknown:
-        raise UsageError(f"unknown option(s) {unknown} (not a flag of {prog} nor a {cls.__name__} field)")
+        where = f" in --config {config}" if config else ""
+        raise UsageError(f"unknown option(s) {unknown}{where} (not a flag of {prog} nor a {cls.__name__} field)")
     class _Parser(HfArgumentParser):
         def error(self, message):  # one line instead of usage + traceback-free exit
             raise UsageError(f"{message} (see `{prog} --help`)")
@@ -64,8 +72,6 @@ def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: st
 
 def _check_config_paths(config: dict[str, Any], output_dir: str) -> None:
     """Directories named in a config file (``logging_dir``, ...) must stay inside ``output_dir``."""
-    from .utils import resolve_inside
-
     for key, value in config.items():
         if key != "output_dir" and key.endswith("_dir") and isinstance(value, str) and value:
             try:
@@ -159,7 +165,7 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     if not any(a == "--output_dir" or a.startswith("--output_dir=") or a == "--output-dir"
                or a.startswith("--output-dir=") for a in rest) and "output_dir" not in defaults:
         raise UsageError("--output_dir is required (the folder the fine-tuned model and its checkpoints go to)")
-    args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune")
+    args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune", ns.config)
     from .training_api import run_finetune
 
     result = run_finetune(
@@ -214,7 +220,7 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
             raise UsageError(f"--eval-corpus {path}: no such file or folder (a BEIR folder or a JSONL file)")
     if ns.eval_corpus:
         ta_cfg.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
-    args = parse_training_args(CocoPretrainingArguments, rest, ta_cfg, "hf-cocodr pretrain")
+    args = parse_training_args(CocoPretrainingArguments, rest, ta_cfg, "hf-cocodr pretrain", ns.config)
     from .training_api import run_pretrain
 
     print(json.dumps(run_pretrain(ns.model, ns.corpus, args=args, eval_corpora=ns.eval_corpus or [])))
