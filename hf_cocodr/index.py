@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from .utils import faiss_available
 
@@ -181,7 +182,6 @@ def _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids):
     """scikit-learn's Lloyd K-Means from a seeded random sample (or ``init_centroids``), on one thread: its threads
     sum partial centroids in arrival order, so more than two of them would not give bit-identical clusters."""
     from sklearn.cluster import KMeans
-    from threadpoolctl import threadpool_limits
 
     gen = np.random.default_rng(seed)
     n = len(x)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import random
 
 from .hub import push_directory, validate_repo_id
+from .run_record import RunFolder, read_record
+from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -13,8 +17,6 @@ logger = logging.getLogger(__name__)
 @contextlib.contextmanager
 def preserved_rng_state():
     """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
-    import random
-
     import numpy as np
     import torch
 
@@ -80,7 +82,6 @@ class TrainerMixin:
         """Claim ``output_dir`` for this run (owner record + lock, see :mod:`hf_cocodr.run_record`); main process
         only. Returns the run id every process resumes under."""
         from . import distributed as D
-        from .run_record import RunFolder, read_record
 
         self._run_folder = None
         if self.args.should_save:
@@ -120,8 +121,6 @@ class TrainerMixin:
 
     def _record_outputs(self) -> None:
         """List what this run wrote into ``output_dir`` in its owner record (after the final model is written)."""
-        from .run_record import RunFolder, read_record
-
         run = getattr(self, "_run_folder", None)
         if run is not None and self.args.should_save:
             rec = read_record(run.path)
@@ -130,14 +129,11 @@ class TrainerMixin:
 
     def _mark_checkpoint_complete(self, trial) -> None:
         """Written last, atomically: only checkpoints with this marker are ever resumed from."""
-        import os
-
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from . import distributed as D
         from .checkpoints import file_checksums
         from .state import COMPLETE_MARKER
-        from .utils import atomic_write_json
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,9 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
-from ..modeling.condenser import CondenserForPretraining
+from ..export import export_sentence_transformer
+from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining
+from ..run_record import fingerprint, model_fingerprint
 from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder
 from .training_args import CocoPretrainingArguments
@@ -123,8 +126,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 if isinstance(m, torch.nn.Dropout):
                     m.p = 0.0
         self.source_model = source
-        from ..run_record import fingerprint, model_fingerprint
-
         self._identity = {"model": fingerprint(source) if source else model_fingerprint(model.lm),
                           "data": fingerprint(corpora)}
         self.span_corpus = _span_corpus(corpora, tokenizer, args)
@@ -416,11 +417,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def export(self, output_dir: str | os.PathLike, prev: dict[str, Any] | None = None) -> None:
         """Write the encoder as a sentence-transformers directory (pooling per ``args.pooling``; dot or cosine per
         ``args.contrastive_similarity``), the Condenser head and the model card into ``output_dir`` (atomically)."""
-        import tempfile
-
-        from ..export import export_sentence_transformer
-        from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS
-
         if not self.args.should_save:
             return
         cond = self.condenser
