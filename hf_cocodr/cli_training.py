@@ -18,6 +18,7 @@ from typing import Any
 
 from .cli import UsageError, register
 from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
+from .recipe import RecipeConfig, run_recipe
 from .utils import resolve_inside
 
 logger = logging.getLogger("hf_cocodr.cli")
@@ -281,7 +282,6 @@ def _wise_alpha(value: str) -> float | None:
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
-    from .recipe import RecipeConfig, run_recipe
 
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "

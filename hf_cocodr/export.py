@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .model_card import write_model_card
 from .modeling.loading import (
     COCODR_POOLING,
     COCODR_SIMILARITY,
@@ -23,7 +24,7 @@ from .modeling.loading import (
     pooling_mode,
 )
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
-from .run_record import LOCK, RECORD, note_written
+from .run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
 from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,6 @@ def export_sentence_transformer(
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
     run = None
     if run_record:  # checked before any model is loaded
-        from .run_record import RunFolder, fingerprint
 
         check_not_source(out_dir, source)
         identity = {"source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
@@ -220,7 +220,6 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
                 shutil.copytree(old, tmp / name, copy_function=os.link, symlinks=True)
             elif old.exists() or old.is_symlink():
                 os.link(old, tmp / name, follow_symlinks=False)
-        from .model_card import write_model_card
 
         write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity, name=out_dir.name)
         if run is not None:  # the record lists what this export wrote; everything carried over is not its own
@@ -229,7 +228,6 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
             run.path, home = tmp, run.path
             run.save()
             run.path = home
-            from .run_record import acquire_lock
 
             acquire_lock(tmp)  # the lock moves with the folder; released after the swap
 

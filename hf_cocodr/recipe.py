@@ -27,7 +27,9 @@ from typing import Any
 import numpy as np
 
 from .data.beir import load_corpus, parse_eval_spec
-from .data.pseudo_pairs import PSEUDO_PAIR_MODES
+from .data.pseudo_pairs import PSEUDO_PAIR_MODES, target_pseudo_pairs
+from .data.spans import SpanCorpus
+from .data.training import RetrievalTrainingData
 from .errors import ConfigError
 from .export import export_sentence_transformer
 from .model_card import TRAINING_INFO_FILE, write_model_card
@@ -476,7 +478,6 @@ def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) ->
         cached = {"model": model, "results": {}}
     todo = [s for s in evals if s not in cached["results"]]
     if todo:
-        from .data.beir import parse_eval_spec
 
         st = load_encoder(model)
         for spec in todo:
@@ -537,14 +538,12 @@ def run_recipe(
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
     if max_minutes is not None and not (math.isfinite(max_minutes) and max_minutes > 0):
-        from .errors import ConfigError
 
         raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = choose_schedule(cfg, has_mlm)
     if not target_corpora:
         if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
-            from .errors import ConfigError
 
             raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
         cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
@@ -638,7 +637,6 @@ class _RecipeRun:
     # ------------------------------------------------------------------------------------------- data and plan
     def load_data(self) -> None:
         """The source training data and the target pseudo pairs, for the stages that still have to run."""
-        from .data.training import RetrievalTrainingData
 
         cfg, t0 = self.cfg, time.perf_counter()
         need_source = (not cfg.skip_finetune and not self.done("finetune")) or (
@@ -655,7 +653,6 @@ class _RecipeRun:
         self.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
 
     def _target_pairs(self):
-        from .data.pseudo_pairs import target_pseudo_pairs
 
         cfg = self.cfg
         try:
@@ -710,7 +707,6 @@ class _RecipeRun:
     def _span_corpus(self):
         from transformers import AutoTokenizer
 
-        from .data.spans import SpanCorpus
         from .modeling.condenser import _transformer_dir
         from .pretraining import CocoPretrainingArguments
 

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 
+from .errors import ConfigError
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
 from .utils import atomic_write_json
@@ -53,7 +54,6 @@ class TrainerMixin:
         if args.push_to_hub:
             from transformers.trainer_utils import HubStrategy
 
-            from .errors import ConfigError
 
             if not args.hub_model_id:
                 raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")

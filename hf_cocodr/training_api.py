@@ -12,8 +12,10 @@ from typing import Any
 from . import finetuning, pretraining
 from .data.beir import parse_eval_spec
 from .data.training import RetrievalTrainingData
+from .evaluation.evaluator import BEIRRetrievalEvaluator
 from .evaluation.retrieval import evaluate_retrieval
 from .finetuning.stage_info import finetune_stage_info  # noqa: F401  (re-exported: it lived here)
+from .hub import check_push_possible
 from .methods import configure_methods
 from .model_card import EVAL_FILE, write_model_card
 from .modeling import loading
@@ -21,6 +23,7 @@ from .modeling.condenser import CondenserForPretraining, _transformer_dir
 from .modeling.loading import check_model_source
 from .provenance import source_info
 from .run_record import RunFolder
+from .trainer_common import TrainerMixin
 from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
@@ -60,8 +63,6 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
     for spec in evals:
         parse_eval_spec(spec)
     if args.push_to_hub:
-        from .hub import check_push_possible
-        from .trainer_common import TrainerMixin
 
         args.hub_token = TrainerMixin._prepare_hub_args(args)
         check_push_possible(args.hub_model_id, args.hub_token)
@@ -93,7 +94,6 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
     evaluator = None
     if eval_during_training:
-        from .evaluation.evaluator import BEIRRetrievalEvaluator
 
         folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")
         evaluator = BEIRRetrievalEvaluator(folder, split)  # bad qrels fail before the model is loaded

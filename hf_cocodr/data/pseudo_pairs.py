@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .beir import column_numpy, load_corpus
-from .spans import split_sentences_regex
+from .spans import jsonl_title_text, split_sentences_regex
 from .training import RetrievalTrainingData
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,6 @@ def _title_text_records(spec, text_column: str = "text") -> tuple[str, Iterator[
         titles = column_numpy(corpus, "title").tolist() if "title" in corpus.column_names else [""] * len(corpus)
         return path.name, zip(titles, column_numpy(corpus, "text").tolist())
     if path.is_file():
-        from .spans import jsonl_title_text
 
         return path.stem, jsonl_title_text(path, text_column)
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from ..data.beir import BEIRData, column_array, column_numpy, doc_text, load_beir
 from ..index import DenseIndex
+from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
@@ -166,7 +167,6 @@ def evaluate_retrieval(
 
     check_encode_precision(encode_precision)
     if isinstance(model, (str, os.PathLike)):
-        from ..modeling.loading import load_encoder
 
         model = load_encoder(str(model))
     data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)

@@ -14,14 +14,18 @@ from sentence_transformers import SentenceTransformerTrainer
 from ..data.training import RetrievalTrainingData, StaticRows
 from ..errors import ConfigError
 from ..evaluation.retrieval import encode_texts
+from ..hub import check_push_possible
 from ..methods.base import Method
 from ..methods.registry import get_method
 from ..model_card import write_model_card
+from ..provenance import source_info as previous_training_info
+from ..run_record import fingerprint, model_fingerprint
 from ..state import load_state, save_state
 from ..trainer_common import TrainerMixin
 from .callbacks.kmeans import KMeansClusteringCallback
 from .callbacks.negatives import HardNegativeRefreshCallback
 from .losses.idro import IDROLoss
+from .stage_info import finetune_stage_info
 from .training_args import IDROTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -128,7 +132,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             )
         self._hub_token = self._prepare_hub_args(args)
         if args.push_to_hub:  # offline or without a token the push would fail after training
-            from ..hub import check_push_possible
 
             check_push_possible(args.hub_model_id, self._hub_token)
         if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
@@ -519,7 +522,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     def starting_model_info(self) -> dict[str, Any]:
         """The training record of the model this run started from (its stages go first on the card)."""
         if getattr(self, "_prev_info", None) is None:
-            from ..provenance import source_info as previous_training_info
 
             path = getattr(getattr(getattr(self.model[0], "model", None), "config", None), "_name_or_path", None)
             info = previous_training_info(path) if path else {}
@@ -529,7 +531,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         return self._prev_info
 
     def card_data(self) -> dict[str, Any]:
-        from .stage_info import finetune_stage_info
 
         prev = self.starting_model_info()
         stage = finetune_stage_info(self, self.training_data.name, getattr(self, "negatives_label",
@@ -570,7 +571,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     def _run_identity(self) -> dict:
         if getattr(self, "_identity", None) is None:  # the starting weights: taken before the first step changes them
-            from ..run_record import fingerprint, model_fingerprint
 
             self._identity = {"model": model_fingerprint(self.model), "data": fingerprint(self.training_data)}
         return {**self._identity, "settings": self._trajectory_settings()}

@@ -17,12 +17,13 @@ import copy
 import warnings
 from collections.abc import Iterator
 
+from ..errors import ConfigError
+
 ENCODE_PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def check_encode_precision(precision: str, flag: str = "encode_precision") -> str:
     if precision not in ENCODE_PRECISIONS:
-        from ..errors import ConfigError
 
         raise ConfigError(f"{flag} must be one of {', '.join(ENCODE_PRECISIONS)}, got {precision!r}")
     return precision
@@ -34,7 +35,6 @@ def int8_copy(model):
 
     device = getattr(model, "device", torch.device("cpu"))
     if torch.device(device).type != "cpu":
-        from ..errors import ConfigError
 
         raise ConfigError(f"encode_precision='int8' runs on CPU only (torch dynamic quantization); the model is on "
                           f"{device}: use 'bf16' on GPUs")

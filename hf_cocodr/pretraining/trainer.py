@@ -20,9 +20,13 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
+from ..errors import ConfigError
 from ..export import export_sentence_transformer
-from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining
-from ..run_record import fingerprint, model_fingerprint
+from ..hub import check_push_possible
+from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _transformer_dir
+from ..modeling.loading import check_model_source
+from ..provenance import source_info as previous_training_info
+from ..run_record import RunFolder, fingerprint, model_fingerprint
 from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder
 from .training_args import CocoPretrainingArguments
@@ -89,22 +93,18 @@ class CocoPretrainer(TrainerMixin, Trainer):
         if not isinstance(args, CocoPretrainingArguments):
             raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
         if model is None:
-            from ..errors import ConfigError
 
             raise ConfigError("CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None")
         if corpora is None:
             raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
         self._hub_token = self._prepare_hub_args(args)
         if args.push_to_hub:  # offline or without a token the push would fail after training
-            from ..hub import check_push_possible
 
             check_push_possible(args.hub_model_id, self._hub_token)
         if not isinstance(model, CondenserForPretraining):
-            from ..modeling.loading import check_model_source
 
             check_model_source(model)
         if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
-            from ..run_record import RunFolder
 
             RunFolder.claim(args.output_dir, self._command, None, resume=True, overwrite=args.overwrite_output_dir,
                             trainer=True, dry_run=True)
@@ -117,7 +117,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
             model = CondenserForPretraining.from_pretrained(source, n_head_layers=args.n_head_layers,
                                                             skip_from=args.skip_from)
         if tokenizer is None:
-            from ..modeling.condenser import _transformer_dir
 
             name = source or model.lm.config._name_or_path
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
@@ -382,7 +381,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def finalize(self) -> str:
         """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""
         if not getattr(self, "_finalized", False):
-            from ..provenance import source_info as previous_training_info
 
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():

@@ -9,7 +9,9 @@ import numpy as np
 from transformers import TrainerCallback
 
 from ... import distributed as D
-from ...modeling.precision import check_encode_precision
+from ...data.training import RetrievalTrainingData
+from ...evaluation.retrieval import build_index, encode_texts
+from ...modeling.precision import check_encode_precision, encoding_precision
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +49,6 @@ class HardNegativeRefreshCallback(TrainerCallback):
             self.refresh()
 
     def refresh(self) -> None:
-        from ...data.training import RetrievalTrainingData
-        from ...evaluation.retrieval import build_index, encode_texts
-        from ...modeling.precision import encoding_precision
 
         trainer = self.trainer
         data = getattr(trainer.training_data, "human", trainer.training_data)  # RMSC: refresh the human rows

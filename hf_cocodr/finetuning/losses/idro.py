@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -223,7 +224,6 @@ class IDROLoss(nn.Module):
     # ------------------------------------------------------------------------------------------ encoding
     def _embed(self, sentence_features: Iterable[dict[str, Tensor]], probe: PooledPositionProbe | None):
         """(features, embeddings per column, full outputs per column or None)."""
-        import contextlib
 
         from sentence_transformers.base.losses.merged_forward import embed_columns
 
