@@ -130,8 +130,9 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--negatives", choices=["bm25", "none"], default="bm25")
     p.add_argument("--refresh-negatives-every", dest="refresh_negatives_every", type=int, default=None)
     p.add_argument("--max-queries", dest="max_queries", type=int, default=None, help="train on a random subset")
-    p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
-                   help="extra seed method(s) combined with the loss (modir, berm, rmsc); repeatable")
+    p.add_argument("--method", action="append", default=None, metavar="NAME",
+                   help="extra method(s) combined with the loss: a name registered in hf_cocodr.methods.registry "
+                        "(built in: modir, berm, rmsc); repeatable")
     p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
                    help="unlabelled target corpus (BEIR folder or JSONL) for MoDIR / RMSC; repeatable")
     p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
@@ -249,8 +250,9 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
                    action="store_true", help="write into an OUT holding files hf_cocodr did not write (they stay "
                                              "untouched); with --resume_from_checkpoint false, replace its earlier run")
-    p.add_argument("--method", action="append", default=None, choices=["modir", "berm", "rmsc"],
-                   help="extra seed method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM; repeatable")
+    p.add_argument("--method", action="append", default=None, metavar="NAME",
+                   help="extra method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM: a name registered in "
+                        "hf_cocodr.methods.registry (built in: modir, berm, rmsc); repeatable")
     p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
                    help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable")
     p.add_argument("--schedule", default=None, choices=["auto", "paper"],

@@ -16,7 +16,7 @@ from .evaluation.evaluator import BEIRRetrievalEvaluator
 from .evaluation.retrieval import evaluate_retrieval
 from .finetuning.stage_info import finetune_stage_info  # noqa: F401  (re-exported: it lived here)
 from .hub import check_push_possible
-from .methods import configure_methods
+from .methods import configure_methods, validate_methods
 from .model_card import EVAL_FILE, write_model_card
 from .modeling import loading
 from .modeling.condenser import CondenserForPretraining, _transformer_dir
@@ -92,6 +92,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if args is None:
         args = finetuning.IDROTrainingArguments(output_dir="outputs/finetune")
     _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
+    validate_methods(methods, target_corpora, target_queries)  # an unknown --method fails before any work
     evaluator = None
     if eval_during_training:
 

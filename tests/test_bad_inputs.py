@@ -123,6 +123,7 @@ def test_training_set_smaller_than_a_batch(tiny_st_dir, tmp_path, capsys):
     (["--push_to_hub"], "push_to_hub=True needs hub_model_id"),
     (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
     (["--learning_rate", "fast"], "invalid float value: 'fast'"),
+    (["--method", "nope"], "unknown method(s) ['nope']; choose from ['modir', 'berm', 'rmsc']"),
 ])
 def test_conflicting_or_invalid_finetune_arguments(extra, needle, tiny_st_dir, tmp_path, capsys):
     folder = beir(tmp_path / "data")
