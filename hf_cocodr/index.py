@@ -51,7 +51,8 @@ class DenseIndex:
     Args:
         dim: embedding dimension.
         backend: ``"auto"`` (faiss ``IndexFlatIP`` when installed, else torch), ``"faiss"`` or ``"torch"``.
-        capacity: optional number of vectors to pre-allocate for the torch backend (avoids re-allocation).
+        capacity: optional number of vectors to pre-allocate (both backends): the index then never re-allocates, so
+            its memory stays at the raw size of the embeddings instead of peaking at up to twice that while it grows.
         use_gpu: move the faiss index to the GPUs when faiss-gpu and a GPU are present (logged either way).
     """
 
@@ -63,6 +64,9 @@ class DenseIndex:
             import faiss
 
             index = faiss.IndexFlatIP(dim)
+            if capacity:  # reserve the vectors' storage once: growing it by doubling peaked at up to 2x their size
+                index.codes.resize(int(capacity) * dim * 4)
+                index.codes.resize(0)  # (a std::vector keeps its capacity when it shrinks)
             if use_gpu and _faiss_gpu_count() > 0:  # pragma: no cover - needs a GPU
                 index = faiss.index_cpu_to_all_gpus(index)
                 _log_backend("exact search", f"faiss on {_faiss_gpu_count()} GPU(s)")

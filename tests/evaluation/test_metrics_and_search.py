@@ -58,6 +58,25 @@ def test_faiss_and_torch_search_agree():
     assert (out["torch"][1] == exact).all()
 
 
+@pytest.mark.skipif(not faiss_available(), reason="faiss not installed")
+def test_a_presized_faiss_index_equals_a_growing_one():
+    """Reserving the storage (capacity) changes no result: exact, too small or none, the same scores and ids."""
+    rng = np.random.default_rng(3)
+    docs = rng.standard_normal((700, 16)).astype(np.float32)
+    queries = rng.standard_normal((9, 16)).astype(np.float32)
+    out = []
+    for capacity in (None, 700, 100):
+        index = DenseIndex(16, backend="faiss", capacity=capacity)
+        for s in range(0, 700, 64):
+            index.add(docs[s : s + 64])
+        assert index.ntotal == 700 and index._index.ntotal == 700
+        np.testing.assert_array_equal(index.reconstruct_all(), docs)
+        out.append(index.search(queries, 20))
+    for scores, ids in out[1:]:
+        np.testing.assert_array_equal(scores, out[0][0])
+        np.testing.assert_array_equal(ids, out[0][1])
+
+
 def test_torch_kmeans_recovers_clusters():
     rng = np.random.default_rng(1)
     centers = rng.standard_normal((5, 8)).astype(np.float32) * 10
