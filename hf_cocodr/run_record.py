@@ -229,8 +229,6 @@ class RunFolder:
         """Check ``folder`` against the rules, lock it and write this run's record (``dry_run``: only check, write
         nothing). ``trainer``: foreign ``checkpoint-*`` folders are refused even with ``overwrite`` (a resume or the
         trainer's checkpoint rotation could take them for this run's)."""
-        from . import __version__
-
         out = check_not_precious(folder)
         if dry_run:
             lock = False
@@ -241,61 +239,17 @@ class RunFolder:
         try:
             old = read_record(out)
             entries = _entries(out)
-            # "expected": the names a run declared before writing them (a kill can land before its next save)
-            own = set(old["files"]) | (set(old.get("expected", [])) & entries) - set(old.get("preexisting", [])) \
-                if old else set()
-            known = own | set(old.get("preexisting", [])) if old else set()
-            foreign = sorted(entries - known)
-            same_run = bool(old and resume and (identity is None or (
-                old.get("command") == command and not identity_diff(old.get("identity", {}), identity))))
-            if same_run:  # checkpoints this run wrote after it last updated its record (killed mid-save, ...)
-                own |= {f for f in foreign if f.startswith("checkpoint-")}
-                foreign = [f for f in foreign if not f.startswith("checkpoint-")]
-            if trainer and any(f.startswith("checkpoint-") for f in foreign):
-                raise FileExistsError(
-                    f"{folder} holds checkpoint folders hf_cocodr did not record for it "
-                    f"({', '.join(f for f in foreign if f.startswith('checkpoint-'))}); a resume could take them for "
-                    "this run's: give a new folder")
-            if foreign and not overwrite:
-                raise FileExistsError(
-                    f"{folder} holds files hf_cocodr did not write ({', '.join(foreign[:3])}"
-                    f"{', ...' if len(foreign) > 3 else ''}); hf_cocodr never deletes or changes files it did not "
-                    "write: give a new or empty folder, or pass --overwrite_output_dir to write beside them (they "
-                    "stay untouched)")
-            run_id = uuid.uuid4().hex[:12]
-            if old and resume:
-                diff = [] if identity is None else identity_diff(old.get("identity", {}), identity)
-                if old.get("command") != command:
-                    diff = ["command"] + diff
-                if not diff:
-                    old.setdefault("resumed", []).append(_now())
-                    run_id = old["run_id"]
-                elif not overwrite:
-                    raise RunMismatchError(
-                        f"{folder} holds another run ({old.get('command')}, started {old.get('started')}): "
-                        f"{', '.join(diff)} differ; pass --overwrite_output_dir to replace that run's files, or give "
-                        "a new folder")
-                elif dry_run:
-                    return None
-                else:
-                    logger.warning("%s: the earlier run differs in %s; replacing its files and starting over",
-                                   folder, ", ".join(diff))
-                    remove_own(out, own & entries)
-            elif old and own & entries:
-                if not (overwrite or (replaces_own and old.get("command") == command)):
-                    raise FileExistsError(
-                        f"{folder} holds an earlier run ({old.get('command')}, started {old.get('started')}); "
-                        "resume it (--resume_from_checkpoint true), pass --overwrite_output_dir to replace its files, "
-                        "or give a new folder")
-                if dry_run:
-                    return None
-                if not replaces_own:
-                    remove_own(out, own & entries)
+            own, foreign = _own_and_foreign(old, entries, command, identity, resume)
+            _refuse_foreign(folder, foreign, trainer=trainer, overwrite=overwrite)
+            run_id = _settle_earlier_run(folder, out, old, own & entries, command, identity, resume=resume,
+                                         overwrite=overwrite, replaces_own=replaces_own, dry_run=dry_run)
             if dry_run:
                 return None
             if old and old.get("run_id") == run_id:
                 record = old
             else:
+                from . import __version__
+
                 preexisting = sorted((set(old.get("preexisting", [])) if old else set()) | set(foreign))
                 record = {"command": command, "run_id": run_id, "version": __version__, "started": _now(),
                           "identity": identity, "preexisting": preexisting,
@@ -326,6 +280,68 @@ class RunFolder:
         with contextlib.suppress(OSError):
             self.save()
         release_lock(self.path)
+
+
+def _own_and_foreign(old: dict | None, entries: set[str], command: str, identity, resume: bool
+                     ) -> tuple[set[str], list[str]]:
+    """The entries the earlier run recorded (or declared, see :meth:`RunFolder.expect`) as its own, and the entries
+    no record lists. Resuming the same run, unrecorded ``checkpoint-*`` folders are its own (killed mid-save)."""
+    if not old:
+        return set(), sorted(entries)
+    preexisting = set(old.get("preexisting", []))
+    own = set(old["files"]) | ((set(old.get("expected", [])) & entries) - preexisting)
+    foreign = sorted(entries - own - preexisting)
+    same_run = resume and (identity is None or (
+        old.get("command") == command and not identity_diff(old.get("identity", {}), identity)))
+    if same_run:
+        own |= {f for f in foreign if f.startswith("checkpoint-")}
+        foreign = [f for f in foreign if not f.startswith("checkpoint-")]
+    return own, foreign
+
+
+def _refuse_foreign(folder, foreign: list[str], *, trainer: bool, overwrite: bool) -> None:
+    checkpoints = [f for f in foreign if f.startswith("checkpoint-")]
+    if trainer and checkpoints:
+        raise FileExistsError(
+            f"{folder} holds checkpoint folders hf_cocodr did not record for it ({', '.join(checkpoints)}); a resume "
+            "could take them for this run's: give a new folder")
+    if foreign and not overwrite:
+        raise FileExistsError(
+            f"{folder} holds files hf_cocodr did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
+            "); hf_cocodr never deletes or changes files it did not write: give a new or empty folder, or pass "
+            "--overwrite_output_dir to write beside them (they stay untouched)")
+
+
+def _settle_earlier_run(folder, out: Path, old: dict | None, own_present: set[str], command: str, identity, *,
+                        resume: bool, overwrite: bool, replaces_own: bool, dry_run: bool) -> str:
+    """Continue, replace or refuse the run that wrote ``out`` before; returns this run's id (the earlier one's when
+    it is resumed). Removes the earlier run's own files when this run replaces it (never with ``dry_run``)."""
+    if old and resume:
+        diff = [] if identity is None else identity_diff(old.get("identity", {}), identity)
+        if old.get("command") != command:
+            diff = ["command"] + diff
+        if not diff:
+            if not dry_run:
+                old.setdefault("resumed", []).append(_now())
+            return old["run_id"]
+        if not overwrite:
+            raise RunMismatchError(
+                f"{folder} holds another run ({old.get('command')}, started {old.get('started')}): "
+                f"{', '.join(diff)} differ; pass --overwrite_output_dir to replace that run's files, or give a new "
+                "folder")
+        if not dry_run:
+            logger.warning("%s: the earlier run differs in %s; replacing its files and starting over", folder,
+                           ", ".join(diff))
+            remove_own(out, own_present)
+    elif old and own_present:
+        if not (overwrite or (replaces_own and old.get("command") == command)):
+            raise FileExistsError(
+                f"{folder} holds an earlier run ({old.get('command')}, started {old.get('started')}); resume it "
+                "(--resume_from_checkpoint true), pass --overwrite_output_dir to replace its files, or give a new "
+                "folder")
+        if not dry_run and not replaces_own:
+            remove_own(out, own_present)
+    return uuid.uuid4().hex[:12]
 
 
 def remove_own(folder: Path, names: Iterable[str]) -> None:

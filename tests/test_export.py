@@ -94,12 +94,12 @@ def test_export_is_atomic_on_failure(tiny_bert_dir, tmp_path, monkeypatch):
     out = tmp_path / "model"
     export_sentence_transformer(str(tiny_bert_dir), out)
     before = sorted(p.name for p in out.iterdir())
-    import hf_cocodr.model_card as mc
+    import hf_cocodr.export as export_module
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(mc, "write_model_card", boom)
+    monkeypatch.setattr(export_module, "write_model_card", boom)  # the card is the last file the export writes
     with pytest.raises(RuntimeError, match="disk full"):
         export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean")
     assert sorted(p.name for p in out.iterdir()) == before
