@@ -191,13 +191,25 @@ def test_nan_loss_step_is_skipped_and_training_continues(tiny_bert_dir, multi_be
 
 
 def test_plain_dataset_is_accepted(tiny_bert_dir, tmp_path):
+    import random
+
+    import tiny
     from datasets import Dataset
 
-    ds = Dataset.from_dict({"anchor": [f"query about topic {i}" for i in range(16)],
-                            "positive": [f"document text about topic {i}" for i in range(16)]})
+    rng = random.Random(0)  # distinct texts (the tiny vocabulary has no digits: "topic 3" would be "topic [UNK]")
+    topics = [sorted(tiny.TOPICS)[i % len(tiny.TOPICS)] for i in range(16)]
+    ds = Dataset.from_dict({"anchor": [tiny.sentence(rng, t, 5) for t in topics],
+                            "positive": [tiny.document(rng, t, 2) for t in topics]})
     trainer, _ = build(tiny_bert_dir, ds, make_args(tmp_path / "o", max_steps=2, num_clusters=2))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
     assert trainer.state.global_step == 2
+    # it trained on the dataset's pairs: a finite training loss was logged and the encoder moved
+    losses = [row["train_loss"] for row in trainer.state.log_history if "train_loss" in row]
+    assert len(losses) == 1 and np.isfinite(losses[0]) and losses[0] > 0
+    after = dict(trainer.model.named_parameters())
+    changed = [n for n, p in before.items() if not torch.equal(p, after[n].detach())]
+    assert any("encoder.layer" in n for n in changed), "no transformer weight changed"
 
 
 def test_bad_inputs(tiny_bert_dir, tmp_path):
