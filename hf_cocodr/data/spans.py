@@ -14,6 +14,7 @@ corpus, the tokenizer and the settings), so a second run starts at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -176,6 +177,51 @@ def continuation_table(tokenizer) -> np.ndarray:
     return table
 
 
+class _SpanArrays:
+    """The growing arrays of a :class:`SpanCorpus`: documents -> their spans -> the spans' tokens."""
+
+    def __init__(self):
+        self.doc_span_ptr, self.span_tok_ptr, self.tokens, self.doc_source = [0], [0], [], []
+
+    def add(self, documents: list[list[np.ndarray] | None], source: int) -> int:
+        """Append each document's spans; returns how many documents were skipped (``None``: too short)."""
+        skipped = 0
+        for spans in documents:
+            if spans is None:
+                skipped += 1
+                continue
+            for span in spans:
+                self.tokens.append(span)
+                self.span_tok_ptr.append(self.span_tok_ptr[-1] + len(span))
+            self.doc_span_ptr.append(self.doc_span_ptr[-1] + len(spans))
+            self.doc_source.append(source)
+        return skipped
+
+
+def _batch_spans(batch: list[str], *, tokenizer, mode: str, split, rng: np.random.Generator, span_max_tokens: int,
+                 span_break_prob: float, min_span_tokens: int, max_doc_tokens: int) -> list[list[np.ndarray] | None]:
+    """The spans (token id arrays) of each document of ``batch``, or ``None`` for a document that cannot give two:
+    ``random_crops`` keeps the whole document as one span to crop from; ``sentence_groups`` groups its sentences."""
+    if not batch:
+        return []
+    if mode == "random_crops":
+        ids = tokenizer(batch, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"]
+        return [[np.asarray(d, dtype=np.int32)] if len(d) >= 2 * min_span_tokens else None for d in ids]
+    sents = [split(t) for t in batch]
+    flat = [s for ss in sents for s in ss]
+    ids = tokenizer(flat, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"] \
+        if flat else []
+    out, pos = [], 0
+    for ss in sents:
+        sent_ids = ids[pos:pos + len(ss)]
+        pos += len(ss)
+        groups = group_sentences([len(x) for x in sent_ids], span_max_tokens, span_break_prob, rng)
+        spans = [np.concatenate([np.asarray(sent_ids[k], dtype=np.int32) for k in range(a, b)]) for a, b in groups]
+        spans = [s for s in spans if len(s) >= min_span_tokens]
+        out.append(spans if len(spans) >= 2 else None)
+    return out
+
+
 class SpanCorpus:
     """Spans of one or several corpora, stored as flat Arrow arrays (docs → spans → token ids)."""
 
@@ -233,49 +279,15 @@ class SpanCorpus:
             out = cls._load(cache_file)
             logger.info("spans loaded from cache %s", cache_file)
             return out
-        split = get_sentence_splitter(sentence_splitter)
-        rng = np.random.default_rng(seed)
-        doc_span_ptr, span_tok_ptr, tokens, doc_source = [0], [0], [], []
+        spans_of = functools.partial(
+            _batch_spans, tokenizer=tokenizer, mode=mode, split=get_sentence_splitter(sentence_splitter),
+            rng=np.random.default_rng(seed), span_max_tokens=span_max_tokens, span_break_prob=span_break_prob,
+            min_span_tokens=min_span_tokens, max_doc_tokens=max_doc_tokens)
+        arrays = _SpanArrays()
         per_source = []
         for si, src in enumerate(sources):
             n_docs = n_skipped = 0
             batch: list[str] = []
-
-            def flush(batch, si=si):
-                nonlocal n_skipped
-                if mode == "random_crops":
-                    ids = tokenizer(batch, add_special_tokens=False, truncation=True,
-                                    max_length=max_doc_tokens)["input_ids"]
-                    for doc_ids in ids:
-                        if len(doc_ids) < 2 * min_span_tokens:
-                            n_skipped += 1
-                            continue
-                        tokens.append(np.asarray(doc_ids, dtype=np.int32))
-                        span_tok_ptr.append(span_tok_ptr[-1] + len(doc_ids))
-                        doc_span_ptr.append(doc_span_ptr[-1] + 1)
-                        doc_source.append(si)
-                    return
-                sents = [split(t) for t in batch]
-                flat = [s for ss in sents for s in ss]
-                ids = (tokenizer(flat, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"]
-                       if flat else [])
-                pos = 0
-                for ss in sents:
-                    sent_ids = ids[pos:pos + len(ss)]
-                    pos += len(ss)
-                    groups = group_sentences([len(x) for x in sent_ids], span_max_tokens, span_break_prob, rng)
-                    spans = [np.concatenate([np.asarray(sent_ids[k], dtype=np.int32) for k in range(a, b)])
-                             for a, b in groups]
-                    spans = [s for s in spans if len(s) >= min_span_tokens]
-                    if len(spans) < 2:
-                        n_skipped += 1
-                        continue
-                    for s in spans:
-                        tokens.append(s)
-                        span_tok_ptr.append(span_tok_ptr[-1] + len(s))
-                    doc_span_ptr.append(doc_span_ptr[-1] + len(spans))
-                    doc_source.append(si)
-
             for text in src.texts():
                 n_docs += 1
                 if text and text.strip():
@@ -283,12 +295,14 @@ class SpanCorpus:
                 else:
                     n_skipped += 1
                 if len(batch) >= 512:
-                    flush(batch)
+                    n_skipped += arrays.add(spans_of(batch), si)
                     batch = []
-            flush(batch)
+            n_skipped += arrays.add(spans_of(batch), si)
             per_source.append({"corpus": src.name, "documents": n_docs, "skipped": n_skipped})
             if n_docs == 0:
                 raise ValueError(f"corpus {src.name!r} is empty")
+        doc_span_ptr, span_tok_ptr, tokens, doc_source = (arrays.doc_span_ptr, arrays.span_tok_ptr, arrays.tokens,
+                                                          arrays.doc_source)
         n_used = len(doc_span_ptr) - 1
         stats = {"sources": per_source, "documents_used": n_used,
                  "documents_skipped": sum(p["skipped"] for p in per_source),
