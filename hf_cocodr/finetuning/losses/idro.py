@@ -309,29 +309,9 @@ class IDROLoss(nn.Module):
         probe = PooledPositionProbe(self.subset.last_block) if fast else None
         features, embeddings, outputs = self._embed(sentence_features, probe)
         ell, (B, M, doc_flat, pos_all, world, rank) = self._local_losses(features, embeddings, doc_keys, pos_keys)
-        labels = labels.to(ell.device).long().reshape(-1)
-        if labels.numel() != B:
-            raise ValueError(f"got {labels.numel()} cluster ids for a batch of {B} queries")
-        if (labels < 0).any() or (labels >= self.num_clusters).any():
-            raise ValueError(f"cluster ids must be in [0, {self.num_clusters}), got {labels.min()}..{labels.max()}")
-        if self.log_weights.device != ell.device:
-            self.log_weights = self.log_weights.to(ell.device)
-
-        # Global statistics from detached, gathered embeddings (identical on every rank).
-        q_all = _gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
-        c_all = _gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
-        cl_all = _gather_cat(labels, 0)
-        with torch.enable_grad():
-            layout = BatchLayout(B, M, world, doc_flat, pos_all)
-            rows = torch.arange(world * B, device=ell.device)
-            allowed, targets = layout.mask_and_targets(
-                rows // B, rows % B, self.in_batch_negatives, cross_rank=self.gather_across_devices or world == 1
-            )
-            ell_all = per_sample_infonce(q_all, c_all, allowed, targets, self.similarity, self.scale)
-            present, inverse = torch.unique(cl_all, sorted=True, return_inverse=True)
-            P = present.numel()
-            sizes = torch.bincount(inverse, minlength=P).to(ell_all.dtype)
-            cluster_losses = torch.zeros(P, dtype=ell_all.dtype, device=ell.device).index_add(0, inverse, ell_all) / sizes
+        labels = self._checked_labels(labels, B, ell.device)
+        q_all, c_all, present, inverse, sizes, cluster_losses, ell_all = self._global_cluster_losses(
+            embeddings, labels, BatchLayout(B, M, world, doc_flat, pos_all))
         finite = bool(torch.isfinite(ell_all.detach()).all())
         stats: dict[str, Any] = {
             "cluster_ids": present.detach(),
@@ -350,17 +330,8 @@ class IDROLoss(nn.Module):
 
         gram = None
         if self.needs_gram:
-            cot_q, cot_c = torch.autograd.grad(
-                cluster_losses, [q_all, c_all], grad_outputs=torch.eye(P, dtype=cluster_losses.dtype, device=ell.device),
-                is_grads_batched=True,
-            )
-            local_cot = torch.cat([cot_q[:, rank * B:(rank + 1) * B], cot_c[:, rank * B * M:(rank + 1) * B * M]], dim=1)
-            if fast:
-                gram = gram_pooled_position(self.subset, probe, local_cot.detach(), has_normalize(self.model))
-            else:
-                gram = gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot.detach())
+            gram = self._cluster_gram(cluster_losses, q_all, c_all, embeddings, probe, B, M, rank)
             stats["grad_gram"] = gram.detach()
-
         ell_c = cluster_losses.detach().double()
         alpha = self._alpha(ell_c)
         coef = self._update_and_coefficients(present, ell_c, alpha, gram)
@@ -373,6 +344,51 @@ class IDROLoss(nn.Module):
         local_inv = inverse[rank * B:(rank + 1) * B]
         row_w = (coef / sizes.double())[local_inv].to(ell.dtype)
         return world * (row_w * ell).sum(), embeddings, outputs
+
+    def _checked_labels(self, labels: Tensor, B: int, device) -> Tensor:
+        labels = labels.to(device).long().reshape(-1)
+        if labels.numel() != B:
+            raise ValueError(f"got {labels.numel()} cluster ids for a batch of {B} queries")
+        if (labels < 0).any() or (labels >= self.num_clusters).any():
+            raise ValueError(f"cluster ids must be in [0, {self.num_clusters}), got {labels.min()}..{labels.max()}")
+        if self.log_weights.device != device:
+            self.log_weights = self.log_weights.to(device)
+        return labels
+
+    def _global_cluster_losses(self, embeddings, labels: Tensor, layout: BatchLayout):
+        """Per-cluster mean losses over the global batch, from detached, gathered embeddings (identical on every
+        rank); with the gathered embeddings as leaves when the Gram matrix needs their gradients."""
+        q_all = _gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
+        c_all = _gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
+        cl_all = _gather_cat(labels, 0)
+        B, world = layout.batch_size, layout.world_size
+        with torch.enable_grad():
+            rows = torch.arange(world * B, device=labels.device)
+            allowed, targets = layout.mask_and_targets(
+                rows // B, rows % B, self.in_batch_negatives, cross_rank=self.gather_across_devices or world == 1
+            )
+            ell_all = per_sample_infonce(q_all, c_all, allowed, targets, self.similarity, self.scale)
+            present, inverse = torch.unique(cl_all, sorted=True, return_inverse=True)
+            P = present.numel()
+            sizes = torch.bincount(inverse, minlength=P).to(ell_all.dtype)
+            cluster_losses = torch.zeros(P, dtype=ell_all.dtype, device=labels.device).index_add(
+                0, inverse, ell_all) / sizes
+        return q_all, c_all, present, inverse, sizes, cluster_losses, ell_all
+
+    def _cluster_gram(self, cluster_losses: Tensor, q_all: Tensor, c_all: Tensor, embeddings, probe, B: int, M: int,
+                      rank: int) -> Tensor:
+        """The Gram matrix of the per-cluster loss gradients w.r.t. the selected parameters: one batched backward
+        to the embeddings (one row per cluster), then this rank's rows through the encoder's tail."""
+        P = cluster_losses.numel()
+        cot_q, cot_c = torch.autograd.grad(
+            cluster_losses, [q_all, c_all], grad_outputs=torch.eye(P, dtype=cluster_losses.dtype,
+                                                                   device=cluster_losses.device),
+            is_grads_batched=True,
+        )
+        local_cot = torch.cat([cot_q[:, rank * B:(rank + 1) * B], cot_c[:, rank * B * M:(rank + 1) * B * M]], dim=1)
+        if probe is not None:
+            return gram_pooled_position(self.subset, probe, local_cot.detach(), has_normalize(self.model))
+        return gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot.detach())
 
     def _alpha(self, ell_c: Tensor) -> Tensor:
         powered = ell_c.clamp(min=0) ** self.beta
