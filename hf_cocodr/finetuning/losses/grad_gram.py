@@ -256,10 +256,11 @@ def gram_pooled_position(
     """The P×P Gram through the pooled-position re-computation. ``cot``: P×T×d cotangents at the embeddings."""
     blk = subset.last_block
     ao, inter, out = blk.attention.output, blk.intermediate, blk.output
-    ctx, res, m1, m2 = probe.tensors()
+    # in full precision even under autocast (the probe recorded bf16 activations then): the Gram decides the weights
+    ctx, res, m1, m2 = (t.float() if t is not None else None for t in probe.tensors())
     if ctx.shape[0] != cot.shape[1]:
         raise RuntimeError(f"probe recorded {ctx.shape[0]} texts but the batch has {cot.shape[1]} embeddings")
-    with torch.enable_grad():
+    with torch.enable_grad(), torch.autocast(cot.device.type, enabled=False):
         y1 = F.linear(ctx, ao.dense.weight, ao.dense.bias)
         a = y1 * m1 if m1 is not None else y1
         h1 = F.layer_norm(a + res, a.shape[-1:], ao.LayerNorm.weight, ao.LayerNorm.bias, ao.LayerNorm.eps)

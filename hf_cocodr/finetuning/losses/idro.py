@@ -362,7 +362,10 @@ class IDROLoss(nn.Module):
         c_all = _gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
         cl_all = _gather_cat(labels, 0)
         B, world = layout.batch_size, layout.world_size
-        with torch.enable_grad():
+        # in full precision even under autocast: in bf16 the per-cluster losses round to one value and their
+        # gradients share a common part that swamps the differences the Gram matrix measures (tests/test_bf16.py)
+        q_all, c_all = q_all.float(), c_all.float()
+        with torch.enable_grad(), torch.autocast(labels.device.type, enabled=False):
             rows = torch.arange(world * B, device=labels.device)
             allowed, targets = layout.mask_and_targets(
                 rows // B, rows % B, self.in_batch_negatives, cross_rank=self.gather_across_devices or world == 1
