@@ -6,12 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "finetuning"))
 sys.path.insert(0, str(Path(__file__).parent / "pretraining"))
 
-from test_coco import grads_after_step, tiny_bert_nodrop  # noqa: E402,F401 (a fixture)
+from test_coco import grads_after_step  # noqa: E402
 from test_idro_loss import batch, features_for  # noqa: E402
 
 from hf_cocodr import IDROLoss  # noqa: E402
@@ -64,6 +65,13 @@ def test_idro_cluster_statistics_stay_fp32_under_autocast(tiny_st_dir):
     stats = loss.last_stats
     assert stats["cluster_losses"].dtype == torch.float32
     assert stats["grad_gram"].dtype == torch.float64 and loss.log_weights.dtype == torch.float64
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_nodrop(tmp_path_factory):
+    import tiny
+
+    return tiny.make_tiny_bert(tmp_path_factory.mktemp("nodrop"), dropout=0.0, seed=3)
 
 
 def test_coco_gradient_cache_equals_uncached_under_bf16(tiny_bert_nodrop, tiny_beir, tmp_path, monkeypatch):
