@@ -410,8 +410,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     def _log_clusters(self, top: int = 3) -> None:
         loss = self.idro_loss
-        if loss is None or not loss.last_stats or loss.last_stats.get("skipped"):
-            return
+        if loss is None or not loss.last_stats or loss.last_stats.get("skipped") or loss.preset == "uniform":
+            return  # (uniform weights: nothing is up- or down-weighted)
         w = loss.weights.float().cpu().numpy()
         sizes = np.bincount(self.cluster_ids, minlength=len(w))
         order = np.argsort(-w)
