@@ -16,10 +16,13 @@ import re
 import shutil
 from pathlib import Path
 
-from .state import COMPLETE_MARKER
+from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+COMPLETE_MARKER = "hf_cocodr_checkpoint_complete.json"
 
 
 def _sha256(path: Path) -> str:
@@ -35,6 +38,13 @@ def file_checksums(folder: str | os.PathLike) -> dict[str, str]:
         if p.is_file() and p.name != COMPLETE_MARKER:
             out[str(p.relative_to(folder))] = _sha256(p)
     return out
+
+
+def mark_complete(folder: str | os.PathLike, global_step: int, run_id: str | None) -> None:
+    """Write ``folder``'s completion marker, last and atomically: its step, the run it belongs to and the SHA-256 of
+    every file in it. Only checkpoints with this marker are ever resumed from (see :func:`damage`)."""
+    atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": global_step, "run_id": run_id,
+                                                              "files": file_checksums(folder)})
 
 
 def _marker(path: Path) -> dict | None:

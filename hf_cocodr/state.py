@@ -14,7 +14,6 @@ from .utils import atomic_write_json
 
 STATE_TENSORS = "hf_cocodr_state.safetensors"
 STATE_JSON = "hf_cocodr_state.json"
-COMPLETE_MARKER = "hf_cocodr_checkpoint_complete.json"
 
 
 def save_state(directory: str | os.PathLike, tensors: dict[str, Any], meta: dict[str, Any]) -> None:

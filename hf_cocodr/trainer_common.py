@@ -7,10 +7,10 @@ import logging
 import os
 import random
 
+from .checkpoints import mark_complete, resolve_resume
 from .errors import ConfigError
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
-from .utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,6 @@ class TrainerMixin:
         run. The output folder is claimed first: a folder of someone else's files, another run's folder or one
         another process writes is refused (``overwrite_output_dir=True`` replaces an earlier run's own files). With
         ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end."""
-        from .checkpoints import resolve_resume
 
         wants_resume = not (resume_from_checkpoint is None or resume_from_checkpoint is False or (
             isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0")))
@@ -132,15 +131,11 @@ class TrainerMixin:
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from . import distributed as D
-        from .checkpoints import file_checksums
-        from .state import COMPLETE_MARKER
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         if self.args.should_save:
             run = getattr(self, "_run_folder", None)
-            atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {
-                "global_step": self.state.global_step, "run_id": run.run_id if run else None,
-                "files": file_checksums(folder)})
+            mark_complete(folder, self.state.global_step, run.run_id if run else None)
             if run is not None:
                 run.save()
         D.barrier()
