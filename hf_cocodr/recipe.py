@@ -35,7 +35,7 @@ from .export import export_sentence_transformer
 from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
 from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
-from .utils import atomic_directory, atomic_write_json
+from .utils import atomic_directory, atomic_write_json, native_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -604,6 +604,8 @@ class _RecipeRun:
         self.train_data = self.target_data = self.spans = None
         self.coco_corpora: list = []
         self.current = model
+        self.precision = _precision_choice(cfg)
+        logger.info("recipe precision: %s (%s)", self.precision["training"], self.precision["why"])
 
     def _stage_kwargs(self) -> tuple[dict, dict, dict]:
         """The training arguments of the COCO, source fine-tuning and target pseudo-pair stages (the user's
@@ -814,7 +816,8 @@ class _RecipeRun:
     def _write_records(self, summary: dict, train_seconds: float) -> None:
         record = {"model": self.model, "target_corpora": list(map(str, self.target_corpora)),
                   "source_data": str(self.source_data), "evals": self.evals, "config": asdict(self.cfg),
-                  "schedule": self.choice, "plan": self.plan, "stage_seconds": self.stage_seconds,
+                  "schedule": self.choice, "precision": self.precision, "plan": self.plan,
+                  "stage_seconds": self.stage_seconds,
                   "train_seconds": train_seconds, "wall_seconds": round(time.perf_counter() - self.t_start, 1)}
         if self.max_minutes is not None:
             record["budget_seconds"] = round(self.max_minutes * 60.0, 1)
@@ -826,6 +829,22 @@ class _RecipeRun:
                                  for s, v in summary.items() if "start" in v}})
         atomic_write_json(self.out / "eval.json", summary)
         atomic_write_json(self.out / "recipe.json", record)
+
+
+def _precision_choice(cfg: RecipeConfig) -> dict[str, Any]:
+    """The training precision of the stages and why (logged and kept in ``recipe.json``). bf16 is only ever the
+    user's choice (``bf16: true`` in a stage's options): where this machine has no native bf16 kernels it is many
+    times slower (README, "Precision on CPUs without native bf16"), and where it has them no measurement here has yet
+    shown the >= 1.2x speed-up without quality loss that a default would need."""
+    asked = sorted(stage for stage in ("coco", "finetune", "target") if getattr(cfg, stage).get("bf16"))
+    native = native_bf16()
+    if asked:
+        why = "set in the options of " + ", ".join(asked) + ("" if native else
+                                                             "; this machine has no native bf16: expect it slower")
+        return {"training": "bf16 (" + ", ".join(asked) + ")", "native_bf16": native, "why": why}
+    why = ("this machine has native bf16, but it is not measured here to pay: set bf16: true in a stage's options to "
+           "use it" if native else "this machine has no native bf16 kernels, where bf16 runs many times slower")
+    return {"training": "fp32", "native_bf16": native, "why": why}
 
 
 def _stage_seconds(stage_dir: Path, t0: float) -> float:

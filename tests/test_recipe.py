@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from hf_cocodr.recipe import RecipeConfig, run_recipe
+from hf_cocodr.recipe import RecipeConfig, _precision_choice, run_recipe
 
 CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None,
            coco={"per_device_train_batch_size": 8, "save_steps": 2},
@@ -146,6 +146,8 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert record["schedule"]["kind"] == "no_mlm_head"
     assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
     assert record["config"]["coco_mlm_weight"] == 0.0  # a head-less model: contrast-only COCO
+    assert record["precision"] == _precision_choice(RecipeConfig())  # logged and recorded: fp32 unless asked
+    assert record["precision"]["training"] == "fp32"
     card = (out / "model" / "README.md").read_text()
     assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
     assert "start → adapted" in card
@@ -164,3 +166,16 @@ def test_recipe_without_titles_falls_back_to_ict(tiny_bert_nomlm_dir, tiny_beir,
     with pytest.raises(ValueError, match="no titles"):  # asked for explicitly: an error, not a silent switch
         run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "p",
                    config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"})
+
+
+def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
+    import hf_cocodr.recipe as recipe
+
+    for native in (False, True):
+        monkeypatch.setattr(recipe, "native_bf16", lambda native=native: native)
+        plain = _precision_choice(RecipeConfig())
+        assert plain["training"] == "fp32" and plain["native_bf16"] is native
+        assert ("no native bf16" in plain["why"]) is (not native)
+        asked = _precision_choice(RecipeConfig(finetune={"bf16": True}, target={"bf16": True}))
+        assert asked["training"] == "bf16 (finetune, target)"
+        assert ("expect it slower" in asked["why"]) is (not native)
