@@ -242,7 +242,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                 raise ConfigError(f"method {method.name!r} adds loss terms: it needs an IDROLoss, got "
                                   f"{type(self.loss).__name__}")
             loss.auxiliary.extend(terms)
-            loss._token_states = any(getattr(a, "needs_token_states", False) for a in loss.auxiliary)
         self.methods.append(method)
         if method.name and method.name not in self.extra_methods:
             self.extra_methods.append(method.name)

@@ -194,7 +194,6 @@ class IDROLoss(nn.Module):
         self.last_stats: dict[str, Any] = {}
         self.skipped_steps = 0
         self.auxiliary = nn.ModuleList(auxiliary or [])
-        self._token_states = any(getattr(a, "needs_token_states", False) for a in self.auxiliary)
         if self.subset is not None:
             logger.info(
                 "iDRO gradient similarity over %d parameters (%s, %s engine): %s",
@@ -301,6 +300,11 @@ class IDROLoss(nn.Module):
                         terms[k] = v
         self.last_stats["aux_metrics"] = metrics
         return terms
+
+    @property
+    def _token_states(self) -> bool:
+        """Whether an auxiliary objective reads token states (then the encoder runs one forward per column)."""
+        return any(getattr(a, "needs_token_states", False) for a in self.auxiliary)
 
     def _retrieval_forward(self, sentence_features, labels, doc_keys, pos_keys):
         if labels is None:
