@@ -243,7 +243,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None)
     p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT")
     p.add_argument("--max-minutes", dest="max_minutes", type=float, default=None,
-                   help="size the stages to finish in about this many minutes on this machine")
+                   help="size the stages to finish in this many minutes of training on this machine (a stage "
+                        "that runs slower than measured stops at its deadline; evaluations come on top)")
     p.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", dest="resume", default="true",
                    help="true (default): skip the finished stages whose inputs are unchanged and resume the "
                         "unfinished one; false: start over (with --overwrite_output_dir when OUT holds a run)")

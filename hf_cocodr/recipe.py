@@ -6,7 +6,8 @@ the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's
 record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage). Each stage
 is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is skipped on a
 re-run. ``max_minutes`` is a training budget: :func:`plan_budget` sizes the stages from step times measured on this
-machine (``OUT/plan.json``).
+machine (``OUT/plan.json``), and each stage ends by a wall-clock deadline (:func:`stage_deadlines`) even when its
+steps run slower than measured.
 """
 
 from __future__ import annotations
@@ -357,6 +358,14 @@ def _time_it(fn, repeats: int = 1) -> float:
     return float(np.median(times))
 
 
+def _timing_optimizer(model):
+    """An AdamW over ``model``'s parameters, so a timed step includes the update the Trainer makes (the model timed
+    is a throwaway copy: its weights may change)."""
+    import torch
+
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-8)
+
+
 def _finetune_step_seconds(st, data, ft_args) -> float:
     """Seconds of one fine-tuning step (forward + backward of the loss the stage uses) on ``data``."""
     import torch
@@ -364,16 +373,23 @@ def _finetune_step_seconds(st, data, ft_args) -> float:
     from .finetuning.losses.idro import IDROLoss
 
     st.train()
-    loss = IDROLoss(st, preset=ft_args.idro_preset, num_clusters=4, tau=1.0, scale=ft_args.idro_scale)
-    rows = np.arange(min(len(data), ft_args.per_device_train_batch_size))
-    labels = torch.as_tensor(rows % 4)
+    # A batch like the stage's: random rows (the first rows of a dataset can be atypically short), cluster labels
+    # drawn from the stage's clusters (iDRO's cost grows with the clusters present in a batch: about 24 of 50 in 32
+    # rows), and the optimizer update.
+    gen = np.random.default_rng(0)
+    k = max(1, int(getattr(ft_args, "num_clusters", 0) or 50))
+    loss = IDROLoss(st, preset=ft_args.idro_preset, num_clusters=k, tau=1.0, scale=ft_args.idro_scale)
+    rows = np.sort(gen.choice(len(data), min(len(data), ft_args.per_device_train_batch_size), replace=False))
+    labels = torch.as_tensor(gen.integers(0, k, len(rows)))
+    opt = _timing_optimizer(st)
 
     def step():
         cols, dk, pk = data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
         kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
         feats = [st.preprocess(c, **kw) for c in cols]
         loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)).backward()
-        st.zero_grad(set_to_none=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
 
     out = _time_it(step)
     st.eval()
@@ -397,7 +413,10 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
         tok = AutoTokenizer.from_pretrained(_transformer_dir(model_path))
         builder = SpanPairBuilder(spans, tok, mlm_probability=coco_args.mlm_probability,
                                   max_length=coco_args.max_span_length, mask=coco_args.uses_mlm)
-        docs = np.arange(min(len(spans), coco_args.per_device_train_batch_size))
+        docs = np.sort(np.random.default_rng(0).choice(len(spans), min(len(spans),
+                                                                       coco_args.per_device_train_batch_size),
+                                                       replace=False))
+        opt = _timing_optimizer(cond)
 
         def coco_step():
             batch = builder.build(docs, step=0, seed=0)
@@ -406,7 +425,8 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
             if "mlm_sum" in o:
                 total = total + o["mlm_sum"] / o["num_masked"] + o["head_mlm_sum"] / o["num_masked"]
             total.backward()
-            cond.zero_grad(set_to_none=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
 
         out["coco_step_s"] = _time_it(coco_step)
         del cond
@@ -461,6 +481,39 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+STAGE_LOAD_SECONDS = 20.0  # a model load + export on 2 CPU cores (the planner charges it per load)
+
+
+def stage_deadlines(plan: dict[str, Any], cfg: RecipeConfig, t_start: float) -> dict[str, float]:
+    """The clock reading (``time.perf_counter()``, started at ``t_start``) by which each training stage must end.
+
+    The last stage that trains must end when the budget does, less the final export (and the WiSE-FT interpolation
+    when one follows). Each earlier stage must end early enough to leave the stages after it the seconds the plan gave
+    them (their steps x their measured step time, and for the source stage its refreshes and K-Means): a stage that
+    runs slower than measured is cut short, and a later stage keeps its steps unless it overruns too. Planned
+    seconds come from ``plan["throughput"]``; a plan without it (fixed steps, no budget) has no deadlines."""
+    tp = plan.get("throughput")
+    if not tp or plan.get("budget_seconds") is None:
+        return {}
+    joint = is_joint(cfg)
+    seconds = {
+        "coco": plan["coco_steps"] * tp.get("coco_step_s", 0.0),
+        "finetune": plan["finetune_steps"] * (tp.get("finetune_step_s", 0.0) + (
+            tp.get("target_step_s", 0.0) if joint else 0.0))
+        + (plan["refreshes"] * plan.get("refresh_seconds_each", 0.0) + plan.get("kmeans_seconds", 0.0)
+           if plan["finetune_steps"] else 0.0),
+        "target": 0.0 if joint else plan["target_steps"] * tp.get("target_step_s", 0.0),
+    }
+    tail = STAGE_LOAD_SECONDS * (1 + (cfg.wise_alpha not in (None, 1, 1.0)))
+    end = t_start + float(plan["budget_seconds"]) - tail
+    out: dict[str, float] = {}
+    for stage in ("target", "finetune", "coco"):  # backwards from the end of the budget
+        if plan[f"{stage}_steps"] > 0 and not (stage == "target" and joint):
+            out[stage] = end
+            end -= seconds[stage]
+    return out
 
 
 def is_joint(cfg: RecipeConfig) -> bool:
@@ -518,8 +571,10 @@ def run_recipe(
             model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
         max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
-            for, takes about this long on this machine (``OUT/plan.json`` has the plan and its measured inputs,
-            ``OUT/recipe.json`` the actual time of each stage).
+            for, takes this long on this machine, and a stage whose steps run slower than measured stops at its
+            deadline with fewer steps (``OUT/plan.json`` has the plan and its measured inputs, ``OUT/recipe.json``
+            the actual time and steps of each stage and which stages a deadline stopped). A resumed run gets the
+            budget anew for what is left.
         resume: continue unfinished stages from their latest complete checkpoint and skip the finished stages
             whose inputs (model, data, settings, plan, the stage before) are unchanged; a stage whose inputs changed
             runs again, and so does every stage after it. ``False`` starts over, which needs
@@ -605,6 +660,8 @@ class _RecipeRun:
         self.coco_corpora: list = []
         self.current = model
         self.precision = _precision_choice(cfg)
+        self.deadlines: dict[str, float] = {}  # stage -> perf_counter reading it must end by (budgeted runs only)
+        self.stopped: dict[str, int] = {}  # stage -> the step a deadline stopped it at
         logger.info("recipe precision: %s (%s)", self.precision["training"], self.precision["why"])
 
     def _stage_kwargs(self) -> tuple[dict, dict, dict]:
@@ -686,7 +743,7 @@ class _RecipeRun:
                                     target_data=self.target_data)
             measured_s = time.perf_counter() - t0
             # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
-            overhead = (time.perf_counter() - self.t_start) + 20.0 * (
+            overhead = (time.perf_counter() - self.t_start) + STAGE_LOAD_SECONDS * (
                 1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
             data = self.train_data
             plan = plan_budget(self.max_minutes * 60.0, tp, cfg, overhead_s=overhead,
@@ -703,6 +760,8 @@ class _RecipeRun:
             atomic_write_json(self.out / "plan.json", plan)
             self.plan = plan
             self.ids = self._ids()
+        if self.max_minutes is not None:
+            self.deadlines = stage_deadlines(self.plan, cfg, self.t_start)
         self.stage_seconds["planning"] = round(
             time.perf_counter() - self.t_start - sum(self.stage_seconds.values()), 1)
 
@@ -741,9 +800,22 @@ class _RecipeRun:
             logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
                         "gradients reach the encoder", kw["mlm_head_warmup_steps"])
         trainer = CocoPretrainer(self.model, CocoPretrainingArguments(**kw), corpora=self.coco_corpora)
+        guard = self._deadline(trainer, "coco")
         trainer.train(resume_from_checkpoint=True if self.resume else None)
         trainer.finalize()
-        _mark_done(self.dirs["coco"], {"steps": trainer.state.global_step, "identity": self.ids["coco"]})
+        _mark_done(self.dirs["coco"], {"steps": trainer.state.global_step, "identity": self.ids["coco"],
+                                       **_stopped(guard)})
+
+    def _deadline(self, trainer, stage: str):
+        """Give ``trainer`` the stage's wall-clock deadline (budgeted runs only); returns the callback or None."""
+        if stage not in self.deadlines:
+            return None
+        from .finetuning.callbacks import WallClockDeadline
+
+        guard = WallClockDeadline(self.deadlines[stage], name=f"recipe stage {stage}")
+        logger.info("stage %s: must end within %.0f s (its share of the budget)", stage, guard.seconds_left())
+        trainer.add_callback(guard)
+        return guard
 
     def train_finetune(self) -> None:
         from .finetuning import IDROTrainingArguments
@@ -764,7 +836,7 @@ class _RecipeRun:
         _train_finetune_stage(self.current, args, self.train_data, self.dirs["finetune"], methods=self.methods,
                               target_corpora=list(self.target_corpora), negatives_label="bm25",
                               target_queries=list(cfg.target_queries), resume=self.resume, joint=joint,
-                              identity=self.ids["finetune"])
+                              identity=self.ids["finetune"], deadline=lambda t: self._deadline(t, "finetune"))
 
     def train_target(self) -> None:
         from .finetuning import IDROTrainingArguments
@@ -772,7 +844,8 @@ class _RecipeRun:
         args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **self.target_kw,
                                         "max_steps": self.plan["target_steps"], "overwrite_output_dir": True})
         _train_finetune_stage(self.current, args, self.target_data, self.dirs["target"],
-                              negatives_label="bm25 (within the target corpora)", identity=self.ids["target"])
+                              negatives_label="bm25 (within the target corpora)", identity=self.ids["target"],
+                              deadline=lambda t: self._deadline(t, "target"))
 
     def interpolate(self) -> None:
         _wise_stage(self.model, self.current, self.dirs["wise"], float(self.cfg.wise_alpha), self.ids["wise"])
@@ -813,11 +886,20 @@ class _RecipeRun:
                         start["ndcg@10"], summary[spec]["ndcg@10"] - start["ndcg@10"])
         self.stage_seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
 
+    def _steps_trained(self) -> dict[str, Any]:
+        """The steps each training stage ran (from its completion marker) and, where a wall-clock deadline ended a
+        stage before its planned steps, the step it stopped at."""
+        markers = {s: _stage_done(self.dirs[s], self.ids[s]) for s in ("coco", "finetune", "target") if s in self.ids}
+        markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
+        return {"steps_trained": {s: m["steps"] for s, m in markers.items()},
+                "stopped_by_deadline": {s: m["stopped_by_deadline_at_step"] for s, m in markers.items()
+                                        if "stopped_by_deadline_at_step" in m}}
+
     def _write_records(self, summary: dict, train_seconds: float) -> None:
         record = {"model": self.model, "target_corpora": list(map(str, self.target_corpora)),
                   "source_data": str(self.source_data), "evals": self.evals, "config": asdict(self.cfg),
                   "schedule": self.choice, "precision": self.precision, "plan": self.plan,
-                  "stage_seconds": self.stage_seconds,
+                  "stage_seconds": self.stage_seconds, **self._steps_trained(),
                   "train_seconds": train_seconds, "wall_seconds": round(time.perf_counter() - self.t_start, 1)}
         if self.max_minutes is not None:
             record["budget_seconds"] = round(self.max_minutes * 60.0, 1)
@@ -862,7 +944,8 @@ def _given(steps: int | None, skipped: bool) -> int:
 
 def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=(), target_corpora=(),
                           negatives_label: str = "bm25", target_queries=(), resume: bool = True,
-                          joint=None, identity: str | None = None) -> None:
+                          joint=None, identity: str | None = None,
+                          deadline: Callable[[Any], Any] | None = None) -> None:
     from .training_api import build_idro_trainer
 
     trainer = build_idro_trainer(load_encoder(start), args, data, methods=methods, target_corpora=target_corpora,
@@ -871,10 +954,18 @@ def _train_finetune_stage(start: str, args, data, stage_dir: Path, *, methods=()
         trainer.idro_loss.auxiliary.append(joint)
         trainer.extra_methods.append("pseudo-pairs")
         trainer.target_corpora_read = list(dict.fromkeys(trainer.target_corpora_read + list(joint.pairs.corpora)))
+    guard = deadline(trainer) if deadline is not None else None
     trainer.train(resume_from_checkpoint=True if resume else None)
     trainer.finalize()
     _save_weight_history(trainer, stage_dir)
-    _mark_done(stage_dir, {"steps": trainer.state.global_step, "identity": identity})
+    _mark_done(stage_dir, {"steps": trainer.state.global_step, "identity": identity, **_stopped(guard)})
+
+
+def _stopped(guard) -> dict[str, Any]:
+    """The stage marker's note that a deadline ended the stage early (nothing when it ran all its steps)."""
+    if guard is None or guard.stopped_at_step is None:
+        return {}
+    return {"stopped_by_deadline_at_step": guard.stopped_at_step}
 
 
 def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float, identity: str | None = None) -> None:

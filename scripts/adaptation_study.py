@@ -189,6 +189,10 @@ def planned_steps(ns, base: str, seed: int) -> dict:
         sys.exit(f"{base} seed {seed}: run seed {ns.plan_from_seed} first (its plan fixes the steps of every seed): "
                  f"{ref} not found")
     plan = json.loads(ref.read_text())
+    record = ref.parent / "recipe.json"
+    # a stage the clock stopped before its planned steps: the further seeds train the steps it actually ran
+    trained = json.loads(record.read_text()).get("steps_trained", {}) if record.is_file() else {}
+    plan = {**plan, **{f"{stage}_steps": n for stage, n in trained.items()}}
     out = {"refreshes": plan["refreshes"]}
     for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune"), ("target_steps", None)):
         if plan[key] > 0:
@@ -244,9 +248,12 @@ def summarize(rows: dict) -> dict:
         if "plan" in first:
             s["steps"] = {k: first["plan"].get(k) for k in ("coco_steps", "finetune_steps", "target_steps",
                                                              "refreshes")}
-            minutes = statistics.fmean(r["train_seconds"] for r in per_seed.values()) / 60
+            # wall-clock time only where the recipe planned by the clock (the first seed; further seeds train its
+            # steps, possibly while other work shares the cores, so their time says nothing about the budget)
+            planned = [r for r in per_seed.values() if r["plan"].get("max_minutes")]
+            minutes = statistics.fmean(r["train_seconds"] for r in planned) / 60 if planned else 0.0
             s["train_minutes"] = round(minutes, 1) if minutes >= 0.5 else None  # trained before stages kept time
-            s["optimizer_share"] = first["plan"].get("planned_optimizer_share")
+            s["optimizer_share"] = next((r["plan"].get("planned_optimizer_share") for r in planned), None)
         out[arm] = s
     return out
 
@@ -254,7 +261,10 @@ def summarize(rows: dict) -> dict:
 def train_min(s: dict) -> str:
     if "steps" not in s:
         return ""
-    return "n/a" if s.get("train_minutes") is None else str(s["train_minutes"])
+    if s.get("train_minutes") is None:
+        return "n/a"
+    share = s.get("optimizer_share")
+    return f"{s['train_minutes']}" + (f" ({share:.0%})" if share is not None else "")
 
 
 def write_report(ns, rows: dict) -> None:
@@ -291,8 +301,9 @@ def write_report(ns, rows: dict) -> None:
         "within it *same*.",
         "",
         "Columns: Δ start = difference of the means to the starting model; steps as planned by the recipe for the "
-        "budget; train min = data + planning + stages + export as recorded (n/a: trained before the recipe kept stage "
-        "times); loss first → last = the first and the last logged training loss of each stage (single logging "
+        "budget; train min = data + planning + stages + export as recorded for the seed whose plan the clock made "
+        "(in brackets: the share of the budget that plan gave to optimizer steps; n/a: trained before the recipe "
+        "kept stage times); loss first → last = the first and the last logged training loss of each stage (single logging "
         "windows, noisy): how much signal a stage had left.",
         "",
         "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "

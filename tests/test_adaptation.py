@@ -263,8 +263,14 @@ def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path
         return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
                             "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}}
 
+    steps = {"coco_steps": 0, "finetune_steps": 0, "target_steps": 38, "refreshes": 0}
+    # seed 42 was planned by the clock (8 minutes, 74% for optimizer steps); 43 and 44 trained its steps on a busy
+    # machine, so their (longer) times must not enter the train-minutes column
+    timing = {42: {"plan": {**steps, "max_minutes": 8.0, "planned_optimizer_share": 0.74}, "train_seconds": 450.0},
+              43: {"plan": steps, "train_seconds": 900.0}, 44: {"plan": steps, "train_seconds": 1200.0}}
     rows = {"start": {0: row(0.60, 0.302)},
-            "title-body": {42: row(0.62, 0.30), 43: row(0.64, 0.31), 44: row(0.63, 0.305)},
+            "title-body": {s: {**row(*v), **timing[s]} for s, v in ((42, (0.62, 0.30)), (43, (0.64, 0.31)),
+                                                                    (44, (0.63, 0.305)))},
             "source-only": {s: row(0.58, 0.28) for s in (42, 43, 44)}, "ict": {42: row(0.70, 0.35)}}
     ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=8.0, doc_max_length=128,
                             report=str(tmp_path / "rep"), findings=str(tmp_path / "none.md"))
@@ -279,6 +285,7 @@ def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path
     assert "| worse |" in by_arm["source-only"]
     assert "| n<3 |" in by_arm["ict"]
     assert "+0.0300" in by_arm["title-body"]
+    assert "| 0 / 0 / 38 (0) | 7.5 (74%) |" in by_arm["title-body"]
 
 
 def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
@@ -297,3 +304,6 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
                                                     "refreshes": 0}))
     assert study.planned_steps(ns, "title-body", 43) == {"refreshes": 0, "skip_coco": True, "finetune_steps": 12,
                                                          "target_pairs": "none"}
+    # seed 42's clock stopped its source stage at step 9: further seeds train 9 steps
+    (plan_dir / "recipe.json").write_text(json.dumps({"steps_trained": {"finetune": 9}}))
+    assert study.planned_steps(ns, "title-body", 43)["finetune_steps"] == 9

@@ -1,4 +1,5 @@
+from .deadline import WallClockDeadline
 from .kmeans import KMeansClusteringCallback
 from .negatives import HardNegativeRefreshCallback
 
-__all__ = ["HardNegativeRefreshCallback", "KMeansClusteringCallback"]
+__all__ = ["HardNegativeRefreshCallback", "KMeansClusteringCallback", "WallClockDeadline"]
