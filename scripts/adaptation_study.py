@@ -3,7 +3,8 @@
 Every arm is ``hf_cocodr.run_recipe`` with some settings changed, at the same training budget (``--budget-minutes``
 of wall clock, planned by the recipe itself), evaluated on the development splits only (SciFact ``train`` claims,
 NFCorpus ``dev``; documents cut to ``--doc-max-length`` tokens for every row alike). WiSE-FT arms (``name+wiseA``)
-reuse the trained arm they extend and cost one weight interpolation and one evaluation. The starting model's row is
+reuse the trained arm they extend and cost one weight interpolation and one evaluation; ``name@STAGE`` evaluates the
+model that one stage of a trained arm left behind (``paper@coco``: the paper's COCO stage without its fine-tuning). The starting model's row is
 measured in the same run with the same evaluation.
 
 Everything is cached and resumable under ``--work`` (default ``outputs/adaptation_study``): a killed arm resumes
@@ -69,6 +70,7 @@ ARMS: dict[str, tuple[dict, str]] = {
                              "the default schedule, 70% of the budget on target pairs"),
 }
 WISE_ALPHAS = (0.25, 0.5, 0.75)
+STAGES = ("coco", "finetune", "target")  # ARM@STAGE: the model that stage of ARM left behind
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
 SCREEN = ["title-body", "title-body-lr1e-4", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body", "ict",
           "coco-mlm0+source", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
@@ -79,7 +81,8 @@ SCREEN_WISE = {"title-body", "title-body-lr1e-4", "default-nowise", "source-only
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA for a WiSE-FT arm)")
+    ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA: a WiSE-FT arm; name@STAGE: the model after "
+                         "one stage of an arm)")
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--budget-minutes", type=float, default=15.0, help="training budget of every arm")
     ap.add_argument("--doc-max-length", type=int, default=128, help="document token limit of the evaluation")
@@ -101,9 +104,11 @@ def arm_list(ns) -> list[str]:
         for a in SCREEN:
             names += [a] + ([f"{a}+wise{w:g}" for w in WISE_ALPHAS] if a in SCREEN_WISE else [])
     for n in names:
-        base = n.split("+wise")[0]
+        base = n.split("+wise")[0].split("@")[0]
         if n != "start" and base not in ARMS:
-            sys.exit(f"unknown arm {n!r}; known: start, {', '.join(ARMS)} (+wiseA)")
+            sys.exit(f"unknown arm {n!r}; known: start, {', '.join(ARMS)} (+wiseA, @STAGE)")
+        if "@" in n and n.split("@")[1] not in STAGES:
+            sys.exit(f"unknown stage in {n!r}; known: {', '.join(STAGES)}")
     return names
 
 
@@ -151,6 +156,13 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     out = arm_dir(Path(ns.work), ns.budget_minutes, arm, seed)
     if arm == "start":
         return {"metrics": evaluate(model, out, root, ns.doc_max_length)}
+    if "@" in arm:  # the model one stage of a trained arm left behind (e.g. paper@coco): one evaluation
+        base, _, stage = arm.partition("@")
+        trained = run_arm(base, seed, ns, root, model)
+        stage_dir = Path(trained["model_dir"]).parent / stage
+        if not (stage_dir / "modules.json").is_file():
+            sys.exit(f"{arm} seed {seed}: {base} has no stage {stage!r} with a model ({stage_dir})")
+        return {**trained, "metrics": evaluate(stage_dir, out, root, ns.doc_max_length)}
     base, _, wise = arm.partition("+wise")
     if wise:  # WiSE-FT of a trained arm: one interpolation + one evaluation
         trained = run_arm(base, seed, ns, root, model)
@@ -205,7 +217,8 @@ def planned_steps(ns, base: str, seed: int) -> dict:
 
 
 def all_arm_names() -> list[str]:
-    return ["start"] + [n for a in ARMS for n in [a] + [f"{a}+wise{w:g}" for w in WISE_ALPHAS]]
+    return ["start"] + [n for a in ARMS for n in [a] + [f"{a}+wise{w:g}" for w in WISE_ALPHAS]
+                        + [f"{a}@{stage}" for stage in STAGES]]
 
 
 def cached_rows(ns, root: Path, model: str) -> dict:
@@ -294,7 +307,8 @@ def write_report(ns, rows: dict) -> None:
         "",
         f"Every row is cached and resumable under `{work}`; the command that re-creates or continues it is listed "
         "under the table. A `+wiseA` row is the arm before it with WiSE-FT α=A applied (one interpolation with the "
-        "starting weights, no training). Noise: the largest seed spread among the arms run with several seeds ("
+        "starting weights, no training); an `ARM@STAGE` row evaluates the model that stage of ARM left behind. "
+        "Noise: the largest seed spread among the arms run with several seeds ("
         + ", ".join(f"{label} ±{v:.4f}" if v is not None else f"{label}: not measured yet" for label, v in
                     noise.items())
         + "); the verdict column (arms with at least 3 seeds) calls a Δ beyond it *better* / *worse*, anything "
@@ -336,7 +350,9 @@ def write_report(ns, rows: dict) -> None:
                      f"({steps['refreshes']})") if steps else ""
         losses = ", ".join(f"{k} {v[0]:.3f} → {v[1]:.3f}" for k, v in s.get("losses", {}).items())
         base, _, wise = arm.partition("+wise")
-        what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "")
+        base, _, stage = base.partition("@")
+        what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "") + (
+            f"; the model after its {stage} stage only" if stage else "")
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
                      f"{cell('NFCorpus dev ndcg@10')} | {delta('NFCorpus dev ndcg@10')} | "
                      f"{cell('SciFact dev recall@100')} | {cell('NFCorpus dev recall@100')} | "

@@ -247,6 +247,11 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
     # the WiSE-FT arm reuses the trained arm and adds only an interpolation + an evaluation
     wise = study.run_arm("title-body+wise0.5", 0, ns(tmp_path / "b"), root, model)
     assert wise["model_dir"] == resumed["model_dir"] and set(wise["metrics"]) == set(resumed["metrics"])
+    # ARM@STAGE evaluates what one stage left behind: title-body's only stage is its final model
+    staged = study.run_arm("title-body@target", 0, ns(tmp_path / "b"), root, model)
+    assert staged["metrics"] == resumed["metrics"]
+    with pytest.raises(SystemExit, match="no stage 'coco'"):
+        study.run_arm("title-body@coco", 0, ns(tmp_path / "b"), root, model)
 
 
 def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path):

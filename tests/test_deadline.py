@@ -6,12 +6,11 @@ import json
 import logging
 
 import pytest
+from test_recipe import CFG
 from transformers import TrainerControl, TrainerState
 
 from hf_cocodr.finetuning.callbacks import WallClockDeadline
 from hf_cocodr.recipe import RecipeConfig, choose_schedule, run_recipe, stage_deadlines
-
-from test_recipe import CFG
 
 
 def test_deadline_stops_after_the_first_step_that_ends_past_it():
