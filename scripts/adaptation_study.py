@@ -34,11 +34,18 @@ EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev"
 # Source data as in the demo: 1,000 SQuAD questions, a mining pool of positives + BM25 top-2.
 BASE = {"max_queries": 1000, "corpus_pool": 2}
 NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
+# The recipe's automatic schedule for head-less models before session 4, spelled out so its rows keep their meaning.
+CONTRAST_PAIRS = {"coco_mlm_weight": 0.0, "target_pairs": "title_body", "target_schedule": "sequential",
+                  "coco_share": 0.3, "finetune_share": 0.3, "target_share": 0.4}
 # name -> (recipe settings on top of BASE, what it tests). "auto" settings follow the recipe's schedule rule.
 ARMS: dict[str, tuple[dict, str]] = {
-    "default": ({}, "the recipe's automatic schedule for a model without MLM head"),
-    "default-nowise": ({"wise_alpha": None}, "the automatic schedule without its WiSE-FT stage"),
-    "paper": ({"schedule": "paper"}, "COCO with MLM (fresh head) -> iDRO, the previous default"),
+    "default": ({}, "the recipe's automatic schedule for a model without MLM head (since session 4: the paper's)"),
+    "paper": ({"schedule": "paper"}, "COCO with MLM (fresh head, warmed up) -> iDRO: COCO-DR's stages"),
+    # the automatic schedule of sessions 2-3, pinned (its rows were run when it was the default)
+    "contrast-pairs": ({**CONTRAST_PAIRS, "wise_alpha": None},
+                       "contrast-only COCO -> iDRO -> title -> body pairs (the earlier default without WiSE-FT)"),
+    "contrast-pairs-wise": ({**CONTRAST_PAIRS, "wise_alpha": 0.5},
+                            "contrast-only COCO -> iDRO -> title -> body pairs -> WiSE-FT 0.5 (the earlier default)"),
     "source-only": ({"skip_coco": True, **NO_EXTRAS}, "iDRO fine-tuning on SQuAD alone (no target data)"),
     "source-uniform": ({"skip_coco": True, **NO_EXTRAS, "finetune": {"idro_preset": "uniform"}},
                        "plain contrastive fine-tuning on SQuAD alone"),
@@ -61,22 +68,27 @@ ARMS: dict[str, tuple[dict, str]] = {
                          "target": {"num_negatives": 3}}, "target title -> body pairs alone, 3 BM25 negatives"),
     "ict": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "ict", "wise_alpha": None},
             "target sentence -> rest of document pseudo pairs alone"),
-    "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None},
+    "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None,
+                           "finetune_share": 0.3, "target_share": 0.4},
                           "iDRO on SQuAD, then target title -> body pairs"),
-    "joint": ({"target_schedule": "joint", "wise_alpha": None},
+    "joint": ({**CONTRAST_PAIRS, "target_schedule": "joint", "wise_alpha": None},
               "contrast-only COCO -> iDRO on SQuAD with target title -> body pairs as a term of every step"),
     "default-len256": ({"train_max_length": 256}, "the default schedule with 256-token training texts"),
-    "default-split-target": ({"coco_share": 0.1, "finetune_share": 0.2, "target_share": 0.7},
-                             "the default schedule, 70% of the budget on target pairs"),
+    "default-split-coco": ({"coco_share": 0.7, "finetune_share": 0.3},
+                           "the default schedule with 70% of the budget on COCO (instead of 40%)"),
+    "contrast-pairs-split-target": ({**CONTRAST_PAIRS, "wise_alpha": None, "coco_share": 0.1, "finetune_share": 0.2,
+                                     "target_share": 0.7},
+                                    "the earlier default without WiSE-FT, 70% of the budget on target pairs"),
 }
 WISE_ALPHAS = (0.25, 0.5, 0.75)
 STAGES = ("coco", "finetune", "target")  # ARM@STAGE: the model that stage of ARM left behind
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
-SCREEN = ["title-body", "title-body-lr1e-4", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body", "ict",
-          "coco-mlm0+source", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform",
-          "default-len256", "default-split-target",
+SCREEN = ["title-body", "title-body-lr1e-4", "contrast-pairs", "source-only", "paper", "coco-mlm0", "joint",
+          "source+title-body", "ict", "coco-mlm0+source", "coco-mlm1", "coco-mlm0.1", "coco-mlm0-lr5e-5",
+          "coco-mlm0-lr1e-5", "source-uniform", "default-len256", "default-split-coco", "contrast-pairs-split-target",
           "title-body-lr5e-5", "title-body-3neg"]
-SCREEN_WISE = {"title-body", "title-body-lr1e-4", "default-nowise", "source-only", "paper", "coco-mlm0", "joint", "source+title-body"}
+SCREEN_WISE = {"title-body", "title-body-lr1e-4", "contrast-pairs", "source-only", "paper", "coco-mlm0", "joint",
+               "source+title-body"}
 
 
 def parse() -> argparse.Namespace:

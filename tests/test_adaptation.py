@@ -99,7 +99,13 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
         assert record["kind"] == kind
         for key, value in SCHEDULES[kind].items():
             assert getattr(cfg, key) == value, key
-    assert SCHEDULES["no_mlm_head"]["coco_mlm_weight"] == 0.0 and SCHEDULES["mlm_head"]["coco_mlm_weight"] > 0
+    # the rule the README states: both kinds train the paper's stages (COCO with MLM -> iDRO, nothing after);
+    # a head-less model's fresh MLM head is warmed up first, and the record says so
+    for kind in ("no_mlm_head", "mlm_head"):
+        assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
+        assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_finetune"] is False
+    assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
+    assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
     # a setting given by the user wins and is recorded as theirs
     cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
     assert cfg.wise_alpha is None and cfg.coco_mlm_weight == 0.3

@@ -55,7 +55,7 @@ def test_stage_deadlines_leave_each_later_stage_its_planned_seconds():
     assert stage_deadlines(_plan(coco_steps=0), resolved(wise_alpha=None), 100.0) == pytest.approx(
         {"target": 980.0, "finetune": 740.0})
     # joint schedule: the target pairs are a term of each source step (20 x (10 + 8) + 75 = 435 s)
-    joint = resolved(wise_alpha=None, target_schedule="joint")
+    joint = resolved(wise_alpha=None, target_schedule="joint", target_pairs="title_body")
     assert stage_deadlines(_plan(target_steps=0), joint, 100.0) == pytest.approx(
         {"finetune": 980.0, "coco": 545.0})
     # fixed steps without a budget: no deadlines

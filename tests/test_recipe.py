@@ -7,7 +7,8 @@ import pytest
 
 from hf_cocodr.recipe import RecipeConfig, _precision_choice, run_recipe
 
-CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None,
+CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None, target_pairs="title_body",
+           wise_alpha=0.5,  # every stage runs (the automatic schedule itself is tested in test_adaptation.py)
            coco={"per_device_train_batch_size": 8, "save_steps": 2},
            finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
            target={"per_device_train_batch_size": 8, "save_steps": 2})
@@ -134,6 +135,7 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     spec = f"{tiny_beir}:dev"
     rc = main(["recipe", "--model", str(tiny_bert_nomlm_dir), "--target-corpus", str(tiny_beir), "--source-data",
                str(tiny_beir), "--output_dir", str(out), "--eval", spec, "--target-schedule", "joint",
+               "--target-pairs", "title_body", "--coco-mlm-weight", "0",
                "--wise-alpha", "none", "--config", str(cfg)])
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -145,7 +147,7 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     record = json.loads((out / "recipe.json").read_text())
     assert record["schedule"]["kind"] == "no_mlm_head"
     assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
-    assert record["config"]["coco_mlm_weight"] == 0.0  # a head-less model: contrast-only COCO
+    assert record["config"]["coco_mlm_weight"] == 0.0 and record["schedule"]["set_by_user"]["coco_mlm_weight"] == 0
     assert record["precision"] == _precision_choice(RecipeConfig())  # logged and recorded: fp32 unless asked
     assert record["precision"]["training"] == "fp32"
     card = (out / "model" / "README.md").read_text()
@@ -153,17 +155,17 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert "start → adapted" in card
 
 
-def test_recipe_without_titles_falls_back_to_ict(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
-    """The automatic schedule trains title -> body pairs; documents without titles get sentence -> rest pairs."""
+def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """Documents without titles train sentence -> rest pairs (ict); title -> body pairs are refused by name."""
     docs = tmp_path / "docs.jsonl"
     lines = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
     docs.write_text("\n".join(json.dumps({"text": d["text"]}) for d in lines))
     out = tmp_path / "o"
     run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), out,
-               config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None})
+               config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None, "target_pairs": "ict"})
     record = json.loads((out / "recipe.json").read_text())
-    assert record["config"]["target_pairs"] == "ict" and record["schedule"]["chosen"]["target_pairs"] == "ict"
-    with pytest.raises(ValueError, match="no titles"):  # asked for explicitly: an error, not a silent switch
+    assert record["config"]["target_pairs"] == "ict" and record["steps_trained"] == {"target": 2}
+    with pytest.raises(ValueError, match="no titles"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "p",
                    config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"})
 
