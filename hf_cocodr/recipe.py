@@ -266,7 +266,7 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
             user[key] = values[key]
     resolved = RecipeConfig(**values)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
-    if not has_mlm_head:
+    if has_mlm_head is not True:  # absent, or not inspectable (a Hub id): treated as absent, so warmed up
         record["mlm_head"] = (f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when "
                               "COCO uses MLM")
     return resolved, record
@@ -792,10 +792,11 @@ class _RecipeRun:
         from .pretraining import CocoPretrainer, CocoPretrainingArguments
 
         kw = {**self.coco_kw, "max_steps": self.plan["coco_steps"], "overwrite_output_dir": True}
-        if (self.has_mlm is False and "mlm_head_warmup_steps" not in self.cfg.coco
+        if (self.has_mlm is not True and "mlm_head_warmup_steps" not in self.cfg.coco
                 and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
             kw["mlm_head_warmup_steps"] = int(MLM_HEAD_WARMUP_SHARE * self.plan["coco_steps"])
-            logger.info("the starting model has no MLM head: its fresh head is warmed up for %d steps before MLM "
+            logger.info("the starting model has no MLM head (or it could not be inspected): its head is warmed up "
+                        "for %d steps before MLM "
                         "gradients reach the encoder", kw["mlm_head_warmup_steps"])
         trainer = CocoPretrainer(self.model, CocoPretrainingArguments(**kw), corpora=self.coco_corpora)
         guard = self._deadline(trainer, "coco")

@@ -105,6 +105,7 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
         assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
         assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_finetune"] is False
     assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
+    assert "30%" in choose_schedule(RecipeConfig(), None)[1]["mlm_head"]  # a Hub id cannot be inspected: warmed up
     assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
     # a setting given by the user wins and is recorded as theirs
     cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
