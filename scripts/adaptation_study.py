@@ -201,7 +201,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     return {"metrics": metrics, "model_dir": str(out / "run" / "model"), "plan": record["plan"],
             "losses": stage_losses(out / "run"),
             "stage_seconds": record["stage_seconds"], "train_seconds": record["train_seconds"],
-            "schedule": record["schedule"]}
+            "schedule": record["schedule"], "steps_trained": record.get("steps_trained")}
 
 
 def planned_steps(ns, base: str, seed: int) -> dict:
@@ -273,6 +273,10 @@ def summarize(rows: dict) -> dict:
         if "plan" in first:
             s["steps"] = {k: first["plan"].get(k) for k in ("coco_steps", "finetune_steps", "target_steps",
                                                              "refreshes")}
+            # a stage the clock stopped early: "trained of planned"
+            for stage, n in (first.get("steps_trained") or {}).items():
+                if n != s["steps"][f"{stage}_steps"]:
+                    s["steps"][f"{stage}_steps"] = f"{n} of {s['steps'][f'{stage}_steps']}"
             # wall-clock time only where the recipe planned by the clock (the first seed; further seeds train its
             # steps, possibly while other work shares the cores, so their time says nothing about the budget)
             planned = [r for r in per_seed.values() if r["plan"].get("max_minutes")]
@@ -327,7 +331,8 @@ def write_report(ns, rows: dict) -> None:
         "within it *same*.",
         "",
         "Columns: Δ start = difference of the means to the starting model; steps as planned by the recipe for the "
-        "budget; train min = data + planning + stages + export as recorded for the seed whose plan the clock made "
+        "budget (\"76 of 89\": the stage's wall-clock deadline stopped it early); train min = data + planning + "
+        "stages + export as recorded for the seed whose plan the clock made "
         "(in brackets: the share of the budget that plan gave to optimizer steps; n/a: trained before the recipe "
         "kept stage times); loss first → last = the first and the last logged training loss of each stage (single logging "
         "windows, noisy): how much signal a stage had left.",
