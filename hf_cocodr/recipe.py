@@ -339,7 +339,7 @@ def _stage_ids(plan, cfg: RecipeConfig, fps, coco_kw, ft_kw, target_kw) -> dict[
         current = ids["target"] = digest({"stage": "target", "start": current, "targets": fps["targets"],
                                           "pairs": cfg.target_pairs, "seed": cfg.seed,
                                           "settings": settings(target_kw), "steps": plan["target_steps"]})
-    if cfg.wise_alpha not in (None, 1, 1.0):
+    if uses_wise(cfg):
         ids["wise"] = digest({"stage": "wise", "start": fps["model"], "adapted": current, "alpha": cfg.wise_alpha})
     return ids
 
@@ -465,30 +465,42 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
     fixed = overhead_s + kmeans_s + refreshes * refresh_s
     train_s = max(0.0, budget_s - fixed)
     joint = is_joint(cfg)
-    if joint:  # the target pairs are a term of every source step: their share and cost go to that stage
-        tp = {**tp, "finetune_step_s": tp["finetune_step_s"] + tp.get("target_step_s", 0.0)}
-    stages = {"coco": (not cfg.skip_coco, cfg.coco_share, "coco_step_s", cfg.coco_steps),
+    step_s = stage_step_seconds(tp, cfg)
+    stages = {"coco": (not cfg.skip_coco, cfg.coco_share, cfg.coco_steps),
               "finetune": (not cfg.skip_finetune,
                            float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0),
-                           "finetune_step_s", cfg.finetune_steps),
-              "target": (cfg.target_pairs != "none" and not joint, cfg.target_share, "target_step_s",
-                         cfg.target_steps)}
+                           cfg.finetune_steps),
+              "target": (cfg.target_pairs != "none" and not joint, cfg.target_share, cfg.target_steps)}
     shares = {k: float(v[1]) for k, v in stages.items() if v[0]}
     total = sum(shares.values()) or 1.0
     plan: dict[str, Any] = {}
-    for name, (on, _, key, given) in stages.items():
+    for name, (on, _, given) in stages.items():
         if not on:
             plan[f"{name}_steps"] = 0
         elif given is not None:
             plan[f"{name}_steps"] = given
         else:
-            plan[f"{name}_steps"] = max(2, int(train_s * shares[name] / total / tp[key]))
-    optimizer_s = sum(plan[f"{n}_steps"] * tp.get(v[2], 0.0) for n, v in stages.items())
+            plan[f"{name}_steps"] = max(2, int(train_s * shares[name] / total / step_s[name]))
+    optimizer_s = sum(plan[f"{n}_steps"] * step_s[n] for n in stages)
     plan.update(refreshes=refreshes, budget_seconds=round(budget_s, 1), fixed_seconds=round(fixed, 1),
                 refresh_seconds_each=round(refresh_s, 1), kmeans_seconds=round(kmeans_s, 1),
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
+    """Measured seconds of one optimizer step of each stage. In the joint schedule the target pairs are a term of
+    every source step, so their cost goes to that stage (and the target stage has no steps of its own)."""
+    joint = is_joint(cfg)
+    return {"coco": tp.get("coco_step_s", 0.0),
+            "finetune": tp.get("finetune_step_s", 0.0) + (tp.get("target_step_s", 0.0) if joint else 0.0),
+            "target": 0.0 if joint else tp.get("target_step_s", 0.0)}
+
+
+def uses_wise(cfg: RecipeConfig) -> bool:
+    """Whether the recipe ends with a WiSE-FT interpolation (α of None or 1 means none)."""
+    return cfg.wise_alpha not in (None, 1, 1.0)
 
 
 STAGE_LOAD_SECONDS = 20.0  # a model load + export on 2 CPU cores (the planner charges it per load)
@@ -505,20 +517,16 @@ def stage_deadlines(plan: dict[str, Any], cfg: RecipeConfig, t_start: float) -> 
     tp = plan.get("throughput")
     if not tp or plan.get("budget_seconds") is None:
         return {}
-    joint = is_joint(cfg)
-    seconds = {
-        "coco": plan["coco_steps"] * tp.get("coco_step_s", 0.0),
-        "finetune": plan["finetune_steps"] * (tp.get("finetune_step_s", 0.0) + (
-            tp.get("target_step_s", 0.0) if joint else 0.0))
-        + (plan["refreshes"] * plan.get("refresh_seconds_each", 0.0) + plan.get("kmeans_seconds", 0.0)
-           if plan["finetune_steps"] else 0.0),
-        "target": 0.0 if joint else plan["target_steps"] * tp.get("target_step_s", 0.0),
-    }
-    tail = STAGE_LOAD_SECONDS * (1 + (cfg.wise_alpha not in (None, 1, 1.0)))
+    step_s = stage_step_seconds(tp, cfg)
+    seconds = {stage: plan[f"{stage}_steps"] * step_s[stage] for stage in step_s}
+    if plan["finetune_steps"]:
+        seconds["finetune"] += plan["refreshes"] * plan.get("refresh_seconds_each", 0.0) + plan.get(
+            "kmeans_seconds", 0.0)
+    tail = STAGE_LOAD_SECONDS * (1 + uses_wise(cfg))
     end = t_start + float(plan["budget_seconds"]) - tail
     out: dict[str, float] = {}
     for stage in ("target", "finetune", "coco"):  # backwards from the end of the budget
-        if plan[f"{stage}_steps"] > 0 and not (stage == "target" and joint):
+        if plan[f"{stage}_steps"] > 0:  # (a joint plan gives the target stage no steps of its own)
             out[stage] = end
             end -= seconds[stage]
     return out
@@ -638,7 +646,7 @@ def _run_stages(model, target_corpora, source_data, out: Path, evals, cfg: Recip
     run.stage("finetune", not cfg.skip_finetune and run.plan["finetune_steps"] > 0, run.train_finetune)
     run.stage("target", cfg.target_pairs != "none" and not is_joint(cfg) and run.plan["target_steps"] > 0,
               run.train_target)
-    run.stage("wise", cfg.wise_alpha not in (None, 1, 1.0) and run.current != model, run.interpolate)
+    run.stage("wise", uses_wise(cfg) and run.current != model, run.interpolate)
     return run.finish()
 
 
@@ -669,7 +677,6 @@ class _RecipeRun:
         self.current = model
         self.precision = _precision_choice(cfg)
         self.deadlines: dict[str, float] = {}  # stage -> perf_counter reading it must end by (budgeted runs only)
-        self.stopped: dict[str, int] = {}  # stage -> the step a deadline stopped it at
         logger.info("recipe precision: %s (%s)", self.precision["training"], self.precision["why"])
 
     def _stage_kwargs(self) -> tuple[dict, dict, dict]:
@@ -720,7 +727,6 @@ class _RecipeRun:
         self.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
 
     def _target_pairs(self):
-
         return target_pseudo_pairs(list(self.target_corpora), self.cfg.target_pairs, seed=self.cfg.seed)
 
     def make_plan(self) -> None:
@@ -742,7 +748,7 @@ class _RecipeRun:
             measured_s = time.perf_counter() - t0
             # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
             overhead = (time.perf_counter() - self.t_start) + STAGE_LOAD_SECONDS * (
-                1 + (not cfg.skip_coco) + (cfg.wise_alpha not in (None, 1)))
+                1 + (not cfg.skip_coco) + uses_wise(cfg))
             data = self.train_data
             plan = plan_budget(self.max_minutes * 60.0, tp, cfg, overhead_s=overhead,
                                pool_docs=len(data.corpus) if data is not None else 0,
@@ -796,8 +802,7 @@ class _RecipeRun:
                 and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
             kw["mlm_head_warmup_steps"] = int(MLM_HEAD_WARMUP_SHARE * self.plan["coco_steps"])
             logger.info("the starting model has no MLM head (or it could not be inspected): its head is warmed up "
-                        "for %d steps before MLM "
-                        "gradients reach the encoder", kw["mlm_head_warmup_steps"])
+                        "for %d steps before MLM gradients reach the encoder", kw["mlm_head_warmup_steps"])
         trainer = CocoPretrainer(self.model, CocoPretrainingArguments(**kw), corpora=self.coco_corpora)
         guard = self._deadline(trainer, "coco")
         trainer.train(resume_from_checkpoint=True if self.resume else None)
