@@ -4,8 +4,8 @@ Every arm is ``hf_cocodr.run_recipe`` with some settings changed, at the same tr
 of wall clock, planned by the recipe itself), evaluated on the development splits only (SciFact ``train`` claims,
 NFCorpus ``dev``; documents cut to ``--doc-max-length`` tokens for every row alike). WiSE-FT arms (``name+wiseA``)
 reuse the trained arm they extend and cost one weight interpolation and one evaluation; ``name@STAGE`` evaluates the
-model that one stage of a trained arm left behind (``paper@coco``: the paper's COCO stage without its fine-tuning). The starting model's row is
-measured in the same run with the same evaluation.
+model that one stage of a trained arm left behind (``paper@coco``: the paper's COCO stage without its fine-tuning).
+The starting model's row is measured in the same run with the same evaluation.
 
 Everything is cached and resumable under ``--work`` (default ``outputs/adaptation_study``): a killed arm resumes
 from its last complete checkpoint (the recipe's plan is kept in ``plan.json``), a finished arm is never re-run, and
@@ -93,8 +93,8 @@ SCREEN_WISE = {"title-body", "title-body-lr1e-4", "contrast-pairs", "source-only
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA: a WiSE-FT arm; name@STAGE: the model after "
-                         "one stage of an arm)")
+    ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA: a WiSE-FT arm; "
+                                                 "name@STAGE: the model after one stage of an arm)")
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--budget-minutes", type=float, default=15.0, help="training budget of every arm")
     ap.add_argument("--doc-max-length", type=int, default=128, help="document token limit of the evaluation")
@@ -116,12 +116,22 @@ def arm_list(ns) -> list[str]:
         for a in SCREEN:
             names += [a] + ([f"{a}+wise{w:g}" for w in WISE_ALPHAS] if a in SCREEN_WISE else [])
     for n in names:
-        base = n.split("+wise")[0].split("@")[0]
+        base, stage, wise = split_arm(n)
         if n != "start" and base not in ARMS:
             sys.exit(f"unknown arm {n!r}; known: start, {', '.join(ARMS)} (+wiseA, @STAGE)")
-        if "@" in n and n.split("@")[1] not in STAGES:
+        if stage and stage not in STAGES:
             sys.exit(f"unknown stage in {n!r}; known: {', '.join(STAGES)}")
+        if stage and wise:
+            sys.exit(f"{n!r}: an arm is either name@STAGE or name+wiseA, not both")
     return names
+
+
+def split_arm(name: str) -> tuple[str, str, str]:
+    """``(base, stage, wise)`` of an arm name: ``paper@coco`` -> ("paper", "coco", ""), ``title-body+wise0.5`` ->
+    ("title-body", "", "0.5")."""
+    rest, _, wise = name.partition("+wise")
+    base, _, stage = rest.partition("@")
+    return base, stage, wise
 
 
 def arm_dir(work: Path, budget: float, arm: str, seed: int) -> Path:
@@ -168,14 +178,13 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     out = arm_dir(Path(ns.work), ns.budget_minutes, arm, seed)
     if arm == "start":
         return {"metrics": evaluate(model, out, root, ns.doc_max_length)}
-    if "@" in arm:  # the model one stage of a trained arm left behind (e.g. paper@coco): one evaluation
-        base, _, stage = arm.partition("@")
+    base, stage, wise = split_arm(arm)
+    if stage:  # the model one stage of a trained arm left behind (e.g. paper@coco): one evaluation
         trained = run_arm(base, seed, ns, root, model)
         stage_dir = Path(trained["model_dir"]).parent / stage
         if not (stage_dir / "modules.json").is_file():
             sys.exit(f"{arm} seed {seed}: {base} has no stage {stage!r} with a model ({stage_dir})")
         return {**trained, "metrics": evaluate(stage_dir, out, root, ns.doc_max_length)}
-    base, _, wise = arm.partition("+wise")
     if wise:  # WiSE-FT of a trained arm: one interpolation + one evaluation
         trained = run_arm(base, seed, ns, root, model)
         if (out / "dev_eval.json").is_file():
@@ -334,8 +343,8 @@ def write_report(ns, rows: dict) -> None:
         "budget (\"76 of 89\": the stage's wall-clock deadline stopped it early); train min = data + planning + "
         "stages + export as recorded for the seed whose plan the clock made "
         "(in brackets: the share of the budget that plan gave to optimizer steps; n/a: trained before the recipe "
-        "kept stage times); loss first → last = the first and the last logged training loss of each stage (single logging "
-        "windows, noisy): how much signal a stage had left.",
+        "kept stage times); loss first → last = the first and the last logged training loss of each stage (single "
+        "logging windows, noisy): how much signal a stage had left.",
         "",
         "| arm | seeds | SciFact nDCG@10 | Δ start | NFCorpus nDCG@10 | Δ start | SciFact R@100 | NFCorpus R@100 | "
         "verdict SciFact / NFCorpus | steps COCO / source / target (refreshes) | train min | loss first → last | "
@@ -366,8 +375,7 @@ def write_report(ns, rows: dict) -> None:
         steps_txt = (f"{steps['coco_steps']} / {steps['finetune_steps']} / {steps['target_steps']} "
                      f"({steps['refreshes']})") if steps else ""
         losses = ", ".join(f"{k} {v[0]:.3f} → {v[1]:.3f}" for k, v in s.get("losses", {}).items())
-        base, _, wise = arm.partition("+wise")
-        base, _, stage = base.partition("@")
+        base, stage, wise = split_arm(arm)
         what = "evaluation only" if arm == "start" else ARMS[base][1] + (f", WiSE-FT α={wise}" if wise else "") + (
             f"; the model after its {stage} stage only" if stage else "")
         lines.append(f"| {arm} | {len(s['seeds'])} | {cell('SciFact dev ndcg@10')} | {delta('SciFact dev ndcg@10')} | "
