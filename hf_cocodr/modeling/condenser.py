@@ -142,7 +142,9 @@ class CondenserForPretraining(nn.Module):
                     "%s has no MLM head: a fresh prediction head tied to the word embeddings was created "
                     "(its initial MLM loss is high until it is trained)", path,
                 )
-        return model
+        # One mode for the whole module, as transformers' from_pretrained gives (the loaded encoder is in eval mode,
+        # the freshly built head would otherwise be in train mode); the Trainer switches to train mode per step.
+        return model.eval()
 
     def head_state_dict(self) -> dict[str, Tensor]:
         state = {f"c_head.{k}": v for k, v in self.c_head.state_dict().items()}

@@ -168,6 +168,15 @@ def test_condenser_head_save_load_and_skip_from(tiny_bert_dir, tmp_path):
         torch.testing.assert_close(a, b, msg=n)
 
 
+def test_loaded_condenser_is_in_one_mode(tiny_bert_nomlm_dir):
+    """Like transformers' from_pretrained: the whole module (encoder, fresh Condenser head, fresh MLM head) in eval
+    mode, so a forward outside the Trainer is deterministic; train() reaches every submodule."""
+    m = CondenserForPretraining.from_pretrained(tiny_bert_nomlm_dir)
+    assert [n for n, mod in m.named_modules() if mod.training] == []
+    m.train()
+    assert [n for n, mod in m.named_modules() if not mod.training] == []
+
+
 def test_missing_mlm_head_is_created_tied(tiny_bert_nomlm_dir, caplog):
     with caplog.at_level(logging.WARNING):
         m = CondenserForPretraining.from_pretrained(tiny_bert_nomlm_dir)
