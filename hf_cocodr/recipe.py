@@ -425,7 +425,9 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
                                                                        coco_args.per_device_train_batch_size),
                                                        replace=False))
         opt = _timing_optimizer(cond)
-        cond.train()  # dropout on, as the Trainer runs the step (timing in eval mode measured 28% under the real step)
+        # Train mode (dropout on), as the Trainer runs the step. Timed in eval mode, the probe measured 3.3 s per
+        # step where the 15-minute default's COCO stage took 4.3 s.
+        cond.train()
 
         def coco_step():
             batch = builder.build(docs, step=0, seed=0)
