@@ -61,7 +61,8 @@ class RecipeConfig:
     4. WiSE-FT (``wise_alpha``): ``θ = (1 − α)·θ_start + α·θ_adapted``; ``None``/1 skips it.
 
     ``max_minutes`` budgets (training only; the evaluations asked for are reported apart) are split between the
-    stages by ``coco_share`` / ``finetune_share`` / ``target_share``. ``coco_steps`` / ``finetune_steps`` /
+    stages by ``coco_share`` / ``finetune_share`` / ``target_share`` (renormalised over the stages that run; a stage
+    switched on with an automatic share of 0 gets the mean of the others'). ``coco_steps`` / ``finetune_steps`` /
     ``target_steps`` fix a stage's optimizer steps instead (a whole number >= 1; None: planned). 0 is refused rather
     than read as "skip": a stage is left out with ``skip_coco`` / ``skip_finetune`` / ``target_pairs: none``. The
     ``coco`` / ``finetune`` / ``target`` mappings are checked against their arguments class (names, types, ranges)
@@ -265,11 +266,36 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         else:
             user[key] = values[key]
     resolved = RecipeConfig(**values)
+    _share_switched_on_stages(resolved, chosen)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
     if has_mlm_head is not True:  # absent, or not inspectable (a Hub id): treated as absent, so warmed up
         record["mlm_head"] = (f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when "
                               "COCO uses MLM")
     return resolved, record
+
+
+def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None:
+    """Give a budget share to a stage the user switched on that the schedule leaves out.
+
+    The schedule's share for a stage it does not run is 0 (the default gives no share to target pseudo pairs); a user
+    who asks for them (``target_pairs: ict``) without a share would get 2 steps. A stage that runs with an automatic
+    share of 0 gets the mean of the other running stages' shares (1 when it runs alone); the value is recorded as
+    chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
+    runs = {"coco_share": (not cfg.skip_coco, cfg.coco_steps),
+            "finetune_share": (not cfg.skip_finetune, cfg.finetune_steps),
+            "target_share": (cfg.target_pairs != "none" and not is_joint(cfg), cfg.target_steps)}
+    planned = [k for k, (on, steps) in runs.items() if on and steps is None]
+    for key in planned:
+        if float(getattr(cfg, key)) == 0.0 and key not in chosen:
+            stage = key.removesuffix("_share")
+            raise ConfigError(f"recipe option {key} is 0 but the {stage} stage runs: it would get no budget; give it "
+                              f"a share > 0, fix its steps ({stage}_steps), or switch the stage off")
+    others = [float(getattr(cfg, k)) for k in planned if float(getattr(cfg, k)) > 0]
+    for key in planned:
+        if float(getattr(cfg, key)) == 0.0:
+            share = round(sum(others) / len(others), 6) if others else 1.0
+            setattr(cfg, key, share)
+            chosen[key] = share
 
 
 def _stage_done(path: Path, identity: str | None = None) -> dict | None:

@@ -113,6 +113,31 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
 
 
+def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
+    """The schedule gives target pairs no share; asking for them must not plan them 2 steps."""
+    from hf_cocodr.errors import ConfigError
+
+    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0}
+    alone, record = choose_schedule(RecipeConfig(skip_coco=True, skip_finetune=True, target_pairs="ict"), False)
+    assert alone.target_share == 1.0 and record["chosen"]["target_share"] == 1.0
+    plan = plan_budget(480.0, tp, alone, overhead_s=40.0, pool_docs=0, n_queries=0, idro=False)
+    assert plan["target_steps"] == int(440.0 / 8.0)
+    # beside the schedule's two stages (shares 0.4 / 0.6) it gets their mean, 0.5, and the record says so
+    added, record = choose_schedule(RecipeConfig(target_pairs="title_body"), False)
+    assert (added.coco_share, added.finetune_share, added.target_share) == (0.4, 0.6, 0.5)
+    assert record["chosen"]["target_share"] == 0.5
+    plan = plan_budget(900.0, tp, added, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
+    assert plan["target_steps"] == int(900.0 * 0.5 / 1.5 / 8.0)
+    # a share the user gives is kept; a 0 for a stage that runs is refused by name; fixed steps need no share
+    assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.2), False)[0].target_share == 0.2
+    with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
+        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0), False)
+    assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3), False)[0].target_steps == 3
+    # in the joint schedule the pairs are a term of the source steps: no share of their own is needed
+    joint, _ = choose_schedule(RecipeConfig(target_pairs="title_body", target_schedule="joint"), False)
+    assert joint.target_share == 0.0
+
+
 @pytest.mark.parametrize("bad", [dict(coco_mlm_weight=float("nan")), dict(wise_alpha=1.5), dict(coco_steps=-5),
                                  dict(target_pairs="titles"), dict(refreshes=-1), dict(coco_share="half")])
 def test_bad_recipe_settings_are_refused_by_name(bad):
