@@ -5,7 +5,7 @@ NFCorpus (documents only). Source labels: SQuAD v1.1 train. Evaluation: SciFact 
 trained on) and NFCorpus ``dev``. Data comes from ``$HF_COCODR_DATA`` (default ``../shared/data``).
 
 ``--max-minutes`` (default 15) is the recipe's *training* budget; the recipe evaluates the adapted and the starting
-model on the two dev splits on top of it (about 10 minutes each on 2 cores; the starting model's scores and the
+model on the two dev splits on top of it (about 6 minutes each on 2 cores; the starting model's scores and the
 BM25 row are cached under ``--output`` so a second run only repeats the recipe and its evaluation).
 
     python scripts/demo.py [--max-minutes 15] [--output outputs/demo] [--fresh]
