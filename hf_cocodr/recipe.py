@@ -229,8 +229,8 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
 SCHEDULES: dict[str, dict[str, Any]] = {
     # A sentence-transformers model without MLM head (all-MiniLM-L6-v2 and most ST models): the paper's stages, with
     # a fresh MLM head that trains alone for the first 30% of COCO's steps (MLM_HEAD_WARMUP_SHARE). With 3 seeds at
-    # 8 minutes this beat the start on SciFact dev beyond the seeds' spread; every arm without MLM (contrast-only COCO,
-    # title -> body pairs, WiSE-FT) stayed within it, and ICT pairs and COCO at lr 5e-5 fell below the start.
+    # 8 minutes this beat the start on SciFact dev beyond the seeds' spread. Title -> body pairs and WiSE-FT stayed
+    # within the spread; contrast-only COCO, ICT pairs and COCO at lr 5e-5 fell below the start (one seed each).
     "no_mlm_head": dict(PAPER_SCHEDULE),
     # A checkpoint with a trained MLM head (BERT, Condenser, COCO-DR): the paper's stages as published (not measured
     # here: no such model is available offline).
