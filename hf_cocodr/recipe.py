@@ -281,10 +281,7 @@ def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None
     who asks for them (``target_pairs: ict``) without a share would get 2 steps. A stage that runs with an automatic
     share of 0 gets the mean of the other running stages' shares (1 when it runs alone); the value is recorded as
     chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
-    runs = {"coco_share": (not cfg.skip_coco, cfg.coco_steps),
-            "finetune_share": (not cfg.skip_finetune, cfg.finetune_steps),
-            "target_share": (cfg.target_pairs != "none" and not is_joint(cfg), cfg.target_steps)}
-    planned = [k for k, (on, steps) in runs.items() if on and steps is None]
+    planned = [f"{name}_share" for name, (on, steps) in stage_switches(cfg).items() if on and steps is None]
     for key in planned:
         if float(getattr(cfg, key)) == 0.0 and key not in chosen:
             stage = key.removesuffix("_share")
@@ -495,15 +492,13 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
     train_s = max(0.0, budget_s - fixed)
     joint = is_joint(cfg)
     step_s = stage_step_seconds(tp, cfg)
-    stages = {"coco": (not cfg.skip_coco, cfg.coco_share, cfg.coco_steps),
-              "finetune": (not cfg.skip_finetune,
-                           float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0),
-                           cfg.finetune_steps),
-              "target": (cfg.target_pairs != "none" and not joint, cfg.target_share, cfg.target_steps)}
-    shares = {k: float(v[1]) for k, v in stages.items() if v[0]}
+    stages = stage_switches(cfg)
+    share = {"coco": cfg.coco_share, "finetune": float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0),
+             "target": cfg.target_share}
+    shares = {k: float(share[k]) for k, (on, _) in stages.items() if on}
     total = sum(shares.values()) or 1.0
     plan: dict[str, Any] = {}
-    for name, (on, _, given) in stages.items():
+    for name, (on, given) in stages.items():
         if not on:
             plan[f"{name}_steps"] = 0
         elif given is not None:
@@ -516,6 +511,14 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+def stage_switches(cfg: RecipeConfig) -> dict[str, tuple[bool, int | None]]:
+    """Whether each training stage runs, and its fixed step count (None: planned from the budget). In the joint
+    schedule the target pairs train inside the source steps, so the target stage does not run on its own."""
+    return {"coco": (not cfg.skip_coco, cfg.coco_steps),
+            "finetune": (not cfg.skip_finetune, cfg.finetune_steps),
+            "target": (cfg.target_pairs != "none" and not is_joint(cfg), cfg.target_steps)}
 
 
 def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
