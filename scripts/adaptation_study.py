@@ -221,13 +221,17 @@ def planned_steps(ns, base: str, seed: int) -> dict:
     steps of each stage, whatever else the machine does meanwhile (a wall-clock plan made on a busy machine buys
     fewer steps and would not be the same budget)."""
     ref = arm_dir(Path(ns.work), ns.budget_minutes, base, ns.plan_from_seed) / "run" / "plan.json"
-    if not ref.is_file():
+    kept = recorded_rows(ns).get(base, {}).get(ns.plan_from_seed, {})
+    if ref.is_file():
+        plan = json.loads(ref.read_text())
+        record = ref.parent / "recipe.json"
+        trained = json.loads(record.read_text()).get("steps_trained", {}) if record.is_file() else {}
+    elif "plan" in kept:  # the cache is gone (a fresh checkout): the report kept the plan and the steps trained
+        plan, trained = kept["plan"], kept.get("steps_trained") or {}
+    else:
         sys.exit(f"{base} seed {seed}: run seed {ns.plan_from_seed} first (its plan fixes the steps of every seed): "
                  f"{ref} not found")
-    plan = json.loads(ref.read_text())
-    record = ref.parent / "recipe.json"
     # a stage the clock stopped before its planned steps: the further seeds train the steps it actually ran
-    trained = json.loads(record.read_text()).get("steps_trained", {}) if record.is_file() else {}
     plan = {**plan, **{f"{stage}_steps": n for stage, n in trained.items()}}
     out = {"refreshes": plan["refreshes"]}
     for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune"), ("target_steps", None)):
@@ -245,14 +249,30 @@ def all_arm_names() -> list[str]:
                         + [f"{a}@{stage}" for stage in STAGES]]
 
 
+def recorded_rows(ns) -> dict:
+    """The rows of the report at ``--report`` (``{arm: {seed: row}}``) if it was written for this budget and
+    evaluation length; empty otherwise. They stand in for rows whose cache under ``--work`` is gone (``outputs/`` is
+    not committed, so a fresh checkout has the report but not the runs)."""
+    path = Path(f"{getattr(ns, 'report', '')}.json")
+    if not getattr(ns, "report", None) or not path.is_file():
+        return {}
+    report = json.loads(path.read_text())
+    if report.get("budget_minutes") != ns.budget_minutes or report.get("doc_max_length") != ns.doc_max_length:
+        return {}
+    return {arm: {int(seed): row for seed, row in runs.items()} for arm, runs in report.get("runs", {}).items()}
+
+
 def cached_rows(ns, root: Path, model: str) -> dict:
-    """Every finished (arm, seed) under ``--work`` for this budget, in a stable order (nothing is computed)."""
-    rows = {}
+    """Every finished (arm, seed) under ``--work`` for this budget, in a stable order (nothing is computed), and the
+    rows the report already holds whose cache is gone: a row computed here replaces the recorded one."""
+    rows, kept = {}, recorded_rows(ns)
     for arm in all_arm_names():
         folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm
         seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if (p / "dev_eval.json").is_file())
-        if seeds:
-            rows[arm] = {seed: run_arm(arm, seed, ns, root, model) for seed in seeds}
+        per_seed = dict(kept.get(arm, {}))
+        per_seed.update({seed: run_arm(arm, seed, ns, root, model) for seed in seeds})
+        if per_seed:
+            rows[arm] = dict(sorted(per_seed.items()))
     return rows
 
 
@@ -333,8 +353,8 @@ def write_report(ns, rows: dict) -> None:
         "Further seeds of an arm train exactly the steps the first seed's plan bought (`--plan-from-seed`), so "
         "the seeds of an arm differ only in their seed, whatever else ran on the machine.",
         "",
-        f"Every row is cached and resumable under `{work}`; the command that re-creates or continues it is listed "
-        "under the table. A `+wiseA` row is the arm before it with WiSE-FT α=A applied (one interpolation with the "
+        f"Every row is cached and resumable under `{work}` (not committed: a row whose cache is gone is kept from "
+        "this report's JSON); the command that re-creates or continues it is listed under the table. A `+wiseA` row is the arm before it with WiSE-FT α=A applied (one interpolation with the "
         "starting weights, no training); an `ARM@STAGE` row evaluates the model that stage of ARM left behind. "
         "Noise: the largest seed spread among the arms run with several seeds ("
         + ", ".join(f"{label} ±{v:.4f}" if v is not None else f"{label}: not measured yet" for label, v in

@@ -344,3 +344,39 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
     # seed 42's clock stopped its source stage at step 9: further seeds train 9 steps
     (plan_dir / "recipe.json").write_text(json.dumps({"steps_trained": {"finetune": 9}}))
     assert study.planned_steps(ns, "title-body", 43)["finetune_steps"] == 9
+
+
+def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
+    """``outputs/`` is not committed: on a fresh checkout the report's JSON stands in for the runs it recorded (rows
+    and the plan further seeds follow), a row found in the cache replaces the recorded one, and a report written for
+    another budget is not mixed in."""
+    import argparse
+    import json
+
+    study = _study_module()
+
+    def row(sf, nf, **extra):
+        return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
+                            "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}, **extra}
+
+    plan = {"coco_steps": 70, "finetune_steps": 0, "target_steps": 0, "refreshes": 0, "max_minutes": 15.0}
+    ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=15.0, doc_max_length=128, plan_from_seed=42,
+                            report=str(tmp_path / "rep"), findings=None)
+    study.write_report(ns, {"start": {0: row(0.60, 0.30)},
+                            "coco-mlm1": {42: row(0.62, 0.31, plan=plan, steps_trained={"coco": 66},
+                                                  train_seconds=880.0)}})
+    # the start row is cached again (a new measurement); coco-mlm1's cache is gone
+    cache = study.arm_dir(tmp_path / "work", 15.0, "start", 0)
+    cache.mkdir(parents=True)
+    (cache / "dev_eval.json").write_text(json.dumps({"doc_max_length": 128, "metrics": row(0.61, 0.30)["metrics"]}))
+    rows = study.cached_rows(ns, tmp_path, "unused-model")
+    assert rows["start"][0]["metrics"]["SciFact dev"]["ndcg@10"] == 0.61
+    assert rows["coco-mlm1"][42]["metrics"]["SciFact dev"]["ndcg@10"] == 0.62
+    # seed 43 trains the 66 steps seed 42 ran, from the report
+    assert study.planned_steps(ns, "coco-mlm1", 43) == {"refreshes": 0, "coco_steps": 66, "skip_finetune": True,
+                                                        "target_pairs": "none"}
+    study.write_report(ns, rows)
+    assert json.loads((tmp_path / "rep.json").read_text())["arms"]["coco-mlm1"]["SciFact dev ndcg@10"]["values"] == [
+        0.62]
+    other = argparse.Namespace(**{**vars(ns), "budget_minutes": 8.0})
+    assert study.recorded_rows(other) == {}
