@@ -56,6 +56,10 @@ ARMS: dict[str, tuple[dict, str]] = {
     # the budget spent on a larger contrastive batch instead of more steps (3x the documents, ~1/3 of the steps)
     "coco-mlm1-b96": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco": {"per_device_train_batch_size": 96},
                        **NO_EXTRAS}, "COCO, MLM weight 1, 96 documents per step (instead of 32)"),
+    # the whole budget on COCO with about the learning-rate mass (sum of the step sizes) of the 76 steps at 2e-5 that
+    # helped: ~2e-5 * 76 / 2 against ~8e-6 * 214 / 2 (linear decay), so more documents seen for the same drift
+    "coco-mlm1-lr8e-6": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_learning_rate": 8e-6, **NO_EXTRAS},
+                         "COCO alone for the whole budget, MLM weight 1, lr 8e-6 (instead of 2e-5)"),
     "coco-mlm0-lr1e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 1e-5, **NO_EXTRAS},
                          "contrast-only COCO, lr 1e-5"),
     "coco-mlm0-lr5e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 5e-5, **NO_EXTRAS},
@@ -87,8 +91,8 @@ WISE_ALPHAS = (0.25, 0.5, 0.75)
 STAGES = ("coco", "finetune", "target")  # ARM@STAGE: the model that stage of ARM left behind
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
 SCREEN = ["title-body", "title-body-lr1e-4", "contrast-pairs", "source-only", "paper", "coco-mlm0", "joint",
-          "source+title-body", "ict", "coco-mlm0+source", "coco-mlm1", "coco-mlm1-b96", "coco-mlm0.1", "coco-mlm0-lr5e-5",
-          "coco-mlm0-lr1e-5", "source-uniform", "default-len256", "default-split-coco", "contrast-pairs-split-target",
+          "source+title-body", "ict", "coco-mlm0+source", "coco-mlm1", "coco-mlm1-b96", "coco-mlm1-lr8e-6", "coco-mlm0.1",
+          "coco-mlm0-lr5e-5", "coco-mlm0-lr1e-5", "source-uniform", "default-len256", "default-split-coco", "contrast-pairs-split-target",
           "title-body-lr5e-5", "title-body-3neg"]
 SCREEN_WISE = {"title-body", "title-body-lr1e-4", "contrast-pairs", "source-only", "paper", "coco-mlm0", "joint",
                "source+title-body"}
