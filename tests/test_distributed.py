@@ -4,7 +4,6 @@ shards gather in rank order, tensors gather without gradient; and all of them ar
 from __future__ import annotations
 
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -15,17 +14,13 @@ from hf_cocodr import distributed as D
 pytestmark = pytest.mark.slow  # spawns 2 processes (about a minute on a shared core)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, out: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A file store rather than a TCP store: a TCP store lives in rank 0's process, and when rank 0 exited first, rank
+    # 1 (still tearing down its process group) lost it and aborted ("terminate called without an active exception",
+    # seen once in CI on a busy machine). A file store belongs to no rank, and needs no free port either.
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(out, 'store')}", rank=rank, world_size=world)
     try:
         total = 7  # uneven: rank 0 holds rows 0-3, rank 1 rows 4-6
         lo, hi = D.shard_range(total)
@@ -42,8 +37,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             "none": np.array(D.broadcast_array(None) is None),
             "gathered": gathered.numpy(), "gathered_grad": np.array(gathered.requires_grad),
         }
-        D.barrier()
         np.savez(os.path.join(out, f"rank{rank}.npz"), **res)
+        D.barrier()  # both ranks are done with every collective before either tears its group down
     finally:
         dist.destroy_process_group()
 
@@ -53,7 +48,7 @@ def two_ranks(tmp_path_factory):
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("dist")
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
+    mp.spawn(_worker, args=(2, str(out)), nprocs=2, join=True)
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(2)]
 
 
