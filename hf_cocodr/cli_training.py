@@ -262,6 +262,14 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coco-mlm-weight", dest="coco_mlm_weight", type=float, default=None,
                    help="weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
     p.add_argument("--coco-lr", dest="coco_learning_rate", type=float, default=None, help="COCO learning rate")
+    p.add_argument("--coco-runs", dest="coco_runs", default=None, metavar="N|budget",
+                   help="COCO runs (seeds seed, seed+1, ...) averaged into one encoder, a model soup; 'budget': as "
+                        "many runs of about --coco-run-steps steps as the budget affords")
+    p.add_argument("--coco-run-steps", dest="coco_run_steps", type=int, default=None,
+                   help="with --coco-runs budget: the length of one run (default 76)")
+    for stage in ("coco", "finetune"):
+        p.add_argument(f"--skip-{stage}", dest=f"skip_{stage}", default=None, choices=["true", "false", "auto"],
+                       help=f"leave the {stage} stage out (true), run it (false), or as the schedule says (auto)")
     p.add_argument("--target-pairs", dest="target_pairs", default=None, choices=["title_body", "ict", "none"],
                    help="fine-tune on pseudo pairs of the target corpora (title or sentence vs. the rest)")
     p.add_argument("--target-schedule", dest="target_schedule", default=None, choices=["sequential", "joint"],
@@ -283,6 +291,15 @@ def _wise_alpha(value: str) -> float | None:
         return float(value)
     except ValueError:
         raise UsageError(f"--wise-alpha must be a number in [0, 1] or 'none', got {value!r}") from None
+
+
+def _coco_runs(value: str) -> int | str:
+    if value.lower() in ("budget", "auto"):
+        return value.lower()
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError(f"--coco-runs must be a whole number >= 1, 'budget' or 'auto', got {value!r}") from None
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
@@ -315,6 +332,13 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
             config[key] = getattr(ns, key)
     if ns.wise_alpha is not None:
         config["wise_alpha"] = _wise_alpha(ns.wise_alpha)
+    if ns.coco_runs is not None:
+        config["coco_runs"] = _coco_runs(ns.coco_runs)
+    if ns.coco_run_steps is not None:
+        config["coco_run_steps"] = ns.coco_run_steps
+    for key in ("skip_coco", "skip_finetune"):
+        if getattr(ns, key) is not None:
+            config[key] = {"true": True, "false": False}.get(getattr(ns, key), "auto")
     if max_minutes is not None and not (isinstance(max_minutes, (int, float)) and math.isfinite(max_minutes)
                                         and max_minutes > 0):
         raise UsageError(f"--max-minutes must be a positive number, got {max_minutes!r}")

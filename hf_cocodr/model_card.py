@@ -81,6 +81,7 @@ METHOD_NAMES = {
     "uniform": "plain contrastive fine-tuning (uniform cluster weights)",
     "pseudo-pairs": "contrastive fine-tuning on target pseudo pairs (title or sentence vs. the rest of the document)",
     "wise-ft": "WiSE-FT (weight-space ensemble with the starting model)",
+    "model-soup": "model soup (uniform weight average of runs with different seeds)",
 }
 
 _TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")

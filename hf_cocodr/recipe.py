@@ -53,7 +53,10 @@ class RecipeConfig:
 
     1. COCO on the target corpora (``skip_coco``). ``coco_mlm_weight`` weighs both masked-LM terms: 0 trains the
        span contrast alone (no masking, no MLM forward). A model without a trained MLM head gets a fresh one that
-       trains alone for the first 30% of the steps.
+       trains alone for the first 30% of the steps. ``coco_runs`` > 1 trains that many COCO runs from the starting
+       model (seeds ``seed``, ``seed + 1``, ...) and averages their weights into one encoder (a uniform model soup);
+       ``"budget"`` trains as many runs of about ``coco_run_steps`` steps as COCO's share of the budget affords (3
+       without a budget). ``coco_steps`` is then the steps of each run.
     2. Fine-tuning on the labelled source task (``skip_finetune``), iDRO by default.
     3. Fine-tuning on pseudo pairs of the target corpora (``target_pairs``: ``"title_body"``, ``"ict"`` or
        ``"none"``): a title (or one sentence) against the rest of its document, BM25 negatives from the target
@@ -73,13 +76,15 @@ class RecipeConfig:
     include_source_corpus: bool = True
     max_queries: int | None = None  # source queries used for fine-tuning (None: all)
     corpus_pool: int | None = 5  # restrict the source corpus to positives + BM25 top-k of the kept queries
-    coco_steps: int | None = None  # None: planned from max_minutes (or 500)
+    coco_steps: int | None = None  # steps of each COCO run; None: planned from max_minutes (or 500)
     finetune_steps: int | None = None  # None: planned from max_minutes (or 500)
     target_steps: int | None = None  # None: planned from max_minutes (or 500)
     refreshes: int | None = None  # self-negative refreshes (each re-clusters); None: as many as the budget affords
     schedule: str = "auto"  # "auto": chosen by the starting model (see choose_schedule); "paper": COCO-DR's stages
     coco_mlm_weight: float | str = "auto"  # weight of both MLM terms; 0 = contrast-only continued pretraining
     coco_learning_rate: float | str = "auto"
+    coco_runs: int | str = "auto"  # COCO runs averaged into one encoder (a model soup); "budget": as the budget affords
+    coco_run_steps: int = 76  # with coco_runs "budget": the length of one run the budget is divided into
     target_pairs: str = "auto"  # "title_body" | "ict" | "none"
     target_schedule: str = "auto"  # "sequential" (a stage after the source one) or "joint" (a term of every step)
     joint_weight: float = 1.0  # weight of the target-pairs term under the joint schedule
@@ -146,6 +151,9 @@ class RecipeConfig:
                               ("target_steps", "target_pairs: none")):
             whole(steps, 1, hint=f"; to leave the stage out set {switch}")
         whole("refreshes", 0)
+        whole("coco_run_steps", 1, allow_none=False)
+        if self.coco_runs not in ("auto", "budget"):
+            whole("coco_runs", 1, allow_none=False, hint=" (or auto / budget)")
         whole("max_queries", 1)
         whole("corpus_pool", 1)
         whole("eval_batch_size", 1, allow_none=False)
@@ -221,7 +229,7 @@ class RecipeConfig:
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
 PAPER_SCHEDULE: dict[str, Any] = dict(
-    skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, skip_finetune=False, target_pairs="none",
+    skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, coco_runs=1, skip_finetune=False, target_pairs="none",
     target_schedule="sequential", wise_alpha=None, coco_share=0.4, finetune_share=0.6, target_share=0.0)
 
 # What the adaptation study (reports/adaptation_study.md) found best for each kind of starting model, at the demo's
@@ -241,7 +249,7 @@ MLM_HEAD_WARMUP_SHARE = 0.3
 
 
 # Everything run_recipe writes into its output folder (declared in its record before any stage starts).
-RECIPE_ENTRIES = ("coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json", "eval.json",
+RECIPE_ENTRIES = ("coco-runs", "coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json", "eval.json",
                   "recipe.json", "idro_weights.json")
 
 
@@ -314,7 +322,9 @@ def _log_rerun(stage_dir: Path) -> None:
 
 def _fixed_plan(cfg: RecipeConfig) -> dict[str, Any]:
     """The plan without a time budget: the steps given (or the defaults)."""
-    return {"coco_steps": _given(cfg.coco_steps, cfg.skip_coco),
+    soup = cfg.coco_runs == "budget"
+    return {"coco_steps": _given(cfg.coco_steps if cfg.coco_steps or not soup else cfg.coco_run_steps, cfg.skip_coco),
+            "coco_runs": NO_BUDGET_COCO_RUNS if soup else int(cfg.coco_runs),
             "finetune_steps": _given(cfg.finetune_steps, cfg.skip_finetune),
             "target_steps": _given(cfg.target_steps, cfg.target_pairs == "none"),
             "refreshes": 1 if cfg.refreshes is None else cfg.refreshes}
@@ -347,9 +357,11 @@ def _stage_ids(plan, cfg: RecipeConfig, fps, coco_kw, ft_kw, target_kw) -> dict[
     source = {"data": fps["source"], "split": cfg.source_split, "max_queries": cfg.max_queries,
               "corpus_pool": cfg.corpus_pool, "seed": cfg.seed}
     if not cfg.skip_coco and plan["coco_steps"] > 0:
+        runs = int(plan.get("coco_runs", 1))
         current = ids["coco"] = digest({"stage": "coco", "start": current, "targets": fps["targets"],
                                         "source": source if cfg.include_source_corpus else None,
-                                        "settings": settings(coco_kw), "steps": plan["coco_steps"]})
+                                        "settings": settings(coco_kw), "steps": plan["coco_steps"],
+                                        **({"runs": runs} if runs > 1 else {})})
     if not cfg.skip_finetune and plan["finetune_steps"] > 0:
         joint = ({"pairs": cfg.target_pairs, "weight": cfg.joint_weight, "targets": fps["targets"],
                   "settings": settings(target_kw)} if is_joint(cfg) else None)
@@ -505,12 +517,37 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
             plan[f"{name}_steps"] = given
         else:
             plan[f"{name}_steps"] = max(2, int(train_s * shares[name] / total / step_s[name]))
-    optimizer_s = sum(plan[f"{n}_steps"] * step_s[n] for n in stages)
+    runs = 1
+    if stages["coco"][0]:  # COCO runs averaged into one encoder: each run after the first costs a load + export more
+        runs, steps = coco_runs_for(train_s * shares["coco"] / total, step_s["coco"], cfg, stages["coco"][1])
+        plan["coco_steps"] = steps if steps is not None else plan["coco_steps"]
+    plan["coco_runs"] = runs
+    optimizer_s = sum(plan[f"{n}_steps"] * step_s[n] * (runs if n == "coco" else 1) for n in stages)
     plan.update(refreshes=refreshes, budget_seconds=round(budget_s, 1), fixed_seconds=round(fixed, 1),
                 refresh_seconds_each=round(refresh_s, 1), kmeans_seconds=round(kmeans_s, 1),
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+def coco_runs_for(coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None) -> tuple[int, int | None]:
+    """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run).
+
+    ``coco_runs: "budget"``: as many runs of about ``coco_run_steps`` steps (``coco_steps`` when given) as fit, at
+    least one; the seconds are then shared out evenly, so a run may come out somewhat shorter or longer than
+    ``coco_run_steps`` and the budget is spent. A whole number of runs shares the seconds between that many. Every
+    run after the first costs a model load + export (:data:`STAGE_LOAD_SECONDS`) of the COCO seconds."""
+    step_s = max(step_s, 1e-9)
+    if cfg.coco_runs == "budget":
+        per_run = (given_steps or cfg.coco_run_steps) * step_s + STAGE_LOAD_SECONDS
+        runs = max(1, round((coco_s + STAGE_LOAD_SECONDS) / per_run))
+    else:
+        runs = int(cfg.coco_runs)
+    if given_steps is not None:
+        return runs, given_steps
+    if runs == 1:
+        return 1, None
+    return runs, max(2, int((coco_s - (runs - 1) * STAGE_LOAD_SECONDS) / (runs * step_s)))
 
 
 def stage_switches(cfg: RecipeConfig) -> dict[str, tuple[bool, int | None]]:
@@ -536,6 +573,7 @@ def uses_wise(cfg: RecipeConfig) -> bool:
 
 
 STAGE_LOAD_SECONDS = 20.0  # a model load + export on 2 CPU cores (the planner charges it per load)
+NO_BUDGET_COCO_RUNS = 3  # coco_runs "budget" without a budget: this many runs of coco_run_steps steps
 
 
 def stage_deadlines(plan: dict[str, Any], cfg: RecipeConfig, t_start: float) -> dict[str, float]:
@@ -551,6 +589,8 @@ def stage_deadlines(plan: dict[str, Any], cfg: RecipeConfig, t_start: float) -> 
         return {}
     step_s = stage_step_seconds(tp, cfg)
     seconds = {stage: plan[f"{stage}_steps"] * step_s[stage] for stage in step_s}
+    runs = int(plan.get("coco_runs", 1))
+    seconds["coco"] = seconds["coco"] * runs + (runs - 1) * STAGE_LOAD_SECONDS
     if plan["finetune_steps"]:
         seconds["finetune"] += plan["refreshes"] * plan.get("refresh_seconds_each", 0.0) + plan.get(
             "kmeans_seconds", 0.0)
@@ -788,10 +828,11 @@ class _RecipeRun:
                                idro=self.ft_kw.get("idro_preset", "paper") != "uniform")
             plan.update(max_minutes=self.max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
                         measure_seconds=round(measured_s, 1), identity=self.plan_id)
-            logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d steps, source fine-tuning "
-                        "%d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget planned "
-                        "for optimizer steps (evaluation not included)", self.max_minutes, plan["throughput"],
-                        plan["coco_steps"], plan["finetune_steps"], plan["refreshes"], plan["target_steps"],
+            logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
+                        "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
+                        "planned for optimizer steps (evaluation not included)", self.max_minutes, plan["throughput"],
+                        plan["coco_runs"], plan["coco_steps"], plan["finetune_steps"], plan["refreshes"],
+                        plan["target_steps"],
                         100 * (plan["planned_optimizer_share"] or 0))
             atomic_write_json(self.out / "plan.json", plan)
             self.plan = plan
@@ -827,28 +868,68 @@ class _RecipeRun:
         self.stage_seconds[name] = _stage_seconds(self.dirs[name], t0)
 
     def train_coco(self) -> None:
+        runs = int(self.plan.get("coco_runs", 1))
+        if runs == 1:
+            marker = self._coco_run(self.dirs["coco"], self.cfg.seed, self.deadlines.get("coco"))
+            _mark_done(self.dirs["coco"], {**marker, "identity": self.ids["coco"]})
+            return
+        # A soup: `runs` COCO runs from the starting model with seeds seed, seed + 1, ..., each in its own folder
+        # (resumable, skipped once finished), then the uniform average of their weights is the stage's model.
+        run_dirs, markers = [], []
+        per_run_s = self._coco_run_seconds()
+        for i in range(runs):
+            run_dir, identity = self.out / "coco-runs" / f"run-{i}", digest({"coco": self.ids["coco"], "run": i})
+            marker = _stage_done(run_dir, identity)
+            if marker is None:
+                _log_rerun(run_dir)
+                end = self.deadlines.get("coco")
+                # each run ends early enough to leave the runs after it their planned seconds
+                marker = self._coco_run(run_dir, self.cfg.seed + i,
+                                        None if end is None else end - (runs - 1 - i) * per_run_s)
+                marker = {**marker, "identity": identity}
+                _mark_done(run_dir, marker)
+            else:
+                logger.info("COCO run %d of %d: already finished (%s), skipped", i + 1, runs, run_dir)
+            run_dirs.append(run_dir)
+            markers.append(marker)
+        _soup_stage(run_dirs, self.dirs["coco"], [self.cfg.seed + i for i in range(runs)])
+        stopped = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
+        _mark_done(self.dirs["coco"], {"steps": min(m["steps"] for m in markers), "run_steps": [m["steps"] for m in
+                                                                                                markers],
+                                       "identity": self.ids["coco"],
+                                       **({"stopped_by_deadline_at_step": min(stopped)} if stopped else {})})
+
+    def _coco_run_seconds(self) -> float:
+        """Planned seconds of one COCO run (its steps at the measured step time, and its load + export)."""
+        tp = self.plan.get("throughput") or {}
+        return self.plan["coco_steps"] * tp.get("coco_step_s", 0.0) + STAGE_LOAD_SECONDS
+
+    def _coco_run(self, run_dir: Path, seed: int, end: float | None) -> dict[str, Any]:
+        """One COCO run from the starting model into ``run_dir`` (ending by the clock reading ``end`` if given);
+        returns its marker (steps trained, and the step a deadline stopped it at)."""
         from .pretraining import CocoPretrainer, CocoPretrainingArguments
 
-        kw = {**self.coco_kw, "max_steps": self.plan["coco_steps"], "overwrite_output_dir": True}
+        kw = {**self.coco_kw, "output_dir": str(run_dir), "seed": seed, "max_steps": self.plan["coco_steps"],
+              "overwrite_output_dir": True}
         if (self.has_mlm is not True and "mlm_head_warmup_steps" not in self.cfg.coco
                 and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
             kw["mlm_head_warmup_steps"] = int(MLM_HEAD_WARMUP_SHARE * self.plan["coco_steps"])
             logger.info("the starting model has no MLM head (or it could not be inspected): its head is warmed up "
                         "for %d steps before MLM gradients reach the encoder", kw["mlm_head_warmup_steps"])
         trainer = CocoPretrainer(self.model, CocoPretrainingArguments(**kw), corpora=self.coco_corpora)
-        guard = self._deadline(trainer, "coco")
+        guard = self._deadline(trainer, "coco", end)
         trainer.train(resume_from_checkpoint=True if self.resume else None)
         trainer.finalize()
-        _mark_done(self.dirs["coco"], {"steps": trainer.state.global_step, "identity": self.ids["coco"],
-                                       **_stopped(guard)})
+        return {"steps": trainer.state.global_step, "seed": seed, **_stopped(guard)}
 
-    def _deadline(self, trainer, stage: str):
-        """Give ``trainer`` the stage's wall-clock deadline (budgeted runs only); returns the callback or None."""
+    def _deadline(self, trainer, stage: str, end: float | None = None):
+        """Give ``trainer`` the stage's wall-clock deadline (or ``end``; budgeted runs only); returns the callback or
+        None."""
         if stage not in self.deadlines:
             return None
         from .finetuning.callbacks import WallClockDeadline
 
-        guard = WallClockDeadline(self.deadlines[stage], name=f"recipe stage {stage}")
+        guard = WallClockDeadline(self.deadlines[stage] if end is None else end, name=f"recipe stage {stage}")
         logger.info("stage %s: must end within %.0f s (its share of the budget)", stage, guard.seconds_left())
         trainer.add_callback(guard)
         return guard
@@ -1023,6 +1104,29 @@ def _wise_stage(start: str, adapted: str, stage_dir: Path, alpha: float, identit
                 shutil.copy2(Path(adapted) / name, tmp / name)
         write_model_card(tmp, st, card)
         _mark_done(tmp, {"alpha": alpha, "start": start, "adapted": adapted, "identity": identity})
+
+
+def _soup_stage(run_dirs: list[Path], stage_dir: Path, seeds: list[int]) -> None:
+    """The uniform weight average of the COCO runs in ``run_dirs``, written to ``stage_dir`` as a complete model
+    directory whose card lists the first run's stages and the soup."""
+    from .modeling.wise import soup
+    from .training_api import previous_training_info
+
+    st = soup([load_encoder(str(d)) for d in run_dirs])
+    prev = previous_training_info(str(run_dirs[0]))
+    stage = {"type": "soup", "method": "model-soup",
+             "title": f"uniform weight average (model soup) of {len(run_dirs)} COCO runs",
+             "runs": len(run_dirs), "seeds": seeds,
+             "weights": f"the mean of the {len(run_dirs)} runs' weights; each run as the COCO stage above, "
+                        "with its own seed"}
+    card = {"stages": list(prev.get("stages", [])) + [stage],
+            "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["model-soup"])),
+            "datasets": list(prev.get("datasets", [])), "base_model": prev.get("base_model")}
+    with atomic_directory(stage_dir) as tmp:
+        st.save(str(tmp))
+        if (run_dirs[0] / TRAINING_INFO_FILE).is_file():
+            shutil.copy2(run_dirs[0] / TRAINING_INFO_FILE, tmp / TRAINING_INFO_FILE)
+        write_model_card(tmp, st, card)
 
 
 def _export_final(src: Path, dst: Path) -> None:

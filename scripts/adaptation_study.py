@@ -60,6 +60,14 @@ ARMS: dict[str, tuple[dict, str]] = {
     # helped: ~2e-5 * 76 / 2 against ~8e-6 * 214 / 2 (linear decay), so more documents seen for the same drift
     "coco-mlm1-lr8e-6": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_learning_rate": 8e-6, **NO_EXTRAS},
                          "COCO alone for the whole budget, MLM weight 1, lr 8e-6 (instead of 2e-5)"),
+    # the default's COCO stage as it helped at 15 minutes (default@coco: 76 steps, then stopped), alone: what one run
+    # of it gives, and the ingredients of the soup arms
+    "coco76": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_steps": 76, **NO_EXTRAS},
+               "COCO alone, MLM weight 1, 76 steps (the default's COCO stage at 15 minutes, without its fine-tuning)"),
+    # the whole budget on COCO as several runs of about 76 steps (the length of coco76), whose weights are averaged
+    "coco-soup": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76,
+                   **NO_EXTRAS},
+                  "COCO soup: as many 76-step COCO runs (MLM weight 1) as the budget affords, weights averaged"),
     "coco-mlm0-lr1e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 1e-5, **NO_EXTRAS},
                          "contrast-only COCO, lr 1e-5"),
     "coco-mlm0-lr5e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 5e-5, **NO_EXTRAS},
@@ -238,6 +246,8 @@ def planned_steps(ns, base: str, seed: int) -> dict:
     # a stage the clock stopped before its planned steps: the further seeds train the steps it actually ran
     plan = {**plan, **{f"{stage}_steps": n for stage, n in trained.items()}}
     out = {"refreshes": plan["refreshes"]}
+    if plan["coco_steps"] > 0:
+        out["coco_runs"] = int(plan.get("coco_runs", 1))
     for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune"), ("target_steps", None)):
         if plan[key] > 0:
             out[key] = plan[key]
@@ -313,6 +323,9 @@ def summarize(rows: dict) -> dict:
             for stage, n in (first.get("steps_trained") or {}).items():
                 if n != s["steps"][f"{stage}_steps"]:
                     s["steps"][f"{stage}_steps"] = f"{n} of {s['steps'][f'{stage}_steps']}"
+            runs = int(first["plan"].get("coco_runs", 1))
+            if runs > 1:  # a soup: runs x steps of each run
+                s["steps"]["coco_steps"] = f"{runs} × {s['steps']['coco_steps']}"
             # wall-clock time only where the recipe planned by the clock (the first seed; further seeds train its
             # steps, possibly while other work shares the cores, so their time says nothing about the budget)
             planned = [r for r in per_seed.values() if r["plan"].get("max_minutes")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -380,3 +381,86 @@ def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
         0.62]
     other = argparse.Namespace(**{**vars(ns), "budget_minutes": 8.0})
     assert study.recorded_rows(other) == {}
+
+
+def test_soup_is_the_uniform_mean_of_the_runs(tiny_st_dir):
+    from hf_cocodr import load_encoder
+    from hf_cocodr.modeling.wise import average_state_dicts, soup
+
+    runs = [_perturbed(tiny_st_dir, seed) for seed in (1, 2, 3)]
+    sds = [r.state_dict() for r in runs]
+    one = average_state_dicts(sds[:1])
+    assert all(torch.equal(one[k], sds[0][k]) for k in sds[0])  # a soup of one run is that run, exactly
+    mean = average_state_dicts(sds)
+    for k, t in sds[0].items():
+        if t.is_floating_point():
+            hand = (sds[0][k].double() + sds[1][k].double() + sds[2][k].double()) / 3
+            assert torch.allclose(mean[k].double(), hand, atol=1e-7, rtol=0), k
+        else:
+            assert torch.equal(mean[k], t), k
+    merged = soup([_perturbed(tiny_st_dir, seed) for seed in (1, 2, 3)])
+    ref = load_encoder(str(tiny_st_dir))
+    ref.load_state_dict(mean)
+    texts = ["alpha beta", "gamma delta epsilon"]
+    assert np.array_equal(merged.encode(texts), ref.encode(texts))
+    with pytest.raises(ValueError, match="shape"):
+        average_state_dicts([{"w": torch.zeros(2)}, {"w": torch.zeros(3)}])
+    with pytest.raises(ValueError, match="at least one"):
+        average_state_dicts([])
+
+
+def test_coco_runs_share_the_budget():
+    """Hand-computed: 800 s of COCO at 2.5 s a step, runs of about 76 steps (190 s + 20 s load each):
+    round((800 + 20) / 210) = 4 runs, then (800 - 3 x 20) / (4 x 2.5) = 74 steps each."""
+    from hf_cocodr.recipe import STAGE_LOAD_SECONDS, coco_runs_for
+
+    assert STAGE_LOAD_SECONDS == 20.0
+    cfg = RecipeConfig(coco_runs="budget", coco_run_steps=76)
+    assert coco_runs_for(800.0, 2.5, cfg, None) == (4, 74)
+    assert coco_runs_for(100.0, 2.5, cfg, None) == (1, None)  # less than one run: one run, planned as before
+    assert coco_runs_for(800.0, 2.5, cfg, 30) == (9, 30)  # fixed steps per run: round(820 / 95) runs of them
+    assert coco_runs_for(800.0, 2.5, RecipeConfig(coco_runs=2), None) == (2, int(780.0 / 5.0))
+    assert coco_runs_for(800.0, 2.5, RecipeConfig(coco_runs=1), None) == (1, None)
+    # in a whole plan: the runs' steps are optimizer seconds, their extra loads are not
+    only_coco, _ = choose_schedule(RecipeConfig(coco_runs="budget", skip_finetune=True), False)
+    plan = plan_budget(900.0, {"coco_step_s": 2.5}, only_coco, overhead_s=100.0, pool_docs=0, n_queries=0, idro=False)
+    assert (plan["coco_runs"], plan["coco_steps"]) == (4, 74)
+    assert plan["planned_optimizer_share"] == round(4 * 74 * 2.5 / 900.0, 3)
+    for bad in ({"coco_runs": 0}, {"coco_runs": "many"}, {"coco_run_steps": 0}):
+        from hf_cocodr.errors import ConfigError
+
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            RecipeConfig.from_dict(bad)
+
+
+def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_run(tiny_bert_nomlm_dir, tiny_beir,
+                                                                                     tmp_path, caplog):
+    from safetensors.torch import load_file
+
+    from hf_cocodr.modeling.wise import average_state_dicts
+    from hf_cocodr.recipe import run_recipe
+
+    cfg = dict(skip_finetune=True, target_pairs="none", wise_alpha=None, coco_steps=2, corpus_pool=None,
+               coco={"per_device_train_batch_size": 8, "save_steps": 2})
+
+    def weights(folder):
+        return load_file(str(folder / "model.safetensors"))
+
+    soup_out, single_out = tmp_path / "soup", tmp_path / "single"
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), soup_out, config={**cfg, "coco_runs": 2})
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), single_out, config={**cfg, "coco_runs": 1})
+    runs = [weights(soup_out / "coco-runs" / f"run-{i}") for i in range(2)]
+    assert any(not torch.equal(runs[0][k], runs[1][k]) for k in runs[0])  # the seeds differ
+    single = weights(single_out / "coco")
+    assert all(torch.equal(runs[0][k], single[k]) for k in single)  # run 0 is the single run, bit for bit
+    mean, souped = average_state_dicts(runs), weights(soup_out / "coco")
+    assert all(torch.equal(mean[k], souped[k]) for k in mean)
+    assert all(torch.equal(souped[k], v) for k, v in weights(soup_out / "model").items())  # the final model
+    record = json.loads((soup_out / "recipe.json").read_text())
+    assert record["plan"]["coco_runs"] == 2 and record["steps_trained"] == {"coco": 2}
+    assert "model soup" in (soup_out / "model" / "README.md").read_text()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):  # a re-run trains nothing
+        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), soup_out,
+                   config={**cfg, "coco_runs": 2})
+    assert any("stage coco: already finished" in r.getMessage() for r in caplog.records)

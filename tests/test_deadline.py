@@ -99,3 +99,19 @@ def test_a_recipe_with_time_to_spare_trains_every_planned_step(tiny_bert_nomlm_d
                config={**CFG, "wise_alpha": None, "skip_coco": True, "skip_finetune": True}, max_minutes=30.0)
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"] == {"target": 2} and record["stopped_by_deadline"] == {}
+
+
+def test_every_run_of_a_coco_soup_ends_by_its_deadline(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):
+    """A soup's COCO deadline already past: each run stops after its first step (a run's own deadline leaves the
+    runs after it their planned seconds, so none is skipped), and the soup averages what the runs trained."""
+    import hf_cocodr.recipe as recipe
+
+    monkeypatch.setattr(recipe, "stage_deadlines", lambda plan, cfg, t0: {"coco": t0 - 1.0})
+    out = tmp_path / "run"
+    cfg = {**CFG, "wise_alpha": None, "skip_finetune": True, "target_pairs": "none", "coco_runs": 2}
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
+    for i in range(2):
+        marker = json.loads((out / "coco-runs" / f"run-{i}" / "hf_cocodr_stage.json").read_text())
+        assert marker["steps"] == 1 and marker["stopped_by_deadline_at_step"] == 1 and marker["seed"] == 42 + i
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["plan"]["coco_runs"] == 2 and record["stopped_by_deadline"] == {"coco": 1}

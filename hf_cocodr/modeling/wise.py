@@ -1,8 +1,13 @@
-"""Weight-space ensembling of an adapted encoder with its starting point (WiSE-FT, Wortsman et al., CVPR 2022).
+"""Weight-space ensembling: of an adapted encoder with its starting point (WiSE-FT, Wortsman et al., CVPR 2022), and
+of several runs from one starting point (a uniform model soup, Wortsman et al., ICML 2022).
 
-``θ = (1 − α)·θ_start + α·θ_adapted``: α = 0 is the starting model, α = 1 the adapted one. Interpolating the weights
-of a fine-tuned model with the model it started from keeps much of the start's robustness out of distribution while
-keeping what adaptation gained; it costs one pass over the weights and no inference overhead.
+WiSE-FT: ``θ = (1 − α)·θ_start + α·θ_adapted``: α = 0 is the starting model, α = 1 the adapted one. Interpolating the
+weights of a fine-tuned model with the model it started from keeps much of the start's robustness out of distribution
+while keeping what adaptation gained; it costs one pass over the weights and no inference overhead.
+
+Soup: ``θ = mean_i θ_i`` over runs that started from the same weights and differ only in their seed (data order,
+masks, spans). What the runs learned in common adds up; what each picked up from its own noisy batches is averaged
+down. Also one pass over the weights, and still a single model.
 """
 
 from __future__ import annotations
@@ -50,3 +55,40 @@ def wise_ensemble(start_model, adapted_model, alpha: float):
     adapted_model.load_state_dict(merged)
     logger.info("WiSE-FT: weights = %.2f x starting model + %.2f x adapted model", 1.0 - alpha, alpha)
     return adapted_model
+
+
+def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The uniform mean of every floating-point tensor over ``state_dicts`` (accumulated in float64); other tensors
+    (ids, counters) from the first. One state dict is returned exactly (copied). All must hold the same names with the
+    same shapes."""
+    if not state_dicts:
+        raise ValueError("a soup needs at least one model")
+    first = state_dicts[0]
+    for i, sd in enumerate(state_dicts[1:], 1):
+        missing = sorted(set(sd) ^ set(first))
+        if missing:
+            raise ValueError(f"cannot average weights: model {i} differs from model 0 in parameters {missing[:5]}")
+        for name, t in sd.items():
+            if t.shape != first[name].shape:
+                raise ValueError(f"cannot average weights: {name} has shape {tuple(first[name].shape)} in model 0 "
+                                 f"and {tuple(t.shape)} in model {i}")
+    out = {}
+    for name, t in first.items():
+        if not t.is_floating_point() or len(state_dicts) == 1:
+            out[name] = t.detach().clone()
+        else:
+            total = torch.zeros(t.shape, dtype=torch.float64)
+            for sd in state_dicts:
+                total += sd[name].detach().double()
+            out[name] = (total / len(state_dicts)).to(t.dtype)
+    return out
+
+
+def soup(models: list):
+    """Load the uniform weight average of ``models`` (``SentenceTransformer`` objects with the same architecture, e.g.
+    runs of one stage with different seeds) into the first and return it (its modules, pooling, similarity and
+    tokenizer are kept)."""
+    merged = average_state_dicts([m.state_dict() for m in models])
+    models[0].load_state_dict(merged)
+    logger.info("model soup: the uniform weight average of %d models", len(models))
+    return models[0]
