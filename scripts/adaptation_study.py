@@ -36,18 +36,23 @@ BASE = {"max_queries": 1000, "corpus_pool": 2}
 NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
 # The recipe's automatic schedule for head-less models before session 4, spelled out so its rows keep their meaning.
 CONTRAST_PAIRS = {"coco_mlm_weight": 0.0, "target_pairs": "title_body", "target_schedule": "sequential",
-                  "coco_share": 0.3, "finetune_share": 0.3, "target_share": 0.4}
+                  "coco_share": 0.3, "finetune_share": 0.3, "target_share": 0.4, "skip_finetune": False,
+                  "coco_runs": 1}
+# Arms that fine-tune on the source task pin it (the automatic schedule for head-less models no longer does since
+# session 6), and arms run as "the default" of sessions 4-5 pin the paper's stages, so every row keeps its meaning.
+SOURCE = {"skip_finetune": False}
 # name -> (recipe settings on top of BASE, what it tests). "auto" settings follow the recipe's schedule rule.
 ARMS: dict[str, tuple[dict, str]] = {
-    "default": ({}, "the recipe's automatic schedule for a model without MLM head (since session 4: the paper's)"),
+    "default": ({}, "the recipe's automatic schedule for a model without MLM head (rows up to session 5: the paper's "
+                    "stages; since session 6: the COCO soup)"),
     "paper": ({"schedule": "paper"}, "COCO with MLM (fresh head, warmed up) -> iDRO: COCO-DR's stages"),
     # the automatic schedule of sessions 2-3, pinned (its rows were run when it was the default)
     "contrast-pairs": ({**CONTRAST_PAIRS, "wise_alpha": None},
                        "contrast-only COCO -> iDRO -> title -> body pairs (the earlier default without WiSE-FT)"),
     "contrast-pairs-wise": ({**CONTRAST_PAIRS, "wise_alpha": 0.5},
                             "contrast-only COCO -> iDRO -> title -> body pairs -> WiSE-FT 0.5 (the earlier default)"),
-    "source-only": ({"skip_coco": True, **NO_EXTRAS}, "iDRO fine-tuning on SQuAD alone (no target data)"),
-    "source-uniform": ({"skip_coco": True, **NO_EXTRAS, "finetune": {"idro_preset": "uniform"}},
+    "source-only": ({"skip_coco": True, **SOURCE, **NO_EXTRAS}, "iDRO fine-tuning on SQuAD alone (no target data)"),
+    "source-uniform": ({"skip_coco": True, **SOURCE, **NO_EXTRAS, "finetune": {"idro_preset": "uniform"}},
                        "plain contrastive fine-tuning on SQuAD alone"),
     "coco-mlm0": ({"skip_finetune": True, "coco_mlm_weight": 0.0, **NO_EXTRAS},
                   "contrast-only COCO on the target corpora, nothing else"),
@@ -72,7 +77,8 @@ ARMS: dict[str, tuple[dict, str]] = {
                          "contrast-only COCO, lr 1e-5"),
     "coco-mlm0-lr5e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 5e-5, **NO_EXTRAS},
                          "contrast-only COCO, lr 5e-5"),
-    "coco-mlm0+source": ({"coco_mlm_weight": 0.0, **NO_EXTRAS}, "contrast-only COCO -> iDRO (sequential)"),
+    "coco-mlm0+source": ({"coco_mlm_weight": 0.0, "coco_runs": 1, **SOURCE, **NO_EXTRAS},
+                         "contrast-only COCO -> iDRO (sequential)"),
     "title-body": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None},
                    "target title -> body pseudo pairs alone"),
     "title-body-lr5e-5": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "title_body", "wise_alpha": None,
@@ -83,14 +89,16 @@ ARMS: dict[str, tuple[dict, str]] = {
                          "target": {"num_negatives": 3}}, "target title -> body pairs alone, 3 BM25 negatives"),
     "ict": ({"skip_coco": True, "skip_finetune": True, "target_pairs": "ict", "wise_alpha": None},
             "target sentence -> rest of document pseudo pairs alone"),
-    "source+title-body": ({"skip_coco": True, "target_pairs": "title_body", "wise_alpha": None,
+    "source+title-body": ({"skip_coco": True, **SOURCE, "target_pairs": "title_body", "wise_alpha": None,
                            "finetune_share": 0.3, "target_share": 0.4},
                           "iDRO on SQuAD, then target title -> body pairs"),
     "joint": ({**CONTRAST_PAIRS, "target_schedule": "joint", "wise_alpha": None},
               "contrast-only COCO -> iDRO on SQuAD with target title -> body pairs as a term of every step"),
-    "default-len256": ({"train_max_length": 256}, "the default schedule with 256-token training texts"),
-    "default-split-coco": ({"coco_share": 0.7, "finetune_share": 0.3},
-                           "the default schedule with 70% of the budget on COCO (instead of 40%)"),
+    "default-len256": ({"schedule": "paper", "train_max_length": 256},
+                       "the paper's stages (the default of sessions 4-5) with 256-token training texts"),
+    "default-split-coco": ({"schedule": "paper", "coco_share": 0.7, "finetune_share": 0.3},
+                           "the paper's stages (the default of sessions 4-5) with 70% of the budget on COCO (instead "
+                           "of 40%)"),
     "contrast-pairs-split-target": ({**CONTRAST_PAIRS, "wise_alpha": None, "coco_share": 0.1, "finetune_share": 0.2,
                                      "target_share": 0.7},
                                     "the earlier default without WiSE-FT, 70% of the budget on target pairs"),
@@ -153,11 +161,17 @@ def arm_dir(work: Path, budget: float, arm: str, seed: int) -> Path:
     return work / f"budget{budget:g}" / arm / f"seed{seed}"
 
 
+def eval_file(out: Path, doc_max_length: int) -> Path:
+    """Where the evaluation of one row at one document length is cached (``dev_eval.json`` at 128 tokens, the
+    study's length; ``dev_eval_len256.json`` etc. beside it, so one trained row can be evaluated at several)."""
+    return out / ("dev_eval.json" if doc_max_length == 128 else f"dev_eval_len{doc_max_length}.json")
+
+
 def evaluate(model, out: Path, root: Path, doc_max_length: int) -> dict:
-    """The dev-split metrics of ``model``, cached in ``out/dev_eval.json``."""
+    """The dev-split metrics of ``model``, cached in :func:`eval_file`."""
     from hf_cocodr import evaluate_retrieval, load_encoder
 
-    path = out / "dev_eval.json"
+    path = eval_file(out, doc_max_length)
     if path.is_file():
         cached = json.loads(path.read_text())
         if cached.get("doc_max_length") == doc_max_length:
@@ -202,7 +216,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
         return {**trained, "metrics": evaluate(stage_dir, out, root, ns.doc_max_length)}
     if wise:  # WiSE-FT of a trained arm: one interpolation + one evaluation
         trained = run_arm(base, seed, ns, root, model)
-        if (out / "dev_eval.json").is_file():
+        if eval_file(out, ns.doc_max_length).is_file():
             return {**trained, "metrics": evaluate(None, out, root, ns.doc_max_length)}
         from hf_cocodr import load_encoder
         from hf_cocodr.modeling.wise import wise_ensemble
@@ -282,7 +296,7 @@ def cached_rows(ns, root: Path, model: str) -> dict:
     rows, kept = {}, recorded_rows(ns)
     for arm in all_arm_names():
         folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm
-        seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if (p / "dev_eval.json").is_file())
+        seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if eval_file(p, ns.doc_max_length).is_file())
         per_seed = dict(kept.get(arm, {}))
         per_seed.update({seed: run_arm(arm, seed, ns, root, model) for seed in seeds})
         if per_seed:

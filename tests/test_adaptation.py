@@ -345,6 +345,13 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
     # seed 42's clock stopped its source stage at step 9: further seeds train 9 steps
     (plan_dir / "recipe.json").write_text(json.dumps({"steps_trained": {"finetune": 9}}))
     assert study.planned_steps(ns, "title-body", 43)["finetune_steps"] == 9
+    # a soup: further seeds train as many COCO runs of as many steps
+    soup_dir = study.arm_dir(tmp_path, 8.0, "coco-soup", 42) / "run"
+    soup_dir.mkdir(parents=True)
+    (soup_dir / "plan.json").write_text(json.dumps({"coco_steps": 74, "coco_runs": 4, "finetune_steps": 0,
+                                                    "target_steps": 0, "refreshes": 0}))
+    assert study.planned_steps(ns, "coco-soup", 43) == {"refreshes": 0, "coco_steps": 74, "coco_runs": 4,
+                                                        "skip_finetune": True, "target_pairs": "none"}
 
 
 def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
@@ -374,8 +381,8 @@ def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
     assert rows["start"][0]["metrics"]["SciFact dev"]["ndcg@10"] == 0.61
     assert rows["coco-mlm1"][42]["metrics"]["SciFact dev"]["ndcg@10"] == 0.62
     # seed 43 trains the 66 steps seed 42 ran, from the report
-    assert study.planned_steps(ns, "coco-mlm1", 43) == {"refreshes": 0, "coco_steps": 66, "skip_finetune": True,
-                                                        "target_pairs": "none"}
+    assert study.planned_steps(ns, "coco-mlm1", 43) == {"refreshes": 0, "coco_steps": 66, "coco_runs": 1,
+                                                        "skip_finetune": True, "target_pairs": "none"}
     study.write_report(ns, rows)
     assert json.loads((tmp_path / "rep.json").read_text())["arms"]["coco-mlm1"]["SciFact dev ndcg@10"]["values"] == [
         0.62]
