@@ -100,11 +100,15 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
         assert record["kind"] == kind
         for key, value in SCHEDULES[kind].items():
             assert getattr(cfg, key) == value, key
-    # the rule the README states: both kinds train the paper's stages (COCO with MLM -> iDRO, nothing after);
-    # a head-less model's fresh MLM head is warmed up first, and the record says so
+    # the rule the README states: both kinds train COCO with MLM and nothing after (no pairs, no WiSE-FT); a head-less
+    # model (already a retriever) trains COCO alone as a soup of runs the budget buys, a model with an MLM head the
+    # paper's stages (one COCO run -> iDRO); a head-less model's fresh MLM head is warmed up first, and the record
+    # says so
     for kind in ("no_mlm_head", "mlm_head"):
         assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
-        assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_finetune"] is False
+        assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_coco"] is False
+    assert SCHEDULES["no_mlm_head"]["skip_finetune"] is True and SCHEDULES["no_mlm_head"]["coco_runs"] == "budget"
+    assert SCHEDULES["mlm_head"]["skip_finetune"] is False and SCHEDULES["mlm_head"]["coco_runs"] == 1
     assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
     assert "30%" in choose_schedule(RecipeConfig(), None)[1]["mlm_head"]  # a Hub id cannot be inspected: warmed up
     assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
@@ -112,6 +116,45 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
     assert cfg.wise_alpha is None and cfg.coco_mlm_weight == 0.3
     assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
+
+
+def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir,
+                                                                          tmp_path):
+    """End to end with only step counts set: a head-less tiny model gets a COCO soup (3 runs of coco_run_steps without
+    a budget) and no fine-tuning; a tiny model with an MLM head gets one COCO run, then iDRO."""
+    from hf_cocodr.recipe import run_recipe
+
+    small = {"finetune_steps": 2, "corpus_pool": None, "coco": {"per_device_train_batch_size": 8, "save_steps": 2},
+             "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2}}
+    cases = ((tiny_bert_nomlm_dir, {"coco_run_steps": 2}, 3, {"coco": 2}),
+             (tiny_bert_dir, {"coco_steps": 2}, 1, {"coco": 2, "finetune": 2}))
+    for model_dir, steps, runs, trained in cases:
+        out = tmp_path / model_dir.name
+        run_recipe(str(model_dir), [str(tiny_beir)], str(tiny_beir), out, config={**small, **steps})
+        record = json.loads((out / "recipe.json").read_text())
+        assert record["plan"]["coco_runs"] == runs and record["steps_trained"] == trained, model_dir.name
+        assert (out / "coco-runs").is_dir() == (runs > 1)
+        assert (out / "finetune").is_dir() == ("finetune" in trained)
+
+
+def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tuning(tiny_bert_nomlm_dir, tiny_beir,
+                                                                                   tmp_path):
+    """The head-less schedule trains COCO alone; with no target corpus there is no COCO, so the source fine-tuning the
+    schedule left out runs instead (recorded as chosen). With every stage switched off by the user: refused by name,
+    before anything is written."""
+    from hf_cocodr.errors import ConfigError
+    from hf_cocodr.recipe import run_recipe
+
+    out = tmp_path / "src"
+    run_recipe(str(tiny_bert_nomlm_dir), [], str(tiny_beir), out, config={
+        "finetune_steps": 2, "corpus_pool": None,
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2}})
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["steps_trained"] == {"finetune": 2} and record["schedule"]["chosen"]["skip_finetune"] is False
+    with pytest.raises(ConfigError, match="nothing to train"):
+        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "none",
+                   config={"skip_coco": True})
+    assert not (tmp_path / "none").exists()
 
 
 def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
@@ -123,8 +166,8 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
     assert alone.target_share == 1.0 and record["chosen"]["target_share"] == 1.0
     plan = plan_budget(480.0, tp, alone, overhead_s=40.0, pool_docs=0, n_queries=0, idro=False)
     assert plan["target_steps"] == int(440.0 / 8.0)
-    # beside the schedule's two stages (shares 0.4 / 0.6) it gets their mean, 0.5, and the record says so
-    added, record = choose_schedule(RecipeConfig(target_pairs="title_body"), False)
+    # beside the paper's two stages (shares 0.4 / 0.6) it gets their mean, 0.5, and the record says so
+    added, record = choose_schedule(RecipeConfig(target_pairs="title_body"), True)
     assert (added.coco_share, added.finetune_share, added.target_share) == (0.4, 0.6, 0.5)
     assert record["chosen"]["target_share"] == 0.5
     plan = plan_budget(900.0, tp, added, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
@@ -134,8 +177,11 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
     with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
         choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0), False)
     assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3), False)[0].target_steps == 3
+    # beside a head-less model's COCO soup alone (share 1) it gets 1: half the budget each
+    beside_soup, _ = choose_schedule(RecipeConfig(target_pairs="title_body"), False)
+    assert (beside_soup.coco_share, beside_soup.target_share) == (1.0, 1.0)
     # in the joint schedule the pairs are a term of the source steps: no share of their own is needed
-    joint, _ = choose_schedule(RecipeConfig(target_pairs="title_body", target_schedule="joint"), False)
+    joint, _ = choose_schedule(RecipeConfig(target_pairs="title_body", target_schedule="joint"), True)
     assert joint.target_share == 0.0
 
 
@@ -149,7 +195,7 @@ def test_bad_recipe_settings_are_refused_by_name(bad):
 
 
 def test_planner_spends_the_budget_on_optimizer_steps():
-    cfg, _ = choose_schedule(RecipeConfig(), False)
+    cfg, _ = choose_schedule(RecipeConfig(), True)  # the paper's stages: COCO, then iDRO
     tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0, "encode_doc_s": 0.03,
           "encode_query_s": 0.005}
     plan = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=20_000, n_queries=1000, idro=True)
@@ -157,7 +203,7 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     assert plan["refreshes"] == 0
     kmeans = 0.005 * 1000
     left = 900.0 - 60.0 - kmeans
-    shares = SCHEDULES["no_mlm_head"]
+    shares = SCHEDULES["mlm_head"]
     assert plan["coco_steps"] == int(left * shares["coco_share"] / 4.0)
     assert plan["finetune_steps"] == int(left * shares["finetune_share"] / 10.0)
     assert plan["target_steps"] == int(left * shares["target_share"] / 8.0)
@@ -165,8 +211,14 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     # a small pool is refreshed, and the refresh is charged before the steps are split
     small = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=1000, n_queries=1000, idro=True)
     assert small["refreshes"] == 2 and small["finetune_steps"] < plan["finetune_steps"]
+    # a head-less model's schedule: the budget goes to COCO runs of about 76 steps (hand-computed:
+    # round((840 + 20) / (76 x 4 + 20)) = 3 runs of (840 - 2 x 20) / (3 x 4) = 66 steps), >= 70% of it to steps
+    soup, _ = choose_schedule(RecipeConfig(), False)
+    p = plan_budget(900.0, tp, soup, overhead_s=60.0, pool_docs=20_000, n_queries=1000, idro=True)
+    assert (p["coco_runs"], p["coco_steps"], p["finetune_steps"], p["refreshes"]) == (3, 66, 0, 0)
+    assert p["planned_optimizer_share"] == round(3 * 66 * 4.0 / 900.0, 3) >= 0.7
     # stages that do not run get no steps, and the others share the budget
-    only, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), False)
+    only, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
     p = plan_budget(900.0, tp, only, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
     assert (p["coco_steps"], p["target_steps"], p["finetune_steps"]) == (0, 0, 90)
 

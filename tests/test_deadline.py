@@ -45,8 +45,8 @@ def _plan(**kw):
 def test_stage_deadlines_leave_each_later_stage_its_planned_seconds():
     """Hand-computed: start at t=100, budget 900 s, WiSE-FT after training (tail 2 x 20 s): training ends by 960.
     target 30 x 8 = 240 s -> the source stage ends by 720; it plans 20 x 10 + 70 + 5 = 275 s -> COCO ends by 445."""
-    def resolved(**kw):  # the settings as the recipe resolves them for a model without MLM head
-        return choose_schedule(RecipeConfig(**kw), False)[0]
+    def resolved(**kw):  # the settings as the recipe resolves them for the paper's stages (a model with MLM head)
+        return choose_schedule(RecipeConfig(**kw), True)[0]
 
     cfg = resolved(wise_alpha=0.5)
     assert stage_deadlines(_plan(), cfg, 100.0) == pytest.approx({"target": 960.0, "finetune": 720.0,
