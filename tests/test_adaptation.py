@@ -523,3 +523,33 @@ def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_r
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), soup_out,
                    config={**cfg, "coco_runs": 2})
     assert any("stage coco: already finished" in r.getMessage() for r in caplog.records)
+
+
+def test_a_killed_soup_resumes_to_the_uninterrupted_soup(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):
+    """A crash in the second COCO run: the re-run skips the first run, resumes the second from its checkpoint, and
+    the soup is bit for bit the soup of an uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from hf_cocodr.pretraining import CocoPretrainer
+    from hf_cocodr.recipe import run_recipe
+
+    cfg = dict(skip_finetune=True, target_pairs="none", wise_alpha=None, coco_steps=3, corpus_pool=None, coco_runs=2,
+               coco={"per_device_train_batch_size": 8, "save_steps": 1})
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "whole", config=cfg)
+    original = CocoPretrainer.training_step
+
+    def crash_in_run_2(self, *a, **k):
+        if self.args.seed == 43 and self.state.global_step == 2:
+            raise RuntimeError("simulated crash")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(CocoPretrainer, "training_step", crash_in_run_2)
+    out = tmp_path / "killed"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
+    assert (out / "coco-runs" / "run-0" / "hf_cocodr_stage.json").is_file()
+    assert not (out / "coco-runs" / "run-1" / "hf_cocodr_stage.json").exists()
+    monkeypatch.setattr(CocoPretrainer, "training_step", original)
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
+    whole, resumed = (load_file(str(d / "model" / "model.safetensors")) for d in (tmp_path / "whole", out))
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
