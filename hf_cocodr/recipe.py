@@ -229,8 +229,9 @@ class RecipeConfig:
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
 PAPER_SCHEDULE: dict[str, Any] = dict(
-    skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, coco_runs=1, skip_finetune=False, target_pairs="none",
-    target_schedule="sequential", wise_alpha=None, coco_share=0.4, finetune_share=0.6, target_share=0.0)
+    skip_coco=False, coco_mlm_weight=1.0, coco_learning_rate=2e-5, coco_runs=1, skip_finetune=False,
+    target_pairs="none", target_schedule="sequential", wise_alpha=None, coco_share=0.4, finetune_share=0.6,
+    target_share=0.0)
 
 # What the adaptation study (reports/adaptation_study.md) found best for each kind of starting model, at the demo's
 # budget on 2 CPU cores. A value the user sets explicitly always wins over these.
@@ -251,8 +252,8 @@ MLM_HEAD_WARMUP_SHARE = 0.3
 
 
 # Everything run_recipe writes into its output folder (declared in its record before any stage starts).
-RECIPE_ENTRIES = ("coco-runs", "coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json", "eval.json",
-                  "recipe.json", "idro_weights.json")
+RECIPE_ENTRIES = ("coco-runs", "coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json",
+                  "eval.json", "recipe.json", "idro_weights.json")
 
 
 def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
@@ -841,8 +842,7 @@ class _RecipeRun:
                         "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
                         "planned for optimizer steps (evaluation not included)", self.max_minutes, plan["throughput"],
                         plan["coco_runs"], plan["coco_steps"], plan["finetune_steps"], plan["refreshes"],
-                        plan["target_steps"],
-                        100 * (plan["planned_optimizer_share"] or 0))
+                        plan["target_steps"], 100 * (plan["planned_optimizer_share"] or 0))
             atomic_write_json(self.out / "plan.json", plan)
             self.plan = plan
             self.ids = self._ids()
@@ -903,9 +903,8 @@ class _RecipeRun:
             markers.append(marker)
         _soup_stage(run_dirs, self.dirs["coco"], [self.cfg.seed + i for i in range(runs)])
         stopped = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
-        _mark_done(self.dirs["coco"], {"steps": min(m["steps"] for m in markers), "run_steps": [m["steps"] for m in
-                                                                                                markers],
-                                       "identity": self.ids["coco"],
+        run_steps = [m["steps"] for m in markers]
+        _mark_done(self.dirs["coco"], {"steps": min(run_steps), "run_steps": run_steps, "identity": self.ids["coco"],
                                        **({"stopped_by_deadline_at_step": min(stopped)} if stopped else {})})
 
     def _coco_run_seconds(self) -> float:
