@@ -404,6 +404,18 @@ def _time_it(fn, repeats: int = 1) -> float:
     return float(np.median(times))
 
 
+def _step_precision(args, model):
+    """The precision a stage's Trainer runs its forward in: bf16 autocast on ``model``'s device when the stage's
+    arguments ask for ``bf16``, so a probed step costs what the stage's steps will (fp32 otherwise)."""
+    import contextlib
+
+    import torch
+
+    if getattr(args, "bf16", False):
+        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def _timing_optimizer(model):
     """An AdamW over ``model``'s parameters, so a timed step includes the update the Trainer makes (the model timed
     is a throwaway copy: its weights may change)."""
@@ -433,7 +445,9 @@ def _finetune_step_seconds(st, data, ft_args) -> float:
         cols, dk, pk = data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
         kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
         feats = [st.preprocess(c, **kw) for c in cols]
-        loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)).backward()
+        with _step_precision(ft_args, st):
+            value = loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk))
+        value.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -469,10 +483,11 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
 
         def coco_step():
             batch = builder.build(docs, step=0, seed=0)
-            o = cond(**batch, pooling=pooling)
-            total = o["embedding"].square().sum()
-            if "mlm_sum" in o:
-                total = total + o["mlm_sum"] / o["num_masked"] + o["head_mlm_sum"] / o["num_masked"]
+            with _step_precision(coco_args, cond):
+                o = cond(**batch, pooling=pooling)
+                total = o["embedding"].square().sum()
+                if "mlm_sum" in o:
+                    total = total + o["mlm_sum"] / o["num_masked"] + o["head_mlm_sum"] / o["num_masked"]
             total.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
