@@ -222,7 +222,8 @@ class RecipeConfig:
                     expected = getattr(hints[key], "__name__", str(hints[key]))
                     raise ConfigError(f"recipe option {stage}.{key} must be of type {expected}, got {value!r}")
             try:
-                cls(**{"output_dir": "unused", "report_to": "none", **sub, "max_steps": 1})
+                # on the device the stage will use (bf16 on a CPU is refused unless use_cpu is set)
+                cls(**{"output_dir": "unused", "report_to": "none", "use_cpu": _no_gpu(), **sub, "max_steps": 1})
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"recipe option {stage}: {' '.join(str(e).split())}") from None
 

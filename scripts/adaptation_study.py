@@ -77,6 +77,10 @@ ARMS: dict[str, tuple[dict, str]] = {
     "coco-soup-span128": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget",
                            "coco_run_steps": 76, "coco": {"max_span_length": 128}, **NO_EXTRAS},
                           "COCO soup with spans of up to 128 tokens (instead of 64)"),
+    # the soup trained under bf16 autocast (a native-bf16 CPU times a step ~1.45x faster: more runs in the budget)
+    "coco-soup-bf16": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget",
+                        "coco_run_steps": 76, "coco": {"bf16": True}, **NO_EXTRAS},
+                       "COCO soup trained in bf16 autocast (more runs for the same minutes)"),
     "coco-mlm0-lr1e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 1e-5, **NO_EXTRAS},
                          "contrast-only COCO, lr 1e-5"),
     "coco-mlm0-lr5e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 5e-5, **NO_EXTRAS},

@@ -4,6 +4,7 @@ import json
 import logging
 
 import pytest
+import torch
 
 from hf_cocodr.recipe import RecipeConfig, _precision_choice, run_recipe
 
@@ -169,6 +170,15 @@ def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_
     with pytest.raises(ValueError, match="no titles"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "p",
                    config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"})
+
+
+def test_a_stage_may_ask_for_bf16_on_a_machine_without_gpu():
+    """The stage options are checked as the stage will build them (``use_cpu`` where there is no GPU): transformers
+    refuses ``bf16`` without a GPU unless ``use_cpu`` is set, which refused every bf16 recipe on a CPU."""
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU path")
+    cfg = RecipeConfig.from_dict({"coco": {"bf16": True}, "finetune": {"bf16": True}})
+    assert cfg.coco["bf16"] is True and cfg.finetune["bf16"] is True
 
 
 def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
