@@ -595,3 +595,14 @@ def test_the_step_probe_runs_in_the_precision_the_stages_train_in(tiny_bert_noml
     assert {"coco_step_s", "finetune_step_s"} <= set(tp)
     assert seen["coco"] and set(seen["coco"]) == {bf16}
     assert seen["finetune"] and set(seen["finetune"]) == {bf16}
+
+
+def test_step_timing_is_the_median_of_the_timed_calls_after_a_warm_up(monkeypatch):
+    """Hand-made clock: the warm-up call is not timed and one slow call does not move the plan."""
+    import hf_cocodr.recipe as recipe
+
+    ticks = iter([0.0, 2.0, 10.0, 19.0, 20.0, 23.0])  # timed calls take 2, 9 and 3 seconds
+    calls = []
+    monkeypatch.setattr(recipe.time, "perf_counter", lambda: next(ticks))
+    assert recipe._time_it(lambda: calls.append(1), repeats=3) == 3.0
+    assert len(calls) == 4  # the warm-up, then three timed calls
