@@ -12,6 +12,7 @@ steps run slower than measured.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -414,8 +415,6 @@ def _time_it(fn, repeats: int = 1) -> float:
 def _step_precision(args, model):
     """The precision a stage's Trainer runs its forward in: bf16 autocast on ``model``'s device when the stage's
     arguments ask for ``bf16``, so a probed step costs what the stage's steps will (fp32 otherwise)."""
-    import contextlib
-
     import torch
 
     if getattr(args, "bf16", False):
