@@ -68,7 +68,7 @@ ARMS: dict[str, tuple[dict, str]] = {
     # the default's COCO stage as it helped at 15 minutes (default@coco: 76 steps, then stopped), alone: what one run
     # of it gives, and the ingredients of the soup arms
     "coco76": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_steps": 76, **NO_EXTRAS},
-               "COCO alone, MLM weight 1, 76 steps (the default's COCO stage at 15 minutes, without its fine-tuning)"),
+               "COCO alone, MLM weight 1, 76 steps (the length of one run of the COCO soup)"),
     # the whole budget on COCO as several runs of about 76 steps (the length of coco76), whose weights are averaged
     "coco-soup": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76,
                    **NO_EXTRAS},
