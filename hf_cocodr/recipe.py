@@ -12,7 +12,6 @@ steps run slower than measured.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -36,6 +35,7 @@ from .errors import ConfigError
 from .export import export_sentence_transformer
 from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
+from .modeling.precision import encoding_precision
 from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
 from .utils import atomic_directory, atomic_write_json, native_bf16
 
@@ -412,16 +412,6 @@ def _time_it(fn, repeats: int = 1) -> float:
     return float(np.median(times))
 
 
-def _step_precision(args, model):
-    """The precision a stage's Trainer runs its forward in: bf16 autocast on ``model``'s device when the stage's
-    arguments ask for ``bf16``, so a probed step costs what the stage's steps will (fp32 otherwise)."""
-    import torch
-
-    if getattr(args, "bf16", False):
-        return torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def _timing_optimizer(model):
     """An AdamW over ``model``'s parameters, so a timed step includes the update the Trainer makes (the model timed
     is a throwaway copy: its weights may change)."""
@@ -451,7 +441,8 @@ def _finetune_step_seconds(st, data, ft_args) -> float:
         cols, dk, pk = data.sample(rows, step=0, seed=0, num_negatives=ft_args.num_negatives)
         kw = {"max_length": ft_args.max_length} if ft_args.max_length else {}
         feats = [st.preprocess(c, **kw) for c in cols]
-        with _step_precision(ft_args, st):
+        # in the precision the stage's Trainer runs its forward in, so the probed step costs what its steps will
+        with encoding_precision(st, "bf16" if ft_args.bf16 else "fp32"):
             value = loss(feats, labels, doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk))
         value.backward()
         opt.step()
@@ -489,7 +480,7 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
 
         def coco_step():
             batch = builder.build(docs, step=0, seed=0)
-            with _step_precision(coco_args, cond):
+            with encoding_precision(cond, "bf16" if coco_args.bf16 else "fp32"):
                 o = cond(**batch, pooling=pooling)
                 total = o["embedding"].square().sum()
                 if "mlm_sum" in o:

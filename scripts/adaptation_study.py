@@ -34,6 +34,8 @@ EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev"
 # Source data as in the demo: 1,000 SQuAD questions, a mining pool of positives + BM25 top-2.
 BASE = {"max_queries": 1000, "corpus_pool": 2}
 NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
+# the COCO soup spelled out (the no_mlm_head schedule since session 6), so its rows keep their meaning
+SOUP = {"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76, **NO_EXTRAS}
 # The recipe's automatic schedule for head-less models before session 4, spelled out so its rows keep their meaning.
 CONTRAST_PAIRS = {"coco_mlm_weight": 0.0, "target_pairs": "title_body", "target_schedule": "sequential",
                   "coco_share": 0.3, "finetune_share": 0.3, "target_share": 0.4, "skip_finetune": False,
@@ -70,16 +72,12 @@ ARMS: dict[str, tuple[dict, str]] = {
     "coco76": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_steps": 76, **NO_EXTRAS},
                "COCO alone, MLM weight 1, 76 steps (the length of one run of the COCO soup)"),
     # the whole budget on COCO as several runs of about 76 steps (the length of coco76), whose weights are averaged
-    "coco-soup": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76,
-                   **NO_EXTRAS},
-                  "COCO soup: as many 76-step COCO runs (MLM weight 1) as the budget affords, weights averaged"),
+    "coco-soup": (SOUP, "COCO soup: as many 76-step COCO runs (MLM weight 1) as the budget affords, weights averaged"),
     # the soup with COCO spans of up to 128 tokens instead of 64 (the 256-token evaluation gains less on NFCorpus)
-    "coco-soup-span128": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget",
-                           "coco_run_steps": 76, "coco": {"max_span_length": 128}, **NO_EXTRAS},
+    "coco-soup-span128": ({**SOUP, "coco": {"max_span_length": 128}},
                           "COCO soup with spans of up to 128 tokens (instead of 64)"),
     # the soup trained under bf16 autocast (a native-bf16 CPU times a step ~1.45x faster: more runs in the budget)
-    "coco-soup-bf16": ({"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget",
-                        "coco_run_steps": 76, "coco": {"bf16": True}, **NO_EXTRAS},
+    "coco-soup-bf16": ({**SOUP, "coco": {"bf16": True}},
                        "COCO soup trained in bf16 autocast (more runs for the same minutes)"),
     "coco-mlm0-lr1e-5": ({"skip_finetune": True, "coco_mlm_weight": 0.0, "coco_learning_rate": 1e-5, **NO_EXTRAS},
                          "contrast-only COCO, lr 1e-5"),
