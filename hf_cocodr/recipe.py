@@ -359,7 +359,8 @@ def _stage_ids(plan, cfg: RecipeConfig, fps, coco_kw, ft_kw, target_kw) -> dict[
         return {k: v for k, v in sorted(kw.items()) if k not in _NOT_TRAJECTORY}
 
     ids, current = {}, digest(fps["model"])
-    source = {"data": fps["source"], "split": cfg.source_split, "max_queries": cfg.max_queries,
+    source = {"data": fps["source"], "split": cfg.source_split,
+              "max_queries": plan.get("source_queries", cfg.max_queries),
               "corpus_pool": cfg.corpus_pool, "seed": cfg.seed}
     if not cfg.skip_coco and plan["coco_steps"] > 0:
         runs = int(plan.get("coco_runs", 1))
@@ -543,6 +544,38 @@ def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
                 planned_optimizer_seconds=round(optimizer_s, 1),
                 planned_optimizer_share=round(optimizer_s / budget_s, 3) if budget_s else None)
     return plan
+
+
+# Source queries drawn to time the fine-tuning step when the budget sizes the draw (max_queries unset).
+SIZE_PROBE_QUERIES = 1000
+
+
+def size_source_queries(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, overhead_s: float,
+                        available: int, pool_docs_per_query: float, max_pool_docs: int, mining_s_per_query: float,
+                        batch: int, idro: bool) -> int:
+    """How many source queries a budgeted run draws (when ``max_queries`` is unset): the largest ``q`` whose plan
+    trains at least ``q / batch`` source steps, so every drawn query is seen once, and never more than ``available``.
+
+    Everything that grows with the queries is charged before the steps are split, as :func:`plan_budget` charges it:
+    BM25 mining (``q x mining_s_per_query``), the first K-Means encoding of the queries, and the self-negative
+    refreshes over the mining pool (``min(max_pool_docs, q x pool_docs_per_query)`` documents). A source task of
+    87,599 questions under a 2-minute budget is then drawn to the few hundred its steps can use instead of being mined
+    and clustered whole inside a stage planned for a minute."""
+
+    def fits(q: int) -> bool:
+        plan = plan_budget(budget_s, tp, cfg, overhead_s=overhead_s + q * mining_s_per_query,
+                           pool_docs=int(min(max_pool_docs, round(q * pool_docs_per_query))), n_queries=q, idro=idro)
+        return plan["finetune_steps"] * batch >= q
+
+    lo, hi = min(batch, available), available
+    if fits(hi):
+        return hi
+    if not fits(lo):
+        return lo
+    while hi - lo > 1:  # fits(lo) and not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def coco_runs_for(coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None) -> tuple[int, int | None]:
@@ -810,15 +843,34 @@ class _RecipeRun:
         need_source = (not cfg.skip_finetune and not self.done("finetune")) or (
             not cfg.skip_coco and cfg.include_source_corpus and not self.done("coco"))
         if need_source:
-            self.train_data = RetrievalTrainingData.from_beir(
-                self.source_data, cfg.source_split, negatives="bm25", max_queries=cfg.max_queries, seed=cfg.seed,
-                corpus_pool=cfg.corpus_pool)
+            self.train_data = self._draw_source(self._source_queries())
         if cfg.target_pairs != "none" and not self.done("finetune" if is_joint(cfg) else "target"):
             self.target_data = self._target_pairs()
         self.coco_corpora = list(self.target_corpora)
         if cfg.include_source_corpus and self.train_data is not None:
             self.coco_corpora.append(_source_pool_dataset(self.train_data))
         self.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+
+    def _sizes_source(self) -> bool:
+        """Whether the budget sizes the source draw: a budgeted run whose fine-tuning still has to run, with
+        ``max_queries`` unset."""
+        cfg = self.cfg
+        return (self.max_minutes is not None and cfg.max_queries is None and not cfg.skip_finetune
+                and not self.done("finetune"))
+
+    def _source_queries(self) -> int | None:
+        """The source queries to draw now: ``max_queries``; or the count a saved plan sized; or, before a sized
+        plan exists, :data:`SIZE_PROBE_QUERIES` to time the steps on."""
+        if not self._sizes_source():
+            return self.cfg.max_queries
+        if self.plan is not None and "source_queries" in self.plan:
+            return int(self.plan["source_queries"])
+        return SIZE_PROBE_QUERIES
+
+    def _draw_source(self, max_queries: int | None) -> RetrievalTrainingData:
+        cfg = self.cfg
+        return RetrievalTrainingData.from_beir(self.source_data, cfg.source_split, negatives="bm25",
+                                               max_queries=max_queries, seed=cfg.seed, corpus_pool=cfg.corpus_pool)
 
     def _target_pairs(self):
         return target_pseudo_pairs(list(self.target_corpora), self.cfg.target_pairs, seed=self.cfg.seed)
@@ -843,11 +895,26 @@ class _RecipeRun:
             # spent so far, plus about 20 s (2 CPU cores) per model load + export: the final one, COCO's, WiSE-FT's
             overhead = (time.perf_counter() - self.t_start) + STAGE_LOAD_SECONDS * (
                 1 + (not cfg.skip_coco) + uses_wise(cfg))
-            data = self.train_data
-            plan = plan_budget(self.max_minutes * 60.0, tp, cfg, overhead_s=overhead,
-                               pool_docs=len(data.corpus) if data is not None else 0,
-                               n_queries=len(data) if data is not None else 0,
-                               idro=self.ft_kw.get("idro_preset", "paper") != "uniform")
+            data, sized = self.train_data, {}
+            idro = self.ft_kw.get("idro_preset", "paper") != "uniform"
+            pool_docs, n_queries = (len(data.corpus), len(data)) if data is not None else (0, 0)
+            if data is not None and self._sizes_source():
+                # the draw the steps can use; mining it again is charged at the probe draw's seconds per query
+                mining = data.mining_seconds / max(1, len(data))
+                q = size_source_queries(
+                    self.max_minutes * 60.0, tp, cfg, overhead_s=overhead, available=data.available_queries,
+                    pool_docs_per_query=len(data.corpus) / max(1, len(data)), max_pool_docs=data.full_corpus_docs,
+                    mining_s_per_query=mining,
+                    batch=self.ft_kw["per_device_train_batch_size"] * self.ft_kw.get("gradient_accumulation_steps", 1),
+                    idro=idro)
+                redraw = q != len(data)
+                pool_docs = int(min(data.full_corpus_docs, round(q * len(data.corpus) / max(1, len(data)))))
+                n_queries, overhead = q, overhead + (q * mining if redraw else 0.0)
+                sized = {"source_queries": q, "source_queries_available": data.available_queries,
+                         "mining_seconds_per_query": round(mining, 6)}
+            plan = plan_budget(self.max_minutes * 60.0, tp, cfg, overhead_s=overhead, pool_docs=pool_docs,
+                               n_queries=n_queries, idro=idro)
+            plan.update(sized)
             plan.update(max_minutes=self.max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
                         measure_seconds=round(measured_s, 1), identity=self.plan_id)
             logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
@@ -858,6 +925,15 @@ class _RecipeRun:
             atomic_write_json(self.out / "plan.json", plan)
             self.plan = plan
             self.ids = self._ids()
+            if "source_queries" in plan and plan["source_queries"] != len(self.train_data):
+                logger.info("recipe: the budget's steps use %d of %d source queries: drawing them", plan["source_queries"],
+                            plan["source_queries_available"])
+                self.train_data = self._draw_source(plan["source_queries"])
+                self.coco_corpora = list(self.target_corpora)
+                if cfg.include_source_corpus:
+                    self.coco_corpora.append(_source_pool_dataset(self.train_data))
+                if not cfg.skip_coco and not self.done("coco") and cfg.include_source_corpus:
+                    self.spans = self._span_corpus()
         if self.max_minutes is not None:
             self.deadlines = stage_deadlines(self.plan, cfg, self.t_start)
         self.stage_seconds["planning"] = round(

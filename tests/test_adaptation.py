@@ -11,7 +11,14 @@ import torch
 
 from hf_cocodr.data.pseudo_pairs import target_pseudo_pairs
 from hf_cocodr.modeling.wise import interpolate_state_dicts, wise_ensemble
-from hf_cocodr.recipe import SCHEDULES, RecipeConfig, choose_schedule, plan_budget
+from hf_cocodr.recipe import (
+    SCHEDULES,
+    STAGE_LOAD_SECONDS,
+    RecipeConfig,
+    choose_schedule,
+    plan_budget,
+    stage_deadlines,
+)
 
 
 def _perturbed(model_dir, seed):
@@ -221,6 +228,53 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     only, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
     p = plan_budget(900.0, tp, only, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
     assert (p["coco_steps"], p["target_steps"], p["finetune_steps"]) == (0, 0, 90)
+
+
+def test_the_budget_sizes_the_source_draw_and_charges_what_grows_with_it():
+    """Hand-computed: 900 s, 100 s spent before planning, 1 s per source step of 32 queries, BM25 mining 1/32 s and
+    the first K-Means encoding 1/64 s per query, no refreshes. q queries leave floor(800 - 3q/64) steps; the steps
+    see every drawn query once while 32 x floor(800 - 3q/64) >= q, i.e. up to q = 10,240 (320 steps; 10,241 would
+    leave 319 steps for 10,241 queries)."""
+    from hf_cocodr.recipe import size_source_queries
+
+    cfg, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
+    tp = {"finetune_step_s": 1.0, "encode_query_s": 1 / 64, "encode_doc_s": 0.0}
+    kw = dict(overhead_s=100.0, pool_docs_per_query=2.0, max_pool_docs=20_958, mining_s_per_query=1 / 32, batch=32,
+              idro=True)
+    q = size_source_queries(900.0, tp, cfg, available=87_599, **kw)
+    assert q == 10_240
+    plan = plan_budget(900.0, tp, cfg, overhead_s=100.0 + q / 32, pool_docs=2 * q, n_queries=q, idro=True)
+    assert (plan["finetune_steps"], plan["kmeans_seconds"], plan["fixed_seconds"]) == (320, 160.0, 580.0)
+    # a small source task is drawn whole; a budget spent before planning still draws the planner's minimum of 2 steps
+    assert size_source_queries(900.0, tp, cfg, available=500, **kw) == 500
+    assert size_source_queries(60.0, tp, cfg, available=87_599, **kw) == 2 * 32
+    # the fine-tuning stage's deadline is the end of the budget less the final export (20 s)
+    plan.update(throughput=tp, budget_seconds=900.0)
+    assert stage_deadlines(plan, cfg, t_start=1000.0) == {"finetune": 1000.0 + 900.0 - STAGE_LOAD_SECONDS}
+
+
+def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir, tmp_path, monkeypatch):
+    """End to end: the budget (step times fixed by hand) buys fewer steps than the source task has batches, so the
+    recipe draws only the queries the steps use, clusters and trains on those, and a re-run keeps the draw."""
+    from tiny import make_beir
+
+    import hf_cocodr.recipe as recipe
+
+    source = make_beir(tmp_path / "source", n_docs=120, n_queries=400, splits=("train",))
+    tp = {"finetune_step_s": 0.5, "encode_query_s": 0.001, "encode_doc_s": 0.001}
+    monkeypatch.setattr(recipe, "measure_throughput", lambda *a, **k: dict(tp))
+    monkeypatch.setattr(recipe, "STAGE_LOAD_SECONDS", 1.0)
+    config = {"skip_coco": True, "refreshes": 0, "corpus_pool": 2,
+              "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1000}}
+    out = tmp_path / "run"
+    recipe.run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
+    plan = json.loads((out / "plan.json").read_text())
+    q, steps = plan["source_queries"], plan["finetune_steps"]
+    assert plan["source_queries_available"] == 400 and 8 <= q < 400 and steps * 8 >= q
+    weights = json.loads((out / "finetune" / "idro_weights.json").read_text())
+    assert sum(weights["clusterings"][0]["sizes"]) == q  # the first K-Means clustered the draw, not the task
+    recipe.run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
+    assert json.loads((out / "plan.json").read_text()) == plan  # a re-run keeps the plan and its draw
 
 
 def _joint_run(tiny_st_dir, tiny_beir, tmp_path, name, weight=None, steps=2):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,6 +59,9 @@ class RetrievalTrainingData:
         self.neg_idx = np.zeros(0, dtype=np.int64)
         self.negatives_source = "none"
         self.name = name or "training data"
+        self.available_queries = len(self.query_ids)
+        self.full_corpus_docs = len(corpus)
+        self.mining_seconds = 0.0  # BM25 mining and pool restriction, as timed by from_beir
         self._titles = "title" in corpus.column_names
 
     # ---------------------------------------------------------------------------------------- building
@@ -101,14 +105,19 @@ class RetrievalTrainingData:
         if missing:
             logger.warning("%d queries skipped: their positives have empty text in the corpus (e.g. %s)",
                            len(missing), missing[:5])
+        available = len(qids)
         if max_queries is not None and max_queries < len(qids):
             keep = np.sort(np.random.default_rng(seed).choice(len(qids), max_queries, replace=False))
             qids, texts, positives = [qids[i] for i in keep], [texts[i] for i in keep], [positives[i] for i in keep]
         out = cls(data.corpus, qids, texts, positives, name=f"{Path(data.folder).name}:{split}")
+        out.available_queries = available  # judged queries with a positive, before the max_queries draw
+        out.full_corpus_docs = len(data.corpus)
         if negatives == "bm25":
+            t0 = time.perf_counter()
             out.mine_bm25_negatives(top_k=bm25_top_k)
             if corpus_pool:
                 out.restrict_corpus_to_pool(corpus_pool)
+            out.mining_seconds = time.perf_counter() - t0
         elif negatives != "none":
             raise ValueError(f"negatives must be 'bm25' or 'none', got {negatives!r}")
         elif corpus_pool:
