@@ -6,6 +6,8 @@ Both backends give the same results on the same inputs (up to float rounding and
 from __future__ import annotations
 
 import logging
+import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -207,3 +209,49 @@ def assign_to_centroids(x: np.ndarray | torch.Tensor, centroids: np.ndarray) -> 
     from sklearn.metrics import pairwise_distances_argmin
 
     return pairwise_distances_argmin(_as_f32_numpy(x), _as_f32_numpy(centroids)).astype(np.int64)
+
+
+class BM25Index:
+    """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`."""
+
+    def __init__(self, texts: list[str] | None, *, k1: float = 1.5, b: float = 0.75, language: str = "english",
+                 show_progress: bool = False):
+        import bm25s
+        import Stemmer
+
+        self._bm25s = bm25s
+        self.k1, self.b, self.language = k1, b, language
+        self.stemmer = Stemmer.Stemmer(language)
+        self.stopwords = "en" if language == "english" else None
+        self.show_progress = show_progress
+        if texts is None:  # filled by load()
+            return
+        tokens = bm25s.tokenize(texts, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=show_progress)
+        self.retriever = bm25s.BM25(k1=k1, b=b)
+        self.retriever.index(tokens, show_progress=show_progress)
+        self.ntotal = len(texts)
+
+    def config(self) -> dict[str, Any]:
+        """The settings a saved index is loaded with."""
+        return {"k1": self.k1, "b": self.b, "language": self.language, "num_docs": self.ntotal}
+
+    def save(self, folder: str | os.PathLike) -> None:
+        """Write the bm25s index (no texts) into ``folder``."""
+        self.retriever.save(str(folder), show_progress=False)
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, config: dict[str, Any]) -> BM25Index:
+        """An index written by :meth:`save`, with the :meth:`config` it was saved with."""
+        index = cls(None, k1=config["k1"], b=config["b"], language=config["language"])
+        index.retriever = index._bm25s.BM25.load(str(folder), show_progress=False)
+        index.ntotal = int(config["num_docs"])
+        return index
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        k = min(k, self.ntotal)
+        q_tokens = self._bm25s.tokenize(
+            queries, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=False,
+        )
+        # A query made only of stop words has no tokens; bm25s then scores every document 0.
+        idx, scores = self.retriever.retrieve(q_tokens, k=k, show_progress=self.show_progress, n_threads=0)
+        return np.asarray(scores, np.float32), np.asarray(idx, np.int64)

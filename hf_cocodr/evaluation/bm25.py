@@ -1,4 +1,5 @@
-"""BM25 with bm25s (English Snowball stemmer, English stop words): the lexical baseline and negative miner."""
+"""BM25 evaluation on a BEIR split (the index itself, :class:`~hf_cocodr.index.BM25Index`, lives with the other
+indexes)."""
 
 from __future__ import annotations
 
@@ -7,39 +8,11 @@ import os
 import time
 from typing import Any
 
-import numpy as np
-
 from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
+from ..index import BM25Index
 from .retrieval import summarize, write_result
 
 logger = logging.getLogger(__name__)
-
-
-class BM25Index:
-    """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`."""
-
-    def __init__(self, texts: list[str], *, k1: float = 1.5, b: float = 0.75, language: str = "english",
-                 show_progress: bool = False):
-        import bm25s
-        import Stemmer
-
-        self._bm25s = bm25s
-        self.stemmer = Stemmer.Stemmer(language)
-        self.stopwords = "en" if language == "english" else None
-        tokens = bm25s.tokenize(texts, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=show_progress)
-        self.retriever = bm25s.BM25(k1=k1, b=b)
-        self.retriever.index(tokens, show_progress=show_progress)
-        self.ntotal = len(texts)
-        self.show_progress = show_progress
-
-    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        k = min(k, self.ntotal)
-        q_tokens = self._bm25s.tokenize(
-            queries, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=False,
-        )
-        # A query made only of stop words has no tokens; bm25s then scores every document 0.
-        idx, scores = self.retriever.retrieve(q_tokens, k=k, show_progress=self.show_progress, n_threads=0)
-        return np.asarray(scores, np.float32), np.asarray(idx, np.int64)
 
 
 def evaluate_bm25(

@@ -1,0 +1,110 @@
+"""The hybrid retriever: fusion rules on hand-made rankings, save/load round trips, and what a load refuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from hf_cocodr.errors import ConfigError
+from hf_cocodr.hybrid import FusionConfig, HybridRetriever, fuse
+
+# one query: dense ranks rows 0, 1, 2 (scores 3, 2, 1); BM25 ranks rows 2, 3 (scores 10, 5)
+DENSE = (np.array([0, 1, 2]), np.array([3.0, 2.0, 1.0]))
+BM25 = (np.array([2, 3]), np.array([10.0, 5.0]))
+
+
+def _fused(rule, w, k=4):
+    rows, scores = fuse(DENSE[0], DENSE[1], BM25[0], BM25[1], FusionConfig(rule=rule, dense_weight=w), k)
+    return rows.tolist(), scores
+
+
+def test_convex_fusion_of_z_normalised_scores_by_hand():
+    # z(dense) = (1.2247, 0, -1.2247), z(bm25) = (1, -1); a row a system did not return sits 1 below its last
+    z = np.sqrt(1.5)
+    want = {0: (z, -2.0), 1: (0.0, -2.0), 2: (-z, 1.0), 3: (-z - 1.0, -1.0)}
+    for w, order in ((0.5, [2, 0, 1, 3]), (0.2, [2, 3, 0, 1]), (0.8, [0, 1, 2, 3])):
+        rows, scores = _fused("convex", w)
+        assert rows == order
+        np.testing.assert_allclose(scores, [w * want[r][0] + (1 - w) * want[r][1] for r in order], rtol=1e-6)
+
+
+def test_reciprocal_rank_fusion_by_hand_with_ties_broken_by_the_dense_rank():
+    rows, scores = _fused("rrf", 0.5)
+    # row 2: 0.5/63 + 0.5/61; row 0: 0.5/61; rows 1 and 3: 0.5/62 each, row 1 first (the dense system ranked it)
+    assert rows == [2, 0, 1, 3]
+    np.testing.assert_allclose(scores, [0.5 / 63 + 0.5 / 61, 0.5 / 61, 0.5 / 62, 0.5 / 62], rtol=1e-6)
+
+
+def test_the_weights_ends_are_each_system_alone():
+    assert _fused("convex", 1.0, k=3)[0] == [0, 1, 2]  # dense order
+    assert _fused("convex", 0.0, k=2)[0] == [2, 3]  # BM25 order
+    assert _fused("rrf", 1.0, k=3)[0] == [0, 1, 2] and _fused("rrf", 0.0, k=2)[0] == [2, 3]
+
+
+@pytest.mark.parametrize("bad", [{"rule": "max"}, {"dense_weight": 1.5}, {"depth": 0}, {"dense_weight": True}])
+def test_bad_fusion_settings_are_refused_by_name(bad):
+    with pytest.raises(ConfigError, match=next(iter(bad)).split("_")[0]):
+        FusionConfig(**bad)
+
+
+@pytest.fixture(scope="module")
+def built(tiny_st_dir, tiny_beir):
+    return HybridRetriever.build(str(tiny_st_dir), tiny_beir, fusion={"depth": 20})
+
+
+def _queries(tiny_beir) -> list[str]:
+    lines = (tiny_beir / "queries.jsonl").read_text().splitlines()
+    return [json.loads(line)["text"] for line in lines[:2]] + ["the"]  # "the": a query of stop words only
+
+
+def test_a_saved_retriever_loads_and_returns_the_same_ids_and_scores(built, tmp_path, tiny_st_dir, tiny_beir):
+    ids, scores = built.search(_queries(tiny_beir), k=5)
+    assert all(len(x) == 5 for x in ids) and all(s == sorted(s, reverse=True) for s in scores)
+    built.save(tmp_path / "h")
+    again = HybridRetriever.load(tmp_path / "h", corpus=tiny_beir)
+    assert again.search(_queries(tiny_beir), k=5) == (ids, scores)
+    assert again.fusion == built.fusion and again.doc_ids == built.doc_ids
+    # saving again replaces the retriever's own folder in one step
+    built.save(tmp_path / "h")
+    assert HybridRetriever.load(tmp_path / "h").search(_queries(tiny_beir), k=5) == (ids, scores)
+
+
+def test_the_hybrid_at_its_ends_is_the_dense_or_the_bm25_ranking(built, tiny_beir):
+    dense = HybridRetriever(built.model, built.doc_ids, built.embeddings, built.bm25,
+                            FusionConfig(dense_weight=1.0, depth=20), built.meta)
+    _, rows = built.search_dense(_queries(tiny_beir)[:2], 5)
+    assert dense.search(_queries(tiny_beir)[:2], k=5)[0] == [[built.doc_ids[r] for r in q] for q in rows]
+    lexical = HybridRetriever(built.model, built.doc_ids, built.embeddings, built.bm25,
+                              FusionConfig(dense_weight=0.0, depth=20), built.meta)
+    scores, rows = built.search_bm25(_queries(tiny_beir)[:1], 3)
+    assert (scores > 0).all()
+    assert lexical.search(_queries(tiny_beir)[:1], k=3)[0] == [[built.doc_ids[r] for r in rows[0]]]
+
+
+def test_a_changed_corpus_another_model_and_a_foreign_folder_are_refused(built, tmp_path, tiny_beir, tiny_bert_dir,
+                                                                       tiny_bert_nomlm_dir):
+    built.save(tmp_path / "h")
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_beir, changed)
+    lines = (changed / "corpus.jsonl").read_text().splitlines()
+    doc = json.loads(lines[3])
+    doc["text"] += " one more sentence"
+    lines[3] = json.dumps(doc)
+    (changed / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError, match="not the one .* was built from"):
+        HybridRetriever.load(tmp_path / "h", corpus=changed)
+    with pytest.raises(ConfigError, match="weights .* are not those"):
+        HybridRetriever.load(tmp_path / "h", model=str(tiny_bert_nomlm_dir))
+    # the raw checkpoint the model was exported from has the same weights: accepted
+    assert HybridRetriever.load(tmp_path / "h", model=str(tiny_bert_dir)).doc_ids == built.doc_ids
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not a saved hybrid retriever"):
+        built.save(mine)
+    assert (mine / "notes.txt").read_text() == "keep"
+    with pytest.raises(ConfigError, match="not a saved hybrid retriever"):
+        HybridRetriever.load(mine)
