@@ -58,6 +58,11 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
                    help="fp32 (exact), bf16 (autocast; fast only with native bf16) or int8 (dynamic, CPU)")
     p.add_argument("--output", default=None, help="also write the JSON result and the run (top-100 per query) here")
     p.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with the checkpoint")
+    p.add_argument("--hybrid", action="store_true",
+                   help="evaluate the hybrid of the model and BM25 (top-level metrics; dense and bm25 beside them)")
+    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
+    p.add_argument("--dense-weight", dest="dense_weight", type=float, default=None,
+                   help="with --hybrid: the dense system's weight in [0, 1]")
 
 
 def _run_evaluate(args, _rest) -> int:
@@ -68,13 +73,20 @@ def _run_evaluate(args, _rest) -> int:
     _output_file("--output", args.output)
     from .data.beir import load_beir
 
+    fusion = {k: v for k, v in (("rule", args.fusion), ("dense_weight", args.dense_weight)) if v is not None}
+    if fusion and not args.hybrid:
+        raise UsageError("--fusion / --dense-weight need --hybrid")
+    if args.hybrid:
+        from .fusion import FusionConfig
+
+        FusionConfig(**fusion)  # a bad weight fails before any work
     data = load_beir(args.data_dir, args.split)  # bad data fails before the model is loaded
     check_model_source(args.model)
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
         model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
         doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, output=args.output,
-        encode_precision=args.encode_precision,
+        encode_precision=args.encode_precision, hybrid=args.hybrid, fusion=fusion or None,
     )
     print_result_line(result)
     return 0

@@ -108,3 +108,33 @@ def test_a_changed_corpus_another_model_and_a_foreign_folder_are_refused(built, 
     assert (mine / "notes.txt").read_text() == "keep"
     with pytest.raises(ConfigError, match="not a saved hybrid retriever"):
         HybridRetriever.load(mine)
+
+
+def test_evaluate_hybrid_at_its_ends_equals_the_dense_and_the_bm25_evaluation(tiny_st_dir, tiny_beir):
+    from hf_cocodr import evaluate_bm25, evaluate_retrieval
+
+    kw = dict(split="train", top_k=50, show_progress_bar=False, k_values=(1, 3, 10))
+    dense = evaluate_retrieval(str(tiny_st_dir), tiny_beir, **kw)
+    at_one = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 1.0, "depth": 20},
+                                **kw)
+    assert at_one["ndcg@10"] == dense["ndcg@10"] and at_one["dense"]["ndcg@10"] == dense["ndcg@10"]
+    bm25 = evaluate_bm25(tiny_beir, "train", top_k=50, k_values=(1, 3, 10))
+    at_zero = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 0.0, "depth": 20},
+                                 **kw)
+    assert at_zero["ndcg@10"] == bm25["ndcg@10"] == at_zero["bm25"]["ndcg@10"]
+    mixed = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, **kw)
+    assert mixed["fusion"]["rule"] == "convex" and mixed["num_queries"] == dense["num_queries"]
+
+
+def test_the_cli_prints_the_hybrid_with_dense_and_bm25_beside_it(tiny_st_dir, tiny_beir, capsys):
+    from hf_cocodr.cli import main
+
+    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--hybrid", "--fusion", "rrf"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {"ndcg@10", "dense", "bm25"} <= set(line) and line["fusion"]["rule"] == "rrf"
+    assert "ndcg@10" in line["dense"] and "ndcg@10" in line["bm25"]
+    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--dense-weight", "0.3"]) == 2
+    assert "need --hybrid" in capsys.readouterr().err
+    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--hybrid",
+                 "--dense-weight", "1.5"]) == 2
+    assert "dense_weight" in capsys.readouterr().err

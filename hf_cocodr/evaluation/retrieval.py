@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..data.beir import BEIRData, column_array, column_numpy, doc_text, load_beir
-from ..index import DenseIndex
+from ..fusion import FusionConfig, fuse
+from ..index import BM25Index, DenseIndex
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..utils import atomic_write_json
@@ -144,6 +146,8 @@ def evaluate_retrieval(
     show_progress_bar: bool = True,
     return_run: bool = False,
     encode_precision: str = "fp32",
+    hybrid: bool = False,
+    fusion: FusionConfig | dict | None = None,
 ) -> dict[str, Any]:
     """Evaluate a SentenceTransformer on a BEIR split with exact search.
 
@@ -159,6 +163,11 @@ def evaluate_retrieval(
         top_k: documents retrieved per query.
         output: also write the result JSON and the run (top-100 per query) to this file (atomically).
         encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`).
+        hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.fusion`): the
+            top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
+            (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
+            ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
+        fusion: a :class:`~hf_cocodr.fusion.FusionConfig` (or its fields as a mapping); default: the package's.
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -196,11 +205,55 @@ def evaluate_retrieval(
         index_backend=index.backend,
         encode_precision=encode_precision,
     )
+    if hybrid:
+        result, run = _hybrid_result(result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels,
+                                     fusion, top_k, k_values)
     if output is not None:
         write_result(output, result, run)
     if return_run:
         result["run"] = run
     return result
+
+
+def _hybrid_result(dense_result, dense_run, index: DenseIndex, order, corpus, qids, query_texts, q_emb, qrels,
+                   fusion, top_k: int, k_values) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
+    dense and BM25 metrics beside them; returns the result and the hybrid's run."""
+    fusion = fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
+    doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
+    t0 = time.perf_counter()
+    texts = [doc_text(t, x) for t, x in zip(corpus["title"] if "title" in corpus.column_names else [""] * len(corpus),
+                                             corpus["text"])]
+    bm25 = BM25Index(texts)
+    del texts
+    index_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    b_scores, b_rows = bm25.search(query_texts, top_k)
+    bm25_s = time.perf_counter() - t1
+    bm25_run = {q: {doc_ids[j]: float(sc) for j, sc in zip(b_rows[i], b_scores[i]) if sc > 0}
+                for i, q in enumerate(qids)}
+    t2 = time.perf_counter()
+    depth = min(fusion.depth, top_k)
+    d_scores, d_idx = index.search(q_emb, depth)
+    run: dict[str, dict[str, float]] = {}
+    for i, qid in enumerate(qids):
+        valid = d_idx[i] >= 0
+        keep = b_scores[i][:depth] > 0  # BM25 gives zero to a document without any query term: not a candidate
+        rows, fused = fuse(order[d_idx[i][valid]], d_scores[i][valid], b_rows[i][:depth][keep],
+                           b_scores[i][:depth][keep], fusion, 2 * depth)
+        run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
+    fuse_s = time.perf_counter() - t2
+    keys = [k for k in dense_result if k not in ("run",)]
+    out = summarize(qrels, run, k_values=k_values)
+    out.update(
+        num_queries=dense_result["num_queries"], num_docs=dense_result["num_docs"], fusion=asdict(fusion),
+        encode_seconds=dense_result["encode_seconds"], bm25_index_seconds=round(index_s, 3),
+        search_seconds=round(dense_result["search_seconds"] + bm25_s + fuse_s, 3),
+        dense={k: dense_result[k] for k in keys},
+        bm25={**summarize(qrels, bm25_run, k_values=k_values), "index_seconds": round(index_s, 3),
+              "search_seconds": round(bm25_s, 3)},
+    )
+    return out, run
 
 
 def summarize(qrels, run, k_values=(1, 3, 5, 10, 100, 1000)) -> dict[str, Any]:
