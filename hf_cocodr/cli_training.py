@@ -280,6 +280,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
                    help="token limit of training texts (default 128)")
     p.add_argument("--no-start-eval", dest="evaluate_start", action="store_false", default=None,
                    help="do not evaluate the starting model on the --eval splits")
+    p.add_argument("--no-save-hybrid", dest="save_hybrid", action="store_false", default=None,
+                   help="do not save a hybrid retriever (final model + BM25) for each target corpus in OUT/hybrid")
     p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:`, `finetune:` and `target:` "
                                                   "mappings of CocoPretrainingArguments / IDROTrainingArguments fields")
 
@@ -327,7 +329,7 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
     if ns.target_queries:
         config["target_queries"] = list(ns.target_queries)
     for key in ("schedule", "coco_mlm_weight", "coco_learning_rate", "target_pairs", "target_schedule",
-                "train_max_length", "evaluate_start"):
+                "train_max_length", "evaluate_start", "save_hybrid"):
         if getattr(ns, key) is not None:
             config[key] = getattr(ns, key)
     if ns.wise_alpha is not None:

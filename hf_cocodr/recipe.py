@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .data.beir import load_corpus, parse_eval_spec
+from .data.beir import BEIRFormatError, load_corpus, parse_eval_spec
 from .data.pseudo_pairs import PSEUDO_PAIR_MODES, target_pseudo_pairs
 from .data.spans import SpanCorpus
 from .data.training import RetrievalTrainingData
@@ -95,6 +95,7 @@ class RecipeConfig:
     target_share: float | str = "auto"
     train_max_length: int = 128  # token limit of training texts (documents and spans)
     evaluate_start: bool = True  # also evaluate the starting model on the --eval splits (reported side by side)
+    save_hybrid: bool = True  # save a hybrid retriever (final model + BM25) for each target corpus in OUT/hybrid
     skip_coco: bool | str = "auto"
     skip_finetune: bool | str = "auto"
     seed: int = 42
@@ -161,7 +162,7 @@ class RecipeConfig:
         whole("seed", 0, allow_none=False)
         if not isinstance(self.source_split, str) or not self.source_split:
             raise ConfigError(f"recipe option source_split must be a split name, got {self.source_split!r}")
-        for flag in ("include_source_corpus", "evaluate_start"):
+        for flag in ("include_source_corpus", "evaluate_start", "save_hybrid"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"recipe option {flag} must be true or false, got {getattr(self, flag)!r}")
         for name in ("methods", "target_queries"):
@@ -254,8 +255,8 @@ MLM_HEAD_WARMUP_SHARE = 0.3
 
 
 # Everything run_recipe writes into its output folder (declared in its record before any stage starts).
-RECIPE_ENTRIES = ("coco-runs", "coco", "finetune", "target", "wise", "model", "plan.json", "start_eval.json",
-                  "eval.json", "recipe.json", "idro_weights.json")
+RECIPE_ENTRIES = ("coco-runs", "coco", "finetune", "target", "wise", "model", "hybrid", "plan.json",
+                  "start_eval.json", "eval.json", "recipe.json", "idro_weights.json")
 
 
 def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
@@ -665,19 +666,27 @@ def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) ->
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if cached.get("model") != model:
         cached = {"model": model, "results": {}}
-    todo = [s for s in evals if s not in cached["results"]]
+    todo = [s for s in evals if "hybrid" not in cached["results"].get(s, {})]
     if todo:
 
         st = load_encoder(model)
         for spec in todo:
             folder, split = parse_eval_spec(spec)
-            res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size)
-            cached["results"][spec] = {k: res[k] for k in SUMMARY_KEYS}
+            res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True)
+            cached["results"][spec] = split_hybrid(res)
             atomic_write_json(path, cached)
     return {s: cached["results"][s] for s in evals}
 
 
 SUMMARY_KEYS = ("ndcg@10", "recall@100", "mrr@10", "num_queries", "num_docs")
+CHANNEL_KEYS = ("ndcg@10", "recall@100", "mrr@10")
+
+
+def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid evaluation as the recipe reports it: the dense model's metrics at the top level (the model is what
+    the recipe trains), with ``"bm25"`` and ``"hybrid"`` beside them."""
+    return {**{k: result["dense"][k] for k in SUMMARY_KEYS}, "bm25": {k: result["bm25"][k] for k in CHANNEL_KEYS},
+            "hybrid": {**{k: result[k] for k in CHANNEL_KEYS}, "fusion": result["fusion"]}}
 
 
 # ---------------------------------------------------------------------------------------------- the recipe
@@ -796,7 +805,8 @@ class _RecipeRun:
         # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage
         # is skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
         self.plan_id = digest({"inputs": fps, "max_minutes": max_minutes, "config": {
-            k: v for k, v in asdict(cfg).items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size")}})
+            k: v for k, v in asdict(cfg).items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size",
+                                                             "save_hybrid")}})
         self.plan = _fixed_plan(cfg) if max_minutes is None else _saved_plan(out, self.plan_id)
         self.ids = self._ids() if self.plan else {}
         self.train_data = self.target_data = self.spans = None
@@ -1079,17 +1089,39 @@ class _RecipeRun:
         seconds["export"] = round(time.perf_counter() - t0, 1)
         train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
         t0 = time.perf_counter()
-        results = evaluate_all(load_encoder(str(self.final_dir)), self.evals, self.final_dir,
-                               batch_size=self.cfg.eval_batch_size)
-        summary = {spec: {k: r[k] for k in SUMMARY_KEYS} for spec, r in results.items()}
+        final = load_encoder(str(self.final_dir))
+        results = evaluate_all(final, self.evals, self.final_dir, batch_size=self.cfg.eval_batch_size, hybrid=True)
+        summary = {spec: split_hybrid(r) for spec, r in results.items()}
         seconds["evaluation"] = round(time.perf_counter() - t0, 1)
         if self.evals and self.cfg.evaluate_start:
             self._add_start(summary)
+        if self.cfg.save_hybrid and self.target_corpora:
+            t0 = time.perf_counter()
+            self._save_hybrids(final)
+            seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
         self._write_records(summary, train_seconds)
         logger.info("recipe finished: training %.1f minutes%s, evaluation %.1f minutes", train_seconds / 60,
                     f" (budget {self.max_minutes:g})" if self.max_minutes is not None else "",
                     (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60)
         return summary
+
+    def _save_hybrids(self, model) -> None:
+        """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
+        from .hybrid import HybridRetriever
+
+        names: dict[str, int] = {}
+        for corpus in self.target_corpora:
+            path = Path(str(corpus))
+            name = path.name if path.name != "corpus.jsonl" else path.parent.name
+            names[name] = names.get(name, 0) + 1
+            folder = self.out / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")
+            try:
+                hybrid = HybridRetriever.build(model, corpus, batch_size=self.cfg.eval_batch_size)
+            except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
+                logger.warning("no hybrid retriever for %s: %s", corpus, e)
+                continue
+            hybrid.save(folder)
+            logger.info("hybrid retriever for %s saved in %s (HybridRetriever.load)", corpus, folder)
 
     def _add_start(self, summary: dict) -> None:
         t0 = time.perf_counter()
@@ -1118,9 +1150,14 @@ class _RecipeRun:
             record["budget_seconds"] = round(self.max_minutes * 60.0, 1)
             record["train_over_budget_seconds"] = round(train_seconds - self.max_minutes * 60.0, 1)
         keys = ("ndcg@10", "recall@100")
+
+        def row(v: dict) -> dict:
+            return {**{k: v[k] for k in keys}, **{ch: {k: v[ch][k] for k in keys} for ch in ("bm25", "hybrid")
+                                                 if ch in v}}
+
         write_model_card(self.final_dir, load_encoder(str(self.final_dir)), {
             "recipe_schedule": self.choice,
-            "start_vs_adapted": {s: {"adapted": {k: v[k] for k in keys}, "start": {k: v["start"][k] for k in keys}}
+            "start_vs_adapted": {s: {"adapted": row(v), "start": row(v["start"])}
                                  for s, v in summary.items() if "start" in v}})
         atomic_write_json(self.out / "eval.json", summary)
         atomic_write_json(self.out / "recipe.json", record)

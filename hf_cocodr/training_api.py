@@ -37,13 +37,19 @@ def previous_training_info(model_path: str | os.PathLike | None) -> dict[str, An
 
 
 def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, **kwargs) -> dict[str, dict]:
-    """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``."""
+    """Evaluate on every ``DIR:SPLIT``; results keyed by the spec, written to ``output_dir/eval.json``. ``kwargs`` go
+    to :func:`~hf_cocodr.evaluation.retrieval.evaluate_retrieval` (``hybrid=True``: the hybrid with BM25 at the top
+    level, the dense and BM25 metrics beside it)."""
     results: dict[str, dict] = {}
     for spec in evals:
         folder, split = parse_eval_spec(spec)
         res = evaluate_retrieval(model, folder, split, show_progress_bar=False, **kwargs)
         results[spec] = res
-        logger.info("%s: nDCG@10 %.4f, Recall@100 %.4f", spec, res["ndcg@10"], res["recall@100"])
+        if "dense" in res:
+            logger.info("%s: nDCG@10 %.4f dense, %.4f BM25, %.4f hybrid", spec, res["dense"]["ndcg@10"],
+                        res["bm25"]["ndcg@10"], res["ndcg@10"])
+        else:
+            logger.info("%s: nDCG@10 %.4f, Recall@100 %.4f", spec, res["ndcg@10"], res["recall@100"])
     if output_dir is not None and results:
         path = Path(output_dir) / EVAL_FILE
         prev = json.loads(path.read_text()) if path.is_file() else {}

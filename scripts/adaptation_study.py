@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev")]
 # Source data as in the demo: 1,000 SQuAD questions, a mining pool of positives + BM25 top-2.
-BASE = {"max_queries": 1000, "corpus_pool": 2}
+BASE = {"max_queries": 1000, "corpus_pool": 2, "save_hybrid": False}
 NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
 # the COCO soup spelled out (the no_mlm_head schedule since session 6), so its rows keep their meaning
 SOUP = {"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76, **NO_EXTRAS}
@@ -134,7 +134,7 @@ STARTS = {
     # questions many times, so it reads 20,000 SQuAD questions (COCO-DR's source is MS MARCO's 500k).
     "splade-tiny": {"work": "outputs/paper_setting", "report": "reports/paper_setting",
                     "findings": "reports/paper_setting_findings.md", "doc_max_length": 256,
-                    "base": {"max_queries": 20000, "corpus_pool": 2},
+                    "base": {"max_queries": 20000, "corpus_pool": 2, "save_hybrid": False},
                     "describe": "splade-tiny (2 layers, hidden 128, trained MLM head; MS MARCO SPLADE only; CLS "
                                 "pooling, dot product)"},
 }

@@ -155,6 +155,20 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     card = (out / "model" / "README.md").read_text()
     assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
     assert "start → adapted" in card
+    # dense, BM25 and hybrid for the start and the adapted model, as evaluate --hybrid gives them; the card says it;
+    # the hybrid retriever of the target corpus is saved next to the model and searches as built
+    hybrid_start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev", hybrid=True)
+    assert last[spec]["start"]["hybrid"]["ndcg@10"] == hybrid_start["ndcg@10"]
+    assert last[spec]["start"]["bm25"]["ndcg@10"] == hybrid_start["bm25"]["ndcg@10"] == last[spec]["bm25"]["ndcg@10"]
+    adapted = evaluate_retrieval(load_encoder(str(out / "model")), str(tiny_beir), "dev", hybrid=True)
+    assert last[spec]["hybrid"]["ndcg@10"] == adapted["ndcg@10"] and last[spec]["ndcg@10"] == adapted["dense"]["ndcg@10"]
+    assert "hybrid nDCG@10 start → adapted" in card
+    from hf_cocodr import HybridRetriever
+
+    saved = HybridRetriever.load(out / "hybrid" / tiny_beir.name, corpus=tiny_beir)
+    assert saved.meta["model_fingerprint"] == HybridRetriever.build(str(out / "model"), tiny_beir).meta[
+        "model_fingerprint"]
+    assert len(saved.search(["a query"], k=3)[0][0]) == 3
 
 
 def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
