@@ -121,6 +121,20 @@ ARMS.update({
     "no-idro": ({**PAPER_STAGES, **UNIFORM},
                 "COCO on the target corpora + source passages, then a plain fine-tune on SQuAD (the paper's '-iDRO')"),
     "full": (PAPER_STAGES, "COCO, then iDRO on SQuAD: COCO-DR's stages (the paper's 'Full'; the mlm_head schedule)"),
+    # iDRO with the reference code's weight rule (cosine of the cluster gradients, w <- w^0.1 exp(e), floor 0.01):
+    # bounded steps, where the paper's rule at the recipe's tau moves log w by ~40 nats in one step on splade-tiny
+    # (reports/probe_idro_scale.json) and puts all the weight on one cluster
+    "no-coco-ref": ({"skip_coco": True, "skip_finetune": False, **NO_EXTRAS,
+                     "finetune": {"idro_preset": "reference"}},
+                    "iDRO with the reference code's weight rule on SQuAD alone"),
+    "full-ref": ({**PAPER_STAGES, "finetune": {"idro_preset": "reference"}},
+                 "COCO, then iDRO with the reference code's weight rule"),
+    "full-share0.2": ({**PAPER_STAGES, "coco_share": 0.2, "finetune_share": 0.8},
+                      "COCO-DR's stages with 20% of the budget on COCO (instead of 40%)"),
+    "full-share0.6": ({**PAPER_STAGES, "coco_share": 0.6, "finetune_share": 0.4},
+                      "COCO-DR's stages with 60% of the budget on COCO (instead of 40%)"),
+    "full-targets-only": ({**PAPER_STAGES, "include_source_corpus": False},
+                          "COCO-DR's stages, COCO on the target corpora only (no SQuAD passages)"),
 })
 # The paper's Table 2 (COCO-DR base, nDCG@10 on the test sets), printed beside the paper-setting rows.
 PAPER_TABLE2 = {"full": (0.709, 0.355), "no-idro": (0.688, 0.354), "no-coco": (0.615, 0.333),
