@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import USER_ERRORS
+from .errors import USER_ERRORS, describe_os_error
 from .export import export_sentence_transformer
 from .modeling.loading import check_model_source, load_encoder
 from .utils import setup_logging
@@ -66,7 +66,7 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def _run_evaluate(args, _rest) -> int:
-    from .evaluation.retrieval import evaluate_retrieval, print_result_line
+    from .evaluation.retrieval import evaluate_retrieval, print_result_line, write_result
 
     _positive("--batch-size", args.batch_size)
     _positive("--top-k", args.top_k)
@@ -85,10 +85,13 @@ def _run_evaluate(args, _rest) -> int:
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
         model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
-        doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, output=args.output,
+        doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, return_run=True,
         encode_precision=args.encode_precision, hybrid=args.hybrid, fusion=fusion or None,
     )
-    print_result_line(result)
+    run = result.pop("run")
+    print_result_line(result)  # before --output is written: a failing write never loses the metrics
+    if args.output:
+        write_result(args.output, result, run)
     return 0
 
 
@@ -170,6 +173,19 @@ def _output_file(flag: str, path: str | None) -> None:
         raise UsageError(f"{flag} {path}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
+    if p.is_symlink() or (p.exists() and not _is_result_file(p)):
+        raise UsageError(f"{flag} {path} exists and is not a result file hf-cocodr wrote; hf_cocodr never replaces "
+                         "files it did not write: give a new path")
+
+
+def _is_result_file(path: Path) -> bool:
+    """Whether ``path`` holds a result an evaluation command wrote (a JSON object with metrics and a run)."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "run" in data and "ndcg@10" in data
 
 
 def _load_more_commands() -> None:
@@ -233,6 +249,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = " ".join((str(e) or type(e).__name__).split())  # one line, whatever the library wrote
         print(f"{command}: error: {msg}", file=sys.stderr)
         return 2
+    except OSError as e:  # a fault of the machine, not of the input: disk full, read-only, cross-device, ...
+        if debug:
+            raise
+        print(f"{command}: error: {describe_os_error(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{command}: interrupted; outputs are left as their last complete write (resume a training command "
+              "with --resume_from_checkpoint true)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

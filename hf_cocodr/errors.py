@@ -6,6 +6,7 @@ re-export the errors they raise.
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -40,3 +41,22 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
     PermissionError,
 )
+
+
+_CAUSES = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the file system is read-only",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EXDEV: "source and destination are on different file systems (cross-device link)",
+    errno.EIO: "an input/output error of the device",
+}
+
+
+def describe_os_error(e: OSError) -> str:
+    """One line for a fault of the machine (disk full, read-only, permission, cross-device): the path(s) and the
+    cause in words."""
+    cause = _CAUSES.get(e.errno or -1, e.strerror or type(e).__name__)
+    where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p)
+    return f"{where}: {cause}" if where else cause
