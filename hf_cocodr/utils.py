@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -81,8 +82,29 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
         raise
 
 
+SECRET_KEYS = frozenset({"hub_token", "token", "hf_token", "api_key", "password", "secret", "access_token"})
+_TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
+REDACTED = "<redacted>"
+
+
+def redact_secrets(obj: Any) -> Any:
+    """A copy of a JSON-able value with secrets taken out: the value of every key named like a credential
+    (:data:`SECRET_KEYS`) and every string that has the shape of a Hugging Face token (``hf_...``)."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if str(k).lower() in SECRET_KEYS and v not in (None, "") else redact_secrets(v))
+                for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [redact_secrets(v) for v in obj]
+    if isinstance(obj, str):
+        return _TOKEN_SHAPE.sub(REDACTED, obj)
+    return obj
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+    """Write ``obj`` as JSON atomically, with secrets redacted (:func:`redact_secrets`): no record, plan, card
+    config or result hf_cocodr writes ever holds a token."""
+    atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False)
+                      + "\n")
 
 
 @contextlib.contextmanager

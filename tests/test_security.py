@@ -108,3 +108,22 @@ def test_resolve_inside():
     for bad in ("../x", "/etc/passwd", "logs/../../x"):
         with pytest.raises(ValueError, match="outside"):
             resolve_inside("/tmp/out", bad)
+
+
+def test_a_hub_token_in_a_recipe_stage_mapping_reaches_no_file(tiny_bert_dir, tiny_beir, tmp_path, caplog):
+    """A token given where options are copied (a recipe --config stage mapping) is in no record, card or log line."""
+    import logging
+
+    from hf_cocodr.recipe import run_recipe
+
+    token = "hf_" + "Q7x" * 12
+    out = tmp_path / "run"
+    with caplog.at_level(logging.INFO):
+        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out,
+                   config={"skip_coco": True, "finetune_steps": 1, "corpus_pool": None, "save_hybrid": False,
+                           "finetune": {"hub_token": token, "per_device_train_batch_size": 8, "num_clusters": 2}})
+    leaked = [p for p in out.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+    assert not leaked, leaked
+    assert token not in caplog.text
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["config"]["finetune"]["hub_token"] == "<redacted>"
