@@ -762,7 +762,7 @@ def run_recipe(
     fps = {"model": fingerprint(model), "targets": fingerprint([str(t) for t in target_corpora]),
            "source": fingerprint(str(source_data))}
     run = RunFolder.claim(output_dir, "recipe", None if resume else fps, resume=resume,
-                          overwrite=overwrite_output_dir)
+                          overwrite=overwrite_output_dir, writes=RECIPE_ENTRIES)
     run.expect(RECIPE_ENTRIES)
     try:
         return _run_stages(model, list(target_corpora), source_data, Path(output_dir), evals, cfg, choice, has_mlm,

@@ -44,6 +44,20 @@ _MIB = 1 << 20
 _MAX_FILES = 500  # a folder input is fingerprinted by at most this many files (sorted paths)
 
 
+# The entries a training command (finetune, pretrain, a recipe stage) may write into its output folder: the model,
+# its tokenizer, card and records, and the trainer's own files. A user's entry of one of these names is never
+# written beside, even with overwrite: it would be replaced.
+TRAINER_ENTRIES = frozenset({
+    "README.md", "config.json", "config_sentence_transformers.json", "modules.json", "sentence_bert_config.json",
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "generation_config.json",
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
+    "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
+    "0_Transformer", "1_Pooling", "2_Normalize", "2_Dense", "3_Normalize",
+    "condenser_head.safetensors", "condenser_head.json", "hf_cocodr_provenance.json", "hf_cocodr_training.json",
+    "training_args.bin", "trainer_state.json", "eval.json", "runs",
+})
+
+
 class RunMismatchError(ValueError):
     """The output folder belongs to another run (different inputs or settings)."""
 
@@ -225,10 +239,12 @@ class RunFolder:
     @classmethod
     def claim(cls, folder: str | os.PathLike, command: str, identity: dict[str, Any], *, resume: bool = False,
               overwrite: bool = False, replaces_own: bool = False, lock: bool = True, trainer: bool = False,
-              dry_run: bool = False) -> RunFolder | None:
+              dry_run: bool = False, writes: Iterable[str] = ()) -> RunFolder | None:
         """Check ``folder`` against the rules, lock it and write this run's record (``dry_run``: only check, write
-        nothing). ``trainer``: foreign ``checkpoint-*`` folders are refused even with ``overwrite`` (a resume or the
-        trainer's checkpoint rotation could take them for this run's)."""
+        nothing). ``trainer``: foreign ``checkpoint-*`` folders, and foreign entries named like a file a training
+        command writes (:data:`TRAINER_ENTRIES`), are refused even with ``overwrite`` (a resume could take them for
+        this run's, a save would replace them). ``writes``: more entry names this command will write; a foreign
+        entry of one of those names is refused the same way."""
         out = check_not_precious(folder)
         if dry_run:
             lock = False
@@ -240,7 +256,8 @@ class RunFolder:
             old = read_record(out)
             entries = _entries(out)
             own, foreign = _own_and_foreign(old, entries, command, identity, resume)
-            _refuse_foreign(folder, foreign, trainer=trainer, overwrite=overwrite)
+            _refuse_foreign(folder, foreign, trainer=trainer, overwrite=overwrite,
+                            writes=set(writes) | (TRAINER_ENTRIES if trainer else set()))
             run_id = _settle_earlier_run(folder, out, old, own & entries, command, identity, resume=resume,
                                          overwrite=overwrite, replaces_own=replaces_own, dry_run=dry_run)
             if dry_run:
@@ -299,12 +316,19 @@ def _own_and_foreign(old: dict | None, entries: set[str], command: str, identity
     return own, foreign
 
 
-def _refuse_foreign(folder, foreign: list[str], *, trainer: bool, overwrite: bool) -> None:
+def _refuse_foreign(folder, foreign: list[str], *, trainer: bool, overwrite: bool, writes: set[str] = frozenset()
+                    ) -> None:
     checkpoints = [f for f in foreign if f.startswith("checkpoint-")]
     if trainer and checkpoints:
         raise FileExistsError(
             f"{folder} holds checkpoint folders hf_cocodr did not record for it ({', '.join(checkpoints)}); a resume "
             "could take them for this run's: give a new folder")
+    clash = sorted(f for f in foreign if f in writes)
+    if clash:
+        raise FileExistsError(
+            f"{folder} holds {', '.join(clash[:4])}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
+            "and this command would write (replacing it, or writing through it if it is a link); hf_cocodr never "
+            "changes files it did not write: move it away or give a new folder")
     if foreign and not overwrite:
         raise FileExistsError(
             f"{folder} holds files hf_cocodr did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
