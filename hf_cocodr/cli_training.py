@@ -257,8 +257,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
                    help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable")
     p.add_argument("--schedule", default=None, choices=["auto", "paper"],
-                   help="auto (default): settings chosen by the starting model (README: the paper's stages, a fresh MLM "
-                        "head warmed up first); paper: COCO -> iDRO")
+                   help="auto (default): settings chosen by the starting model (README, 'How the recipe chooses its "
+                        "schedule'); paper: COCO -> iDRO")
     p.add_argument("--coco-mlm-weight", dest="coco_mlm_weight", type=float, default=None,
                    help="weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
     p.add_argument("--coco-lr", dest="coco_learning_rate", type=float, default=None, help="COCO learning rate")

@@ -1166,7 +1166,7 @@ class _RecipeRun:
 def _precision_choice(cfg: RecipeConfig) -> dict[str, Any]:
     """The training precision of the stages and why (logged and kept in ``recipe.json``). bf16 is only ever the
     user's choice (``bf16: true`` in a stage's options): where this machine has no native bf16 kernels it is many
-    times slower (README, "Precision on CPUs without native bf16"), and where it has them no measurement here has yet
+    times slower (docs/precision.md), and where it has them no measurement here has yet
     shown the >= 1.2x speed-up without quality loss that a default would need."""
     asked = sorted(stage for stage in ("coco", "finetune", "target") if getattr(cfg, stage).get("bf16"))
     native = native_bf16()
