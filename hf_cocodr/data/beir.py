@@ -72,9 +72,44 @@ def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
         ) from None
 
 
+def open_jsonl(path: Path):
+    """A JSONL file opened for reading bytes; ``.gz`` files are decompressed on the fly (how BEIR's downloads come)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def jsonl_file(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``folder/name.gz`` when only the compressed file is there."""
+    plain, packed = folder / name, folder / f"{name}.gz"
+    return packed if not plain.exists() and packed.is_file() else plain
+
+
+def check_text_field(value, field: str, path: Path, lineno: int) -> str:
+    """A text field of a JSONL record as a string (``None`` reads as empty); anything else, or text that cannot be
+    written as UTF-8 (a lone surrogate from a ``\\ud800`` escape), is refused naming the file and the line."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise BEIRFormatError(f"{field!r} must be a string, got {type(value).__name__} ({str(value)[:40]!r}).", path,
+                              lineno)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BEIRFormatError(f"{field!r} holds a lone surrogate at character {e.start} (an unpaired \\u escape); "
+                              "fix or drop that character.", path, lineno) from None
+    return value
+
+
 def _iter_jsonl_records(path: Path, kind: str):
     """Yield ``(line_number, record)`` for every non-blank line, with clear errors."""
-    with open(path, "rb") as f:
+    try:
+        f = open_jsonl(path)
+    except OSError as e:
+        raise BEIRFormatError(f"cannot read the {kind} file ({e.strerror or e}).", path) from None
+    with f:
         for lineno, raw in enumerate(f, start=1):
             line = _decode_line(raw, path, lineno).strip()
             if not line:
@@ -123,17 +158,11 @@ def _build_table(path: Path, kind: str) -> pa.Table:
             _id = str(_id)
         if not isinstance(_id, str) or not _id.strip():
             raise BEIRFormatError(f"'_id' must be a non-empty string, got {rec['_id']!r}.", path, lineno)
-        text = rec["text"]
-        if text is None:
-            text = ""
-        if not isinstance(text, str):
-            raise BEIRFormatError(f"'text' must be a string, got {type(text).__name__}.", path, lineno)
+        text = check_text_field(rec["text"], "text", path, lineno)
+        _id = check_text_field(_id, "_id", path, lineno)
         cols["_id"].append(_id)
         if with_title:
-            title = rec.get("title") or ""
-            if not isinstance(title, str):
-                raise BEIRFormatError(f"'title' must be a string, got {type(title).__name__}.", path, lineno)
-            cols["title"].append(title)
+            cols["title"].append(check_text_field(rec.get("title"), "title", path, lineno))
         cols["text"].append(text)
         meta = rec.get("metadata")
         cols["metadata"].append(json.dumps(meta, ensure_ascii=False) if meta else "{}")
@@ -210,13 +239,13 @@ def _check_folder(folder: str | os.PathLike) -> Path:
 def load_corpus(folder: str | os.PathLike):
     """The validated corpus of a BEIR folder as a memory-mapped dataset (``_id``, ``title``, ``text``, ...)."""
     folder = _check_folder(folder)
-    return _load_jsonl_dataset(folder / CORPUS_FILE, "corpus")
+    return _load_jsonl_dataset(jsonl_file(folder, CORPUS_FILE), "corpus")
 
 
 def load_queries(folder: str | os.PathLike):
     """The validated queries of a BEIR folder as a memory-mapped dataset (``_id``, ``text``, ...)."""
     folder = _check_folder(folder)
-    return _load_jsonl_dataset(folder / QUERIES_FILE, "queries")
+    return _load_jsonl_dataset(jsonl_file(folder, QUERIES_FILE), "queries")
 
 
 def available_splits(folder: str | os.PathLike) -> list[str]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils import atomic_write_json
-from .beir import BEIRFormatError, doc_text, load_corpus
+from .beir import BEIRFormatError, check_text_field, doc_text, jsonl_file, load_corpus, open_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
             for t, x in zip(titles.to_pylist(), texts.to_pylist()):
                 yield doc_text(t, x)
 
-        st = (path / "corpus.jsonl").stat()
+        st = jsonl_file(path, "corpus.jsonl").stat()
         return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
     if path.is_file():
         def gen_jsonl():
@@ -141,7 +141,7 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
 def jsonl_title_text(path: Path, text_column: str = "text"):
     """``(title, text)`` of every record of a JSONL corpus file; errors name the file and the line."""
 
-    with open(path, "rb") as f:
+    with open_jsonl(path) as f:
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8").strip()
@@ -156,7 +156,8 @@ def jsonl_title_text(path: Path, text_column: str = "text"):
             if not isinstance(rec, dict) or text_column not in rec:
                 keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
                 raise BEIRFormatError(f"missing field {text_column!r} (found {keys}).", path, lineno)
-            yield rec.get("title") or "", rec[text_column] or ""
+            yield (check_text_field(rec.get("title"), "title", path, lineno),
+                   check_text_field(rec[text_column], text_column, path, lineno))
 
 
 def continuation_table(tokenizer) -> np.ndarray:

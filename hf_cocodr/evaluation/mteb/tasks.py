@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ...data.beir import load_beir
+from ...data.beir import jsonl_file, load_beir
 from .common import DEFAULT_LANGUAGES, MAIN_SCORE, check_task_name
 
 
@@ -32,7 +32,7 @@ def _hash_files(paths: Iterable[Path], root: Path | None = None, prefix: str = "
 def beir_revision(folder: str | os.PathLike, split: str) -> str:
     """A content hash of a BEIR split (corpus, queries and ``qrels/<split>.tsv``): the task's dataset revision."""
     folder = Path(folder)
-    files = [folder / "corpus.jsonl", folder / "queries.jsonl", folder / "qrels" / f"{split}.tsv"]
+    files = [jsonl_file(folder, "corpus.jsonl"), jsonl_file(folder, "queries.jsonl"), folder / "qrels" / f"{split}.tsv"]
     return _hash_files([p for p in files if p.is_file()], folder)
 
 
