@@ -135,6 +135,11 @@ ARMS.update({
                       "COCO-DR's stages with 60% of the budget on COCO (instead of 40%)"),
     "full-targets-only": ({**PAPER_STAGES, "include_source_corpus": False},
                           "COCO-DR's stages, COCO on the target corpora only (no SQuAD passages)"),
+    # the paper's COCO learning rate for base models (1e-4, DESIGN.md section 3) instead of the recipe's 2e-5
+    "no-idro-lr1e-4": ({**PAPER_STAGES, **UNIFORM, "coco_learning_rate": 1e-4},
+                       "COCO at lr 1e-4 (the paper's), then a plain fine-tune on SQuAD"),
+    "full-ref-lr1e-4": ({**PAPER_STAGES, "coco_learning_rate": 1e-4, "finetune": {"idro_preset": "reference"}},
+                        "COCO at lr 1e-4 (the paper's), then iDRO with the reference code's weight rule"),
 })
 # The paper's Table 2 (COCO-DR base, nDCG@10 on the test sets), printed beside the paper-setting rows.
 PAPER_TABLE2 = {"full": (0.709, 0.355), "no-idro": (0.688, 0.354), "no-coco": (0.615, 0.333),
