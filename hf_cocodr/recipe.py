@@ -30,6 +30,7 @@ import numpy as np
 from .data.beir import BEIRFormatError, load_corpus, parse_eval_spec
 from .data.pseudo_pairs import PSEUDO_PAIR_MODES, target_pseudo_pairs
 from .data.spans import SpanCorpus
+from .data.target_queries import refuse_eval_overlap
 from .data.training import RetrievalTrainingData
 from .errors import ConfigError
 from .export import export_sentence_transformer
@@ -756,6 +757,7 @@ def run_recipe(
                           f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
                           f"{cfg.target_pairs}); switch one on")
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
+    refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
                 choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
 

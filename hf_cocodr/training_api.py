@@ -11,6 +11,7 @@ from typing import Any
 # the trainers and load_encoder are looked up on their modules at call time (tests replace them there)
 from . import finetuning, pretraining
 from .data.beir import parse_eval_spec
+from .data.target_queries import refuse_eval_overlap
 from .data.training import RetrievalTrainingData
 from .evaluation.evaluator import BEIRRetrievalEvaluator
 from .evaluation.retrieval import evaluate_retrieval
@@ -97,7 +98,8 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     (:class:`~hf_cocodr.evaluation.evaluator.BEIRRetrievalEvaluator`: ``eval_{folder}_{split}_ndcg@10``, ...)."""
     if args is None:
         args = finetuning.IDROTrainingArguments(output_dir="outputs/finetune")
-    _check_inputs(model, {"--target-corpus": target_corpora, "--target-queries": target_queries}, evals, args)
+    _check_inputs(model, {"--target-corpus": target_corpora}, evals, args)
+    refuse_eval_overlap(list(target_queries), list(evals))  # also reads (checks) every --target-queries source
     validate_methods(methods, target_corpora, target_queries)  # an unknown --method fails before any work
     evaluator = None
     if eval_during_training:

@@ -14,7 +14,6 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed as D
-from ..data.beir import load_queries
 from ..data.spans import corpus_source
+from ..data.target_queries import read_target_queries
 from ..errors import ConfigError
 from .base import Method, check_number
 
@@ -265,19 +264,13 @@ def target_texts(target_corpora, max_texts: int = 50_000, seed: int = 0) -> list
 
 
 def target_query_texts(sources) -> tuple[list[str], list[str]]:
-    """Unlabelled target queries for MoDIR: ``(texts, names)`` from BEIR folders (their ``queries.jsonl``; qrels are
-    never read) or JSONL files with a ``text`` field."""
+    """Unlabelled target queries for MoDIR: ``(texts, names)`` from ``--target-queries`` sources (BEIR folders,
+    ``DIR:SPLIT`` whose qrels labels are never read, or JSONL files; :mod:`hf_cocodr.data.target_queries`)."""
     texts, names = [], []
     for spec in sources:
-        path = Path(str(spec)).expanduser()
-        if path.is_dir():
-            texts += [t for t in load_queries(path)["text"] if t and t.strip()]
-            names.append(path.name)
-        elif path.is_file():
-            texts += [t for t in corpus_source(path).texts() if t.strip()]
-            names.append(path.name)
-        else:
-            raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file")
+        src = read_target_queries(spec)
+        texts += src.texts
+        names.append(src.name)
     if sources and not texts:
         raise ConfigError(f"target queries {list(map(str, sources))}: no non-empty query text found")
     return texts, names
