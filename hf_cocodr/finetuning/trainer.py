@@ -55,7 +55,7 @@ def _default_loss(model, args) -> IDROLoss:
         model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta, tau=args.idro_tau,
         grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
         in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
-        gather_across_devices=args.world_size > 1,
+        gather_across_devices=args.world_size > 1, gram_normalization=args.idro_gram_normalization,
     )
 
 

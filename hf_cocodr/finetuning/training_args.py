@@ -41,6 +41,9 @@ class _IDROFields(SentenceTransformerTrainingArguments):
     num_clusters: int = field(default=50, metadata={"help": "K, number of query clusters"})
     idro_beta: float = field(default=0.25, metadata={"help": "beta of the loss-scaling terms"})
     idro_tau: float = field(default=1.0, metadata={"help": "tau (temperature) of the weight update"})
+    idro_gram_normalization: str = field(default="none", metadata={
+        "help": "paper preset: none (raw gradient inner products, as the paper writes the rule) or diag (the Gram "
+                "divided by its mean diagonal each step, so tau does not depend on the encoder's gradient scale)"})
     idro_grad_params: str = field(default="auto", metadata={"help": "gradient-similarity parameter subset"})
     idro_scale: float = field(default=1.0, metadata={"help": "similarity scale of the InfoNCE"})
     in_batch_negatives: bool = field(default=True, metadata={"help": "use in-batch negatives"})
@@ -77,6 +80,8 @@ class IDROTrainingArguments(*reversed(METHOD_SETTINGS), _IDROFields):
         idro_preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
         num_clusters: K, the number of K-Means query clusters.
         idro_beta / idro_tau: β and τ of the weight update.
+        idro_gram_normalization: ``"none"`` (the paper's rule as written) or ``"diag"`` (the Gram over its mean
+            diagonal, so τ does not depend on the encoder's gradient scale; see :class:`~hf_cocodr.IDROLoss`).
         idro_grad_params: the gradient-similarity parameter subset (``"auto"``, ``"last_layer"``,
             ``"last_norm"``, ``"last_blocks:N"``).
         idro_scale: similarity scale (1/temperature) of the InfoNCE.
@@ -105,6 +110,8 @@ class IDROTrainingArguments(*reversed(METHOD_SETTINGS), _IDROFields):
         super().__post_init__()
         if self.idro_preset not in PRESETS:
             raise ConfigError(f"idro_preset must be one of {PRESETS}, got {self.idro_preset!r}")
+        if self.idro_gram_normalization not in ("none", "diag"):
+            raise ConfigError(f"idro_gram_normalization must be none or diag, got {self.idro_gram_normalization!r}")
         if self.num_clusters < 1:
             raise ConfigError(f"num_clusters must be >= 1, got {self.num_clusters}")
         check_max_steps(self)

@@ -132,6 +132,24 @@ def test_paper_update_hand_computed(st_model):
     torch.testing.assert_close(coef, c / c.sum())
 
 
+def test_diag_normalised_gram_is_the_raw_rule_at_tau_times_the_mean_diagonal(st_model):
+    """gram_normalization="diag": the same hand-made case as above, the Gram divided by its mean diagonal 2.5, gives
+    row sums [0, 4] / tau = [0, 2] at tau 2; and it equals the raw rule at tau 2 x 2.5 exactly."""
+    present = torch.tensor([0, 2])
+    ell = torch.tensor([1.0, 4.0], dtype=torch.float64)
+    gram = torch.tensor([[2.0, -1.0], [-1.0, 3.0]], dtype=torch.float64)
+    normed = make_loss(st_model, preset="paper", beta=0.5, tau=2.0, gram_normalization="diag")
+    coef = normed._update_and_coefficients(present, ell, normed._alpha(ell), gram)
+    logw = torch.full((4,), -math.log(4), dtype=torch.float64)
+    logw[2] += 2.0
+    torch.testing.assert_close(normed.weights, torch.softmax(logw, 0))
+    raw = make_loss(st_model, preset="paper", beta=0.5, tau=5.0)
+    torch.testing.assert_close(raw._update_and_coefficients(present, ell, raw._alpha(ell), gram), coef)
+    torch.testing.assert_close(raw.weights, normed.weights)
+    with pytest.raises(ValueError, match="gram_normalization"):
+        make_loss(st_model, preset="paper", gram_normalization="trace")
+
+
 def test_reference_update_hand_computed(st_model):
     loss = make_loss(st_model, preset="reference", beta=0.25)
     present = torch.tensor([1, 3])

@@ -28,6 +28,7 @@ from .infonce import BatchLayout, per_sample_infonce
 logger = logging.getLogger(__name__)
 
 PRESETS = ("paper", "reference", "groupdro", "uniform")
+GRAM_NORMALIZATIONS = ("none", "diag")
 _MAX_LOG_STEP = 1e30  # keeps log-weights finite for absurdly small tau
 
 
@@ -68,6 +69,7 @@ class IDROLoss(nn.Module):
         groupdro_step_size: float = 0.01,
         compute_gram: bool | None = None,
         gram_engine: str = "auto",
+        gram_normalization: str = "none",
         auxiliary: list | None = None,
     ) -> None:
         """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
@@ -110,6 +112,10 @@ class IDROLoss(nn.Module):
             rho, omega_power, omega_floor: constants of the reference preset.
             groupdro_step_size: η of the GroupDRO preset.
             compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
+            gram_normalization: ``"none"`` (the paper's rule as written: raw inner products, so the step of log ω
+                scales with the encoder's gradient norms) or ``"diag"`` (the paper preset's Gram divided by the mean
+                of its diagonal each step, so τ means the same for any encoder: ``"diag"`` with τ equals ``"none"``
+                with τ × that mean).
             auxiliary: extra objectives added to the reweighted retrieval loss, e.g.
                 :class:`~hf_cocodr.methods.MoDIRObjective` and :class:`~hf_cocodr.methods.BERMObjective`; the
                 loss then returns a dict of named terms (each logged).
@@ -151,6 +157,9 @@ class IDROLoss(nn.Module):
         super().__init__()
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+        if gram_normalization not in GRAM_NORMALIZATIONS:
+            raise ValueError(f"gram_normalization must be one of {GRAM_NORMALIZATIONS}, got {gram_normalization!r}")
+        self.gram_normalization = gram_normalization
         if not (isinstance(tau, (int, float)) and tau > 0):
             raise ValueError(f"tau must be > 0 (use float('inf') to freeze the weights), got {tau!r}")
         if not (isinstance(beta, (int, float)) and beta >= 0 and math.isfinite(beta)):
@@ -406,7 +415,11 @@ class IDROLoss(nn.Module):
         lw = self.log_weights
         if self.preset == "paper":
             scaled = (ell_c.clamp(min=0) ** self.beta)
-            r = scaled[:, None] * scaled[None, :] * gram.double()
+            g = gram.double()
+            if self.gram_normalization == "diag":
+                d = g.diagonal().clamp(min=0).mean()
+                g = g / d if d > 0 else torch.zeros_like(g)
+            r = scaled[:, None] * scaled[None, :] * g
             step = (r.sum(1) / self.tau) if math.isfinite(self.tau) else torch.zeros_like(ell_c)
             step = step.clamp(-_MAX_LOG_STEP, _MAX_LOG_STEP)
             new = lw.clone()
@@ -442,6 +455,7 @@ class IDROLoss(nn.Module):
             "num_clusters": self.num_clusters,
             "beta": self.beta,
             "tau": self.tau,
+            **({"gram_normalization": self.gram_normalization} if self.gram_normalization != "none" else {}),
             "grad_params": self.subset.resolved if self.subset is not None else None,
             "in_batch_negatives": self.in_batch_negatives,
             "gather_across_devices": self.gather_across_devices,
