@@ -6,7 +6,8 @@ uses the cosine of the gradients (bounded) and pulls ω back towards uniform eve
 depend on the gradient scale. This probe takes real SQuAD batches (BM25 negatives, K-Means clusters of the start's
 query embeddings, as the recipe's first step sees them) and reports, per start and preset: the loss, the mean diagonal
 of the gradient Gram, the median |Δ log ω| of the present clusters, and the largest weight and the weight perplexity
-(exp of the entropy over K, divided by K: 1 = uniform) after 1 and after ``--steps`` updates (no optimizer step: the
+(exp of the entropy over K, divided by K: 1 = uniform) after 1 and after ``--steps`` updates (``paper-diag``: the
+paper's rule with the Gram over its mean diagonal, ``gram_normalization="diag"``, at tau 50) (no optimizer step: the
 encoder stays the start, so this isolates the rule from learning).
 
     python scripts/probe_idro_scale.py [--steps 20] [--queries 2000]
@@ -26,6 +27,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # The recipe's iDRO settings per similarity (hf_cocodr.recipe): scale 20 for cosine models, 1 for dot; tau 100 / 3000.
 SETTINGS = {"cosine": {"scale": 20.0, "tau": 100.0}, "dot": {"scale": 1.0, "tau": 3000.0}}
+DIAG_TAU = 50.0  # preset "paper-diag": the paper rule with gram_normalization="diag" at this tau
 
 
 def perplexity(w) -> float:
@@ -38,7 +40,7 @@ def perplexity(w) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--starts", default="splade-tiny,all-MiniLM-L6-v2")
-    ap.add_argument("--presets", default="paper,reference")
+    ap.add_argument("--presets", default="paper,paper-diag,reference")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -69,7 +71,10 @@ def main() -> int:
         batches = [np.sort(gen.choice(len(data), ns.batch_size, replace=False)) for _ in range(ns.steps)]
         st.train()
         for preset in ns.presets.split(","):
-            loss = IDROLoss(st, preset=preset, num_clusters=50, tau=SETTINGS[sim]["tau"], scale=SETTINGS[sim]["scale"])
+            diag = preset == "paper-diag"  # the Gram over its mean diagonal, at the tau of the study's gnorm arms
+            loss = IDROLoss(st, preset="paper" if diag else preset, num_clusters=50,
+                            tau=DIAG_TAU if diag else SETTINGS[sim]["tau"], scale=SETTINGS[sim]["scale"],
+                            gram_normalization="diag" if diag else "none")
             t0, per_step = time.time(), []
             for i, rows in enumerate(batches):
                 cols, dk, pk = data.sample(rows, step=i, seed=0, num_negatives=1)
@@ -85,7 +90,8 @@ def main() -> int:
                                  "median_abs_dlogw": float(moved.median()), "w_max": float(w.max()),
                                  "perplexity": perplexity(w), "present": int(present.numel())})
                 st.zero_grad(set_to_none=True)
-            row = {"start": start, "similarity": sim, "preset": preset, **{k: v for k, v in SETTINGS[sim].items()},
+            row = {"start": start, "similarity": sim, "preset": preset, **SETTINGS[sim],
+                   **({"tau": DIAG_TAU} if diag else {}),
                    "step1": per_step[0], f"step{ns.steps}": per_step[-1], "seconds": round(time.time() - t0, 1)}
             rows_out.append(row)
             print(f"{start:17s} {preset:9s} loss {per_step[0]['loss']:7.3f}  gram diag {per_step[0]['gram_diag_mean']:10.3g}  "
