@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .citations import CITATIONS
 from .modeling.loading import pooling_mode
 from .provenance import (
     LEGACY_TRAINING_INFO_FILE,
@@ -39,40 +40,6 @@ HF_COCODR_URL = "https://github.com/hf-cocodr/hf_cocodr"
 MTEB_URL = "https://github.com/embeddings-benchmark/mteb"
 _METRIC_RE = re.compile(r"^(ndcg|recall|mrr|map)@(\d+)$")
 _METRIC_NAMES = {"ndcg": "nDCG", "recall": "Recall", "mrr": "MRR", "map": "MAP"}
-
-CITATIONS: dict[str, dict[str, str]] = {
-    "cocodr": {
-        "title": "COCO-DR: Combating Distribution Shifts in Zero-Shot Dense Retrieval with Contrastive and "
-        "Distributionally Robust Learning",
-        "bibtex": """@inproceedings{yu2022cocodr,
-  title = {{COCO-DR}: Combating Distribution Shifts in Zero-Shot Dense Retrieval with Contrastive and Distributionally Robust Learning},
-  author = {Yu, Yue and Xiong, Chenyan and Sun, Si and Zhang, Chao and Overwijk, Arnold},
-  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing},
-  year = {2022},
-  url = {https://arxiv.org/abs/2210.15212}
-}""",
-    },
-    "condenser": {
-        "title": "Condenser: a Pre-training Architecture for Dense Retrieval",
-        "bibtex": """@inproceedings{gao2021condenser,
-  title = {Condenser: a Pre-training Architecture for Dense Retrieval},
-  author = {Gao, Luyu and Callan, Jamie},
-  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing},
-  year = {2021},
-  url = {https://arxiv.org/abs/2104.08253}
-}""",
-    },
-    "groupdro": {
-        "title": "Distributionally Robust Neural Networks for Group Shifts",
-        "bibtex": """@inproceedings{sagawa2020groupdro,
-  title = {Distributionally Robust Neural Networks for Group Shifts: On the Importance of Regularization for Worst-Case Generalization},
-  author = {Sagawa, Shiori and Koh, Pang Wei and Hashimoto, Tatsunori B. and Liang, Percy},
-  booktitle = {International Conference on Learning Representations},
-  year = {2020},
-  url = {https://arxiv.org/abs/1911.08731}
-}""",
-    },
-}
 
 METHOD_NAMES = {
     "coco": "COCO (continuous contrastive pretraining with a Condenser head)",
@@ -161,9 +128,9 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
 def _mteb_dataset_path(task_name: str) -> str | None:
     """The Hub dataset id of a built-in MTEB task (``SciFact`` → ``mteb/scifact``); None for a local task."""
     try:
-        from .evaluation.mteb import _mteb_task_names, _norm
+        from .evaluation.mteb.common import mteb_task_names, normalize_task_name
 
-        if _mteb_task_names().get(_norm(task_name)) != task_name:
+        if mteb_task_names().get(normalize_task_name(task_name)) != task_name:
             return None
         import mteb
 

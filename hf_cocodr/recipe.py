@@ -34,6 +34,7 @@ from .data.target_queries import refuse_eval_overlap
 from .data.training import RetrievalTrainingData
 from .errors import ConfigError
 from .export import export_sentence_transformer
+from .hybrid import HybridRetriever
 from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
 from .modeling.precision import encoding_precision
@@ -1109,8 +1110,6 @@ class _RecipeRun:
 
     def _save_hybrids(self, model) -> None:
         """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
-        from .hybrid import HybridRetriever
-
         names: dict[str, int] = {}
         for corpus in self.target_corpora:
             path = Path(str(corpus))

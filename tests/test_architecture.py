@@ -26,7 +26,7 @@ LAYERS = {
     "finetuning.stage_info": 3, "pretraining.training_args": 3, "pretraining.collator": 3,
     "data": 4, "modeling": 4, "evaluation": 4, "metrics": 4, "index": 4, "hub": 4, "export": 4, "model_card": 4,
     "provenance": 4, "run_record": 4, "hybrid": 4, "fusion": 4, "checkpoints": 4, "state": 4, "distributed": 4,
-    "errors": 5, "utils": 5,
+    "errors": 5, "utils": 5, "citations": 5,
 }
 
 
@@ -305,3 +305,73 @@ def test_the_cli_starts_without_the_heavy_libraries():
             "'datasets', 'mteb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the hf_cocodr modules it imports anywhere (module level or inside a function), packages included."""
+    modules = {_module_name(p, root): p for p in root.rglob("*.py")}
+
+    def resolve(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rsplit(".", 1)[0] if "." in target else ""
+        return target or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for _, target in imports_of(path, root):
+            found = resolve(target)
+            if found and found != module and found != root.name:
+                graph[module].add(found)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_even_through_imports_inside_functions():
+    found = cycles(import_graph())
+    assert not found, "import cycles (imports inside functions counted):\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_sees_a_cycle_closed_inside_a_function(tmp_path):
+    """The check finds model_card <-> mteb as it was (a function-level import closing the cycle), so the test above can
+    fail."""
+    pkg = tmp_path / "hf_cocodr"
+    (pkg / "evaluation" / "mteb").mkdir(parents=True)
+    for init in (pkg / "__init__.py", pkg / "evaluation" / "__init__.py", pkg / "evaluation" / "mteb" / "__init__.py"):
+        init.write_text("")
+    (pkg / "model_card.py").write_text("def f():\n    from .evaluation.mteb.meta import g\n")
+    (pkg / "evaluation" / "mteb" / "meta.py").write_text("from ...model_card import CITATIONS\n")
+    assert cycles(import_graph(pkg)) == [["hf_cocodr.evaluation.mteb.meta", "hf_cocodr.model_card"]]

@@ -8,6 +8,7 @@ and a second load is instant.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -75,8 +76,6 @@ def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
 def open_jsonl(path: Path):
     """A JSONL file opened for reading bytes; ``.gz`` files are decompressed on the fly (how BEIR's downloads come)."""
     if path.suffix == ".gz":
-        import gzip
-
         return gzip.open(path, "rb")
     return open(path, "rb")
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from .beir import QUERIES_FILE, BEIRFormatError, check_text_field, jsonl_file, load_queries, open_jsonl
+from .beir import (
+    QUERIES_FILE,
+    BEIRFormatError,
+    check_text_field,
+    jsonl_file,
+    load_queries,
+    open_jsonl,
+    parse_eval_spec,
+)
 
 _SPEC = re.compile(r"^(?P<folder>.+):(?P<split>[A-Za-z0-9_.-]+)$")
 
@@ -107,8 +115,6 @@ def refuse_eval_overlap(target_specs, eval_specs) -> None:
     sources = [read_target_queries(s) for s in target_specs or ()]  # a bad source fails here, evals or not
     if not sources or not eval_specs:
         return
-    from .beir import parse_eval_spec
-
     for spec in eval_specs:
         folder, split = parse_eval_spec(spec)
         folder = Path(folder).expanduser().resolve()

@@ -35,13 +35,11 @@ from .common import (
     check_revision,
     check_task_name,
     mteb_dataset_name,
+    mteb_retrieval_task_names,
+    mteb_task_names,
+    normalize_task_name,
     warnings_quiet,
 )
-
-# private helpers that other modules import from here (hf_cocodr.model_card): kept importable as before the split
-from .common import _mteb_retrieval_task_names as _mteb_retrieval_task_names
-from .common import _mteb_task_names as _mteb_task_names
-from .common import _norm as _norm
 from .meta import declared_training_datasets, model_meta_for, model_revision, read_training_info
 from .model import cocodr_sentence_transformer_loader, mteb_model
 from .results import results_dir, results_submission_steps
@@ -51,6 +49,9 @@ from .tasks import beir_revision, beir_split_data, beir_task
 
 __all__ = [
     "DEFAULT_LANGUAGES",
+    "mteb_retrieval_task_names",
+    "mteb_task_names",
+    "normalize_task_name",
     "MAIN_SCORE",
     "MTEB_REPO",
     "MTEBDataUnavailableError",

@@ -66,7 +66,7 @@ def check_task_name(task_name: str) -> str:
             f"--task-name must be letters, digits, '.', '_' and '-' (it becomes the file name {{TASK}}.json), "
             f"got {task_name!r}."
         )
-    builtin = _mteb_task_names().get(_norm(task_name))
+    builtin = mteb_task_names().get(normalize_task_name(task_name))
     if builtin is not None:
         raise ValueError(
             f"task name {task_name!r} is the built-in MTEB task {builtin!r}: results of a local folder under that name "
@@ -77,25 +77,25 @@ def check_task_name(task_name: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- MTEB names
-def _norm(name: str) -> str:
+def normalize_task_name(name: str) -> str:
     """``"SciFact"``, ``"sci-fact"`` → ``"scifact"``: the key names are compared by."""
     return re.sub(r"[^a-z0-9]", "", str(name).lower())
 
 
 @lru_cache(maxsize=1)
-def _mteb_task_names() -> dict[str, str]:
+def mteb_task_names() -> dict[str, str]:
     """Normalised name → MTEB task name, for every task in the installed mteb (no network)."""
     import mteb  # heavy (about 9 s): imported on first use only
 
-    return {_norm(t.metadata.name): t.metadata.name for t in mteb.get_tasks()}
+    return {normalize_task_name(t.metadata.name): t.metadata.name for t in mteb.get_tasks()}
 
 
 @lru_cache(maxsize=1)
-def _mteb_retrieval_task_names() -> dict[str, str]:
+def mteb_retrieval_task_names() -> dict[str, str]:
     """Normalised name → MTEB task name, for the retrieval tasks of the installed mteb (no network)."""
     import mteb  # heavy: imported on first use only
 
-    return {_norm(t.metadata.name): t.metadata.name for t in mteb.get_tasks(task_types=["Retrieval"])}
+    return {normalize_task_name(t.metadata.name): t.metadata.name for t in mteb.get_tasks(task_types=["Retrieval"])}
 
 
 def _dataset_label(spec: str) -> str:
@@ -113,11 +113,11 @@ def _dataset_label(spec: str) -> str:
 def mteb_dataset_name(spec: str) -> str:
     """The MTEB name of a training data set when MTEB has it (``scifact`` → ``SciFact``), else its own label."""
     label = _dataset_label(spec)
-    known = _mteb_retrieval_task_names()
+    known = mteb_retrieval_task_names()
     alias = _BEIR_TO_MTEB.get(label.lower())
-    if alias and _norm(alias) in known:
-        return known[_norm(alias)]
-    return known.get(_norm(label), label)
+    if alias and normalize_task_name(alias) in known:
+        return known[normalize_task_name(alias)]
+    return known.get(normalize_task_name(label), label)
 
 
 # -------------------------------------------------------------------------------------------------------- quiet

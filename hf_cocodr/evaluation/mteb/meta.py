@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...model_card import CITATIONS
+from ...citations import CITATIONS
 from ...modeling.loading import is_sentence_transformers_dir, load_encoder, pooling_mode
 from ...provenance import is_cocodr_model, is_hub_model_id, read_card, read_provenance, resolve_hub_id
 from .common import (

@@ -11,7 +11,7 @@ from typing import Any
 
 from ... import __version__
 from ...modeling.loading import load_encoder, pooling_mode
-from .common import _mteb_task_names, _norm, check_revision
+from .common import check_revision, mteb_task_names, normalize_task_name
 from .meta import model_meta_for
 from .model import cocodr_sentence_transformer_loader
 from .results import results_submission_steps
@@ -32,7 +32,7 @@ def _notes(meta, model) -> list[str]:
     if meta.training_datasets is None:
         notes.append("The training data is unknown (no hf_cocodr_provenance.json): fill in training_datasets.")
     else:
-        own = sorted(d for d in meta.training_datasets if _norm(d) not in _mteb_task_names())
+        own = sorted(d for d in meta.training_datasets if normalize_task_name(d) not in mteb_task_names())
         if own:
             notes.append(f"training_datasets also names data sets MTEB does not have ({', '.join(own)}), "
                          "as hf_cocodr recorded them.")

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ...model_card import CITATIONS
+from ...citations import CITATIONS
 from .grad_gram import (
     ParamSubset,
     PooledPositionProbe,
