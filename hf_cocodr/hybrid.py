@@ -113,8 +113,11 @@ class HybridRetriever:
             raise ConfigError(f"the corpus {corpus!r} has no documents")
         index, order = build_index(st, dataset, batch_size=batch_size, max_length=doc_max_length,
                                    show_progress_bar=show_progress_bar)
-        embeddings = np.empty_like(index.reconstruct_all())
-        embeddings[order] = index.reconstruct_all()  # back to corpus order
+        in_index_order = index.reconstruct_all()
+        del index
+        embeddings = np.empty_like(in_index_order)
+        embeddings[order] = in_index_order  # back to corpus order
+        del in_index_order
         dense_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         bm25 = BM25Index(texts)
@@ -175,7 +178,9 @@ class HybridRetriever:
                                   "give a new folder (hf_cocodr never replaces files it did not write)")
         with atomic_directory(out) as tmp:
             np.save(tmp / "dense_embeddings.npy", self.embeddings)
-            atomic_write_json(tmp / "doc_ids.json", self.doc_ids)
+            # written as is (not through atomic_write_json's secret redaction: an id is data, whatever its shape);
+            # the folder as a whole is atomic
+            (tmp / "doc_ids.json").write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
             self.bm25.save(tmp / "bm25")
             atomic_write_json(tmp / HYBRID_FILE, {"format_version": FORMAT_VERSION, "fusion": asdict(self.fusion),
                                                   **self.meta, "bm25": self.bm25.config()})
@@ -196,7 +201,7 @@ class HybridRetriever:
         if info.get("format_version") != FORMAT_VERSION:
             raise ConfigError(f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads "
                               f"{FORMAT_VERSION}")
-        doc_ids = json.loads((folder / "doc_ids.json").read_text())
+        doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
             got = corpus_fingerprint(ids, texts)
