@@ -134,9 +134,13 @@ def module_level_imports(path: Path, root: Path = PACKAGE) -> set[str]:
 
 
 def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
-    """Strongly connected components (more than one module, or a module importing itself) of the module-level
-    import graph, by Tarjan's algorithm."""
-    graph = {_module_name(p, root): module_level_imports(p, root) for p in sorted(root.rglob("*.py"))}
+    """Strongly connected components (more than one module) of the module-level import graph."""
+    return strongly_connected(
+        {_module_name(p, root): module_level_imports(p, root) for p in sorted(root.rglob("*.py"))})
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module, each sorted (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -325,43 +329,8 @@ def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
     return graph
 
 
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The strongly connected components of more than one module (Tarjan), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_no_import_cycle_even_through_imports_inside_functions():
-    found = cycles(import_graph())
+    found = strongly_connected(import_graph())
     assert not found, "import cycles (imports inside functions counted):\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
@@ -374,4 +343,4 @@ def test_the_cycle_check_sees_a_cycle_closed_inside_a_function(tmp_path):
         init.write_text("")
     (pkg / "model_card.py").write_text("def f():\n    from .evaluation.mteb.meta import g\n")
     (pkg / "evaluation" / "mteb" / "meta.py").write_text("from ...model_card import CITATIONS\n")
-    assert cycles(import_graph(pkg)) == [["hf_cocodr.evaluation.mteb.meta", "hf_cocodr.model_card"]]
+    assert strongly_connected(import_graph(pkg)) == [["hf_cocodr.evaluation.mteb.meta", "hf_cocodr.model_card"]]

@@ -102,7 +102,7 @@ def check_text_field(value, field: str, path: Path, lineno: int) -> str:
     return value
 
 
-def _iter_jsonl_records(path: Path, kind: str):
+def iter_jsonl_records(path: Path, kind: str):
     """Yield ``(line_number, record)`` for every non-blank line, with clear errors."""
     try:
         f = open_jsonl(path)
@@ -144,7 +144,7 @@ def _build_table(path: Path, kind: str) -> pa.Table:
             for v in cols.values():
                 v.clear()
 
-    for lineno, rec in _iter_jsonl_records(path, kind):
+    for lineno, rec in iter_jsonl_records(path, kind):
         for field in ("_id", "text"):
             if field not in rec:
                 alt = [k for k in ("id", "doc_id", "docid", "query_id", "contents", "body", "abstract") if k in rec]

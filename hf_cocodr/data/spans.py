@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils import atomic_write_json
-from .beir import BEIRFormatError, check_text_field, doc_text, jsonl_file, load_corpus, open_jsonl
+from .beir import BEIRFormatError, check_text_field, doc_text, iter_jsonl_records, jsonl_file, load_corpus
 
 logger = logging.getLogger(__name__)
 
@@ -141,23 +141,11 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
 def jsonl_title_text(path: Path, text_column: str = "text"):
     """``(title, text)`` of every record of a JSONL corpus file; errors name the file and the line."""
 
-    with open_jsonl(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError:
-                raise BEIRFormatError("not valid UTF-8; re-encode the file as UTF-8.", path, lineno) from None
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BEIRFormatError(f"malformed JSON ({e.msg}).", path, lineno) from None
-            if not isinstance(rec, dict) or text_column not in rec:
-                keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
-                raise BEIRFormatError(f"missing field {text_column!r} (found {keys}).", path, lineno)
-            yield (check_text_field(rec.get("title"), "title", path, lineno),
-                   check_text_field(rec[text_column], text_column, path, lineno))
+    for lineno, rec in iter_jsonl_records(path, "corpus"):
+        if text_column not in rec:
+            raise BEIRFormatError(f"missing field {text_column!r} (found {sorted(rec)}).", path, lineno)
+        yield (check_text_field(rec.get("title"), "title", path, lineno),
+               check_text_field(rec[text_column], text_column, path, lineno))
 
 
 def continuation_table(tokenizer) -> np.ndarray:

@@ -11,7 +11,6 @@ training on the queries it is evaluated on.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,9 +21,9 @@ from .beir import (
     QUERIES_FILE,
     BEIRFormatError,
     check_text_field,
+    iter_jsonl_records,
     jsonl_file,
     load_queries,
-    open_jsonl,
     parse_eval_spec,
 )
 
@@ -85,21 +84,13 @@ def read_target_queries(spec: str | os.PathLike) -> TargetQueries:
         return TargetQueries(path.name, [t for _, t in pairs], [i for i, _ in pairs], path.resolve())
     if path.is_file():
         texts, ids = [], []
-        with open_jsonl(path) as f:
-            for lineno, raw in enumerate(f, 1):
-                line = raw.decode("utf-8", "replace").strip()
-                if not line:
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BEIRFormatError(f"malformed JSON ({e.msg}).", path, lineno) from None
-                if not isinstance(rec, dict) or "text" not in rec:
-                    raise BEIRFormatError("each line must be a JSON object with a 'text' field.", path, lineno)
-                text = check_text_field(rec["text"], "text", path, lineno)
-                if text.strip():
-                    texts.append(text)
-                    ids.append(str(rec.get("_id", "")))
+        for lineno, rec in iter_jsonl_records(path, "queries"):
+            if "text" not in rec:
+                raise BEIRFormatError(f"missing field 'text' (found {sorted(rec)}).", path, lineno)
+            text = check_text_field(rec["text"], "text", path, lineno)
+            if text.strip():
+                texts.append(text)
+                ids.append(str(rec.get("_id", "")))
         return TargetQueries(path.name, texts, ids if all(ids) else [], None)
     raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file (nor a DIR:SPLIT)")
 
