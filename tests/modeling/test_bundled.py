@@ -33,7 +33,7 @@ def test_splade_tiny_loads_as_a_cls_dot_encoder_without_importing_its_package():
     path = bundled_model_path("splade-tiny")
     st = load_encoder(path)
     assert pooling_mode(st) == "cls" and st.similarity_fn_name == "dot"
-    assert st.get_sentence_embedding_dimension() == 128
+    assert st.get_embedding_dimension() == 128
     emb = st.encode(["a claim about cells", "a sentence about stars"], convert_to_tensor=True)
     assert emb.shape == (2, 128) and torch.isfinite(emb).all()
     assert "cognition" not in sys.modules  # the carrier package's own module is never imported
