@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from ..data.beir import BEIRData, column_array, column_numpy, doc_text, load_beir
+from ..data.beir import BEIRData, column_array, column_numpy, corpus_texts, doc_text, load_beir
 from ..fusion import FusionConfig, fuse
 from ..index import BM25Index, DenseIndex
 from ..modeling.loading import load_encoder
@@ -222,8 +222,7 @@ def _hybrid_result(dense_result, dense_run, index: DenseIndex, order, corpus, qi
     fusion = fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
     doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
     t0 = time.perf_counter()
-    texts = [doc_text(t, x) for t, x in zip(corpus["title"] if "title" in corpus.column_names else [""] * len(corpus),
-                                             corpus["text"])]
+    texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
     bm25 = BM25Index(texts)
     del texts
     index_s = time.perf_counter() - t0
