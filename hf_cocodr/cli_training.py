@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import UsageError, register
+from .config_types import check_field_types
 from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
 from .recipe import RecipeConfig, run_recipe
 from .utils import resolve_inside
@@ -56,6 +57,11 @@ def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: st
     if unknown:
         where = f" in --config {config}" if config else ""
         raise UsageError(f"unknown option(s) {unknown}{where} (not a flag of {prog} nor a {cls.__name__} field)")
+    try:
+        check_field_types(cls, defaults, f"--config {config}" if config else prog)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
     class _Parser(HfArgumentParser):
         def error(self, message):  # one line instead of usage + traceback-free exit
             raise UsageError(f"{message} (see `{prog} --help`)")
