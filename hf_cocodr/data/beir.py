@@ -295,6 +295,9 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
             lines[(qid, did)] = lineno
     if not qrels:
         raise BEIRFormatError("the qrels file has no judgement rows.", path)
+    if not any(grade > 0 for judged in qrels.values() for grade in judged.values()):
+        logger.warning("%s: every judgement has grade 0 (not relevant), so no query has a relevant document and "
+                       "every retrieval metric of this split is 0", path)
     if duplicates:
         logger.warning("%s: %d duplicate (query-id, corpus-id) row(s) with the same grade ignored (first on line %d)",
                        path, len(duplicates), duplicates[0])

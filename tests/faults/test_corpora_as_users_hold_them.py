@@ -60,3 +60,20 @@ def test_a_plain_jsonl_corpus_for_coco_names_file_and_line_and_reads_gzip(tmp_pa
     with gzip.open(packed, "wt") as f:
         f.write(json.dumps({"title": "T", "text": "body"}) + "\n")
     assert list(jsonl_title_text(packed)) == [("T", "body")]
+
+
+def test_qrels_that_judge_nothing_relevant_are_named_in_a_warning(tiny_st_dir, tiny_beir, tmp_path, capsys):
+    from hf_cocodr.cli import main
+
+    data = tmp_path / "zero"
+    shutil.copytree(tiny_beir, data)
+    qrels = data / "qrels" / "dev.tsv"
+    header, *rows = qrels.read_text().splitlines()
+    qrels.write_text("\n".join([header] + ["\t".join(r.split("\t")[:2] + ["0"]) for r in rows]) + "\n")
+    assert main(["evaluate", str(tiny_st_dir), str(data), "--split", "dev"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["ndcg@10"] == 0.0
+    assert f"{qrels}: every judgement has grade 0" in captured.err
+    # judged relevant somewhere: no warning
+    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev"]) == 0
+    assert "every judgement has grade 0" not in capsys.readouterr().err
