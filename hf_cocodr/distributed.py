@@ -62,3 +62,37 @@ def all_gather_tensor(x: torch.Tensor) -> torch.Tensor:
     from sentence_transformers.util import all_gather
 
     return all_gather(x.detach().contiguous())
+
+
+def gather_cat(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """Every rank's ``x`` (same shape on every rank) concatenated along ``dim`` in rank order; no gradient flows."""
+    size, _ = world()
+    if size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=dim)
+
+
+def gather_padded(x: torch.Tensor, pad: int = -1) -> torch.Tensor:
+    """:func:`gather_cat` along dim 0 of (B, P_r) tensors whose second dimension differs across ranks: each is
+    right-padded with ``pad`` to the widest first."""
+    size, _ = world()
+    if size == 1:
+        return x
+    width = torch.tensor([x.shape[1]], device=x.device)
+    widths = [torch.zeros_like(width) for _ in range(size)]
+    dist.all_gather(widths, width)
+    w = max(int(v) for v in widths)
+    if x.shape[1] < w:
+        x = torch.cat([x, torch.full((x.shape[0], w - x.shape[1]), pad, dtype=x.dtype, device=x.device)], 1)
+    return gather_cat(x, 0)
+
+
+def all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of ``x`` over ranks, as a new tensor (``x`` itself is left unchanged)."""
+    if world()[0] == 1:
+        return x
+    out = x.clone().contiguous()
+    dist.all_reduce(out)
+    return out

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from sentence_transformers.base.losses.gradcache import RandContext
 from sentence_transformers.util import all_gather, all_gather_with_grad
@@ -42,13 +41,6 @@ class _DocIndexCollator:
     def __call__(self, features):
         key = "eval_doc" if "eval_doc" in features[0] else "doc"
         return {key: torch.tensor([f[key] for f in features], dtype=torch.long)}
-
-
-def _all_reduce(x: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        x = x.clone()
-        dist.all_reduce(x)
-    return x
 
 
 class CocoPretrainer(TrainerMixin, Trainer):
@@ -209,7 +201,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         a = self.args
         world, _ = D.world()
         out = model(**batch, pooling=a.pooling, detach_mlm_inputs=detach_mlm_inputs)
-        mlm, head = self._mlm_terms(out, _all_reduce(self._num_masked(batch)).clamp(min=1), world)
+        mlm, head = self._mlm_terms(out, D.all_reduce_sum(self._num_masked(batch)).clamp(min=1), world)
         reps, offset = self._gather_with_grad(out["embedding"])
         co = self._contrastive(out["embedding"], reps, offset)
         return a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * co, mlm, head, co
@@ -263,7 +255,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         # their role as negatives of the other ranks' spans; x world undoes DDP's gradient averaging.
         co = self._contrastive(None, all_reps, 0, rows=slice(None))
         (grad,) = torch.autograd.grad(co * world, local)
-        n_global = _all_reduce(self._num_masked(batch)).clamp(min=1)
+        n_global = D.all_reduce_sum(self._num_masked(batch)).clamp(min=1)
         ga = self.current_gradient_accumulation_steps if hasattr(self, "current_gradient_accumulation_steps") else 1
         mlm_total = head_total = 0.0
         max_diff = 0.0
@@ -331,7 +323,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         self._eval_acc, self._eval_n = {k: 0.0 for k in COMPONENTS}, 0
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         sums = torch.tensor([self._eval_acc[k] for k in COMPONENTS] + [self._eval_n], dtype=torch.float64)
-        sums = _all_reduce(sums.to(self.args.device)).cpu()
+        sums = D.all_reduce_sum(sums.to(self.args.device)).cpu()
         if sums[-1] > 0:
             for k, v in zip(COMPONENTS, (sums[:-1] / sums[-1]).tolist()):
                 output.metrics[f"{metric_key_prefix}_{k}"] = round(v, 6)
@@ -342,7 +334,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
             logs = dict(logs)
             vals = torch.tensor([self._acc[k] / self._acc_n for k in COMPONENTS], dtype=torch.float64)
             world, _ = D.world()
-            vals = _all_reduce(vals.to(self.args.device)).cpu() / world
+            vals = D.all_reduce_sum(vals.to(self.args.device)).cpu() / world
             for k, v in zip(COMPONENTS, vals.tolist()):
                 logs[k] = round(v, 6)
             self._acc = {k: 0.0 for k in COMPONENTS}

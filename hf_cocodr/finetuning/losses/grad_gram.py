@@ -27,9 +27,10 @@ import re
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ... import distributed as D
 
 logger = logging.getLogger(__name__)
 
@@ -223,21 +224,6 @@ class PooledPositionProbe:
                 self._cat_masks(self.mask2, self.ctx))
 
 
-def _gather_cat(x: Tensor, dim: int) -> Tensor:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts, dim=dim)
-
-
-def _all_reduce_sum(x: Tensor) -> Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        x = x.contiguous()
-        dist.all_reduce(x)
-    return x
-
-
 def _linear_gram(x: Tensor, g: Tensor) -> Tensor:
     """Σ_{t,s} (g_it·g_js)(x_t·x_s) for x (T×in), g (P×T×out): the Gram of the weight gradients g_iᵀx."""
     P, T, out = g.shape
@@ -283,14 +269,14 @@ def gram_pooled_position(
     small: list[Tensor] = []
     for k, g in zip(lin_keys, grads[: len(lin_keys)]):
         x = linears[k][0].detach()
-        x_all, g_all = _gather_cat(x, 0), _gather_cat(g, 1)
+        x_all, g_all = D.gather_cat(x, 0), D.gather_cat(g, 1)
         if f"{k}.weight" in wanted:
             gram += _linear_gram(x_all, g_all).double()
         if f"{k}.bias" in wanted:
             small.append(g.sum(1))
     small += [g.reshape(P, -1) for g in grads[len(lin_keys):]]
     if small:
-        v = _all_reduce_sum(torch.cat(small, dim=1))
+        v = D.all_reduce_sum(torch.cat(small, dim=1))
         gram += (v @ v.T).double()
     return gram
 
@@ -312,5 +298,5 @@ def gram_autograd(subset: ParamSubset, embeddings: Tensor, cot: Tensor) -> Tenso
     for c in cot:
         gs = torch.autograd.grad(embeddings, subset.params, grad_outputs=c, retain_graph=True, allow_unused=True)
         rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, subset.params)]))
-    v = _all_reduce_sum(torch.stack(rows))
+    v = D.all_reduce_sum(torch.stack(rows))
     return (v.double() @ v.double().T)

@@ -9,14 +9,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 
+from ... import distributed as D
 from ...citations import CITATIONS
 from .grad_gram import (
     ParamSubset,
     PooledPositionProbe,
-    _gather_cat,
     find_blocks,
     gram_autograd,
     gram_pooled_position,
@@ -30,12 +29,6 @@ logger = logging.getLogger(__name__)
 PRESETS = ("paper", "reference", "groupdro", "uniform")
 GRAM_NORMALIZATIONS = ("none", "diag")
 _MAX_LOG_STEP = 1e30  # keeps log-weights finite for absurdly small tau
-
-
-def _dist_info() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
 
 
 def text_keys(features: dict[str, Tensor]) -> Tensor:
@@ -256,8 +249,8 @@ class IDROLoss(nn.Module):
         doc_flat = doc_keys.t().reshape(-1).to(embeddings[0].device)  # column-major, like the candidates
         pos_keys = pos_keys.to(embeddings[0].device)
         if world > 1:
-            doc_flat = _gather_cat(doc_flat, 0)
-            pos_keys = _gather_padded(pos_keys)
+            doc_flat = D.gather_cat(doc_flat, 0)
+            pos_keys = D.gather_padded(pos_keys)
         return B, M, doc_flat, pos_keys
 
     def per_sample_loss(self, sentence_features, labels=None, doc_keys=None, pos_keys=None) -> Tensor:
@@ -273,7 +266,7 @@ class IDROLoss(nn.Module):
         return self.per_sample_loss(sentence_features, doc_keys=doc_keys, pos_keys=pos_keys).mean()
 
     def _local_losses(self, features, embeddings, doc_keys, pos_keys):
-        world, rank = _dist_info()
+        world, rank = D.world()
         B, M, doc_flat, pos_all = self._layout(features, embeddings, doc_keys, pos_keys, world)
         q = embeddings[0]
         cands = torch.cat(embeddings[1:], dim=0)
@@ -371,9 +364,9 @@ class IDROLoss(nn.Module):
     def _global_cluster_losses(self, embeddings, labels: Tensor, layout: BatchLayout):
         """Per-cluster mean losses over the global batch, from detached, gathered embeddings (identical on every
         rank); with the gathered embeddings as leaves when the Gram matrix needs their gradients."""
-        q_all = _gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
-        c_all = _gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
-        cl_all = _gather_cat(labels, 0)
+        q_all = D.gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
+        c_all = D.gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
+        cl_all = D.gather_cat(labels, 0)
         B, world = layout.batch_size, layout.world_size
         # in full precision even under autocast: in bf16 the per-cluster losses round to one value and their
         # gradients share a common part that swamps the differences the Gram matrix measures (tests/test_bf16.py)
@@ -486,15 +479,3 @@ class IDROLoss(nn.Module):
         self.set_log_weights(new)
 
 
-def _gather_padded(x: Tensor) -> Tensor:
-    """all_gather of (B, P_r) tensors whose second dimension differs across ranks (padded with -1)."""
-    world, _ = _dist_info()
-    if world == 1:
-        return x
-    width = torch.tensor([x.shape[1]], device=x.device)
-    widths = [torch.zeros_like(width) for _ in range(world)]
-    dist.all_gather(widths, width)
-    w = int(max(int(v) for v in widths))
-    if x.shape[1] < w:
-        x = torch.cat([x, torch.full((x.shape[0], w - x.shape[1]), -1, dtype=x.dtype, device=x.device)], 1)
-    return _gather_cat(x, 0)
