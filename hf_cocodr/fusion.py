@@ -2,7 +2,9 @@
 
 - ``"convex"``: each system's scores are z-normalised over its own candidates for the query, and a candidate's fused
   score is ``w · z_dense + (1 − w) · z_bm25``; a candidate one system did not return sits one standard deviation
-  below that system's last candidate (so ``w = 1`` is the dense ranking and ``w = 0`` the BM25 ranking).
+  below that system's last candidate (so ``w = 1`` is the dense ranking and ``w = 0`` the BM25 ranking). With
+  ``normalize=False`` the raw scores are combined instead (``w = 1`` then gives the dense scores themselves, which a
+  distillation teacher needs to equal its student exactly).
 - ``"rrf"``: weighted reciprocal-rank fusion, ``w / (rrf_k + rank_dense) + (1 − w) / (rrf_k + rank_bm25)`` (ranks from
   1; a system that did not return the candidate adds nothing).
 """
@@ -27,12 +29,14 @@ class FusionConfig:
         dense_weight: ``w``, the dense system's weight in [0, 1] (1: dense alone, 0: BM25 alone).
         depth: candidates taken from each system per query (at least the ``k`` asked for).
         rrf_k: the rank offset of ``"rrf"``.
+        normalize: ``"convex"`` only: z-normalise each system's scores per query (the default) or combine raw scores.
     """
 
     rule: str = "convex"
     dense_weight: float = 0.5
     depth: int = 100
     rrf_k: int = 60
+    normalize: bool = True
 
     def __post_init__(self) -> None:
         if self.rule not in FUSION_RULES:
@@ -44,6 +48,8 @@ class FusionConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"fusion {name} must be a whole number >= 1, got {v!r}")
+        if not isinstance(self.normalize, bool):
+            raise ConfigError(f"fusion normalize must be true or false, got {self.normalize!r}")
 
 
 def _zscore(scores: np.ndarray) -> np.ndarray:
@@ -51,6 +57,12 @@ def _zscore(scores: np.ndarray) -> np.ndarray:
         return scores
     std = scores.std()
     return (scores - scores.mean()) / std if std > 0 else np.zeros_like(scores)
+
+
+def _gap(scores: np.ndarray) -> float:
+    """How far below a system's last candidate one it did not return sits: one standard deviation (1 if none)."""
+    std = float(scores.std()) if scores.size else 0.0
+    return std if std > 0 else 1.0
 
 
 def fuse(dense_rows: np.ndarray, dense_scores: np.ndarray, bm25_rows: np.ndarray, bm25_scores: np.ndarray,
@@ -65,10 +77,12 @@ def fuse(dense_rows: np.ndarray, dense_scores: np.ndarray, bm25_rows: np.ndarray
     d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
     b_idx = np.array([pos[int(r)] for r in bm25_rows], np.int64)
     if fusion.rule == "convex":
-        zd, zb = _zscore(dense_scores.astype(np.float64)), _zscore(bm25_scores.astype(np.float64))
+        zd, zb = dense_scores.astype(np.float64), bm25_scores.astype(np.float64)
+        if fusion.normalize:
+            zd, zb = _zscore(zd), _zscore(zb)
         # a candidate a system did not return sits one standard deviation below that system's last one
-        dense_part = np.full(len(cand), zd.min() - 1.0 if zd.size else 0.0)
-        bm25_part = np.full(len(cand), zb.min() - 1.0 if zb.size else 0.0)
+        dense_part = np.full(len(cand), zd.min() - _gap(zd) if zd.size else 0.0)
+        bm25_part = np.full(len(cand), zb.min() - _gap(zb) if zb.size else 0.0)
         dense_part[d_idx], bm25_part[b_idx] = zd, zb
         fused = w * dense_part + (1.0 - w) * bm25_part
     else:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
+from .utils import hub_id_problem
 
 logger = logging.getLogger(__name__)
 
@@ -25,15 +26,10 @@ IGNORE_PATTERNS = [
 
 
 def validate_repo_id(repo_id: str) -> None:
-    from huggingface_hub.utils import HFValidationError
-    from huggingface_hub.utils import validate_repo_id as _validate
-
-    if not isinstance(repo_id, str) or repo_id.count("/") != 1:
-        raise ValueError(f"repository id {repo_id!r} must look like 'org/name'")
-    try:
-        _validate(repo_id)
-    except HFValidationError as e:
-        raise ValueError(f"repository id {repo_id!r} is not valid: {e}") from None
+    """Raise ``ValueError`` unless ``repo_id`` is a valid ``org/name`` Hub repository id."""
+    problem = hub_id_problem(repo_id)
+    if problem:
+        raise ValueError(f"repository id {repo_id!r} is not valid: {problem}")
 
 
 def check_push_possible(repo_id: str | None, token: str | None = None) -> None:

@@ -27,7 +27,7 @@ from .provenance import (
     update_provenance,
     write_provenance,
 )
-from .utils import atomic_write_text
+from .utils import atomic_write_text, is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -175,16 +175,10 @@ def _local_data_labels(stages: list[dict[str, Any]]) -> set[str]:
 def hub_datasets(datasets: list[str], stages: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """``(hub, local)``: the entries that are Hub dataset ids (``validate_repo_id`` passes, no split suffix, not a local
     path, not data a stage read from a local folder) and the rest, which the card describes in its text."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     local_labels = _local_data_labels(stages)
     hub, local = [], []
     for d in dict.fromkeys(str(x) for x in datasets if x):
-        try:
-            validate_repo_id(d)
-            ok = ":" not in d and d not in local_labels and not Path(d).expanduser().exists()
-        except HFValidationError:
-            ok = False
+        ok = ":" not in d and d not in local_labels and is_hub_id(d, namespace=False)
         (hub if ok else local).append(d)
     return hub, local
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .run_record import fingerprint, read_record
-from .utils import atomic_write_json
+from .utils import atomic_write_json, is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ FORMAT_VERSION = 1
 
 # hf_cocodr commands whose owner record describes a training stage, and the stage type each writes
 _COMMAND_STAGE = {"finetune": "finetune", "pretrain": "coco"}
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _USAGE_ID_RE = re.compile(r"""(?:SentenceTransformer|from_pretrained)\(\s*["']([A-Za-z0-9][\w.\-]*/[\w.\-]+)["']""")
 _COCODR_BASE_RE = re.compile(r"(^|/)(cocodr|coco-dr)", re.IGNORECASE)
 
@@ -61,8 +60,8 @@ def read_provenance(directory: str | os.PathLike | None) -> dict[str, Any]:
 
 
 def is_hub_model_id(value: Any) -> bool:
-    """``value`` looks like a Hub model id (``org/name``) and is not a local path."""
-    return isinstance(value, str) and bool(_HUB_ID_RE.match(value)) and not Path(value).expanduser().exists()
+    """``value`` is a Hub model id (``org/name``) and not a local path (:func:`hf_cocodr.utils.is_hub_id`)."""
+    return is_hub_id(value)
 
 
 def start_path(model) -> str | None:

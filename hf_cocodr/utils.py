@@ -198,12 +198,28 @@ def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: s
     return candidate
 
 
-def is_hub_id(name: str) -> bool:
-    """True for something that looks like ``org/name`` and is not an existing local path."""
-    if Path(name).exists():
-        return False
-    parts = str(name).split("/")
-    return len(parts) == 2 and all(parts) and not str(name).startswith((".", "~"))
+def hub_id_problem(value: Any, *, namespace: bool = True) -> str | None:
+    """Why ``value`` is not a valid Hub repository id, or None when it is.
+
+    The one check of repository ids in the package: ``huggingface_hub``'s own rules, and with ``namespace`` (models,
+    pushes) also the ``org/name`` form; dataset ids may be a bare name (``squad``).
+    """
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not isinstance(value, str) or not value:
+        return "it is not a non-empty string"
+    if namespace and value.count("/") != 1:
+        return "it must look like 'org/name'"
+    try:
+        validate_repo_id(value)
+    except HFValidationError as e:
+        return str(e)
+    return None
+
+
+def is_hub_id(value: Any, *, namespace: bool = True) -> bool:
+    """True for a valid Hub repository id (see :func:`hub_id_problem`) that is not an existing local path."""
+    return hub_id_problem(value, namespace=namespace) is None and not Path(value).expanduser().exists()
 
 
 def faiss_available() -> bool:

@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
+from ...utils import hub_id_problem
+
 MAIN_SCORE = "ndcg_at_10"
 RESULTS_REPO = "https://github.com/embeddings-benchmark/results"
 MTEB_REPO = "https://github.com/embeddings-benchmark/mteb"
 TRAINING_CODE_URL = "https://github.com/hf-cocodr/hf_cocodr"
 DEFAULT_LANGUAGES = ("eng-Latn",)
 
-_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _TASK_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 _REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
 
@@ -42,7 +43,7 @@ def check_model_name(model_name: str | None) -> str:
     Raises:
         ValueError: if the name is missing or not of the form ``organization/model_name``.
     """
-    if not model_name or not _MODEL_NAME_RE.match(str(model_name)):
+    if hub_id_problem(model_name) is not None:
         raise ValueError(
             f"--model-name must look like ORG/NAME (e.g. 'my-org/cocodr-base-scifact'), got {model_name!r}: MTEB "
             "stores results under results/ORG__NAME/REV/ and refuses model names without an organisation."

@@ -1,0 +1,79 @@
+"""HybridDistillLoss: listwise distillation of a teacher's ranking into the student, with in-batch negatives.
+
+Each training row is ``(query, candidate_1, ..., candidate_k)`` with ``label`` = the teacher's ``k`` scores (for
+the recipe: the fused scores of the starting model + BM25 hybrid, best first). The loss is
+
+    KL( softmax(t / T_t) ‖ softmax(s / T_s) ) · T_s²  +  λ · InfoNCE(query, candidate_1; in-batch candidates)
+
+with ``s`` the student's similarity of the query to each candidate (the model's own similarity: dot product or
+cosine). The KL term is sentence-transformers' ``DistillKLDivLoss``; the in-batch term is its
+``MultipleNegativesRankingLoss`` on the teacher's first candidate, so the student keeps the in-batch contrast it was
+trained with. With ``in_batch_weight=0`` and a teacher whose scores are the student's own (same temperatures), the
+loss is at its minimum, 0, and so is its gradient.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from torch import Tensor, nn
+
+__all__ = ["HybridDistillLoss"]
+
+
+class HybridDistillLoss(nn.Module):
+    """Listwise KL to the teacher's scores over each query's candidates, plus ``in_batch_weight`` × InfoNCE.
+
+    Args:
+        model: the student ``SentenceTransformer``.
+        temperature: the student's temperature ``T_s`` (for a cosine model about 0.05, the scale 20 it was trained
+            with; for a dot-product model 1).
+        teacher_temperature: ``T_t``, matched to the spread of the teacher's scores (z-normalised fused scores: 1).
+        in_batch_weight: ``λ``; 0 turns the in-batch term off.
+        similarity: ``"cosine"`` or ``"dot"``; default: the model's own ``similarity_fn_name``.
+    """
+
+    def __init__(self, model, temperature: float = 1.0, teacher_temperature: float = 1.0,
+                 in_batch_weight: float = 1.0, similarity: str | None = None):
+        super().__init__()
+        from sentence_transformers import util
+        from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
+
+        for name, value in (("temperature", temperature), ("teacher_temperature", teacher_temperature)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"HybridDistillLoss {name} must be a positive number, got {value!r}")
+        if isinstance(in_batch_weight, bool) or not isinstance(in_batch_weight, int | float) or in_batch_weight < 0:
+            raise ValueError(f"HybridDistillLoss in_batch_weight must be a number >= 0, got {in_batch_weight!r}")
+        similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
+        if similarity not in ("cosine", "dot"):
+            raise ValueError(f"HybridDistillLoss similarity must be 'cosine' or 'dot', got {similarity!r}")
+        self.model = model
+        self.similarity = similarity
+        self.temperature = float(temperature)
+        self.teacher_temperature = float(teacher_temperature)
+        self.in_batch_weight = float(in_batch_weight)
+        pairwise = util.pairwise_cos_sim if similarity == "cosine" else util.pairwise_dot_score
+        matrix = util.cos_sim if similarity == "cosine" else util.dot_score
+        self.kl = DistillKLDivLoss(model, similarity_fct=pairwise, student_temperature=self.temperature,
+                                   teacher_temperature=self.teacher_temperature)
+        self.in_batch = MultipleNegativesRankingLoss(model, scale=1.0 / self.temperature, similarity_fct=matrix)
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        embeddings = [self.model(features)["sentence_embedding"] for features in sentence_features]
+        return self.compute_loss_from_embeddings(embeddings, labels)
+
+    def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
+        """The loss of ``[queries, candidates_1, ..., candidates_k]`` embeddings and the teacher's ``(B, k)`` scores."""
+        loss = self.kl.compute_loss_from_embeddings(embeddings, labels.to(embeddings[0].dtype))
+        if self.in_batch_weight:
+            loss = loss + self.in_batch_weight * self.in_batch.compute_loss_from_embeddings(embeddings[:2], None)
+        return loss
+
+    @property
+    def citation(self) -> str:
+        return self.kl.citation
+
+    def get_config_dict(self) -> dict:
+        return {"temperature": self.temperature, "teacher_temperature": self.teacher_temperature,
+                "in_batch_weight": self.in_batch_weight, "similarity": self.similarity}
