@@ -10,7 +10,7 @@ from typing import Any
 
 # the trainers and load_encoder are looked up on their modules at call time (tests replace them there)
 from . import finetuning, pretraining
-from .data.beir import parse_eval_spec
+from .data.beir import check_not_datasets_folder, parse_eval_spec
 from .data.target_queries import refuse_eval_overlap
 from .data.training import RetrievalTrainingData
 from .evaluation.evaluator import BEIRRetrievalEvaluator
@@ -67,6 +67,8 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
         for value in [values] if isinstance(values, str | os.PathLike) else values or ():
             if isinstance(value, str | os.PathLike) and not os.path.exists(os.path.expanduser(value)):
                 raise FileNotFoundError(f"{flag} {value}: no such file or folder")
+            if isinstance(value, str | os.PathLike):
+                check_not_datasets_folder(value, flag)
     for spec in evals:
         parse_eval_spec(spec)
     if args.push_to_hub:

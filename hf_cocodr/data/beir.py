@@ -232,7 +232,24 @@ def _check_folder(folder: str | os.PathLike) -> Path:
             "BEIR folder not found (expected a directory with corpus.jsonl, queries.jsonl and qrels/<split>.tsv).",
             folder,
         )
+    check_not_datasets_folder(folder)
     return folder
+
+
+def check_not_datasets_folder(path: str | os.PathLike, flag: str | None = None) -> None:
+    """Refuse a folder written by ``datasets``' ``save_to_disk`` (it has no ``corpus.jsonl``) with the way to convert
+    it, so the mistake surfaces before any model loads rather than as "corpus.jsonl not found"."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir() or jsonl_file(folder, CORPUS_FILE).is_file():
+        return
+    if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file() and any(folder.glob("*.arrow")):
+        given = f"given as {flag}, this" if flag else "this"
+        raise BEIRFormatError(
+            f"{given} is a `datasets` folder (written by save_to_disk), not a BEIR folder. hf_cocodr reads BEIR folders "
+            "(corpus.jsonl, queries.jsonl, qrels/<split>.tsv) and JSONL files; write one with "
+            "`datasets.load_from_disk(...).to_json('corpus.jsonl')` (columns _id, title, text).",
+            folder,
+        )
 
 
 def load_corpus(folder: str | os.PathLike):

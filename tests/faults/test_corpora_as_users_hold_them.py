@@ -77,3 +77,28 @@ def test_qrels_that_judge_nothing_relevant_are_named_in_a_warning(tiny_st_dir, t
     # judged relevant somewhere: no warning
     assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev"]) == 0
     assert "every judgement has grade 0" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["evaluate", "finetune", "pretrain"])
+def test_a_datasets_folder_is_refused_with_the_way_to_convert_it_before_any_model_loads(command, tiny_st_dir,
+                                                                                      tmp_path, capsys, monkeypatch):
+    import datasets
+
+    import hf_cocodr.modeling.loading as loading
+    from hf_cocodr.cli import main
+
+    def no_model_load(*a, **k):
+        raise AssertionError("a model was loaded before the data was checked")
+
+    monkeypatch.setattr(loading, "load_encoder", no_model_load)
+    folder = tmp_path / "saved"
+    datasets.Dataset.from_dict({"_id": ["d1"], "title": [""], "text": ["a document"]}).save_to_disk(str(folder))
+    args = {"evaluate": ["evaluate", str(tiny_st_dir), str(folder), "--split", "test"],
+            "finetune": ["finetune", "--model", str(tiny_st_dir), "--train-data", str(folder)],
+            "pretrain": ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(folder)]}[command]
+    if command != "evaluate":
+        args += ["--output_dir", str(tmp_path / "out")]
+    capsys.readouterr()  # datasets' own progress bar
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a `datasets` folder" in err[0] and "to_json" in err[0] and str(folder) in err[0]
