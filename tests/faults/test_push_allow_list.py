@@ -11,6 +11,9 @@ import sys
 
 import hub_standin
 import pytest
+from sentence_transformers import SentenceTransformer
+
+from hf_cocodr.model_card import write_model_card
 
 TOKEN = "hf_standinSECRETtoken0123456789abcdefXYZ"
 # what `hf-cocodr export` of the tiny BERT writes (a sentence-transformers save, the card and the provenance)
@@ -50,7 +53,8 @@ def test_push_uploads_the_model_files_and_nothing_else(hub, tiny_st_dir, tiny_be
     (model / "linked_folder").symlink_to(outside)
     (model / "1_Pooling" / "extra.json").symlink_to(outside / "secret.txt")
     # records and training state hf_cocodr keeps beside a model
-    (model / "eval.json").write_text(json.dumps({f"{tmp_path}/data/toy:dev": {"ndcg@10": 0.5}}))
+    (model / "eval.json").write_text(json.dumps({f"{tmp_path}/data/toy:dev": {"ndcg@10": 0.5, "recall@100": 0.75}}))
+    write_model_card(model, SentenceTransformer(str(model)), {})  # the card shows the evaluation
     (model / "recipe.json").write_text(json.dumps({"out": str(tmp_path)}))
     (model / "trainer_state.json").write_text("{}")
     for folder, name in (("checkpoint-10", "optimizer.pt"), ("runs", "events.out"), ("hybrid", "doc_ids.json")):
@@ -69,6 +73,7 @@ def test_push_uploads_the_model_files_and_nothing_else(hub, tiny_st_dir, tiny_be
         assert b"the user's private text" not in data and str(tmp_path).encode() not in data, rel
         if rel != "hf_cocodr_provenance.json":
             assert data == (model / rel).read_bytes(), rel
+    assert "| toy:dev | hf-cocodr evaluate | 0.5000 | 0.7500 |" in uploaded["README.md"].decode()
     provenance = json.loads(uploaded["hf_cocodr_provenance.json"])
     assert provenance["base_model_source"]["path"] == tiny_bert_dir.name  # the folder's name, not where it lay
     local = json.loads((model / "hf_cocodr_provenance.json").read_text())
