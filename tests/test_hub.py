@@ -160,6 +160,9 @@ def test_trainers_push_to_hub(hub, tiny_bert_dir, tiny_beir, tmp_path):
     assert not any(f.startswith(("checkpoint-", "runs/")) for f in ft[0]["files"])
     card = state.repos["acme/ft-tiny"]["branches"]["main"]["README.md"].decode()
     assert "iDRO fine-tuning" in card and "COCO continuous contrastive pretraining" in card
+    for repo in ("acme/coco-tiny", "acme/ft-tiny"):  # no local path went up
+        for rel, data in state.repos[repo]["branches"]["main"].items():
+            assert str(tiny_beir).encode() not in data and str(tmp_path).encode() not in data, (repo, rel)
     assert_no_token(proc.stdout, proc.stderr, tmp_path / "coco", tmp_path / "ft")
 
 
@@ -185,6 +188,8 @@ def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
     assert f"{tiny_beir}:dev" in summary["evaluation"]
     files = set(state.repos["acme/cocodr-pub"]["branches"]["main"])
     assert {"model.safetensors", "README.md", "mteb_model_meta.json"} <= files and "eval.json" not in files
+    for rel, data in state.repos["acme/cocodr-pub"]["branches"]["main"].items():  # no local path went up
+        assert str(tiny_beir).encode() not in data and str(tmp_path).encode() not in data, rel
     assert any(f.startswith("mteb_results/results/acme__cocodr-pub/") and f.endswith("model_meta.json") for f in files)
     card = state.repos["acme/cocodr-pub"]["branches"]["main"]["README.md"].decode()
     task = f"{Path(tiny_beir).name}-dev".replace("_", "-")  # the local MTEB task the script ran
