@@ -176,9 +176,22 @@ def _process_start(pid: int) -> int | None:
         return None
 
 
-def _holder_is_gone(holder: dict[str, Any], host: str) -> str | None:
-    """Why the lock ``holder`` (the JSON of a lock file) is stale, or None when it may still be running (or that
-    cannot be told: another host, a pid without a recorded start)."""
+def _started_after(pid: int, when: float) -> bool:
+    """Whether process ``pid`` started after the time ``when`` (seconds since the epoch), with two seconds' slack;
+    False where that cannot be told."""
+    ticks = _process_start(pid)
+    try:
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        hz = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return False
+    return ticks is not None and btime + ticks / hz > when + 2
+
+
+def _holder_is_gone(holder: dict[str, Any], host: str, written: float | None = None) -> str | None:
+    """Why the lock ``holder`` (the JSON of a lock file, last written at ``written``) is stale, or None when it may
+    still be running (or that cannot be told: another host, no ``/proc``)."""
     pid = holder.get("pid")
     if holder.get("host") != host or not isinstance(pid, int) or isinstance(pid, bool):
         return None
@@ -190,6 +203,9 @@ def _holder_is_gone(holder: dict[str, Any], host: str) -> str | None:
     recorded, now = holder.get("pid_start"), _process_start(pid)
     if isinstance(recorded, int) and now is not None and recorded != now:
         return f"which is no longer running (pid {pid} now belongs to another process)"
+    if not isinstance(recorded, int) and written is not None and _started_after(pid, written):
+        # a lock of an earlier version (no start time): the process under its pid started after it was written
+        return f"which is no longer running (pid {pid} now belongs to a process started after the lock was written)"
     return None
 
 
@@ -270,7 +286,11 @@ def acquire_lock(folder: str | os.PathLike) -> Path:
                     continue  # released meanwhile
                 if holder.get("pid") == os.getpid() and holder.get("host") == host:
                     return path  # this process holds it already (a trainer inside a recipe stage, ...)
-                why = _holder_is_gone(holder, host)
+                try:
+                    written = path.stat().st_mtime
+                except OSError:
+                    written = None
+                why = _holder_is_gone(holder, host, written)
                 if why is not None:
                     logger.warning("taking over the lock %s left by process %s (started %s), %s", path,
                                    holder.get("pid"), holder.get("started", "?"), why)

@@ -107,6 +107,12 @@ def test_a_pid_now_held_by_an_unrelated_process_is_a_stale_lock(tmp_path, live_s
     assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
     run.release()
     assert not (out / LOCK).exists()
+    # a lock of an earlier version (pid and start only), written an hour before the process now under its pid began
+    (out / LOCK).write_text(json.dumps({"pid": live_stranger, "host": socket.gethostname(), "started": "earlier"}))
+    os.utime(out / LOCK, (time.time() - 3600, time.time() - 3600))
+    acquire_lock(out)
+    assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
+    release_lock(out)
     # a lock taken before this machine restarted is stale whatever runs under its pid now
     (out / LOCK).write_text(json.dumps({"pid": live_stranger, "host": socket.gethostname(), "started": "earlier",
                                         "boot_id": "an-earlier-boot", "pid_start": start}))
