@@ -12,7 +12,8 @@ from .hub import push_directory
 
 
 def _add_push(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model_dir", help="a sentence-transformers directory (encoder, card, head and results go up)")
+    p.add_argument("model_dir", help="a sentence-transformers directory; only the model's own files go up (encoder, "
+                   "tokenizer, card, head, provenance, MTEB results), never links, your other files or local records")
     p.add_argument("repo_id", help="org/name on the Hub")
     p.add_argument("--private", action="store_true", help="create the repository as private")
     p.add_argument("--revision", default=None, help="branch to push to (created if missing)")

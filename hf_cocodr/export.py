@@ -25,7 +25,7 @@ from .modeling.loading import (
 )
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
 from .run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
-from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source
+from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source, honour_umask
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +199,7 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
                 shutil.copytree(source, tmp / name)
             else:
                 shutil.copy2(source, tmp / name)
+        honour_umask(tmp)  # before anything is carried over: only what this export wrote
         if run is not None:  # never replace a file no hf_cocodr run recorded as its own
             clash = sorted(({p.name for p in tmp.iterdir()} | {PROVENANCE_FILE}) & set(run.record["preexisting"]))
             if clash:

@@ -1,28 +1,58 @@
 """Pushing a finished model directory to the Hugging Face Hub: encoder, Condenser head, card and results together.
 
-The push is one commit. Only the model's files go up (training checkpoints, optimizer states and logs stay local).
+The push is one commit of the model's own files, chosen by an allow-list (:func:`push_plan`): what a
+sentence-transformers save writes (configuration, weights, tokenizer, the card ``README.md``, the module folders
+``modules.json`` names), the Condenser head, the provenance record and the MTEB leaderboard files. Everything else
+stays local and is named in the log: the user's own files, entries the owner record lists as there before
+hf_cocodr wrote the folder, symbolic links (never followed), and the records that hold this machine's paths and
+training state (owner record, lock, ``eval.json``, ``recipe.json``, checkpoints, logs, hybrid indexes, ...).
 The token comes from the usual Hugging Face sources (``HF_TOKEN``, ``huggingface-cli login``) or the ``token``
 argument; it is never written to a file, a card or a log line. The local directory is only read.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import stat
 from pathlib import Path
+from typing import Any
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
+from .run_record import LOCK, RECORD
 from .utils import hub_id_problem
 
 logger = logging.getLogger(__name__)
 
-# Never uploaded: training state that is large, private or pickled.
-IGNORE_PATTERNS = [
-    "checkpoint-*", "checkpoint-*/**", "runs/**", "*.pt", "*.pth", "*.bin.tmp", "training_args.bin", ".*", "**/.*",
-    "rng_state*", "optimizer*", "scheduler*", "hf_cocodr_state.*", "hf_cocodr_checkpoint_complete.json",
-]
-
-
+# What a push uploads (an allow-list; everything else stays local). Files, at the top of the folder and inside the
+# module folders that modules.json names: what SentenceTransformer.save / save_pretrained write (configuration,
+# weights, tokenizer, card), the Condenser head, the model's provenance and its MTEB ModelMeta.
+MODEL_FILES = frozenset({
+    "modules.json", "config.json", "config_sentence_transformers.json", "sentence_bert_config.json", "README.md",
+    "generation_config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+    "vocab.json", "merges.txt", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
+    "chat_template.jinja", "chat_template.json", "condenser_head.safetensors", "condenser_head.json",
+    "hf_cocodr_provenance.json", "hf_cocodr_training.json", "mteb_model_meta.json",
+})
+# weight shards: model-00001-of-00003.safetensors, pytorch_model-00001-of-00003.bin
+MODEL_SHARD = re.compile(r"^(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)$")
+WEIGHT_FILES = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin)$")
+# the MTEB leaderboard files hf-cocodr mteb writes (results/ORG__NAME/REVISION/*.json): every .json file below it
+MTEB_FOLDER = "mteb_results"
+# provenance files are uploaded with this machine's folder paths reduced to their last component
+_PROVENANCE_FILES = ("hf_cocodr_provenance.json", "hf_cocodr_training.json")
+# why the records hf_cocodr writes beside a model stay local (for the log; the allow-list alone decides)
+_LOCAL_RECORDS = {
+    "eval.json": "evaluation record keyed by this machine's data paths (the card shows its results)",
+    "start_eval.json": "evaluation record keyed by this machine's data paths",
+    "recipe.json": "the recipe's run record (local paths)", "plan.json": "the recipe's plan (local paths)",
+    "idro_weights.json": "training record", "trainer_state.json": "training state",
+    "training_args.bin": "training state (pickled)", "runs": "training logs",
+    "hybrid": "retrieval indexes of the local corpus",
+}
 
 
 def validate_repo_id(repo_id: str) -> None:
@@ -52,6 +82,132 @@ def _redact(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 
 
+def _without_local_paths(obj: Any) -> Any:
+    """A copy of a JSON value in which every string that is a path on this machine (absolute, ``~``, ``./``,
+    ``../``) is reduced to its last component: what the model was made from, without where it lay."""
+    if isinstance(obj, dict):
+        return {k: _without_local_paths(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_without_local_paths(v) for v in obj]
+    if isinstance(obj, str) and (os.path.isabs(obj) or obj.startswith(("~", "./", "../", ".\\", "..\\"))):
+        return Path(obj.rstrip("/\\")).name or obj
+    return obj
+
+
+def _module_folders(model_dir: Path) -> set[str]:
+    """The sub-folders ``modules.json`` names (``1_Pooling``, ``2_Dense``, ...): relative, inside the folder."""
+    if (model_dir / "modules.json").is_symlink():
+        return set()
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    out = set()
+    for m in modules if isinstance(modules, list) else []:
+        rel = m.get("path") if isinstance(m, dict) else None
+        if isinstance(rel, str) and rel and not os.path.isabs(rel) and ".." not in Path(rel).parts:
+            out.add(Path(rel).parts[0])
+    return out
+
+
+def _record_entries(model_dir: Path) -> tuple[set[str], set[str]]:
+    """From the folder's owner record: the entries that were there before hf_cocodr wrote it (the user's), and the
+    entries hf_cocodr wrote."""
+    try:
+        rec = json.loads((model_dir / RECORD).read_text())
+    except (OSError, ValueError):
+        return set(), set()
+    if not isinstance(rec, dict):
+        return set(), set()
+
+    def names(key: str) -> set[str]:
+        value = rec.get(key)
+        return {v for v in value if isinstance(v, str)} if isinstance(value, list) else set()
+
+    return names("preexisting"), names("files") | names("expected")
+
+
+def _log_skipped(model_dir: Path, skipped: dict[str, str]) -> None:
+    """Name every entry a push leaves local: a warning for each one hf_cocodr did not write (the user's files,
+    links), one info line for hf_cocodr's own records and training state."""
+    _, own = _record_entries(model_dir)
+    ours = {k: v for k, v in skipped.items() if k.split("/")[0] in own | {RECORD, LOCK} and "symbolic link" not in v}
+    for name, why in skipped.items():
+        if name not in ours and why != "hidden":
+            logger.warning("push: not uploading %s: %s", os.path.join(model_dir, name), why)
+    if ours:
+        logger.info("push: keeping local what hf_cocodr wrote for this machine (records, evaluations, training "
+                    "state): %s", ", ".join(sorted(ours)))
+
+
+def push_plan(model_dir: str | os.PathLike) -> tuple[dict[str, Path], dict[str, str]]:
+    """What a push of ``model_dir`` uploads and what it leaves local, and why.
+
+    Returns ``(upload, skipped)``: ``upload`` maps each path in the repository to its regular file here; ``skipped``
+    maps each entry left out (a folder as ``name/``) to the reason. The rules:
+
+    * only regular files are uploaded; a symbolic link (to a file or a folder, at any depth) is never followed;
+    * at the top of the folder: the model files of :data:`MODEL_FILES` and weight shards; inside the module folders
+      ``modules.json`` names, the same files; below ``mteb_results/``, the ``.json`` result files;
+    * an entry the owner record (``hf_cocodr_run.json``) lists under ``preexisting`` is the user's: never uploaded;
+    * hidden entries, the owner record and lock, and everything else (``eval.json``, ``recipe.json``, checkpoints,
+      ``runs/``, trainer state, ``hybrid/`` indexes, stage folders, the user's own files) stay local.
+    """
+    model_dir = Path(model_dir)
+    modules = _module_folders(model_dir)
+    preexisting, _ = _record_entries(model_dir)
+    upload: dict[str, Path] = {}
+    skipped: dict[str, str] = {}
+
+    def model_file(name: str) -> bool:
+        return name in MODEL_FILES or bool(MODEL_SHARD.match(name))
+
+    # (which files of a folder go up, and the rules for each of its sub-folders: None = the sub-folder stays local)
+    in_module = (model_file, lambda _: in_module)
+    in_mteb = (lambda name: name.endswith(".json"), lambda _: in_mteb)
+    top = (model_file, lambda d: in_module if d in modules else in_mteb if d == MTEB_FOLDER else None)
+
+    def walk(folder: Path, rel: str, rules) -> None:
+        files_ok, folder_rules = rules
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+            name = rel + entry.name
+            is_dir = entry.is_dir(follow_symlinks=False)
+            shown = f"{name}/" if is_dir else name
+            if entry.is_symlink():
+                skipped[name] = f"a symbolic link (to {os.readlink(entry.path)}); push never follows links"
+            elif not rel and entry.name in preexisting:
+                skipped[shown] = f"not hf_cocodr's: there before hf_cocodr wrote the folder ({RECORD})"
+            elif entry.name.startswith("."):
+                skipped[shown] = "hidden"
+            elif entry.name in (RECORD, LOCK):
+                skipped[name] = "hf_cocodr's owner record of the folder (local paths)"
+            elif is_dir:
+                sub = folder_rules(entry.name)
+                if sub is None:
+                    skipped[shown] = _local_reason(entry.name) if not rel else "not part of the model"
+                else:
+                    walk(Path(entry.path), shown, sub)
+            elif not stat.S_ISREG(entry.stat(follow_symlinks=False).st_mode):
+                skipped[name] = "not a regular file"
+            elif files_ok(entry.name):
+                upload[name] = Path(entry.path)
+            else:
+                skipped[name] = _local_reason(entry.name) if not rel else "not a model file"
+
+    walk(model_dir, "", top)
+    return upload, skipped
+
+
+def _local_reason(name: str) -> str:
+    if name in _LOCAL_RECORDS:
+        return _LOCAL_RECORDS[name]
+    if name.startswith("checkpoint-"):
+        return "training checkpoint"
+    if name.endswith(".log"):
+        return "log"
+    return "not a model file"
+
+
 def push_directory(
     model_dir: str | os.PathLike,
     repo_id: str,
@@ -71,7 +227,7 @@ def push_directory(
         commit_message: default ``"Upload <name> with hf_cocodr"``.
         token: a Hub token; default: the usual Hugging Face sources.
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     validate_repo_id(repo_id)
@@ -81,15 +237,39 @@ def push_directory(
     if not (model_dir / "modules.json").is_file():
         raise ValueError(f"{model_dir} is not a sentence-transformers directory (no modules.json); "
                          "export it first with `hf-cocodr export` or `hf-cocodr convert`")
+    upload, skipped = push_plan(model_dir)
+    contents: dict[str, str | bytes] = {}
+    for rel, path in upload.items():
+        if path.name in _PROVENANCE_FILES:
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                skipped[rel] = "not readable JSON"
+                continue
+            contents[rel] = (json.dumps(_without_local_paths(record), indent=2, ensure_ascii=False) + "\n").encode()
+        else:
+            contents[rel] = str(path)
+    _log_skipped(model_dir, skipped)
+    missing = [] if "modules.json" in contents else ["modules.json"]
+    if not any(WEIGHT_FILES.match(Path(rel).name) for rel in contents):
+        missing.append("the model weights (model.safetensors)")
+    if missing:
+        why = "; ".join(f"{k}: {v}" for k, v in skipped.items() if Path(k).name in ("modules.json",)
+                        or WEIGHT_FILES.match(Path(k.rstrip("/")).name))
+        raise HubPushError(f"push of {model_dir}: {' and '.join(missing)} would not be uploaded"
+                           f"{f' ({why})' if why else ''}; push uploads only the model's own regular files: copy "
+                           "the model into a folder of real files (cp -rL) and push that")
     api = HfApi(token=token)
     tok = token or _current_token()
     message = commit_message or f"Upload {model_dir.name} with hf_cocodr"
+    operations = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=src) for rel, src in sorted(contents.items())]
+    logger.info("pushing %d files of %s to %s: %s", len(operations), model_dir, repo_id, ", ".join(sorted(contents)))
     try:
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         if revision and revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-        info = api.upload_folder(repo_id=repo_id, folder_path=str(model_dir), revision=revision,
-                                 commit_message=message, ignore_patterns=IGNORE_PATTERNS, repo_type="model")
+        info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message, revision=revision,
+                                 repo_type="model")
     except HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
         raise HubPushError(_redact(f"push of {model_dir} to {repo_id} failed (HTTP {status}): "

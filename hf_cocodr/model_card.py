@@ -97,7 +97,8 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
             if isinstance(value, dict) and "ndcg@10" in value:
                 name, split = _split_spec(key)
                 metrics = {k: v for k, v in value.items() if _metric_label(k) and isinstance(v, (int, float))}
-                rows.append({"dataset": key, "name": name, "split": split, "dataset_type": name,
+                rows.append({"dataset": f"{name}:{split}" if split else name,  # not where the data lies here
+                             "name": name, "split": split, "dataset_type": name,
                              "dataset_revision": None, "source": "hf-cocodr evaluate", "metrics": metrics,
                              **_metric_subset(value)})
     mteb_root = directory / MTEB_DIR

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .utils import atomic_write_json
+from .utils import atomic_write_json, honour_umask
 
 STATE_TENSORS = "hf_cocodr_state.safetensors"
 STATE_JSON = "hf_cocodr_state.json"
@@ -27,6 +27,7 @@ def save_state(directory: str | os.PathLike, tensors: dict[str, Any], meta: dict
         out[k] = t.contiguous()
     tmp = directory / f".{STATE_TENSORS}.tmp"
     save_file(out, str(tmp))
+    honour_umask(tmp)  # safetensors writes 0600
     os.replace(tmp, directory / STATE_TENSORS)
     atomic_write_json(directory / STATE_JSON, meta)
 

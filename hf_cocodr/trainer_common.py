@@ -11,6 +11,7 @@ from .checkpoints import mark_complete, resolve_resume
 from .errors import ConfigError
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
+from .utils import honour_umask
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ class TrainerMixin:
             rec = read_record(run.path)
             if rec and rec.get("run_id") == run.run_id:
                 RunFolder(run.path, rec).save()
+                # the model files the Trainer's savers wrote (safetensors leaves 0600) get the umask's modes
+                honour_umask(*(run.path / name for name in rec["files"]))
 
     def _mark_checkpoint_complete(self, trial) -> None:
         """Written last, atomically: only checkpoints with this marker are ever resumed from."""

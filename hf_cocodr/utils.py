@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import uuid
@@ -64,12 +65,64 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where ``/proc/self/status`` tells it (Linux), else by setting
+    and at once restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o077)
+    os.umask(old)
+    return old
+
+
+def honour_umask(*paths: str | os.PathLike) -> None:
+    """Give files and folders hf_cocodr wrote the modes a plain ``open`` / ``mkdir`` gives them, as
+    ``save_pretrained`` does: files ``0o666 & ~umask``, folders ``0o777 & ~umask`` and, inside a folder, everything
+    below it. Writers that stage through private temporary files (``tempfile.mkstemp``, safetensors) leave ``0600``,
+    which another account (a model server) cannot read. Symbolic links are never followed; a path that is gone is
+    skipped. Only ever called on entries this process wrote."""
+    umask = current_umask()
+    for path in paths:
+        for root, dirs, files in _walk_no_links(Path(path)):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(root / name, 0o666 & ~umask)
+            for name in dirs:
+                with contextlib.suppress(FileNotFoundError):
+                    os.chmod(root / name, 0o777 & ~umask)
+
+
+def _walk_no_links(path: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    """``(folder, [sub-folder names], [file names])`` for ``path`` (as a one-entry listing of its parent) and, for a
+    folder, everything below it; symbolic links and special files are left out."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        yield path.parent, [], [path.name]
+    elif stat.S_ISDIR(st.st_mode):
+        yield path.parent, [path.name], []
+        for root, dirs, files in os.walk(path, followlinks=False):
+            base = Path(root)
+            yield (base, [d for d in dirs if not (base / d).is_symlink()],
+                   [f for f in files if (base / f).is_file() and not (base / f).is_symlink()])
+
+
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: readers never see half a file."""
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers never see half a file. The file
+    gets the mode a plain ``open`` would give it (``0o666 & ~umask``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding=encoding) as f:
             f.write(text)
             f.flush()

@@ -3,8 +3,8 @@
 The public ``OpenMatch/cocodr-base-msmarco`` / ``cocodr-large-msmarco`` checkpoints are plain BERT; loaded in
 sentence-transformers they silently get mean pooling. This converts one into a CLS/dot sentence-transformers
 directory (query 64 / document 256 tokens, as the paper evaluates), evaluates it on the given BEIR splits
-(``eval.json`` and MTEB leaderboard files under ``mteb_results/``), regenerates the card, and pushes everything in
-one commit. Offline (as here) it works on any local raw checkpoint and an ``HF_ENDPOINT`` stand-in.
+(``eval.json`` and MTEB leaderboard files under ``mteb_results/``), regenerates the card, and pushes the model, its
+card and the MTEB files in one commit (``eval.json`` stays local: its results are in the card). Offline (as here) it works on any local raw checkpoint and an ``HF_ENDPOINT`` stand-in.
 
     python scripts/publish_cocodr.py --src OpenMatch/cocodr-base-msmarco --out outputs/cocodr-base \\
         --repo-id myorg/cocodr-base --eval $HF_COCODR_DATA/scifact:train --eval $HF_COCODR_DATA/nfcorpus:dev [--no-push]

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..utils import atomic_write_json
+from ..utils import atomic_write_json, honour_umask
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,7 @@ class CondenserForPretraining(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{HEAD_WEIGHTS}.tmp"
         save_file(self.head_state_dict(), str(tmp))
+        honour_umask(tmp)  # safetensors writes 0600
         os.replace(tmp, directory / HEAD_WEIGHTS)
         atomic_write_json(directory / HEAD_CONFIG, self.head_config())
 
