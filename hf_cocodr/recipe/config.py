@@ -1,8 +1,10 @@
 """The settings of :func:`~hf_cocodr.recipe.run_recipe`: :class:`RecipeConfig`, its checks and its command-line flags.
 
 This module imports neither torch nor transformers, so ``hf-cocodr recipe --help`` and input errors answer at once.
-Each field carries its help text in ``metadata["help"]`` (as ``transformers.HfArgumentParser`` reads it); the recipe
-command builds its flags from the fields with :func:`add_config_arguments`.
+Each field carries its help text in ``metadata["help"]``, as for ``transformers.HfArgumentParser``; the recipe
+command builds its flags from the fields with :func:`add_config_arguments` rather than with ``HfArgumentParser``
+itself, which would import transformers at every start of the command line and takes no union of a number and a
+word (``--coco-runs 3`` / ``--coco-runs budget``, ``--wise-alpha 0.5`` / ``--wise-alpha none``).
 """
 
 from __future__ import annotations
@@ -12,29 +14,43 @@ import math
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
-from enum import StrEnum
+from enum import Enum
 from typing import Any
 
 from ..data.pseudo_pairs import PSEUDO_PAIR_MODES
 from ..errors import ConfigError
 
 
-class Auto(StrEnum):
+class Auto(str, Enum):
     """A setting the recipe resolves itself: ``AUTO`` by the schedule of the starting model (see
-    :func:`~hf_cocodr.recipe.choose_schedule`), ``BUDGET`` (``coco_runs`` only) by the time budget. Members equal
-    their strings (``Auto.AUTO == "auto"``), so configs and records read as before."""
+    :func:`~hf_cocodr.recipe.choose_schedule`), ``BUDGET`` (``coco_runs`` only) by the time budget. Members equal,
+    print and serialise as their strings (``Auto.AUTO == "auto"``), so configs and records read as before."""
 
     AUTO = "auto"
     BUDGET = "budget"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 AUTO = Auto.AUTO
 STAGE_OPTIONS = ("coco", "finetune", "target")  # the mappings of training arguments, one per training stage
 
 
-def _opt(default: Any = MISSING, help: str = "", *, flag: str | None = None, aliases: tuple[str, ...] = (),
-         cli: bool = True, choices: tuple[str, ...] | None = None, metavar: str | None = None,
-         default_factory: Any = MISSING) -> Any:
+def _opt(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    cli: bool = True,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    default_factory: Any = MISSING,
+) -> Any:
     """A field with its command-line flag: ``help`` for ``--help``; ``flag`` the flag's name when it is not
     ``--field-name`` (``aliases``: more names); ``cli=False`` for a field only a ``--config`` file sets;
     ``choices`` the names a string field takes."""
@@ -76,60 +92,87 @@ class RecipeConfig:
     """
 
     source_split: str = _opt("train", "split of --source-data whose qrels are the labelled source task")
-    include_source_corpus: bool = _opt(True, "do not also train COCO on the (restricted) source "
-                                                  "corpus")
-    max_queries: int | None = _opt(None, "source queries used for fine-tuning (default: all, or as many as the "
-                                         "budget's steps use)")
+    include_source_corpus: bool = _opt(True, "do not also train COCO on the (restricted) source corpus")
+    max_queries: int | None = _opt(
+        None, "source queries used for fine-tuning (default: all, or as many as the budget's steps use)"
+    )
     corpus_pool: int | None = _opt(5, "restrict the source corpus to the positives + BM25 top-k of the kept queries")
     coco_steps: int | None = _opt(None, "steps of each COCO run (default: planned from --max-minutes, or 500)")
     finetune_steps: int | None = _opt(None, "steps of the source fine-tuning (default: planned, or 500)")
     target_steps: int | None = _opt(None, "steps of the target pseudo pairs (default: planned, or 500)")
     refreshes: int | None = _opt(None, "self-negative refreshes, each re-clusters (default: as the budget affords)")
-    schedule: str = _opt(AUTO, "auto: settings chosen by the starting model (README, 'How the recipe chooses its "
-                               "schedule'); paper: COCO -> iDRO", choices=("auto", "paper"))
+    schedule: str = _opt(
+        AUTO,
+        "auto: settings chosen by the starting model (README, 'How the recipe chooses its "
+        "schedule'); paper: COCO -> iDRO",
+        choices=("auto", "paper"),
+    )
     coco_mlm_weight: float | Auto = _opt(AUTO, "weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
     coco_learning_rate: float | Auto = _opt(AUTO, "COCO learning rate", flag="--coco-lr")
-    coco_runs: int | Auto = _opt(AUTO, "COCO runs (seeds seed, seed+1, ...) averaged into one encoder, a model soup; "
-                                       "'budget': as many runs of about --coco-run-steps steps as the budget affords")
+    coco_runs: int | Auto = _opt(
+        AUTO,
+        "COCO runs (seeds seed, seed+1, ...) averaged into one encoder, a model soup; "
+        "'budget': as many runs of about --coco-run-steps steps as the budget affords",
+    )
     coco_run_steps: int = _opt(76, "with --coco-runs budget: the length of one run")
-    target_pairs: str = _opt(AUTO, "fine-tune on pseudo pairs of the target corpora (title or sentence vs. the rest)",
-                             choices=("auto", "none", *PSEUDO_PAIR_MODES))
-    target_schedule: str = _opt(AUTO, "target pairs as a stage after the source fine-tuning (sequential) or a term of "
-                                      "its steps (joint)", choices=("auto", "sequential", "joint"))
+    target_pairs: str = _opt(
+        AUTO,
+        "fine-tune on pseudo pairs of the target corpora (title or sentence vs. the rest)",
+        choices=("auto", "none", *PSEUDO_PAIR_MODES),
+    )
+    target_schedule: str = _opt(
+        AUTO,
+        "target pairs as a stage after the source fine-tuning (sequential) or a term of its steps (joint)",
+        choices=("auto", "sequential", "joint"),
+    )
     joint_weight: float = _opt(1.0, "weight of the target-pairs term under the joint schedule")
-    wise_alpha: float | Auto | None = _opt(AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 "
-                                                 "to skip")
-    coco_share: float | Auto = _opt(AUTO, "COCO's share of the training budget (renormalised over the stages that "
-                                          "run)")
+    wise_alpha: float | Auto | None = _opt(
+        AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
+    )
+    coco_share: float | Auto = _opt(
+        AUTO, "COCO's share of the training budget (renormalised over the stages that run)"
+    )
     finetune_share: float | Auto = _opt(AUTO, "the source fine-tuning's share of the training budget")
     target_share: float | Auto = _opt(AUTO, "the target pseudo pairs' share of the training budget")
     train_max_length: int = _opt(128, "token limit of training texts (documents and spans)")
-    evaluate_start: bool = _opt(True, "do not evaluate the starting model on the --eval splits",
-                                flag="--no-start-eval")
-    save_hybrid: bool = _opt(True, "do not save a hybrid retriever (final model + BM25) for each target corpus in "
-                                   "OUT/hybrid")
-    skip_coco: bool | Auto = _opt(AUTO, "leave the coco stage out (true), run it (false), or as the schedule says "
-                                        "(auto)")
-    skip_finetune: bool | Auto = _opt(AUTO, "leave the finetune stage out (true), run it (false), or as the schedule "
-                                            "says (auto)")
+    evaluate_start: bool = _opt(
+        True, "do not evaluate the starting model on the --eval splits", flag="--no-start-eval"
+    )
+    save_hybrid: bool = _opt(
+        True, "do not save a hybrid retriever (final model + BM25) for each target corpus in OUT/hybrid"
+    )
+    skip_coco: bool | Auto = _opt(
+        AUTO, "leave the coco stage out (true), run it (false), or as the schedule says (auto)"
+    )
+    skip_finetune: bool | Auto = _opt(
+        AUTO, "leave the finetune stage out (true), run it (false), or as the schedule says (auto)"
+    )
     seed: int = _opt(42, "seed of the data draws and of the first COCO run")
     eval_batch_size: int = _opt(64, "batch size of the evaluations")
-    methods: list[str] = _opt(help="extra method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM: a name "
-                                   "registered in hf_cocodr.methods.registry (built in: modir, berm, rmsc); repeatable",
-                              flag="--method", metavar="NAME", default_factory=list)
-    target_queries: list[str] = _opt(help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); "
-                                          "repeatable", default_factory=list)
-    coco: dict[str, Any] = _opt(help="CocoPretrainingArguments fields of the COCO stage", cli=False,
-                                default_factory=dict)
-    finetune: dict[str, Any] = _opt(help="IDROTrainingArguments fields of the source fine-tuning", cli=False,
-                                    default_factory=dict)
-    target: dict[str, Any] = _opt(help="IDROTrainingArguments fields of the target pseudo pairs", cli=False,
-                                  default_factory=dict)
+    methods: list[str] = _opt(
+        help="extra method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM: a name "
+        "registered in hf_cocodr.methods.registry (built in: modir, berm, rmsc); repeatable",
+        flag="--method",
+        metavar="NAME",
+        default_factory=list,
+    )
+    target_queries: list[str] = _opt(
+        help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable", default_factory=list
+    )
+    coco: dict[str, Any] = _opt(
+        help="CocoPretrainingArguments fields of the COCO stage", cli=False, default_factory=dict
+    )
+    finetune: dict[str, Any] = _opt(
+        help="IDROTrainingArguments fields of the source fine-tuning", cli=False, default_factory=dict
+    )
+    target: dict[str, Any] = _opt(
+        help="IDROTrainingArguments fields of the target pseudo pairs", cli=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # "auto" / "budget" given as strings become the enum members
+        for f in fields(self):  # "auto" (and coco_runs' "budget") given as strings become the enum members
             value = getattr(self, f.name)
-            if isinstance(value, str) and not isinstance(value, Auto) and value in Auto._value2member_map_:
+            if type(value) is str and (value == AUTO or (f.name == "coco_runs" and value == Auto.BUDGET)):
                 setattr(self, f.name, Auto(value))
 
     @classmethod
@@ -145,8 +188,9 @@ class RecipeConfig:
                 raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments, got {sub!r}")
             bad = [k for k in sub if k.endswith("_dir")]
             if bad:
-                raise ConfigError(f"recipe option {stage}.{bad[0]}: the recipe places every stage inside --output_dir; "
-                                  "remove it")
+                raise ConfigError(
+                    f"recipe option {stage}.{bad[0]}: the recipe places every stage inside --output_dir; remove it"
+                )
         cfg = cls(**{k: v for k, v in data.items() if k not in STAGE_OPTIONS or v is not None})
         cfg.validate()
         return cfg
@@ -159,8 +203,10 @@ class RecipeConfig:
             if (allow_auto and v == AUTO) or (allow_none and v is None):
                 return
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-                raise ConfigError(f"recipe option {name} must be a number in [{lo}, {hi}]"
-                                  f"{' or auto' if allow_auto else ''}, got {v!r}")
+                raise ConfigError(
+                    f"recipe option {name} must be a number in [{lo}, {hi}]"
+                    f"{' or auto' if allow_auto else ''}, got {v!r}"
+                )
 
         number("coco_mlm_weight", 0, 100)
         number("coco_learning_rate", 1e-8, 1)
@@ -170,13 +216,19 @@ class RecipeConfig:
 
         def whole(name, lo, allow_none=True, hint=""):
             v = getattr(self, name)
-            if (v is None and not allow_none) or (v is not None and (isinstance(v, bool) or not isinstance(v, int)
-                                                                     or v < lo)):
-                raise ConfigError(f"recipe option {name} must be a whole number >= {lo}"
-                                  f"{' (or unset)' if allow_none else ''}, got {v!r}{hint}")
+            if (v is None and not allow_none) or (
+                v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo)
+            ):
+                raise ConfigError(
+                    f"recipe option {name} must be a whole number >= {lo}"
+                    f"{' (or unset)' if allow_none else ''}, got {v!r}{hint}"
+                )
 
-        for steps, switch in (("coco_steps", "skip_coco: true"), ("finetune_steps", "skip_finetune: true"),
-                              ("target_steps", "target_pairs: none")):
+        for steps, switch in (
+            ("coco_steps", "skip_coco: true"),
+            ("finetune_steps", "skip_finetune: true"),
+            ("target_steps", "target_pairs: none"),
+        ):
             whole(steps, 1, hint=f"; to leave the stage out set {switch}")
         whole("refreshes", 0)
         whole("coco_run_steps", 1, allow_none=False)
@@ -197,11 +249,14 @@ class RecipeConfig:
                 raise ConfigError(f"recipe option {name} must be a list of names, got {v!r}")
         self._check_stage_arguments()
         if self.target_pairs not in ("auto", "none", *PSEUDO_PAIR_MODES):
-            raise ConfigError(f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
-                              f"got {self.target_pairs!r}")
+            raise ConfigError(
+                f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
+                f"got {self.target_pairs!r}"
+            )
         if self.target_schedule not in ("auto", "sequential", "joint"):
-            raise ConfigError(f"recipe option target_schedule must be auto, sequential or joint, got "
-                              f"{self.target_schedule!r}")
+            raise ConfigError(
+                f"recipe option target_schedule must be auto, sequential or joint, got {self.target_schedule!r}"
+            )
         number("joint_weight", 0, 100, allow_auto=False)
         if self.schedule not in ("auto", "paper"):
             raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
@@ -209,8 +264,9 @@ class RecipeConfig:
             if getattr(self, flag) not in (True, False, AUTO):
                 raise ConfigError(f"recipe option {flag} must be true, false or auto, got {getattr(self, flag)!r}")
         if not isinstance(self.train_max_length, int) or self.train_max_length < 8:
-            raise ConfigError(f"recipe option train_max_length must be a whole number >= 8, got "
-                              f"{self.train_max_length!r}")
+            raise ConfigError(
+                f"recipe option train_max_length must be a whole number >= 8, got {self.train_max_length!r}"
+            )
 
     def _check_stage_arguments(self) -> None:
         """``coco`` / ``finetune`` / ``target``: known fields of the stage's arguments class, values of their types,
@@ -234,14 +290,18 @@ class RecipeConfig:
                 return isinstance(value, origin or hint)
             return True  # enums, callables, ...: left to the class
 
-        for stage, cls in (("coco", CocoPretrainingArguments), ("finetune", IDROTrainingArguments),
-                           ("target", IDROTrainingArguments)):
+        for stage, cls in (
+            ("coco", CocoPretrainingArguments),
+            ("finetune", IDROTrainingArguments),
+            ("target", IDROTrainingArguments),
+        ):
             sub = getattr(self, stage)
             if not isinstance(sub, dict):
                 raise ConfigError(f"recipe option {stage!r} must be a mapping of training arguments, got {sub!r}")
             if "max_steps" in sub:
-                raise ConfigError(f"recipe option {stage}.max_steps: the recipe sets each stage's steps; use "
-                                  f"{stage}_steps instead")
+                raise ConfigError(
+                    f"recipe option {stage}.max_steps: the recipe sets each stage's steps; use {stage}_steps instead"
+                )
             hints = typing.get_type_hints(cls)
             unknown = sorted(k for k in sub if k not in hints)
             if unknown:
@@ -263,24 +323,43 @@ class RecipeArguments:
     :class:`RecipeConfig` ones (a ``--config`` file may hold them too, the command line wins)."""
 
     model: str | None = _opt(None, "starting encoder")
-    target_corpus: list[str] = _opt(help="target-domain BEIR folder or JSONL file (repeatable); only documents are "
-                                         "read", default_factory=list)
+    target_corpus: list[str] = _opt(
+        help="target-domain BEIR folder or JSONL file (repeatable); only documents are read", default_factory=list
+    )
     source_data: str | None = _opt(None, "BEIR folder with labelled source qrels")
     output_dir: str | None = _opt(None, "the output folder OUT", flag="--output_dir", aliases=("--output-dir",))
-    eval: list[str] = _opt(help="evaluate the final (and the starting) model on this BEIR split (repeatable)",
-                           metavar="DIR:SPLIT", default_factory=list)
-    max_minutes: float | None = _opt(None, "size the stages to finish in this many minutes of training on this "
-                                           "machine (a stage that runs slower than measured stops at its deadline; "
-                                           "evaluations come on top)")
-    resume_from_checkpoint: str = _opt("true", "true (default): skip the finished stages whose inputs are unchanged "
-                                               "and resume the unfinished one; false: start over (with "
-                                               "--overwrite_output_dir when OUT holds a run)",
-                                       flag="--resume_from_checkpoint", aliases=("--resume-from-checkpoint",))
-    overwrite_output_dir: bool = _opt(False, "write into an OUT holding files hf_cocodr did not write (they stay "
-                                             "untouched); with --resume_from_checkpoint false, replace its earlier "
-                                             "run", flag="--overwrite_output_dir", aliases=("--overwrite-output-dir",))
-    config: str | None = _opt(None, "YAML: recipe options, plus `coco:`, `finetune:` and `target:` mappings of "
-                                    "CocoPretrainingArguments / IDROTrainingArguments fields")
+    eval: list[str] = _opt(
+        help="evaluate the final (and the starting) model on this BEIR split (repeatable)",
+        metavar="DIR:SPLIT",
+        default_factory=list,
+    )
+    max_minutes: float | None = _opt(
+        None,
+        "size the stages to finish in this many minutes of training on this "
+        "machine (a stage that runs slower than measured stops at its deadline; "
+        "evaluations come on top)",
+    )
+    resume_from_checkpoint: str = _opt(
+        "true",
+        "true (default): skip the finished stages whose inputs are unchanged "
+        "and resume the unfinished one; false: start over (with "
+        "--overwrite_output_dir when OUT holds a run)",
+        flag="--resume_from_checkpoint",
+        aliases=("--resume-from-checkpoint",),
+    )
+    overwrite_output_dir: bool = _opt(
+        False,
+        "write into an OUT holding files hf_cocodr did not write (they stay "
+        "untouched); with --resume_from_checkpoint false, replace its earlier "
+        "run",
+        flag="--overwrite_output_dir",
+        aliases=("--overwrite-output-dir",),
+    )
+    config: str | None = _opt(
+        None,
+        "YAML: recipe options, plus `coco:`, `finetune:` and `target:` mappings of "
+        "CocoPretrainingArguments / IDROTrainingArguments fields",
+    )
 
     @property
     def resume(self) -> bool:
@@ -339,8 +418,12 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RecipeConf
     stands; :func:`config_from_flags` reads them back."""
     for f, hint in _cli_fields(cls):
         helptext = f.metadata.get("help", "")
-        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": helptext,
-                              "metavar": f.metadata.get("metavar")}
+        kw: dict[str, Any] = {
+            "dest": f.name,
+            "default": argparse.SUPPRESS,
+            "help": helptext,
+            "metavar": f.metadata.get("metavar"),
+        }
         if hint is bool:  # a switch that turns the default off
             kw.update(action="store_false" if f.default is True else "store_true")
             del kw["metavar"]

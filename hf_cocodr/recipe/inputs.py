@@ -9,7 +9,7 @@ from ..data.pseudo_pairs import target_pseudo_pairs
 from ..data.spans import SpanCorpus
 from ..data.training import RetrievalTrainingData
 from .context import RecipeRun
-from .stages import Stage
+from .stage import Stage
 
 # Source queries drawn to time the fine-tuning step when the budget sizes the draw (max_queries unset).
 SIZE_PROBE_QUERIES = 1000
@@ -38,8 +38,9 @@ def sizes_source(run: RecipeRun) -> bool:
     """Whether the budget sizes the source draw: a budgeted run whose fine-tuning still has to run, with
     ``max_queries`` unset."""
     cfg = run.cfg
-    return run.max_minutes is not None and cfg.max_queries is None and not cfg.skip_finetune and not run.done(
-        "finetune")
+    return (
+        run.max_minutes is not None and cfg.max_queries is None and not cfg.skip_finetune and not run.done("finetune")
+    )
 
 
 def source_queries(run: RecipeRun) -> int | None:
@@ -55,8 +56,14 @@ def source_queries(run: RecipeRun) -> int | None:
 def draw_source(run: RecipeRun, max_queries: int | None) -> RetrievalTrainingData:
     """The labelled source task, ``max_queries`` of its queries drawn (None: all), with BM25 negatives."""
     cfg = run.cfg
-    return RetrievalTrainingData.from_beir(run.source_data, cfg.source_split, negatives="bm25",
-                                           max_queries=max_queries, seed=cfg.seed, corpus_pool=cfg.corpus_pool)
+    return RetrievalTrainingData.from_beir(
+        run.source_data,
+        cfg.source_split,
+        negatives="bm25",
+        max_queries=max_queries,
+        seed=cfg.seed,
+        corpus_pool=cfg.corpus_pool,
+    )
 
 
 def span_corpus(run: RecipeRun) -> SpanCorpus:
@@ -67,9 +74,14 @@ def span_corpus(run: RecipeRun) -> SpanCorpus:
     from ..pretraining import CocoPretrainingArguments
 
     probe = CocoPretrainingArguments(**{**run.arguments["coco"], "max_steps": 1})
-    return SpanCorpus.build(run.coco_corpora, AutoTokenizer.from_pretrained(_transformer_dir(run.model)),
-                            mode=probe.span_mode, span_max_tokens=probe.span_max_tokens,
-                            span_break_prob=probe.span_break_prob, seed=run.cfg.seed)
+    return SpanCorpus.build(
+        run.coco_corpora,
+        AutoTokenizer.from_pretrained(_transformer_dir(run.model)),
+        mode=probe.span_mode,
+        span_max_tokens=probe.span_max_tokens,
+        span_break_prob=probe.span_break_prob,
+        seed=run.cfg.seed,
+    )
 
 
 def source_pool_dataset(train_data):

@@ -48,11 +48,19 @@ def write_wise(start: str, adapted: str, stage_dir: Path, alpha: float, identity
 
     st = wise_ensemble(load_encoder(start), load_encoder(adapted), alpha)
     prev = previous_training_info(adapted)
-    stage = {"type": "wise", "method": "wise-ft", "title": "WiSE-FT weight-space ensemble with the starting model",
-             "alpha": alpha, "weights": f"{1 - alpha:g} x starting model + {alpha:g} x adapted model"}
-    card = {"stages": list(prev.get("stages", [])) + [stage],
-            "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["wise-ft"])),
-            "datasets": list(prev.get("datasets", [])), "base_model": prev.get("base_model")}
+    stage = {
+        "type": "wise",
+        "method": "wise-ft",
+        "title": "WiSE-FT weight-space ensemble with the starting model",
+        "alpha": alpha,
+        "weights": f"{1 - alpha:g} x starting model + {alpha:g} x adapted model",
+    }
+    card = {
+        "stages": list(prev.get("stages", [])) + [stage],
+        "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["wise-ft"])),
+        "datasets": list(prev.get("datasets", [])),
+        "base_model": prev.get("base_model"),
+    }
     with atomic_directory(stage_dir) as tmp:
         st.save(str(tmp))
         for name in (TRAINING_INFO_FILE,):
@@ -70,14 +78,21 @@ def write_soup(run_dirs: list[Path], stage_dir: Path, seeds: list[int]) -> None:
 
     st = soup([load_encoder(str(d)) for d in run_dirs])
     prev = previous_training_info(str(run_dirs[0]))
-    stage = {"type": "soup", "method": "model-soup",
-             "title": f"uniform weight average (model soup) of {len(run_dirs)} COCO runs",
-             "runs": len(run_dirs), "seeds": seeds,
-             "weights": f"the mean of the {len(run_dirs)} runs' weights; each run as the COCO stage above, "
-                        "with its own seed"}
-    card = {"stages": list(prev.get("stages", [])) + [stage],
-            "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["model-soup"])),
-            "datasets": list(prev.get("datasets", [])), "base_model": prev.get("base_model")}
+    stage = {
+        "type": "soup",
+        "method": "model-soup",
+        "title": f"uniform weight average (model soup) of {len(run_dirs)} COCO runs",
+        "runs": len(run_dirs),
+        "seeds": seeds,
+        "weights": f"the mean of the {len(run_dirs)} runs' weights; each run as the COCO stage above, "
+        "with its own seed",
+    }
+    card = {
+        "stages": list(prev.get("stages", [])) + [stage],
+        "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["model-soup"])),
+        "datasets": list(prev.get("datasets", [])),
+        "base_model": prev.get("base_model"),
+    }
     with atomic_directory(stage_dir) as tmp:
         st.save(str(tmp))
         if (run_dirs[0] / TRAINING_INFO_FILE).is_file():
@@ -100,8 +115,11 @@ def export_final(src: Path, dst: Path) -> None:
 
 def save_weight_history(trainer, out: Path) -> None:
     """The iDRO cluster weights, clusterings and log of a fine-tuning stage, in ``out/idro_weights.json``."""
-    atomic_write_json(out / "idro_weights.json", {
-        "weights": trainer.weight_history,
-        "clusterings": trainer.kmeans_callback.history if trainer.kmeans_callback else [],
-        "log_history": trainer.state.log_history,
-    })
+    atomic_write_json(
+        out / "idro_weights.json",
+        {
+            "weights": trainer.weight_history,
+            "clusterings": trainer.kmeans_callback.history if trainer.kmeans_callback else [],
+            "log_history": trainer.state.log_history,
+        },
+    )

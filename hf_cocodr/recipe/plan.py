@@ -13,8 +13,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 # The budget block: present together in a budgeted plan (``planned_optimizer_share`` may be None: a zero budget).
-_BUDGET_KEYS = ("budget_seconds", "fixed_seconds", "refresh_seconds_each", "kmeans_seconds",
-                "planned_optimizer_seconds", "planned_optimizer_share")
+_BUDGET_KEYS = (
+    "budget_seconds",
+    "fixed_seconds",
+    "refresh_seconds_each",
+    "kmeans_seconds",
+    "planned_optimizer_seconds",
+    "planned_optimizer_share",
+)
 
 
 @dataclass

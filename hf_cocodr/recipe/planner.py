@@ -23,7 +23,8 @@ from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source, span_corpus
 from .plan import Plan
 from .probe import measure_throughput
-from .stages import STAGES, CocoStage, Stage
+from .stage import Stage
+from .stages import STAGES, CocoStage
 
 logger = logging.getLogger(__name__)
 
@@ -33,9 +34,11 @@ NO_BUDGET_COCO_RUNS = 3  # coco_runs "budget" without a budget: this many runs o
 
 def fixed_plan(cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES) -> Plan:
     """The plan without a time budget: the steps given (or the defaults)."""
-    return Plan(steps={s.name: s.unbudgeted_steps(cfg) for s in stages if s.trains},
-                coco_runs=NO_BUDGET_COCO_RUNS if cfg.coco_runs == Auto.BUDGET else int(cfg.coco_runs),
-                refreshes=1 if cfg.refreshes is None else cfg.refreshes)
+    return Plan(
+        steps={s.name: s.unbudgeted_steps(cfg) for s in stages if s.trains},
+        coco_runs=NO_BUDGET_COCO_RUNS if cfg.coco_runs == Auto.BUDGET else int(cfg.coco_runs),
+        refreshes=1 if cfg.refreshes is None else cfg.refreshes,
+    )
 
 
 def saved_plan(out: Path, plan_id: str) -> Plan | None:
@@ -51,8 +54,17 @@ def saved_plan(out: Path, plan_id: str) -> Plan | None:
     return None if plan is None else Plan.from_dict(plan)
 
 
-def budget_plan(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, overhead_s: float, pool_docs: int,
-                n_queries: int, idro: bool, stages: tuple[Stage, ...] = STAGES) -> Plan:
+def budget_plan(
+    budget_s: float,
+    tp: dict[str, float],
+    cfg: RecipeConfig,
+    *,
+    overhead_s: float,
+    pool_docs: int,
+    n_queries: int,
+    idro: bool,
+    stages: tuple[Stage, ...] = STAGES,
+) -> Plan:
     """Spend ``budget_s`` on optimizer steps: fixed costs first (``overhead_s``: loading, exports; K-Means over the
     source queries), then self-negative refreshes only while they cost at most 10% of the budget, the rest split
     between the stages that run by their shares. Evaluation is not part of the budget."""
@@ -81,16 +93,36 @@ def budget_plan(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, ove
     return plan
 
 
-def plan_budget(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, overhead_s: float, pool_docs: int,
-                n_queries: int, idro: bool) -> dict[str, Any]:
+def plan_budget(
+    budget_s: float,
+    tp: dict[str, float],
+    cfg: RecipeConfig,
+    *,
+    overhead_s: float,
+    pool_docs: int,
+    n_queries: int,
+    idro: bool,
+) -> dict[str, Any]:
     """:func:`budget_plan` as the dict ``plan.json`` keeps (``coco_steps``, ``refreshes``, ``budget_seconds``, ...)."""
-    return budget_plan(budget_s, tp, cfg, overhead_s=overhead_s, pool_docs=pool_docs, n_queries=n_queries,
-                       idro=idro).to_dict()
+    return budget_plan(
+        budget_s, tp, cfg, overhead_s=overhead_s, pool_docs=pool_docs, n_queries=n_queries, idro=idro
+    ).to_dict()
 
 
-def size_source_queries(budget_s: float, tp: dict[str, float], cfg: RecipeConfig, *, overhead_s: float,
-                        available: int, pool_docs_per_query: float, max_pool_docs: int, mining_s_per_query: float,
-                        batch: int, idro: bool, stages: tuple[Stage, ...] = STAGES) -> int:
+def size_source_queries(
+    budget_s: float,
+    tp: dict[str, float],
+    cfg: RecipeConfig,
+    *,
+    overhead_s: float,
+    available: int,
+    pool_docs_per_query: float,
+    max_pool_docs: int,
+    mining_s_per_query: float,
+    batch: int,
+    idro: bool,
+    stages: tuple[Stage, ...] = STAGES,
+) -> int:
     """How many source queries a budgeted run draws (when ``max_queries`` is unset): the largest ``q`` whose plan
     trains at least ``q / batch`` source steps, so every drawn query is seen once, and never more than ``available``.
 
@@ -100,9 +132,16 @@ def size_source_queries(budget_s: float, tp: dict[str, float], cfg: RecipeConfig
     under a short budget is then drawn to the queries its steps can use instead of being mined and clustered whole."""
 
     def fits(q: int) -> bool:
-        plan = budget_plan(budget_s, tp, cfg, overhead_s=overhead_s + q * mining_s_per_query,
-                           pool_docs=int(min(max_pool_docs, round(q * pool_docs_per_query))), n_queries=q, idro=idro,
-                           stages=stages)
+        plan = budget_plan(
+            budget_s,
+            tp,
+            cfg,
+            overhead_s=overhead_s + q * mining_s_per_query,
+            pool_docs=int(min(max_pool_docs, round(q * pool_docs_per_query))),
+            n_queries=q,
+            idro=idro,
+            stages=stages,
+        )
         return plan.steps_of("finetune") * batch >= q
 
     lo, hi = min(batch, available), available
@@ -131,8 +170,9 @@ def coco_run_seconds(plan: Plan, stages: tuple[Stage, ...] = STAGES) -> float:
     return plan.steps_of("coco") * (plan.throughput or {}).get("coco_step_s", 0.0) + STAGE_LOAD_SECONDS
 
 
-def stage_deadlines(plan: Plan | Mapping[str, Any], cfg: RecipeConfig, t_start: float,
-                    stages: tuple[Stage, ...] = STAGES) -> dict[str, float]:
+def stage_deadlines(
+    plan: Plan | Mapping[str, Any], cfg: RecipeConfig, t_start: float, stages: tuple[Stage, ...] = STAGES
+) -> dict[str, float]:
     """The clock reading (``time.perf_counter()``, started at ``t_start``) by which each training stage must end.
 
     The last stage that trains must end when the budget does, less the final export (and the WiSE-FT interpolation
@@ -144,8 +184,9 @@ def stage_deadlines(plan: Plan | Mapping[str, Any], cfg: RecipeConfig, t_start: 
     if not plan.budgeted:
         return {}
     training = [s for s in stages if s.trains]
-    seconds = {s.name: s.planned_seconds(plan, s.step_seconds(plan.throughput, cfg), STAGE_LOAD_SECONDS)
-               for s in training}
+    seconds = {
+        s.name: s.planned_seconds(plan, s.step_seconds(plan.throughput, cfg), STAGE_LOAD_SECONDS) for s in training
+    }
     tail = STAGE_LOAD_SECONDS * (1 + sum(s.load_exports(cfg) for s in stages if not s.trains))
     end = t_start + float(plan.budget_seconds) - tail
     out: dict[str, float] = {}
@@ -159,9 +200,17 @@ def stage_deadlines(plan: Plan | Mapping[str, Any], cfg: RecipeConfig, t_start: 
 def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:
     """The digest of what a plan depends on: the inputs, the budget and the settings (not the ones only the end of
     the run reads)."""
-    return digest({"inputs": run.fps, "max_minutes": run.max_minutes, "config": {
-        k: v for k, v in cfg_values.items() if k not in ("wise_alpha", "evaluate_start", "eval_batch_size",
-                                                          "save_hybrid")}})
+    return digest(
+        {
+            "inputs": run.fps,
+            "max_minutes": run.max_minutes,
+            "config": {
+                k: v
+                for k, v in cfg_values.items()
+                if k not in ("wise_alpha", "evaluate_start", "eval_batch_size", "save_hybrid")
+            },
+        }
+    )
 
 
 def stage_ids(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> dict[str, str]:
@@ -186,18 +235,24 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
     if run.plan is None:
         t0 = time.perf_counter()
         kw = run.arguments
-        tp = measure_throughput(run.model, CocoPretrainingArguments(**{**kw["coco"], "max_steps": 1}),
-                                IDROTrainingArguments(**{**kw["finetune"], "max_steps": 1}), run.spans,
-                                run.train_data if not cfg.skip_finetune else None, run.pooling,
-                                target_args=IDROTrainingArguments(**{**kw["target"], "max_steps": 1}),
-                                target_data=run.target_data)
+        tp = measure_throughput(
+            run.model,
+            CocoPretrainingArguments(**{**kw["coco"], "max_steps": 1}),
+            IDROTrainingArguments(**{**kw["finetune"], "max_steps": 1}),
+            run.spans,
+            run.train_data if not cfg.skip_finetune else None,
+            run.pooling,
+            target_args=IDROTrainingArguments(**{**kw["target"], "max_steps": 1}),
+            target_data=run.target_data,
+        )
         for s in stages:
             if s.enabled(cfg):
                 tp.update(s.probe(run))
         measured_s = time.perf_counter() - t0
         # spent so far, plus a model load + export for the final model and each stage that loads and exports one
         overhead = (time.perf_counter() - run.t_start) + STAGE_LOAD_SECONDS * (
-            1 + sum(s.load_exports(cfg) for s in stages))
+            1 + sum(s.load_exports(cfg) for s in stages)
+        )
         data, sized = run.train_data, {}
         idro = kw["finetune"].get("idro_preset", "paper") != "uniform"
         pool_docs, n_queries = (len(data.corpus), len(data)) if data is not None else (0, 0)
@@ -206,34 +261,56 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
             # the draw the steps can use; mining it again is charged at the probe draw's seconds per query
             mining = data.mining_seconds / max(1, len(data))
             q = size_source_queries(
-                budget_s, tp, cfg, overhead_s=overhead, available=data.available_queries,
-                pool_docs_per_query=len(data.corpus) / max(1, len(data)), max_pool_docs=data.full_corpus_docs,
+                budget_s,
+                tp,
+                cfg,
+                overhead_s=overhead,
+                available=data.available_queries,
+                pool_docs_per_query=len(data.corpus) / max(1, len(data)),
+                max_pool_docs=data.full_corpus_docs,
                 mining_s_per_query=mining,
-                batch=kw["finetune"]["per_device_train_batch_size"] * kw["finetune"].get("gradient_accumulation_steps",
-                                                                                        1),
-                idro=idro, stages=stages)
+                batch=kw["finetune"]["per_device_train_batch_size"]
+                * kw["finetune"].get("gradient_accumulation_steps", 1),
+                idro=idro,
+                stages=stages,
+            )
             redraw = q != len(data)
             pool_docs = int(min(data.full_corpus_docs, round(q * len(data.corpus) / max(1, len(data)))))
             n_queries, overhead = q, overhead + (q * mining if redraw else 0.0)
-            sized = {"source_queries": q, "source_queries_available": data.available_queries,
-                     "mining_seconds_per_query": round(mining, 6)}
-        plan = budget_plan(budget_s, tp, cfg, overhead_s=overhead, pool_docs=pool_docs, n_queries=n_queries,
-                           idro=idro, stages=stages)
+            sized = {
+                "source_queries": q,
+                "source_queries_available": data.available_queries,
+                "mining_seconds_per_query": round(mining, 6),
+            }
+        plan = budget_plan(
+            budget_s, tp, cfg, overhead_s=overhead, pool_docs=pool_docs, n_queries=n_queries, idro=idro, stages=stages
+        )
         for key, value in sized.items():
             setattr(plan, key, value)
         plan.max_minutes, plan.throughput = run.max_minutes, {k: round(v, 4) for k, v in tp.items()}
         plan.measure_seconds, plan.identity = round(measured_s, 1), run.plan_id
-        logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
-                    "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
-                    "planned for optimizer steps (evaluation not included)", run.max_minutes, plan.throughput,
-                    plan.coco_runs, plan.steps_of("coco"), plan.steps_of("finetune"), plan.refreshes,
-                    plan.steps_of("target"), 100 * (plan.planned_optimizer_share or 0))
+        logger.info(
+            "recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
+            "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
+            "planned for optimizer steps (evaluation not included)",
+            run.max_minutes,
+            plan.throughput,
+            plan.coco_runs,
+            plan.steps_of("coco"),
+            plan.steps_of("finetune"),
+            plan.refreshes,
+            plan.steps_of("target"),
+            100 * (plan.planned_optimizer_share or 0),
+        )
         atomic_write_json(run.out / "plan.json", plan.to_dict())
         run.plan = plan
         run.ids = stage_ids(run, stages)
         if plan.source_queries is not None and plan.source_queries != len(run.train_data):
-            logger.info("recipe: the budget's steps use %d of %d source queries: drawing them", plan.source_queries,
-                        plan.source_queries_available)
+            logger.info(
+                "recipe: the budget's steps use %d of %d source queries: drawing them",
+                plan.source_queries,
+                plan.source_queries_available,
+            )
             run.train_data = draw_source(run, plan.source_queries)
             set_coco_corpora(run)
             if not cfg.skip_coco and not run.done("coco") and cfg.include_source_corpus:

@@ -69,8 +69,9 @@ def _finetune_step_seconds(st, data, ft_args) -> float:
     return out
 
 
-def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, pooling: str, *,
-                       target_args=None, target_data=None) -> dict[str, float]:
+def measure_throughput(
+    model_path: str, coco_args, ft_args, spans, train_data, pooling: str, *, target_args=None, target_data=None
+) -> dict[str, float]:
     """Seconds per COCO step, per source / target fine-tuning step, and per encoded document and query, measured
     on this machine with the settings the stages will use."""
 
@@ -81,14 +82,22 @@ def measure_throughput(model_path: str, coco_args, ft_args, spans, train_data, p
         from ..modeling.condenser import CondenserForPretraining, _transformer_dir
         from ..pretraining.collator import SpanPairBuilder
 
-        cond = CondenserForPretraining.from_pretrained(model_path, n_head_layers=coco_args.n_head_layers,
-                                                       skip_from=coco_args.skip_from)
+        cond = CondenserForPretraining.from_pretrained(
+            model_path, n_head_layers=coco_args.n_head_layers, skip_from=coco_args.skip_from
+        )
         tok = AutoTokenizer.from_pretrained(_transformer_dir(model_path))
-        builder = SpanPairBuilder(spans, tok, mlm_probability=coco_args.mlm_probability,
-                                  max_length=coco_args.max_span_length, mask=coco_args.uses_mlm)
-        docs = np.sort(np.random.default_rng(0).choice(len(spans), min(len(spans),
-                                                                       coco_args.per_device_train_batch_size),
-                                                       replace=False))
+        builder = SpanPairBuilder(
+            spans,
+            tok,
+            mlm_probability=coco_args.mlm_probability,
+            max_length=coco_args.max_span_length,
+            mask=coco_args.uses_mlm,
+        )
+        docs = np.sort(
+            np.random.default_rng(0).choice(
+                len(spans), min(len(spans), coco_args.per_device_train_batch_size), replace=False
+            )
+        )
         opt = _timing_optimizer(cond)
         # train mode (dropout on), as the Trainer runs the step
         cond.train()

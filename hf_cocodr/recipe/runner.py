@@ -34,14 +34,23 @@ from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identity, saved_plan, stage_ids
 from .schedules import choose_schedule
-from .stages import STAGES, Stage, stage_switches
+from .stage import Stage
+from .stages import STAGES, stage_switches
 
 logger = logging.getLogger(__name__)
 
 # Everything run_recipe writes into its output folder besides the stages' folders (declared in its record before
 # any stage starts).
-RUN_ENTRIES = ("coco-runs", "model", "hybrid", "plan.json", "start_eval.json", "eval.json", "recipe.json",
-               "idro_weights.json")
+RUN_ENTRIES = (
+    "coco-runs",
+    "model",
+    "hybrid",
+    "plan.json",
+    "start_eval.json",
+    "eval.json",
+    "recipe.json",
+    "idro_weights.json",
+)
 
 
 def recipe_entries(stages: Sequence[Stage] = STAGES) -> tuple[str, ...]:
@@ -116,23 +125,48 @@ def run_recipe(
             choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
         logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
     if not any(on for on, _ in stage_switches(cfg, stages).values()):
-        raise ConfigError("nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
-                          f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
-                          f"{cfg.target_pairs}); switch one on")
+        raise ConfigError(
+            "nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
+            f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
+            f"{cfg.target_pairs}); switch one on"
+        )
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
-    logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
-                choice["chosen"] or "nothing", choice["set_by_user"] or "nothing")
+    logger.info(
+        "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
+        model,
+        choice["kind"],
+        choice["why"],
+        choice["chosen"] or "nothing",
+        choice["set_by_user"] or "nothing",
+    )
 
-    fps = {"model": fingerprint(model), "targets": fingerprint([str(t) for t in target_corpora]),
-           "source": fingerprint(str(source_data))}
+    fps = {
+        "model": fingerprint(model),
+        "targets": fingerprint([str(t) for t in target_corpora]),
+        "source": fingerprint(str(source_data)),
+    }
     entries = recipe_entries(stages)
-    folder = RunFolder.claim(output_dir, "recipe", None if resume else fps, resume=resume,
-                             overwrite=overwrite_output_dir, writes=entries)
+    folder = RunFolder.claim(
+        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
+    )
     folder.expect(entries)
     try:
-        run = RecipeRun(model, list(target_corpora), source_data, Path(output_dir), evals, cfg, choice, has_mlm,
-                        methods, max_minutes, resume, t_start, fps)
+        run = RecipeRun(
+            model,
+            list(target_corpora),
+            source_data,
+            Path(output_dir),
+            evals,
+            cfg,
+            choice,
+            has_mlm,
+            methods,
+            max_minutes,
+            resume,
+            t_start,
+            fps,
+        )
         return _run_stages(run, stages)
     finally:
         folder.release()
@@ -142,9 +176,15 @@ def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations."""
     cfg = run.cfg
     run.pooling, run.similarity = _model_similarity(run.model)
-    logger.info("recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s", run.model,
-                run.pooling, run.similarity, ", ".join(map(str, run.target_corpora)), run.source_data,
-                cfg.source_split)
+    logger.info(
+        "recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
+        run.model,
+        run.pooling,
+        run.similarity,
+        ", ".join(map(str, run.target_corpora)),
+        run.source_data,
+        cfg.source_split,
+    )
     run.arguments = {s.name: s.arguments(run) for s in stages}
     # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
     # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
@@ -198,11 +238,18 @@ def _precision_choice(cfg: RecipeConfig) -> dict[str, Any]:
     asked = sorted(stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16"))
     native = native_bf16()
     if asked:
-        why = "set in the options of " + ", ".join(asked) + ("" if native else
-                                                             "; this machine has no native bf16: expect it slower")
+        why = (
+            "set in the options of "
+            + ", ".join(asked)
+            + ("" if native else "; this machine has no native bf16: expect it slower")
+        )
         return {"training": "bf16 (" + ", ".join(asked) + ")", "native_bf16": native, "why": why}
-    why = ("this machine has native bf16, but it is not measured here to pay: set bf16: true in a stage's options to "
-           "use it" if native else "this machine has no native bf16 kernels, where bf16 runs many times slower")
+    why = (
+        "this machine has native bf16, but it is not measured here to pay: set bf16: true in a stage's options to "
+        "use it"
+        if native
+        else "this machine has no native bf16 kernels, where bf16 runs many times slower"
+    )
     return {"training": "fp32", "native_bf16": native, "why": why}
 
 
@@ -214,8 +261,11 @@ CHANNEL_KEYS = ("ndcg@10", "recall@100", "mrr@10")
 def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
     """A hybrid evaluation as the recipe reports it: the dense model's metrics at the top level (the model is what
     the recipe trains), with ``"bm25"`` and ``"hybrid"`` beside them."""
-    return {**{k: result["dense"][k] for k in SUMMARY_KEYS}, "bm25": {k: result["bm25"][k] for k in CHANNEL_KEYS},
-            "hybrid": {**{k: result[k] for k in CHANNEL_KEYS}, "fusion": result["fusion"]}}
+    return {
+        **{k: result["dense"][k] for k in SUMMARY_KEYS},
+        "bm25": {k: result["bm25"][k] for k in CHANNEL_KEYS},
+        "hybrid": {**{k: result[k] for k in CHANNEL_KEYS}, "fusion": result["fusion"]},
+    }
 
 
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
@@ -244,8 +294,9 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
 
     t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
     if run.current == run.model:
-        export_sentence_transformer(run.model, final_dir, pooling=run.pooling, similarity=run.similarity,
-                                    run_record=False)
+        export_sentence_transformer(
+            run.model, final_dir, pooling=run.pooling, similarity=run.similarity, run_record=False
+        )
     else:
         export_final(Path(run.current), final_dir)
     seconds = run.stage_seconds
@@ -260,17 +311,25 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         t0 = time.perf_counter()
         for spec, start in _run_start_eval(run.model, run.evals, run.out, cfg.eval_batch_size).items():
             summary[spec]["start"] = start
-            logger.info("%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)", spec, summary[spec]["ndcg@10"],
-                        start["ndcg@10"], summary[spec]["ndcg@10"] - start["ndcg@10"])
+            logger.info(
+                "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
+                spec,
+                summary[spec]["ndcg@10"],
+                start["ndcg@10"],
+                summary[spec]["ndcg@10"] - start["ndcg@10"],
+            )
         seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
     if cfg.save_hybrid and run.target_corpora:
         t0 = time.perf_counter()
         _save_hybrids(run, final)
         seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     _write_records(run, stages, summary, train_seconds, final_dir)
-    logger.info("recipe finished: training %.1f minutes%s, evaluation %.1f minutes", train_seconds / 60,
-                f" (budget {run.max_minutes:g})" if run.max_minutes is not None else "",
-                (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60)
+    logger.info(
+        "recipe finished: training %.1f minutes%s, evaluation %.1f minutes",
+        train_seconds / 60,
+        f" (budget {run.max_minutes:g})" if run.max_minutes is not None else "",
+        (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60,
+    )
     return summary
 
 
@@ -294,33 +353,50 @@ def _save_hybrids(run: RecipeRun, model) -> None:
 def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The steps each training stage ran (from its completion marker) and, where a wall-clock deadline ended a
     stage before its planned steps, the step it stopped at."""
-    markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages
-               if s.trains and s.name in run.ids}
+    markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages if s.trains and s.name in run.ids}
     markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
-    return {"steps_trained": {s: m["steps"] for s, m in markers.items()},
-            "stopped_by_deadline": {s: m["stopped_by_deadline_at_step"] for s, m in markers.items()
-                                    if "stopped_by_deadline_at_step" in m}}
+    return {
+        "steps_trained": {s: m["steps"] for s, m in markers.items()},
+        "stopped_by_deadline": {
+            s: m["stopped_by_deadline_at_step"] for s, m in markers.items() if "stopped_by_deadline_at_step" in m
+        },
+    }
 
 
-def _write_records(run: RecipeRun, stages: tuple[Stage, ...], summary: dict, train_seconds: float,
-                   final_dir: Path) -> None:
-    record = {"model": run.model, "target_corpora": list(map(str, run.target_corpora)),
-              "source_data": str(run.source_data), "evals": run.evals, "config": asdict(run.cfg),
-              "schedule": run.choice, "precision": run.precision, "plan": run.plan.to_dict(),
-              "stage_seconds": run.stage_seconds, **_steps_trained(run, stages),
-              "train_seconds": train_seconds, "wall_seconds": round(time.perf_counter() - run.t_start, 1)}
+def _write_records(
+    run: RecipeRun, stages: tuple[Stage, ...], summary: dict, train_seconds: float, final_dir: Path
+) -> None:
+    record = {
+        "model": run.model,
+        "target_corpora": list(map(str, run.target_corpora)),
+        "source_data": str(run.source_data),
+        "evals": run.evals,
+        "config": asdict(run.cfg),
+        "schedule": run.choice,
+        "precision": run.precision,
+        "plan": run.plan.to_dict(),
+        "stage_seconds": run.stage_seconds,
+        **_steps_trained(run, stages),
+        "train_seconds": train_seconds,
+        "wall_seconds": round(time.perf_counter() - run.t_start, 1),
+    }
     if run.max_minutes is not None:
         record["budget_seconds"] = round(run.max_minutes * 60.0, 1)
         record["train_over_budget_seconds"] = round(train_seconds - run.max_minutes * 60.0, 1)
     keys = ("ndcg@10", "recall@100")
 
     def row(v: dict) -> dict:
-        return {**{k: v[k] for k in keys}, **{ch: {k: v[ch][k] for k in keys} for ch in ("bm25", "hybrid")
-                                             if ch in v}}
+        return {**{k: v[k] for k in keys}, **{ch: {k: v[ch][k] for k in keys} for ch in ("bm25", "hybrid") if ch in v}}
 
-    write_model_card(final_dir, load_encoder(str(final_dir)), {
-        "recipe_schedule": run.choice,
-        "start_vs_adapted": {s: {"adapted": row(v), "start": row(v["start"])}
-                             for s, v in summary.items() if "start" in v}})
+    write_model_card(
+        final_dir,
+        load_encoder(str(final_dir)),
+        {
+            "recipe_schedule": run.choice,
+            "start_vs_adapted": {
+                s: {"adapted": row(v), "start": row(v["start"])} for s, v in summary.items() if "start" in v
+            },
+        },
+    )
     atomic_write_json(run.out / "eval.json", summary)
     atomic_write_json(run.out / "recipe.json", record)

@@ -1,13 +1,10 @@
-"""The recipe's stages: one :class:`Stage` per step from the starting model to the adapted one.
+"""The recipe's stages: COCO (one run or a soup of runs), fine-tuning on the source task, target pseudo pairs and
+WiSE-FT, and :data:`STAGES`, their order.
 
-A stage says whether it runs (its switch in :class:`~hf_cocodr.recipe.RecipeConfig`), what share of the budget it
-gets and what one of its steps costs, which training arguments it uses, what its result depends on (its identity: a
-finished stage whose identity is unchanged is skipped on a re-run), and how it trains. The runner goes through
-:data:`STAGES` in order; each stage starts from the model the stage before it wrote (``run.current``) and writes into
-``OUT/<name>``, with a completion marker (``hf_cocodr_stage.json``) once it finished.
-
-A new stage is a subclass plus one entry in :data:`STAGES` (or in the ``stages`` argument of
-:func:`~hf_cocodr.recipe.run_recipe`).
+The runner goes through the stages in order; each starts from the model the stage before it wrote (``run.current``)
+and writes into ``OUT/<name>``, with a completion marker (``hf_cocodr_stage.json``) once it finished. A new stage is
+a :class:`~hf_cocodr.recipe.stage.Stage` subclass plus one entry in :data:`STAGES` (or in the ``stages`` argument
+of :func:`~hf_cocodr.recipe.run_recipe`).
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from ..modeling.loading import load_encoder
 from ..run_record import digest
@@ -23,118 +20,12 @@ from .config import Auto, RecipeConfig, is_joint, no_gpu, uses_wise
 from .context import RecipeRun
 from .outputs import read_marker, save_weight_history, stopped, write_marker, write_soup, write_wise
 from .plan import Plan
+from .stage import UNBUDGETED_STEPS, Stage, settings, source_identity
 
 logger = logging.getLogger(__name__)
 
 # The share of COCO's steps a fresh MLM head (a model without one) trains before MLM gradients reach the encoder.
 MLM_HEAD_WARMUP_SHARE = 0.3
-# Training arguments that do not change what a stage computes (left out of its identity).
-_NOT_TRAJECTORY = ("output_dir", "logging_steps", "logging_first_step", "save_strategy", "save_steps",
-                   "save_total_limit", "disable_tqdm", "report_to", "use_cpu")
-UNBUDGETED_STEPS = 500  # a stage's steps without a budget and without fixed steps
-
-
-class Stage:
-    """One stage of the recipe. Subclasses set :attr:`name` and implement :meth:`train`; the other hooks have
-    defaults for a stage that trains ``<name>_steps`` optimizer steps and is always on.
-
-    Attributes:
-        name: the stage's name: its folder ``OUT/<name>``, its key in the plan (``<name>_steps``), the record and
-            the throughput (``<name>_step_s``).
-        trains: whether the stage trains optimizer steps the budget pays for (WiSE-FT does not: it only writes).
-        share_option: the :class:`~hf_cocodr.recipe.RecipeConfig` field holding its share of the budget (None: a
-            share of 1).
-    """
-
-    name: ClassVar[str] = ""
-    trains: ClassVar[bool] = True
-    share_option: ClassVar[str | None] = None
-
-    # -------------------------------------------------------------------------------------------- the switch
-    def enabled(self, cfg: RecipeConfig) -> bool:
-        """Whether the settings switch the stage on."""
-        return True
-
-    def fixed_steps(self, cfg: RecipeConfig) -> int | None:
-        """The steps the settings fix (None: planned from the budget)."""
-        return None
-
-    def planned(self, run: RecipeRun) -> bool:
-        """Whether the stage is part of this run: switched on, and (a training stage) given steps by the plan."""
-        return self.enabled(run.cfg) and (not self.trains or run.plan.steps_of(self.name) > 0)
-
-    def should_run(self, run: RecipeRun) -> bool:
-        """Whether the runner runs (or skips as finished) the stage now."""
-        return self.planned(run)
-
-    # -------------------------------------------------------------------------------------------- the budget
-    def share(self, cfg: RecipeConfig) -> float:
-        """The stage's share of the training budget (renormalised over the stages that run)."""
-        return float(getattr(cfg, self.share_option)) if self.share_option else 1.0
-
-    def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        """Seconds of one optimizer step, from the measured ``throughput``."""
-        return throughput.get(f"{self.name}_step_s", 0.0)
-
-    def probe(self, run: RecipeRun) -> dict[str, float]:
-        """Measured seconds this stage adds to the throughput (``<name>_step_s``); the built-in stages are timed
-        together by :func:`~hf_cocodr.recipe.measure_throughput`, which loads the model once."""
-        return {}
-
-    def unbudgeted_steps(self, cfg: RecipeConfig) -> int:
-        """The stage's steps in a run without a budget: the fixed steps, or :data:`UNBUDGETED_STEPS` (0: off)."""
-        fixed = self.fixed_steps(cfg)
-        return 0 if not self.enabled(cfg) else (UNBUDGETED_STEPS if fixed is None else fixed)
-
-    def allot(self, plan: Plan, seconds: float, step_s: float, cfg: RecipeConfig, load_s: float) -> None:
-        """Set the stage's steps in ``plan`` for ``seconds`` of training at ``step_s`` a step (its fixed steps
-        when it has them; at least 2). ``load_s``: the seconds of one model load + export."""
-        fixed = self.fixed_steps(cfg)
-        plan.steps[self.name] = fixed if fixed is not None else max(2, int(seconds / step_s))
-
-    def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
-        """Planned seconds of the stage's optimizer steps."""
-        return plan.steps_of(self.name) * step_s
-
-    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        """Planned wall-clock seconds of the stage (its steps and its own fixed costs), for the deadlines."""
-        return plan.steps_of(self.name) * step_s
-
-    def load_exports(self, cfg: RecipeConfig) -> int:
-        """Model loads + exports the stage costs beyond its steps (charged by the planner)."""
-        return 0
-
-    # -------------------------------------------------------------------------------------------- the run
-    def arguments(self, run: RecipeRun) -> dict[str, Any]:
-        """The stage's training arguments (the recipe's defaults under the user's options)."""
-        return {}
-
-    def needs(self, run: RecipeRun) -> set[str]:
-        """The data the stage still has to read: ``"source"`` (the labelled source task), ``"target_pairs"``,
-        ``"spans"`` (COCO's span corpus); nothing once it finished."""
-        return set()
-
-    def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
-        """What the stage's result depends on (``start``: the identity of the model it starts from)."""
-        return {"stage": self.name, "start": start, "steps": run.plan.steps_of(self.name)}
-
-    def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        """Train from ``run.current`` into ``run.dir(self.name)``; returns the completion marker's content (steps
-        trained, the step a deadline stopped it at, ...), or None when the stage wrote its marker itself."""
-        raise NotImplementedError
-
-
-def settings(kw: dict[str, Any]) -> dict[str, Any]:
-    """The training arguments that change what a stage computes, sorted (part of its identity)."""
-    return {k: v for k, v in sorted(kw.items()) if k not in _NOT_TRAJECTORY}
-
-
-def source_identity(run: RecipeRun) -> dict[str, Any]:
-    """The source task data as the stages that read it draw it."""
-    cfg, plan = run.cfg, run.plan
-    return {"data": run.fps["source"], "split": cfg.source_split,
-            "max_queries": plan.source_queries if plan.source_queries is not None else cfg.max_queries,
-            "corpus_pool": cfg.corpus_pool, "seed": cfg.seed}
 
 
 class CocoStage(Stage):
@@ -163,8 +54,9 @@ class CocoStage(Stage):
             plan.steps[self.name] = steps
 
     @staticmethod
-    def runs_for(coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None,
-                 load_s: float) -> tuple[int, int | None]:
+    def runs_for(
+        coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None, load_s: float
+    ) -> tuple[int, int | None]:
         """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run); see
         :func:`~hf_cocodr.recipe.coco_runs_for`."""
         step_s = max(step_s, 1e-9)
@@ -190,13 +82,26 @@ class CocoStage(Stage):
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         cfg, similarity = run.cfg, run.similarity
-        coco = dict(output_dir=str(run.dir(self.name)), seed=cfg.seed, report_to="none", logging_steps=10,
-                    logging_first_step=True, save_strategy="steps", save_steps=100, save_total_limit=1,
-                    per_device_train_batch_size=32, pooling=run.pooling, contrastive_similarity=similarity,
-                    contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
-                    learning_rate=float(cfg.coco_learning_rate), mlm_weight=float(cfg.coco_mlm_weight),
-                    head_mlm_weight=float(cfg.coco_mlm_weight), use_cpu=no_gpu(), disable_tqdm=True,
-                    max_span_length=min(64, cfg.train_max_length))
+        coco = dict(
+            output_dir=str(run.dir(self.name)),
+            seed=cfg.seed,
+            report_to="none",
+            logging_steps=10,
+            logging_first_step=True,
+            save_strategy="steps",
+            save_steps=100,
+            save_total_limit=1,
+            per_device_train_batch_size=32,
+            pooling=run.pooling,
+            contrastive_similarity=similarity,
+            contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
+            learning_rate=float(cfg.coco_learning_rate),
+            mlm_weight=float(cfg.coco_mlm_weight),
+            head_mlm_weight=float(cfg.coco_mlm_weight),
+            use_cpu=no_gpu(),
+            disable_tqdm=True,
+            max_span_length=min(64, cfg.train_max_length),
+        )
         return {**coco, **cfg.coco}
 
     def needs(self, run: RecipeRun) -> set[str]:
@@ -206,10 +111,15 @@ class CocoStage(Stage):
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         cfg, runs = run.cfg, int(run.plan.coco_runs)
-        return {"stage": "coco", "start": start, "targets": run.fps["targets"],
-                "source": source_identity(run) if cfg.include_source_corpus else None,
-                "settings": settings(run.arguments[self.name]), "steps": run.plan.steps_of(self.name),
-                **({"runs": runs} if runs > 1 else {})}
+        return {
+            "stage": "coco",
+            "start": start,
+            "targets": run.fps["targets"],
+            "source": source_identity(run) if cfg.include_source_corpus else None,
+            "settings": settings(run.arguments[self.name]),
+            "steps": run.plan.steps_of(self.name),
+            **({"runs": runs} if runs > 1 else {}),
+        }
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         runs, stage_dir = int(run.plan.coco_runs), run.dir(self.name)
@@ -225,8 +135,12 @@ class CocoStage(Stage):
                 run.log_rerun(run_dir)
                 end = run.deadlines.get(self.name)
                 # each run ends early enough to leave the runs after it their planned seconds
-                marker = self._run(run, run_dir, run.cfg.seed + i,
-                                   None if end is None else end - (runs - 1 - i) * run.coco_run_seconds)
+                marker = self._run(
+                    run,
+                    run_dir,
+                    run.cfg.seed + i,
+                    None if end is None else end - (runs - 1 - i) * run.coco_run_seconds,
+                )
                 marker = {**marker, "identity": identity}
                 write_marker(run_dir, marker)
             else:
@@ -236,8 +150,11 @@ class CocoStage(Stage):
         write_soup(run_dirs, stage_dir, [run.cfg.seed + i for i in range(runs)])
         stops = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
         run_steps = [m["steps"] for m in markers]
-        return {"steps": min(run_steps), "run_steps": run_steps,
-                **({"stopped_by_deadline_at_step": min(stops)} if stops else {})}
+        return {
+            "steps": min(run_steps),
+            "run_steps": run_steps,
+            **({"stopped_by_deadline_at_step": min(stops)} if stops else {}),
+        }
 
     def _run(self, run: RecipeRun, run_dir: Path, seed: int, end: float | None) -> dict[str, Any]:
         """One COCO run from the starting model into ``run_dir`` (ending by the clock reading ``end`` if given);
@@ -245,13 +162,24 @@ class CocoStage(Stage):
         from ..pretraining import CocoPretrainer, CocoPretrainingArguments
 
         steps = run.plan.steps_of(self.name)
-        kw = {**run.arguments[self.name], "output_dir": str(run_dir), "seed": seed, "max_steps": steps,
-              "overwrite_output_dir": True}
-        if (run.has_mlm is not True and "mlm_head_warmup_steps" not in run.cfg.coco
-                and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm):
+        kw = {
+            **run.arguments[self.name],
+            "output_dir": str(run_dir),
+            "seed": seed,
+            "max_steps": steps,
+            "overwrite_output_dir": True,
+        }
+        if (
+            run.has_mlm is not True
+            and "mlm_head_warmup_steps" not in run.cfg.coco
+            and CocoPretrainingArguments(**{**kw, "max_steps": 1}).uses_mlm
+        ):
             kw["mlm_head_warmup_steps"] = int(MLM_HEAD_WARMUP_SHARE * steps)
-            logger.info("the starting model has no MLM head (or it could not be inspected): its head is warmed up "
-                        "for %d steps before MLM gradients reach the encoder", kw["mlm_head_warmup_steps"])
+            logger.info(
+                "the starting model has no MLM head (or it could not be inspected): its head is warmed up "
+                "for %d steps before MLM gradients reach the encoder",
+                kw["mlm_head_warmup_steps"],
+            )
         trainer = CocoPretrainer(run.model, CocoPretrainingArguments(**kw), corpora=run.coco_corpora)
         guard = run.deadline(trainer, self.name, end)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
@@ -262,25 +190,56 @@ class CocoStage(Stage):
 def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
     """The recipe's fine-tuning arguments (before the user's ``finetune`` / ``target`` options)."""
     cfg, similarity = run.cfg, run.similarity
-    return dict(output_dir=str(run.dir("finetune")), seed=cfg.seed, report_to="none", logging_steps=5,
-                logging_first_step=True, save_strategy="steps", save_steps=50, save_total_limit=1,
-                per_device_train_batch_size=32, num_clusters=50, learning_rate=2e-5, use_cpu=no_gpu(),
-                disable_tqdm=True, idro_scale=20.0 if similarity == "cosine" else 1.0, num_negatives=1,
-                dataloader_drop_last=True, warmup_steps=0.1, max_length=cfg.train_max_length,
-                # tau sets how fast the cluster weights move; the gradient inner products scale with the
-                # similarity (cosine x 20 vs raw dot products)
-                idro_tau=100.0 if similarity == "cosine" else 3000.0)
+    return dict(
+        output_dir=str(run.dir("finetune")),
+        seed=cfg.seed,
+        report_to="none",
+        logging_steps=5,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=50,
+        save_total_limit=1,
+        per_device_train_batch_size=32,
+        num_clusters=50,
+        learning_rate=2e-5,
+        use_cpu=no_gpu(),
+        disable_tqdm=True,
+        idro_scale=20.0 if similarity == "cosine" else 1.0,
+        num_negatives=1,
+        dataloader_drop_last=True,
+        warmup_steps=0.1,
+        max_length=cfg.train_max_length,
+        # tau sets how fast the cluster weights move; the gradient inner products scale with the
+        # similarity (cosine x 20 vs raw dot products)
+        idro_tau=100.0 if similarity == "cosine" else 3000.0,
+    )
 
 
-def _train_idro(run: RecipeRun, stage: str, args, data, *, methods=(), target_corpora=(),
-                negatives_label: str = "bm25", target_queries=(), joint=None,
-                deadline: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+def _train_idro(
+    run: RecipeRun,
+    stage: str,
+    args,
+    data,
+    *,
+    methods=(),
+    target_corpora=(),
+    negatives_label: str = "bm25",
+    target_queries=(),
+    joint=None,
+    deadline: Callable[[Any], Any] | None = None,
+) -> dict[str, Any]:
     """Fine-tune ``run.current`` on ``data`` into ``OUT/<stage>``; returns the stage's marker content."""
     from ..training_api import build_idro_trainer
 
-    trainer = build_idro_trainer(load_encoder(run.current), args, data, methods=methods,
-                                 target_corpora=target_corpora, negatives_label=negatives_label,
-                                 target_queries=target_queries)
+    trainer = build_idro_trainer(
+        load_encoder(run.current),
+        args,
+        data,
+        methods=methods,
+        target_corpora=target_corpora,
+        negatives_label=negatives_label,
+        target_queries=target_queries,
+    )
     if joint is not None:  # joint schedule: target pseudo pairs as a term of every step
         trainer.idro_loss.auxiliary.append(joint)
         trainer.extra_methods.append("pseudo-pairs")
@@ -309,8 +268,9 @@ class FinetuneStage(Stage):
         return float(float(cfg.finetune_share) + (float(cfg.target_share) if is_joint(cfg) else 0.0))
 
     def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        return throughput.get("finetune_step_s", 0.0) + (throughput.get("target_step_s", 0.0) if is_joint(cfg)
-                                                         else 0.0)
+        return throughput.get("finetune_step_s", 0.0) + (
+            throughput.get("target_step_s", 0.0) if is_joint(cfg) else 0.0
+        )
 
     def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
         seconds = plan.steps_of(self.name) * step_s
@@ -328,34 +288,69 @@ class FinetuneStage(Stage):
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         cfg, fps = run.cfg, run.fps
-        joint = ({"pairs": cfg.target_pairs, "weight": cfg.joint_weight, "targets": fps["targets"],
-                  "settings": settings(run.arguments["target"])} if is_joint(cfg) else None)
-        return {"stage": "finetune", "start": start, "source": source_identity(run),
-                "settings": settings(run.arguments[self.name]), "steps": run.plan.steps_of(self.name),
-                "refreshes": run.plan.refreshes, "methods": list(cfg.methods),
-                "targets": fps["targets"] if cfg.methods else None, "target_queries": list(cfg.target_queries),
-                "joint": joint}
+        joint = (
+            {
+                "pairs": cfg.target_pairs,
+                "weight": cfg.joint_weight,
+                "targets": fps["targets"],
+                "settings": settings(run.arguments["target"]),
+            }
+            if is_joint(cfg)
+            else None
+        )
+        return {
+            "stage": "finetune",
+            "start": start,
+            "source": source_identity(run),
+            "settings": settings(run.arguments[self.name]),
+            "steps": run.plan.steps_of(self.name),
+            "refreshes": run.plan.refreshes,
+            "methods": list(cfg.methods),
+            "targets": fps["targets"] if cfg.methods else None,
+            "target_queries": list(cfg.target_queries),
+            "joint": joint,
+        }
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         from ..finetuning import IDROTrainingArguments
 
         cfg, steps, refreshes = run.cfg, run.plan.steps_of(self.name), run.plan.refreshes
         every = max(1, steps // (refreshes + 1)) if refreshes else 0
-        args = IDROTrainingArguments(**{"refresh_negatives_every_steps": every, **run.arguments[self.name],
-                                        "max_steps": steps, "overwrite_output_dir": True})
+        args = IDROTrainingArguments(
+            **{
+                "refresh_negatives_every_steps": every,
+                **run.arguments[self.name],
+                "max_steps": steps,
+                "overwrite_output_dir": True,
+            }
+        )
         joint = None
         if is_joint(cfg):
             from ..methods.joint import TargetPairsObjective
 
             kw = run.arguments["target"]
-            joint = TargetPairsObjective(run.target_data, cfg.joint_weight,
-                                         batch_size=kw["per_device_train_batch_size"],
-                                         num_negatives=kw["num_negatives"], similarity=run.similarity,
-                                         scale=kw["idro_scale"], max_length=kw["max_length"], seed=cfg.seed)
-        return _train_idro(run, self.name, args, run.train_data, methods=run.methods,
-                           target_corpora=list(run.target_corpora), negatives_label="bm25",
-                           target_queries=list(cfg.target_queries), joint=joint,
-                           deadline=lambda t: run.deadline(t, self.name))
+            joint = TargetPairsObjective(
+                run.target_data,
+                cfg.joint_weight,
+                batch_size=kw["per_device_train_batch_size"],
+                num_negatives=kw["num_negatives"],
+                similarity=run.similarity,
+                scale=kw["idro_scale"],
+                max_length=kw["max_length"],
+                seed=cfg.seed,
+            )
+        return _train_idro(
+            run,
+            self.name,
+            args,
+            run.train_data,
+            methods=run.methods,
+            target_corpora=list(run.target_corpora),
+            negatives_label="bm25",
+            target_queries=list(cfg.target_queries),
+            joint=joint,
+            deadline=lambda t: run.deadline(t, self.name),
+        )
 
 
 class TargetPairsStage(Stage):
@@ -375,8 +370,9 @@ class TargetPairsStage(Stage):
         return 0.0 if is_joint(cfg) else throughput.get("target_step_s", 0.0)
 
     def unbudgeted_steps(self, cfg: RecipeConfig) -> int:  # (a joint plan's target steps go unused)
-        return 0 if cfg.target_pairs == "none" else (UNBUDGETED_STEPS if cfg.target_steps is None
-                                                     else cfg.target_steps)
+        return (
+            0 if cfg.target_pairs == "none" else (UNBUDGETED_STEPS if cfg.target_steps is None else cfg.target_steps)
+        )
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus
@@ -388,18 +384,35 @@ class TargetPairsStage(Stage):
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         cfg = run.cfg
-        return {"stage": "target", "start": start, "targets": run.fps["targets"], "pairs": cfg.target_pairs,
-                "seed": cfg.seed, "settings": settings(run.arguments[self.name]),
-                "steps": run.plan.steps_of(self.name)}
+        return {
+            "stage": "target",
+            "start": start,
+            "targets": run.fps["targets"],
+            "pairs": cfg.target_pairs,
+            "seed": cfg.seed,
+            "settings": settings(run.arguments[self.name]),
+            "steps": run.plan.steps_of(self.name),
+        }
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         from ..finetuning import IDROTrainingArguments
 
-        args = IDROTrainingArguments(**{"refresh_negatives_every_steps": 0, **run.arguments[self.name],
-                                        "max_steps": run.plan.steps_of(self.name), "overwrite_output_dir": True})
-        return _train_idro(run, self.name, args, run.target_data,
-                           negatives_label="bm25 (within the target corpora)",
-                           deadline=lambda t: run.deadline(t, self.name))
+        args = IDROTrainingArguments(
+            **{
+                "refresh_negatives_every_steps": 0,
+                **run.arguments[self.name],
+                "max_steps": run.plan.steps_of(self.name),
+                "overwrite_output_dir": True,
+            }
+        )
+        return _train_idro(
+            run,
+            self.name,
+            args,
+            run.target_data,
+            negatives_label="bm25 (within the target corpora)",
+            deadline=lambda t: run.deadline(t, self.name),
+        )
 
 
 class WiseStage(Stage):
@@ -435,8 +448,9 @@ def stage_switches(cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES) -> dic
     return {s.name: (s.enabled(cfg), s.fixed_steps(cfg)) for s in stages if s.trains}
 
 
-def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES
-                       ) -> dict[str, float]:
+def stage_step_seconds(
+    tp: dict[str, float], cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES
+) -> dict[str, float]:
     """Measured seconds of one optimizer step of each training stage. In the joint schedule the target pairs are a
     term of every source step, so their cost goes to that stage (and the target stage has no steps of its own)."""
     return {s.name: s.step_seconds(tp, cfg) for s in stages if s.trains}

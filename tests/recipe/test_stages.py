@@ -72,8 +72,9 @@ def test_a_toy_stage_with_a_share_gets_its_part_of_the_budget_and_a_deadline():
             return None
 
     stages = (*STAGES, Shared())
-    cfg, _ = choose_schedule(RecipeConfig(skip_finetune=True, target_pairs="none", coco_runs=1, coco_share=0.5,
-                                          wise_alpha=None), True)
+    cfg, _ = choose_schedule(
+        RecipeConfig(skip_finetune=True, target_pairs="none", coco_runs=1, coco_share=0.5, wise_alpha=None), True
+    )
     tp = {"coco_step_s": 4.0, "toy_step_s": 2.0}
     plan = budget_plan(300.0, tp, cfg, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False, stages=stages)
     assert plan.steps == {"coco": 25, "finetune": 0, "target": 0, "toy": 100}
@@ -90,11 +91,26 @@ def test_the_plan_dict_round_trips():
     from hf_cocodr.recipe import Plan
 
     cfg, _ = choose_schedule(RecipeConfig(), True)
-    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0, "encode_doc_s": 0.03,
-          "encode_query_s": 0.005}
+    tp = {
+        "coco_step_s": 4.0,
+        "finetune_step_s": 10.0,
+        "target_step_s": 8.0,
+        "encode_doc_s": 0.03,
+        "encode_query_s": 0.005,
+    }
     plan = budget_plan(900.0, tp, cfg, overhead_s=60.0, pool_docs=1000, n_queries=1000, idro=True)
     plan.throughput, plan.identity, plan.source_queries = tp, "abc", 1000
     saved = json.loads(json.dumps(plan.to_dict()))
     assert Plan.from_dict(saved) == plan and Plan.from_dict(saved).to_dict() == saved
-    assert {"coco_steps", "finetune_steps", "target_steps", "coco_runs", "refreshes", "budget_seconds",
-            "planned_optimizer_share", "throughput", "identity", "source_queries"} <= set(saved)
+    assert {
+        "coco_steps",
+        "finetune_steps",
+        "target_steps",
+        "coco_runs",
+        "refreshes",
+        "budget_seconds",
+        "planned_optimizer_share",
+        "throughput",
+        "identity",
+        "source_queries",
+    } <= set(saved)
