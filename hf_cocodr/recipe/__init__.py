@@ -3,10 +3,12 @@ pairs, WiSE-FT, then export, card and evaluation of the adapted and the starting
 
 - :mod:`~hf_cocodr.recipe.config`: :class:`RecipeConfig` (torch-free: the command line builds its flags from it).
 - :mod:`~hf_cocodr.recipe.schedules`: what ``"auto"`` settings resolve to for each kind of starting model.
-- :mod:`~hf_cocodr.recipe.stages`: one :class:`Stage` per step (COCO and its soup, fine-tuning, target pairs,
-  WiSE-FT) and :data:`STAGES`, their order.
+- :mod:`~hf_cocodr.recipe.stage`: the :class:`Stage` interface; :mod:`~hf_cocodr.recipe.stages`: one stage per
+  step (COCO and its soup, fine-tuning, target pairs, WiSE-FT) and :data:`STAGES`, their order.
 - :mod:`~hf_cocodr.recipe.plan` / :mod:`~hf_cocodr.recipe.planner` / :mod:`~hf_cocodr.recipe.probe`: the
   :class:`Plan`, how a time budget is spent on each stage's steps and deadlines, and the step-time probe.
+- :mod:`~hf_cocodr.recipe.context`: :class:`RecipeRun`, the state the stages share; :mod:`~hf_cocodr.recipe.inputs`
+  / :mod:`~hf_cocodr.recipe.outputs`: the data a run reads and what it writes besides trainer output.
 - :mod:`~hf_cocodr.recipe.runner`: :func:`run_recipe`, which runs the stages in order and writes the records.
 
 Names are imported lazily, so ``hf_cocodr.recipe.config`` loads without the training stack.
