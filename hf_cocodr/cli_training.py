@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 from dataclasses import fields
 from pathlib import Path
@@ -19,7 +18,14 @@ from typing import Any
 from .cli import UsageError, register
 from .config_types import check_field_types
 from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
-from .recipe import RecipeConfig, run_recipe
+from .recipe.config import (
+    RecipeArguments,
+    RecipeConfig,
+    add_config_arguments,
+    check_max_minutes,
+    config_from_flags,
+)
+from .recipe.runner import run_recipe
 from .utils import resolve_inside
 
 logger = logging.getLogger("hf_cocodr.cli")
@@ -241,119 +247,28 @@ register("pretrain", "COCO continuous contrastive pretraining on target corpora 
 
 # ------------------------------------------------------------------------------------------------------ recipe
 def _add_recipe(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="starting encoder")
-    p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
-                   help="target-domain BEIR folder or JSONL file (repeatable); only documents are read")
-    p.add_argument("--source-data", dest="source_data", default=None, help="BEIR folder with labelled source qrels")
-    p.add_argument("--source-split", dest="source_split", default=None)
-    p.add_argument("--output_dir", "--output-dir", dest="output_dir", default=None)
-    p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT")
-    p.add_argument("--max-minutes", dest="max_minutes", type=float, default=None,
-                   help="size the stages to finish in this many minutes of training on this machine (a stage "
-                        "that runs slower than measured stops at its deadline; evaluations come on top)")
-    p.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint", dest="resume", default="true",
-                   help="true (default): skip the finished stages whose inputs are unchanged and resume the "
-                        "unfinished one; false: start over (with --overwrite_output_dir when OUT holds a run)")
-    p.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
-                   action="store_true", help="write into an OUT holding files hf_cocodr did not write (they stay "
-                                             "untouched); with --resume_from_checkpoint false, replace its earlier run")
-    p.add_argument("--method", action="append", default=None, metavar="NAME",
-                   help="extra method(s) for the fine-tuning stage, e.g. COCO -> iDRO + BERM: a name registered in "
-                        "hf_cocodr.methods.registry (built in: modir, berm, rmsc); repeatable")
-    p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
-                   help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable")
-    p.add_argument("--schedule", default=None, choices=["auto", "paper"],
-                   help="auto (default): settings chosen by the starting model (README, 'How the recipe chooses its "
-                        "schedule'); paper: COCO -> iDRO")
-    p.add_argument("--coco-mlm-weight", dest="coco_mlm_weight", type=float, default=None,
-                   help="weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
-    p.add_argument("--coco-lr", dest="coco_learning_rate", type=float, default=None, help="COCO learning rate")
-    p.add_argument("--coco-runs", dest="coco_runs", default=None, metavar="N|budget",
-                   help="COCO runs (seeds seed, seed+1, ...) averaged into one encoder, a model soup; 'budget': as "
-                        "many runs of about --coco-run-steps steps as the budget affords")
-    p.add_argument("--coco-run-steps", dest="coco_run_steps", type=int, default=None,
-                   help="with --coco-runs budget: the length of one run (default 76)")
-    for stage in ("coco", "finetune"):
-        p.add_argument(f"--skip-{stage}", dest=f"skip_{stage}", default=None, choices=["true", "false", "auto"],
-                       help=f"leave the {stage} stage out (true), run it (false), or as the schedule says (auto)")
-    p.add_argument("--target-pairs", dest="target_pairs", default=None, choices=["title_body", "ict", "none"],
-                   help="fine-tune on pseudo pairs of the target corpora (title or sentence vs. the rest)")
-    p.add_argument("--target-schedule", dest="target_schedule", default=None, choices=["sequential", "joint"],
-                   help="target pairs as a stage after the source fine-tuning (sequential) or a term of its steps")
-    p.add_argument("--wise-alpha", dest="wise_alpha", default=None,
-                   help="WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip")
-    p.add_argument("--train-max-length", dest="train_max_length", type=int, default=None,
-                   help="token limit of training texts (default 128)")
-    p.add_argument("--no-start-eval", dest="evaluate_start", action="store_false", default=None,
-                   help="do not evaluate the starting model on the --eval splits")
-    p.add_argument("--no-save-hybrid", dest="save_hybrid", action="store_false", default=None,
-                   help="do not save a hybrid retriever (final model + BM25) for each target corpus in OUT/hybrid")
-    p.add_argument("--config", default=None, help="YAML: recipe options, plus `coco:`, `finetune:` and `target:` "
-                                                  "mappings of CocoPretrainingArguments / IDROTrainingArguments fields")
-
-
-def _wise_alpha(value: str) -> float | None:
-    if value.lower() in ("none", "off"):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        raise UsageError(f"--wise-alpha must be a number in [0, 1] or 'none', got {value!r}") from None
-
-
-def _coco_runs(value: str) -> int | str:
-    if value.lower() in ("budget", "auto"):
-        return value.lower()
-    try:
-        return int(value)
-    except ValueError:
-        raise UsageError(f"--coco-runs must be a whole number >= 1, 'budget' or 'auto', got {value!r}") from None
+    add_config_arguments(p, RecipeArguments)  # what the recipe runs on, then its settings
+    add_config_arguments(p, RecipeConfig)
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
-
     if rest:
         raise UsageError(f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
                          "under `coco:` / `finetune:`)")
-    config = load_config(ns.config)
-    own, config = _split_config(config, {"model", "target_corpus", "source_data", "output_dir", "eval", "max_minutes"})
-    model = ns.model or own.get("model")
-    targets = ns.target_corpus or own.get("target_corpus") or []
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    source = ns.source_data or own.get("source_data")
-    out = ns.output_dir or own.get("output_dir")
-    evals = ns.eval or own.get("eval") or []
-    evals = [evals] if isinstance(evals, str) else list(evals)
-    max_minutes = ns.max_minutes if ns.max_minutes is not None else own.get("max_minutes")
-    for flag, value in (("--model", model), ("--source-data", source), ("--output_dir", out)):
+    given = config_from_flags(ns, RecipeArguments)
+    config = load_config(given.get("config"))
+    run_level = {f.name for f in fields(RecipeArguments)} - {"config", "resume_from_checkpoint", "overwrite_output_dir"}
+    own, config = _split_config(config, run_level)
+    a = RecipeArguments(**{**own, **given})
+    targets = [a.target_corpus] if isinstance(a.target_corpus, str) else list(a.target_corpus)
+    evals = [a.eval] if isinstance(a.eval, str) else list(a.eval)
+    for flag, value in (("--model", a.model), ("--source-data", a.source_data), ("--output_dir", a.output_dir)):
         if not value:
             raise UsageError(f"{flag} is required")
-    if ns.source_split:
-        config["source_split"] = ns.source_split
-    if ns.method:
-        config["methods"] = list(ns.method)
-    if ns.target_queries:
-        config["target_queries"] = list(ns.target_queries)
-    for key in ("schedule", "coco_mlm_weight", "coco_learning_rate", "target_pairs", "target_schedule",
-                "train_max_length", "evaluate_start", "save_hybrid"):
-        if getattr(ns, key) is not None:
-            config[key] = getattr(ns, key)
-    if ns.wise_alpha is not None:
-        config["wise_alpha"] = _wise_alpha(ns.wise_alpha)
-    if ns.coco_runs is not None:
-        config["coco_runs"] = _coco_runs(ns.coco_runs)
-    if ns.coco_run_steps is not None:
-        config["coco_run_steps"] = ns.coco_run_steps
-    for key in ("skip_coco", "skip_finetune"):
-        if getattr(ns, key) is not None:
-            config[key] = {"true": True, "false": False}.get(getattr(ns, key), "auto")
-    if max_minutes is not None and not (isinstance(max_minutes, (int, float)) and math.isfinite(max_minutes)
-                                        and max_minutes > 0):
-        raise UsageError(f"--max-minutes must be a positive number, got {max_minutes!r}")
-    cfg = RecipeConfig.from_dict(config)
-    resume = str(ns.resume).lower() not in ("false", "no", "0")
-    result = run_recipe(model, targets, source, out, evals=evals, config=cfg, max_minutes=max_minutes, resume=resume,
-                        overwrite_output_dir=ns.overwrite_output_dir)
+    max_minutes = check_max_minutes(a.max_minutes, "--max-minutes")
+    cfg = RecipeConfig.from_dict({**config, **config_from_flags(ns, RecipeConfig)})
+    result = run_recipe(a.model, targets, a.source_data, a.output_dir, evals=evals, config=cfg,
+                        max_minutes=max_minutes, resume=a.resume, overwrite_output_dir=a.overwrite_output_dir)
     print(json.dumps(result))
     return 0
 

@@ -258,7 +258,8 @@ def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir,
     recipe draws only the queries the steps use, clusters and trains on those, and a re-run keeps the draw."""
     from tiny import make_beir
 
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.planner as recipe
+    from hf_cocodr.recipe import run_recipe
 
     source = make_beir(tmp_path / "source", n_docs=120, n_queries=400, splits=("train",))
     tp = {"finetune_step_s": 0.5, "encode_query_s": 0.001, "encode_doc_s": 0.001}
@@ -267,13 +268,13 @@ def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir,
     config = {"skip_coco": True, "refreshes": 0, "corpus_pool": 2,
               "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1000}}
     out = tmp_path / "run"
-    recipe.run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
+    run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
     plan = json.loads((out / "plan.json").read_text())
     q, steps = plan["source_queries"], plan["finetune_steps"]
     assert plan["source_queries_available"] == 400 and 8 <= q < 400 and steps * 8 >= q
     weights = json.loads((out / "finetune" / "idro_weights.json").read_text())
     assert sum(weights["clusterings"][0]["sizes"]) == q  # the first K-Means clustered the draw, not the task
-    recipe.run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
+    run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
     assert json.loads((out / "plan.json").read_text()) == plan  # a re-run keeps the plan and its draw
 
 
@@ -653,7 +654,7 @@ def test_the_step_probe_runs_in_the_precision_the_stages_train_in(tiny_bert_noml
 
 def test_step_timing_is_the_median_of_the_timed_calls_after_a_warm_up(monkeypatch):
     """Hand-made clock: the warm-up call is not timed and one slow call does not move the plan."""
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.probe as recipe
 
     ticks = iter([0.0, 2.0, 10.0, 19.0, 20.0, 23.0])  # timed calls take 2, 9 and 3 seconds
     calls = []

@@ -1,6 +1,6 @@
 """Dependencies point one way: no module imports a module of a higher layer, not even inside a function.
 
-    cli  ->  drivers (recipe, training_api)  ->  trainers (pretraining, finetuning)
+    cli  ->  recipe  ->  training_api  ->  trainers (pretraining, finetuning)
          ->  methods, losses, callbacks      ->  data, modeling, evaluation, hub, export, cards, records
          ->  errors, utils
 
@@ -20,7 +20,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hf_cocodr"
 # longest matching prefix wins; a smaller number is a higher layer
 LAYERS = {
     "cli": 0, "cli_training": 0, "cli_hub": 0, "cli_mteb": 0, "__main__": 0,
-    "recipe": 1, "training_api": 1,
+    # the recipe drives the training API; inside it: runner -> planner -> inputs, probe, schedules -> stages ->
+    # stage -> context -> plan, outputs, config (the command line imports the config alone)
+    "recipe": 0.5, "recipe.runner": 0.5, "recipe.planner": 0.6, "recipe.inputs": 0.7, "recipe.probe": 0.7,
+    "recipe.schedules": 0.7, "recipe.stages": 0.8, "recipe.stage": 0.82, "recipe.context": 0.85, "recipe.plan": 0.9,
+    "recipe.outputs": 0.9, "recipe.config": 0.9,
+    "training_api": 1,
     "pretraining": 2, "finetuning": 2, "trainer_common": 2,
     "methods": 3, "finetuning.losses": 3, "finetuning.callbacks": 3, "finetuning.training_args": 3,
     "finetuning.stage_info": 3, "pretraining.training_args": 3, "pretraining.collator": 3,

@@ -67,7 +67,7 @@ def test_a_budgeted_recipe_ends_each_stage_by_its_deadline(tiny_bert_nomlm_dir, 
                                                           caplog):
     """Deadlines already past: every stage stops after its first step, saves, and the record says so; a re-run
     finds the stopped stages finished (their identity is the plan's) and trains nothing."""
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.planner as recipe
 
     seen = {}
 
@@ -104,7 +104,7 @@ def test_a_recipe_with_time_to_spare_trains_every_planned_step(tiny_bert_nomlm_d
 def test_every_run_of_a_coco_soup_ends_by_its_deadline(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):
     """A soup's COCO deadline already past: each run stops after its first step (a run's own deadline leaves the
     runs after it their planned seconds, so none is skipped), and the soup averages what the runs trained."""
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.planner as recipe
 
     monkeypatch.setattr(recipe, "stage_deadlines", lambda plan, cfg, t0: {"coco": t0 - 1.0})
     out = tmp_path / "run"

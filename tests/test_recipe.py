@@ -6,7 +6,8 @@ import logging
 import pytest
 import torch
 
-from hf_cocodr.recipe import RecipeConfig, _precision_choice, run_recipe
+from hf_cocodr.recipe import RecipeConfig, run_recipe
+from hf_cocodr.recipe.runner import _precision_choice
 
 CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None, target_pairs="title_body",
            wise_alpha=0.5, skip_finetune=False, coco_runs=1,  # every stage runs, COCO once (the automatic schedule
@@ -196,7 +197,7 @@ def test_a_stage_may_ask_for_bf16_on_a_machine_without_gpu():
 
 
 def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.runner as recipe
 
     for native in (False, True):
         monkeypatch.setattr(recipe, "native_bf16", lambda native=native: native)

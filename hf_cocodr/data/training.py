@@ -32,7 +32,25 @@ def _csr(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, idx
 
 
-class RetrievalTrainingData:
+class RowsSource:
+    """What :class:`~hf_cocodr.IDROTrainer` samples training rows from.
+
+    A rows source has ``len()``, ``sample(rows, step=, seed=, num_negatives=)`` (the text columns of those rows,
+    their document keys and positive keys), ``query_texts``, ``name``, ``negatives_source`` and
+    ``state_tensors()`` / ``load_state_tensors(tensors, source)`` for checkpoints. A method that builds training
+    rows of its own (several groups of rows, say) subclasses it and says which of its rows hold a negatives table
+    (:meth:`negatives_table`) and which row group those rows are trained as (:attr:`negatives_group`), so the
+    trainer and the negatives refresh reach them without knowing the method.
+    """
+
+    negatives_group: str | None = None  # the row group of negatives_table()'s rows (see Method.use_row_group)
+
+    def negatives_table(self) -> RetrievalTrainingData | None:
+        """The rows whose negatives come from a corpus (sampled per row, refreshed by self-mining), or None."""
+        return None
+
+
+class RetrievalTrainingData(RowsSource):
     """Queries, their positives (corpus rows) and hard-negative candidates (corpus rows), as CSR arrays.
 
     Args:
@@ -139,6 +157,9 @@ class RetrievalTrainingData:
 
     def __len__(self) -> int:
         return len(self.query_ids)
+
+    def negatives_table(self) -> RetrievalTrainingData:
+        return self
 
     def positives(self, row: int) -> np.ndarray:
         return self.pos_idx[self.pos_ptr[row]:self.pos_ptr[row + 1]]
@@ -276,7 +297,7 @@ class RetrievalTrainingData:
         self.negatives_source = source
 
 
-class StaticRows:
+class StaticRows(RowsSource):
     """Adapter for a plain sentence-transformers dataset: column 0 = query, column 1 = positive, rest = negatives."""
 
     def __init__(self, dataset, name: str | None = None):

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformerTrainer
 
-from ..data.training import RetrievalTrainingData, StaticRows
+from ..data.training import RowsSource, StaticRows
 from ..errors import ConfigError
 from ..evaluation.retrieval import encode_texts
 from ..hub import check_push_possible
@@ -35,18 +35,19 @@ EVAL_ROW_BITS = 40  # evaluation rows: (evaluation set << EVAL_ROW_BITS) | row
 
 
 def _as_rows_source(dataset, what: str):
-    """What the trainer samples rows from: RetrievalTrainingData as is, a Dataset of text columns as StaticRows."""
+    """What the trainer samples rows from: a :class:`~hf_cocodr.data.training.RowsSource` (RetrievalTrainingData,
+    a method's own rows) as is, a Dataset of text columns as StaticRows."""
     import datasets
 
-    if isinstance(dataset, RetrievalTrainingData | StaticRows) or hasattr(dataset, "group_of"):
+    if isinstance(dataset, RowsSource):
         return dataset
     if isinstance(dataset, datasets.Dataset):
         return StaticRows(dataset)
     raise ValueError(f"{what} must be RetrievalTrainingData or datasets.Dataset, got {type(dataset)}")
 
 
-def _has_negatives_table(data) -> bool:
-    return isinstance(getattr(data, "human", data), RetrievalTrainingData)
+def _has_negatives_table(data: RowsSource) -> bool:
+    return data.negatives_table() is not None
 
 
 def _default_loss(model, args) -> IDROLoss:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..data.spans import corpus_source, split_sentences_regex
+from ..data.training import RowsSource
 from ..errors import ConfigError
 from ..evaluation.retrieval import encode_texts
 from ..utils import atomic_write_json
@@ -147,8 +148,11 @@ def weak_pairs(corpus, mode: str, max_pairs: int, seed: int = 0) -> list[tuple[s
     return pairs
 
 
-class RMSCTrainingData:
-    """Source human rows (a RetrievalTrainingData) + source weak pairs + target weak pairs, grouped by combination."""
+class RMSCTrainingData(RowsSource):
+    """Source human rows (a RetrievalTrainingData) + source weak pairs + target weak pairs, grouped by combination.
+    The human rows hold the negatives table (a negatives refresh mines them, encoded as ``source_human``)."""
+
+    negatives_group = "source_human"
 
     def __init__(self, human, source_weak: Sequence[tuple[str, str]], target_weak: Sequence[tuple[str, str]]):
         if not target_weak:
@@ -184,6 +188,9 @@ class RMSCTrainingData:
         start = self.offsets[self.groups.index(group)]
         chosen = [pairs[int(r) - start] for r in rows]
         return [[a for a, _ in chosen], [b for _, b in chosen]], None, None
+
+    def negatives_table(self):
+        return self.human
 
     def state_tensors(self):
         return {f"human_{k}": v for k, v in self.human.state_tensors().items()}

@@ -95,7 +95,7 @@ class KMeansClusteringCallback(TrainerCallback):
         lo, hi = D.shard_range(len(texts))
         model = trainer.model
         was_training = model.training
-        try:  # model geometry (CLS/dot or whatever the model uses); RMSC rows with their own tokens
+        try:  # model geometry (CLS/dot or whatever the model uses); rows a method encodes with tokens of their own
             emb = trainer.encode_query_rows(lo, hi, batch_size=self.batch_size)
         finally:
             model.train(was_training)

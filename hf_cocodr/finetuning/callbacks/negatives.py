@@ -51,14 +51,16 @@ class HardNegativeRefreshCallback(TrainerCallback):
     def refresh(self) -> None:
 
         trainer = self.trainer
-        data = getattr(trainer.training_data, "human", trainer.training_data)  # RMSC: refresh the human rows
+        data = trainer.training_data.negatives_table()  # the rows with a corpus and a negatives table
         if not isinstance(data, RetrievalTrainingData):
             raise ValueError("negatives can only be refreshed for RetrievalTrainingData (a corpus is needed)")
         model = trainer.model
         was_training = model.training
         t0 = time.perf_counter()
         q_all = None
-        trainer.use_row_group("source_human")  # RMSC: the human rows are encoded as they are trained
+        group = trainer.training_data.negatives_group
+        if group is not None:  # those rows are encoded as they are trained (a method's hook, e.g. its tokens)
+            trainer.use_row_group(group)
         try:
             if D.is_main():
                 with encoding_precision(model, self.encode_precision) as encoder:
@@ -94,7 +96,7 @@ class HardNegativeRefreshCallback(TrainerCallback):
         logger.info("negatives refreshed at step %d in %.1fs: %.1f candidates per query from ranks [%d, %d)",
                     trainer.state.global_step, time.perf_counter() - t0, sizes.mean(), self.skip_top, self.top_k)
         if self.recluster and trainer.kmeans_callback is not None:
-            same_rows = data is trainer.training_data  # RMSC clusters all its rows: let K-Means encode them
+            same_rows = data is trainer.training_data  # else K-Means clusters rows the refresh did not encode
             trainer.kmeans_callback.cluster(reason=f"negatives refresh at step {trainer.state.global_step}",
                                             embeddings=q_all if same_rows else None)
 

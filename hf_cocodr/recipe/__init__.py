@@ -1,0 +1,68 @@
+"""The adaptation recipe in one call: COCO on the target corpora, fine-tuning on the source labels, target pseudo
+pairs, WiSE-FT, then export, card and evaluation of the adapted and the starting model.
+
+- :mod:`~hf_cocodr.recipe.config`: :class:`RecipeConfig` (torch-free: the command line builds its flags from it).
+- :mod:`~hf_cocodr.recipe.schedules`: what ``"auto"`` settings resolve to for each kind of starting model.
+- :mod:`~hf_cocodr.recipe.stage`: the :class:`Stage` interface; :mod:`~hf_cocodr.recipe.stages`: one stage per
+  step (COCO and its soup, fine-tuning, target pairs, WiSE-FT) and :data:`STAGES`, their order.
+- :mod:`~hf_cocodr.recipe.plan` / :mod:`~hf_cocodr.recipe.planner` / :mod:`~hf_cocodr.recipe.probe`: the
+  :class:`Plan`, how a time budget is spent on each stage's steps and deadlines, and the step-time probe.
+- :mod:`~hf_cocodr.recipe.context`: :class:`RecipeRun`, the state the stages share; :mod:`~hf_cocodr.recipe.inputs`
+  / :mod:`~hf_cocodr.recipe.outputs`: the data a run reads and what it writes besides trainer output.
+- :mod:`~hf_cocodr.recipe.runner`: :func:`run_recipe`, which runs the stages in order and writes the records.
+
+Names are imported lazily, so ``hf_cocodr.recipe.config`` loads without the training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    "Auto": "config",
+    "RecipeArguments": "config",
+    "RecipeConfig": "config",
+    "check_max_minutes": "config",
+    "is_joint": "config",
+    "uses_wise": "config",
+    "PAPER_SCHEDULE": "schedules",
+    "SCHEDULES": "schedules",
+    "choose_schedule": "schedules",
+    "MLM_HEAD_WARMUP_SHARE": "stages",
+    "STAGES": "stages",
+    "Stage": "stage",
+    "CocoStage": "stages",
+    "FinetuneStage": "stages",
+    "TargetPairsStage": "stages",
+    "WiseStage": "stages",
+    "stage_switches": "stages",
+    "stage_step_seconds": "stages",
+    "Plan": "plan",
+    "STAGE_LOAD_SECONDS": "planner",
+    "NO_BUDGET_COCO_RUNS": "planner",
+    "budget_plan": "planner",
+    "plan_budget": "planner",
+    "size_source_queries": "planner",
+    "coco_runs_for": "planner",
+    "stage_deadlines": "planner",
+    "SIZE_PROBE_QUERIES": "inputs",
+    "measure_throughput": "probe",
+    "STAGE_MARKER": "outputs",
+    "RecipeRun": "context",
+    "RECIPE_ENTRIES": "runner",
+    "run_recipe": "runner",
+    "split_hybrid": "runner",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_cocodr.recipe' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__():
+    return __all__

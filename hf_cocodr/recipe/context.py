@@ -1,0 +1,95 @@
+"""The state one :func:`~hf_cocodr.recipe.run_recipe` call carries from stage to stage (:class:`RecipeRun`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import RecipeConfig
+from .outputs import STAGE_MARKER, read_marker
+from .plan import Plan
+
+logger = logging.getLogger("hf_cocodr.recipe")
+
+
+@dataclass
+class RecipeRun:
+    """What the stages of one recipe run read and update: its inputs and settings, the plan, the data drawn, each
+    stage's training arguments and identity, the deadlines, and the model the next stage starts from (``current``).
+
+    Args:
+        model: the starting model.
+        target_corpora: the target corpora (BEIR folders, JSONL files or datasets).
+        source_data: the labelled source task (a BEIR folder).
+        out: the output folder; stage ``name`` writes into ``out / name``.
+        evals: the ``DIR:SPLIT`` evaluations asked for.
+        cfg: the settings, every ``"auto"`` resolved (see :func:`~hf_cocodr.recipe.choose_schedule`).
+        choice: the record of the schedule choice.
+        has_mlm: whether the starting model has a trained MLM head (None: could not be inspected).
+        methods: the fine-tuning methods, checked.
+        max_minutes: the training budget (None: fixed steps).
+        resume: whether unfinished stages resume from their checkpoints.
+        t_start: ``time.perf_counter()`` when the run began (the budget counts from it).
+        fps: fingerprints of the inputs (``model``, ``targets``, ``source``).
+        pooling: the starting model's pooling.
+        similarity: the starting model's similarity function.
+    """
+
+    model: str
+    target_corpora: list
+    source_data: str
+    out: Path
+    evals: list[str]
+    cfg: RecipeConfig
+    choice: dict[str, Any]
+    has_mlm: bool | None
+    methods: list
+    max_minutes: float | None
+    resume: bool
+    t_start: float
+    fps: dict[str, Any]
+    pooling: str = "cls"
+    similarity: str = "dot"
+    plan: Plan | None = None
+    plan_id: str = ""
+    arguments: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> its training arguments
+    ids: dict[str, str] = field(default_factory=dict)  # stage -> identity of its inputs (skipped when unchanged)
+    deadlines: dict[str, float] = field(default_factory=dict)  # stage -> perf_counter reading it must end by
+    coco_run_seconds: float = 0.0  # planned seconds of one COCO run of a soup (its share of COCO's deadline)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    train_data: Any = None
+    target_data: Any = None
+    spans: Any = None
+    coco_corpora: list = field(default_factory=list)
+    current: str = ""
+    precision: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.current = self.current or self.model
+
+    def dir(self, stage: str) -> Path:
+        """The folder stage ``stage`` writes into."""
+        return self.out / stage
+
+    def done(self, stage: str) -> bool:
+        """Whether ``stage`` finished with the inputs it has now (its marker holds its current identity)."""
+        return stage in self.ids and read_marker(self.dir(stage), self.ids[stage]) is not None
+
+    def log_rerun(self, stage_dir: Path) -> None:
+        """Say that a stage that finished before runs again (its inputs changed)."""
+        if (stage_dir / STAGE_MARKER).is_file():
+            logger.info("stage %s: its inputs changed since it finished; running it again", stage_dir.name)
+
+    def deadline(self, trainer, stage: str, end: float | None = None):
+        """Give ``trainer`` the stage's wall-clock deadline (or ``end``; budgeted runs only); returns the callback or
+        None."""
+        if stage not in self.deadlines:
+            return None
+        from ..finetuning.callbacks import WallClockDeadline
+
+        guard = WallClockDeadline(self.deadlines[stage] if end is None else end, name=f"recipe stage {stage}")
+        logger.info("stage %s: must end within %.0f s (its share of the budget)", stage, guard.seconds_left())
+        trainer.add_callback(guard)
+        return guard

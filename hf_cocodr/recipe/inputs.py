@@ -1,0 +1,91 @@
+"""The data a recipe run reads: the source task draw, the target pseudo pairs and COCO's span corpus, loaded only
+for the stages that still have to run."""
+
+from __future__ import annotations
+
+import time
+
+from ..data.pseudo_pairs import target_pseudo_pairs
+from ..data.spans import SpanCorpus
+from ..data.training import RetrievalTrainingData
+from .context import RecipeRun
+from .stage import Stage
+
+# Source queries drawn to time the fine-tuning step when the budget sizes the draw (max_queries unset).
+SIZE_PROBE_QUERIES = 1000
+
+
+def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
+    """The source training data and the target pseudo pairs, for the stages that still have to run."""
+    t0 = time.perf_counter()
+    needed = set().union(*(s.needs(run) for s in stages))
+    if "source" in needed:
+        run.train_data = draw_source(run, source_queries(run))
+    if "target_pairs" in needed:
+        run.target_data = target_pseudo_pairs(list(run.target_corpora), run.cfg.target_pairs, seed=run.cfg.seed)
+    set_coco_corpora(run)
+    run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+
+
+def set_coco_corpora(run: RecipeRun) -> None:
+    """COCO's corpora: the target corpora, and the (restricted) source corpus when it is included and drawn."""
+    run.coco_corpora = list(run.target_corpora)
+    if run.cfg.include_source_corpus and run.train_data is not None:
+        run.coco_corpora.append(source_pool_dataset(run.train_data))
+
+
+def sizes_source(run: RecipeRun) -> bool:
+    """Whether the budget sizes the source draw: a budgeted run whose fine-tuning still has to run, with
+    ``max_queries`` unset."""
+    cfg = run.cfg
+    return (
+        run.max_minutes is not None and cfg.max_queries is None and not cfg.skip_finetune and not run.done("finetune")
+    )
+
+
+def source_queries(run: RecipeRun) -> int | None:
+    """The source queries to draw now: ``max_queries``; or the count a saved plan sized; or, before a sized plan
+    exists, :data:`SIZE_PROBE_QUERIES` to time the steps on."""
+    if not sizes_source(run):
+        return run.cfg.max_queries
+    if run.plan is not None and run.plan.source_queries is not None:
+        return int(run.plan.source_queries)
+    return SIZE_PROBE_QUERIES
+
+
+def draw_source(run: RecipeRun, max_queries: int | None) -> RetrievalTrainingData:
+    """The labelled source task, ``max_queries`` of its queries drawn (None: all), with BM25 negatives."""
+    cfg = run.cfg
+    return RetrievalTrainingData.from_beir(
+        run.source_data,
+        cfg.source_split,
+        negatives="bm25",
+        max_queries=max_queries,
+        seed=cfg.seed,
+        corpus_pool=cfg.corpus_pool,
+    )
+
+
+def span_corpus(run: RecipeRun) -> SpanCorpus:
+    """COCO's span corpus over ``run.coco_corpora``, split as the COCO stage's arguments say."""
+    from transformers import AutoTokenizer
+
+    from ..modeling.condenser import _transformer_dir
+    from ..pretraining import CocoPretrainingArguments
+
+    probe = CocoPretrainingArguments(**{**run.arguments["coco"], "max_steps": 1})
+    return SpanCorpus.build(
+        run.coco_corpora,
+        AutoTokenizer.from_pretrained(_transformer_dir(run.model)),
+        mode=probe.span_mode,
+        span_max_tokens=probe.span_max_tokens,
+        span_break_prob=probe.span_break_prob,
+        seed=run.cfg.seed,
+    )
+
+
+def source_pool_dataset(train_data):
+    """The (restricted) source corpus as a dataset with title/text columns, for COCO."""
+    ds = train_data.corpus.select_columns([c for c in ("title", "text") if c in train_data.corpus.column_names])
+    ds.info.dataset_name = train_data.name.split(":")[0]
+    return ds

@@ -1,0 +1,402 @@
+"""The recipe in one call (:func:`run_recipe`): the stages of :data:`~hf_cocodr.recipe.stages.STAGES` in order,
+then export, card and evaluation of the adapted and the starting model.
+
+Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``, ``OUT/wise``); the final model is
+``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
+and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
+Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is
+skipped on a re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..data.beir import BEIRFormatError, parse_eval_spec
+from ..data.target_queries import refuse_eval_overlap
+from ..errors import ConfigError
+from ..export import export_sentence_transformer
+from ..hybrid import HybridRetriever
+from ..model_card import write_model_card
+from ..modeling.loading import load_encoder, pooling_mode
+from ..run_record import RunFolder, fingerprint
+from ..utils import atomic_write_json, native_bf16
+from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes
+from .context import RecipeRun
+from .inputs import load_data
+from .outputs import export_final, read_marker, write_marker
+from .planner import fixed_plan, make_plan, plan_identity, saved_plan, stage_ids
+from .schedules import choose_schedule
+from .stage import Stage
+from .stages import STAGES, stage_switches
+
+logger = logging.getLogger(__name__)
+
+# Everything run_recipe writes into its output folder besides the stages' folders (declared in its record before
+# any stage starts).
+RUN_ENTRIES = (
+    "coco-runs",
+    "model",
+    "hybrid",
+    "plan.json",
+    "start_eval.json",
+    "eval.json",
+    "recipe.json",
+    "idro_weights.json",
+)
+
+
+def recipe_entries(stages: Sequence[Stage] = STAGES) -> tuple[str, ...]:
+    """The entries a recipe with ``stages`` writes into its output folder (each stage's folder and the run's)."""
+    return tuple(dict.fromkeys([*(s.name for s in stages), *RUN_ENTRIES]))
+
+
+RECIPE_ENTRIES = recipe_entries()
+
+
+def run_recipe(
+    model: str,
+    target_corpora: list[str],
+    source_data: str,
+    output_dir: str | os.PathLike,
+    *,
+    evals: list[str] | tuple[str, ...] = (),
+    config: RecipeConfig | dict | None = None,
+    max_minutes: float | None = None,
+    resume: bool = True,
+    overwrite_output_dir: bool = False,
+    stages: Sequence[Stage] | None = None,
+) -> dict[str, Any]:
+    """Run COCO → source fine-tuning → target pseudo pairs → WiSE-FT → export → card → evaluation.
+
+    Returns ``{eval_spec: {"ndcg@10", "recall@100", ..., "start": {...}}}``: each split's metrics for the adapted
+    model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
+
+    Args:
+        model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id). Its pooling and
+            similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
+        target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
+        source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
+        output_dir: ``OUT``; stages go to ``OUT/coco``, ``OUT/finetune``, ``OUT/target`` and ``OUT/wise``, the final
+            model to ``OUT/model``.
+        evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
+        config: a :class:`RecipeConfig` or a mapping of its fields.
+        max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
+            for, takes this long on this machine, and a stage whose steps run slower than measured stops at its
+            deadline with fewer steps (``OUT/plan.json`` has the plan and its measured inputs, ``OUT/recipe.json``
+            the actual time and steps of each stage and which stages a deadline stopped). A resumed run gets the
+            budget anew for what is left.
+        resume: continue unfinished stages from their latest complete checkpoint and skip the finished stages
+            whose inputs (model, data, settings, plan, the stage before) are unchanged; a stage whose inputs changed
+            runs again, and so does every stage after it. ``False`` starts over, which needs
+            ``overwrite_output_dir`` when ``OUT`` holds an earlier run.
+        overwrite_output_dir: write into an ``OUT`` that holds files hf_cocodr did not write (they stay untouched),
+            and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
+            record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
+        stages: the stages in order (default :data:`~hf_cocodr.recipe.stages.STAGES`); a new stage is a
+            :class:`~hf_cocodr.recipe.stages.Stage` subclass added to this list.
+    """
+    from ..methods import validate_methods
+    from ..modeling.condenser import checkpoint_has_mlm_head
+
+    t_start = time.perf_counter()
+    stages = STAGES if stages is None else tuple(stages)
+    cfg = config if isinstance(config, RecipeConfig) else RecipeConfig.from_dict(dict(config or {}))
+    cfg.validate()
+    evals = list(evals)
+    for spec in evals:
+        parse_eval_spec(spec)  # fail early on a bad --eval
+    check_max_minutes(max_minutes)
+    has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
+    cfg, choice = choose_schedule(cfg, has_mlm)
+    if not target_corpora:
+        if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
+            raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
+        cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+        if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
+            cfg.skip_finetune, cfg.finetune_share = False, 1.0
+            choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
+        logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
+    if not any(on for on, _ in stage_switches(cfg, stages).values()):
+        raise ConfigError(
+            "nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
+            f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
+            f"{cfg.target_pairs}); switch one on"
+        )
+    methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
+    refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
+    logger.info(
+        "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
+        model,
+        choice["kind"],
+        choice["why"],
+        choice["chosen"] or "nothing",
+        choice["set_by_user"] or "nothing",
+    )
+
+    fps = {
+        "model": fingerprint(model),
+        "targets": fingerprint([str(t) for t in target_corpora]),
+        "source": fingerprint(str(source_data)),
+    }
+    entries = recipe_entries(stages)
+    folder = RunFolder.claim(
+        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
+    )
+    folder.expect(entries)
+    try:
+        run = RecipeRun(
+            model,
+            list(target_corpora),
+            source_data,
+            Path(output_dir),
+            evals,
+            cfg,
+            choice,
+            has_mlm,
+            methods,
+            max_minutes,
+            resume,
+            t_start,
+            fps,
+        )
+        return _run_stages(run, stages)
+    finally:
+        folder.release()
+
+
+def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
+    """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations."""
+    cfg = run.cfg
+    run.pooling, run.similarity = _model_similarity(run.model)
+    logger.info(
+        "recipe: starting model %s (%s pooling, %s similarity); targets %s; source %s:%s",
+        run.model,
+        run.pooling,
+        run.similarity,
+        ", ".join(map(str, run.target_corpora)),
+        run.source_data,
+        cfg.source_split,
+    )
+    run.arguments = {s.name: s.arguments(run) for s in stages}
+    # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
+    # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
+    run.plan_id = plan_identity(run, asdict(cfg))
+    run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, run.plan_id)
+    run.ids = stage_ids(run, stages) if run.plan else {}
+    run.precision = _precision_choice(cfg)
+    logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])
+    load_data(run, stages)
+    make_plan(run, stages)
+    for stage in stages:
+        if stage.should_run(run):
+            _run_stage(run, stage)
+    return _finish(run, stages)
+
+
+def _run_stage(run: RecipeRun, stage: Stage) -> None:
+    """Run ``stage`` (skipped when it finished with the same inputs); the next stage starts from its model."""
+    t0, stage_dir = time.perf_counter(), run.dir(stage.name)
+    if run.done(stage.name):
+        logger.info("stage %s: already finished (%s) with the same inputs, skipped", stage.name, stage_dir)
+    else:
+        run.log_rerun(stage_dir)
+        marker = stage.train(run)
+        if marker is not None:
+            write_marker(stage_dir, {**marker, "identity": run.ids[stage.name]})
+    run.current = str(stage_dir)
+    run.stage_seconds[stage.name] = _stage_seconds(stage_dir, t0)
+
+
+def _model_similarity(model_path: str) -> tuple[str, str]:
+    """(pooling, similarity) the starting model declares; raw checkpoints follow COCO-DR (cls, dot)."""
+    st = load_encoder(model_path)
+    return pooling_mode(st) or "cls", str(st.similarity_fn_name or "dot")
+
+
+def _stage_seconds(stage_dir: Path, t0: float) -> float:
+    """Seconds the stage took: measured now, or (a stage finished by an earlier run) as its marker recorded them."""
+    marker = read_marker(stage_dir) or {}
+    if "seconds" not in marker:
+        marker = {**marker, "seconds": round(time.perf_counter() - t0, 1)}
+        write_marker(stage_dir, marker)
+    return float(marker["seconds"])
+
+
+def _precision_choice(cfg: RecipeConfig) -> dict[str, Any]:
+    """The training precision of the stages and why (logged and kept in ``recipe.json``). bf16 is only ever the
+    user's choice (``bf16: true`` in a stage's options): where this machine has no native bf16 kernels it is many
+    times slower (docs/precision.md), and where it has them no measurement here has yet shown the >= 1.2x speed-up
+    without quality loss that a default would need."""
+    asked = sorted(stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16"))
+    native = native_bf16()
+    if asked:
+        why = (
+            "set in the options of "
+            + ", ".join(asked)
+            + ("" if native else "; this machine has no native bf16: expect it slower")
+        )
+        return {"training": "bf16 (" + ", ".join(asked) + ")", "native_bf16": native, "why": why}
+    why = (
+        "this machine has native bf16, but it is not measured here to pay: set bf16: true in a stage's options to "
+        "use it"
+        if native
+        else "this machine has no native bf16 kernels, where bf16 runs many times slower"
+    )
+    return {"training": "fp32", "native_bf16": native, "why": why}
+
+
+# ---------------------------------------------------------------------------------------------- export + evaluation
+SUMMARY_KEYS = ("ndcg@10", "recall@100", "mrr@10", "num_queries", "num_docs")
+CHANNEL_KEYS = ("ndcg@10", "recall@100", "mrr@10")
+
+
+def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
+    """A hybrid evaluation as the recipe reports it: the dense model's metrics at the top level (the model is what
+    the recipe trains), with ``"bm25"`` and ``"hybrid"`` beside them."""
+    return {
+        **{k: result["dense"][k] for k in SUMMARY_KEYS},
+        "bm25": {k: result["bm25"][k] for k in CHANNEL_KEYS},
+        "hybrid": {**{k: result[k] for k in CHANNEL_KEYS}, "fusion": result["fusion"]},
+    }
+
+
+def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
+    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
+    from ..evaluation.retrieval import evaluate_retrieval
+
+    path = out / "start_eval.json"
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if cached.get("model") != model:
+        cached = {"model": model, "results": {}}
+    todo = [s for s in evals if "hybrid" not in cached["results"].get(s, {})]
+    if todo:
+        st = load_encoder(model)
+        for spec in todo:
+            folder, split = parse_eval_spec(spec)
+            res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True)
+            cached["results"][spec] = split_hybrid(res)
+            atomic_write_json(path, cached)
+    return {s: cached["results"][s] for s in evals}
+
+
+def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
+    """Export the final model, evaluate it (and the starting model), write the card, ``eval.json`` and
+    ``recipe.json``; returns the summary."""
+    from ..training_api import evaluate_all
+
+    t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
+    if run.current == run.model:
+        export_sentence_transformer(
+            run.model, final_dir, pooling=run.pooling, similarity=run.similarity, run_record=False
+        )
+    else:
+        export_final(Path(run.current), final_dir)
+    seconds = run.stage_seconds
+    seconds["export"] = round(time.perf_counter() - t0, 1)
+    train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
+    t0 = time.perf_counter()
+    final = load_encoder(str(final_dir))
+    results = evaluate_all(final, run.evals, final_dir, batch_size=cfg.eval_batch_size, hybrid=True)
+    summary = {spec: split_hybrid(r) for spec, r in results.items()}
+    seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+    if run.evals and cfg.evaluate_start:
+        t0 = time.perf_counter()
+        for spec, start in _run_start_eval(run.model, run.evals, run.out, cfg.eval_batch_size).items():
+            summary[spec]["start"] = start
+            logger.info(
+                "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
+                spec,
+                summary[spec]["ndcg@10"],
+                start["ndcg@10"],
+                summary[spec]["ndcg@10"] - start["ndcg@10"],
+            )
+        seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
+    if cfg.save_hybrid and run.target_corpora:
+        t0 = time.perf_counter()
+        _save_hybrids(run, final)
+        seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
+    _write_records(run, stages, summary, train_seconds, final_dir)
+    logger.info(
+        "recipe finished: training %.1f minutes%s, evaluation %.1f minutes",
+        train_seconds / 60,
+        f" (budget {run.max_minutes:g})" if run.max_minutes is not None else "",
+        (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60,
+    )
+    return summary
+
+
+def _save_hybrids(run: RecipeRun, model) -> None:
+    """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
+    names: dict[str, int] = {}
+    for corpus in run.target_corpora:
+        path = Path(str(corpus))
+        name = path.name if path.name != "corpus.jsonl" else path.parent.name
+        names[name] = names.get(name, 0) + 1
+        folder = run.out / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")
+        try:
+            hybrid = HybridRetriever.build(model, corpus, batch_size=run.cfg.eval_batch_size)
+        except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
+            logger.warning("no hybrid retriever for %s: %s", corpus, e)
+            continue
+        hybrid.save(folder)
+        logger.info("hybrid retriever for %s saved in %s (HybridRetriever.load)", corpus, folder)
+
+
+def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
+    """The steps each training stage ran (from its completion marker) and, where a wall-clock deadline ended a
+    stage before its planned steps, the step it stopped at."""
+    markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages if s.trains and s.name in run.ids}
+    markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
+    return {
+        "steps_trained": {s: m["steps"] for s, m in markers.items()},
+        "stopped_by_deadline": {
+            s: m["stopped_by_deadline_at_step"] for s, m in markers.items() if "stopped_by_deadline_at_step" in m
+        },
+    }
+
+
+def _write_records(
+    run: RecipeRun, stages: tuple[Stage, ...], summary: dict, train_seconds: float, final_dir: Path
+) -> None:
+    record = {
+        "model": run.model,
+        "target_corpora": list(map(str, run.target_corpora)),
+        "source_data": str(run.source_data),
+        "evals": run.evals,
+        "config": asdict(run.cfg),
+        "schedule": run.choice,
+        "precision": run.precision,
+        "plan": run.plan.to_dict(),
+        "stage_seconds": run.stage_seconds,
+        **_steps_trained(run, stages),
+        "train_seconds": train_seconds,
+        "wall_seconds": round(time.perf_counter() - run.t_start, 1),
+    }
+    if run.max_minutes is not None:
+        record["budget_seconds"] = round(run.max_minutes * 60.0, 1)
+        record["train_over_budget_seconds"] = round(train_seconds - run.max_minutes * 60.0, 1)
+    keys = ("ndcg@10", "recall@100")
+
+    def row(v: dict) -> dict:
+        return {**{k: v[k] for k in keys}, **{ch: {k: v[ch][k] for k in keys} for ch in ("bm25", "hybrid") if ch in v}}
+
+    write_model_card(
+        final_dir,
+        load_encoder(str(final_dir)),
+        {
+            "recipe_schedule": run.choice,
+            "start_vs_adapted": {
+                s: {"adapted": row(v), "start": row(v["start"])} for s, v in summary.items() if "start" in v
+            },
+        },
+    )
+    atomic_write_json(run.out / "eval.json", summary)
+    atomic_write_json(run.out / "recipe.json", record)

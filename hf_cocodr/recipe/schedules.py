@@ -1,0 +1,99 @@
+"""The schedule presets: the settings an ``"auto"`` value of :class:`~hf_cocodr.recipe.RecipeConfig` resolves to,
+by the kind of starting model. Why each preset is what it is: ``docs/adaptation.md``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import ConfigError
+from .config import AUTO, Auto, RecipeConfig
+from .stages import MLM_HEAD_WARMUP_SHARE, STAGES
+
+# COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
+PAPER_SCHEDULE: dict[str, Any] = dict(
+    skip_coco=False,
+    coco_mlm_weight=1.0,
+    coco_learning_rate=2e-5,
+    coco_runs=1,
+    skip_finetune=False,
+    target_pairs="none",
+    target_schedule="sequential",
+    wise_alpha=None,
+    coco_share=0.4,
+    finetune_share=0.6,
+    target_share=0.0,
+)
+
+# By the kind of starting model. A value the user sets explicitly always wins over these.
+SCHEDULES: dict[str, dict[str, Any]] = {
+    # No MLM head (an already trained retriever such as all-MiniLM-L6-v2): COCO alone, spent as a soup of runs of
+    # about 76 steps (MLM through a fresh Condenser head warmed up first), no source fine-tuning.
+    "no_mlm_head": dict(PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0),
+    # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): the paper's stages as published.
+    "mlm_head": dict(PAPER_SCHEDULE),
+}
+
+
+def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
+    """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model.
+
+    Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
+    the user) for the log, ``recipe.json`` and the model card. ``schedule="paper"`` resolves "auto" to COCO-DR's
+    stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT).
+    """
+    kind = "mlm_head" if has_mlm_head else "no_mlm_head"
+    why = (
+        "the starting model has a trained MLM head"
+        if has_mlm_head
+        else "the starting model has no MLM head"
+        if has_mlm_head is False
+        else "the starting model's MLM head could not be inspected (treated as absent)"
+    )
+    preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
+    chosen, user = {}, {}
+    values = asdict(cfg)
+    for key, default in preset.items():
+        if values[key] == AUTO:
+            values[key] = default
+            chosen[key] = _plain(default)
+        else:
+            user[key] = _plain(values[key])
+    resolved = RecipeConfig(**values)
+    _share_switched_on_stages(resolved, chosen)
+    record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
+    if has_mlm_head is not True:  # absent, or not inspectable (a Hub id): treated as absent, so warmed up
+        record["mlm_head"] = (
+            f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"
+        )
+    return resolved, record
+
+
+def _plain(value: Any) -> Any:
+    """A setting as the record keeps it: an :class:`Auto` member as its string."""
+    return str(value) if isinstance(value, Auto) else value
+
+
+def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None:
+    """Give a budget share to a stage the user switched on that the schedule leaves out.
+
+    The schedule's share for a stage it does not run is 0 (the default gives no share to target pseudo pairs); a user
+    who asks for them (``target_pairs: ict``) without a share would get 2 steps. A stage that runs with an automatic
+    share of 0 gets the mean of the other running stages' shares (1 when it runs alone); the value is recorded as
+    chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
+    planned = [
+        s.share_option for s in STAGES if s.trains and s.share_option and s.enabled(cfg) and s.fixed_steps(cfg) is None
+    ]
+    for key in planned:
+        if float(getattr(cfg, key)) == 0.0 and key not in chosen:
+            stage = key.removesuffix("_share")
+            raise ConfigError(
+                f"recipe option {key} is 0 but the {stage} stage runs: it would get no budget; give it "
+                f"a share > 0, fix its steps ({stage}_steps), or switch the stage off"
+            )
+    others = [float(getattr(cfg, k)) for k in planned if float(getattr(cfg, k)) > 0]
+    for key in planned:
+        if float(getattr(cfg, key)) == 0.0:
+            share = round(sum(others) / len(others), 6) if others else 1.0
+            setattr(cfg, key, share)
+            chosen[key] = share

@@ -1,0 +1,152 @@
+"""The recipe's settings: a torch-free module, and the command line's flags built from the dataclass fields."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import fields
+
+import pytest
+
+from hf_cocodr.errors import ConfigError
+from hf_cocodr.recipe.config import (
+    Auto,
+    RecipeArguments,
+    RecipeConfig,
+    add_config_arguments,
+    config_from_flags,
+)
+
+# The recipe command's flags as README and scripts use them: a contract.
+FLAGS = (
+    "--model",
+    "--target-corpus",
+    "--source-data",
+    "--source-split",
+    "--output_dir",
+    "--output-dir",
+    "--eval",
+    "--max-minutes",
+    "--resume_from_checkpoint",
+    "--resume-from-checkpoint",
+    "--overwrite_output_dir",
+    "--overwrite-output-dir",
+    "--method",
+    "--target-queries",
+    "--schedule",
+    "--coco-mlm-weight",
+    "--coco-lr",
+    "--coco-runs",
+    "--coco-run-steps",
+    "--skip-coco",
+    "--skip-finetune",
+    "--target-pairs",
+    "--target-schedule",
+    "--wise-alpha",
+    "--train-max-length",
+    "--no-start-eval",
+    "--no-save-hybrid",
+    "--config",
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, RecipeArguments)
+    add_config_arguments(parser, RecipeConfig)
+    return parser
+
+
+def test_importing_the_config_loads_no_torch():
+    code = (
+        "import sys, hf_cocodr.recipe.config; print(sorted(m for m in ('torch', 'transformers', "
+        "'sentence_transformers', 'datasets') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_flag_of_the_recipe_command_is_kept_and_every_field_has_one():
+    options = _parser()._option_string_actions
+    assert [f for f in FLAGS if f not in options] == []
+    dests = {a.dest for a in options.values()}
+    for f in fields(RecipeConfig):
+        assert f.metadata["help"], f.name
+        assert (f.name in dests) is (f.name not in ("coco", "finetune", "target")), f.name
+
+
+def test_flags_parse_to_the_config_values_and_unset_flags_leave_the_defaults():
+    ns = _parser().parse_args(
+        [
+            "--coco-runs",
+            "budget",
+            "--wise-alpha",
+            "none",
+            "--skip-coco",
+            "false",
+            "--skip-finetune",
+            "auto",
+            "--no-start-eval",
+            "--method",
+            "berm",
+            "--method",
+            "rmsc",
+            "--coco-lr",
+            "1e-5",
+            "--coco-mlm-weight",
+            "0",
+            "--target-pairs",
+            "ict",
+            "--coco-run-steps",
+            "30",
+            "--source-split",
+            "dev",
+        ]
+    )
+    given = config_from_flags(ns)
+    assert given == {
+        "source_split": "dev",
+        "coco_mlm_weight": 0.0,
+        "coco_learning_rate": 1e-5,
+        "coco_runs": "budget",
+        "coco_run_steps": 30,
+        "target_pairs": "ict",
+        "wise_alpha": None,
+        "evaluate_start": False,
+        "skip_coco": False,
+        "skip_finetune": "auto",
+        "methods": ["berm", "rmsc"],
+    }
+    cfg = RecipeConfig.from_dict(given)
+    assert cfg.coco_runs is Auto.BUDGET and cfg.skip_finetune is Auto.AUTO and cfg.save_hybrid is True
+    assert config_from_flags(_parser().parse_args([])) == {}
+    run = RecipeArguments(
+        **config_from_flags(
+            _parser().parse_args(["--output-dir", "o", "--eval", "d:dev", "--resume_from_checkpoint", "false"]),
+            RecipeArguments,
+        )
+    )
+    assert (run.output_dir, run.eval, run.resume, run.max_minutes) == ("o", ["d:dev"], False, None)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--wise-alpha", "half"], "--wise-alpha must be a number in [0, 1] or 'none', got 'half'"),
+        (["--coco-runs", "many"], "--coco-runs must be a whole number >= 1, 'budget' or 'auto', got 'many'"),
+        (["--coco-share", "most"], "--coco-share must be a number or 'auto', got 'most'"),
+    ],
+)
+def test_a_flag_of_the_wrong_kind_is_refused_by_name(argv, needle):
+    with pytest.raises(ConfigError) as err:
+        config_from_flags(_parser().parse_args(argv))
+    assert str(err.value) == needle
+
+
+def test_auto_reads_and_records_as_its_string():
+    import json
+
+    cfg = RecipeConfig(coco_runs="budget", coco_share="auto")
+    assert cfg.coco_runs is Auto.BUDGET and cfg.coco_share is Auto.AUTO and cfg.schedule == "auto"
+    assert json.loads(json.dumps({"runs": cfg.coco_runs}))["runs"] == "budget"
