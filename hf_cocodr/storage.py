@@ -3,14 +3,17 @@ folder, and the checks made before any work (writable folders, free space agains
 
 Every temporary entry hf_cocodr writes is a hidden sibling of its destination named
 ``.hf_cocodr-tmp-<host>-<pid>-<random>.<name>`` (:func:`staging_path`): on the destination's file system (a rename
-into place is atomic, hard links work), removed when its write fails, and recognisable afterwards. A staging entry
-whose writer is gone (same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run; one of
-another host is stale once it has not changed for :data:`STALE_SECONDS`.
+into place is atomic, hard links work), removed when its write fails, and recognisable afterwards. A folder being
+replaced is moved aside as ``.hf_cocodr-old-...`` for the moment of the swap. A staging entry whose writer is gone
+(same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run (a folder moved aside whose
+destination is missing is renamed back instead); one of another host is stale once it has not changed for
+:data:`STALE_SECONDS`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -26,9 +29,10 @@ from .errors import NotEnoughSpaceError
 logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = ".hf_cocodr-tmp-"
+BACKUP_PREFIX = ".hf_cocodr-old-"
 STALE_SECONDS = 3600  # a staging entry of another host (shared file system) untouched this long is left over
 _PID_REUSE_SECONDS = 24 * 3600  # a live pid on this host owning an entry this old is a reused pid
-_STAGING = re.compile(r"^\.hf_cocodr-tmp-([0-9a-f]{8})-(\d+)-[0-9a-f]{8}\.")
+_STAGING = re.compile(r"^\.hf_cocodr-(tmp|old)-([0-9a-f]{8})-(\d+)-[0-9a-f]{8}\.(.+)$", re.DOTALL)
 NO_SPACE_CHECK_ENV = "HF_COCODR_NO_SPACE_CHECK"
 
 
@@ -36,11 +40,23 @@ def _host_tag() -> str:
     return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
 
-def staging_path(dest: str | os.PathLike) -> Path:
+def staging_path(dest: str | os.PathLike, backup: bool = False) -> Path:
     """A fresh name for a temporary entry beside ``dest`` (same folder, hence same file system), recognisable by
-    :func:`sweep_stale` as this process's."""
+    :func:`sweep_stale` as this process's; ``backup``: the name ``dest`` is moved aside to while it is replaced."""
     dest = Path(dest)
-    return dest.parent / f"{STAGING_PREFIX}{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{dest.name}"
+    prefix = BACKUP_PREFIX if backup else STAGING_PREFIX
+    return dest.parent / f"{prefix}{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{dest.name}"
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether ``name`` is that of a staging entry (:func:`staging_path`)."""
+    return _STAGING.match(name) is not None
+
+
+def staged_name(name: str) -> str | None:
+    """The destination's name of a staging entry's ``name``; None for any other name."""
+    m = _STAGING.match(name)
+    return m[4] if m else None
 
 
 def pid_alive(pid: int) -> bool:
@@ -65,7 +81,7 @@ def is_stale(entry: Path, now: float | None = None) -> bool:
         age = (time.time() if now is None else now) - entry.lstat().st_mtime
     except OSError:
         return False
-    host, pid = m[1], int(m[2])
+    host, pid = m[2], int(m[3])
     if host == _host_tag():
         if pid == os.getpid():
             return False
@@ -92,10 +108,16 @@ def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path
     except OSError:
         return removed
     for entry in entries:
-        if not entry.name.startswith(STAGING_PREFIX) or (name is not None and not entry.name.endswith(f".{name}")):
+        if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != name):
             continue
         if is_stale(entry):
+            dest = folder / (staged_name(entry.name) or "")
             try:
+                if entry.name.startswith(BACKUP_PREFIX) and not (dest.exists() or dest.is_symlink()):
+                    os.replace(entry, dest)  # killed between the two renames of a swap: the old folder comes back
+                    logger.warning("restored %s from %s, left by an earlier run that was stopped while replacing it",
+                                   dest, entry)
+                    continue
                 remove_entry(entry)
             except OSError as e:
                 logger.warning("could not remove %s, left by an earlier run that was stopped: %s", entry, e)
@@ -117,6 +139,48 @@ def staged_file(dest: str | os.PathLike):
         with contextlib.suppress(OSError):
             remove_entry(tmp)
         raise
+
+
+@contextlib.contextmanager
+def staged_directory(dest: str | os.PathLike):
+    """Yield a fresh staging folder beside ``dest`` (its parent is created, stale staging entries there are swept
+    first); it is removed on exit whatever happens, a kill aside (then the next run's sweep removes it)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(dest.parent)
+    tmp = staging_path(dest)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):
+            remove_entry(tmp)
+
+
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Hard-link ``src`` (a link itself, not its target) as ``dst``; where no hard link can be made (another file
+    system, a file system without them, a file of another user) copy it instead."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
+
+
+def carry_over(src: Path, dst: Path) -> None:
+    """Put the entry ``src`` (a file, a link or a folder tree) at ``dst`` by hard links, copies where none can be
+    made (:func:`link_or_copy`); links are kept as links, never followed."""
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, copy_function=link_or_copy, symlinks=True)
+    else:
+        link_or_copy(src, dst)
 
 
 # ------------------------------------------------------------------------------------------------------- the cache
@@ -228,10 +292,16 @@ TRAINING_SPACE_FACTOR = 4.0  # a checkpoint (weights and the optimizer's two mom
 
 
 def check_before_work(output_dir: str | os.PathLike, model=None, *, factor: float = TRAINING_SPACE_FACTOR,
-                      cache: bool = True, what: str = "the output folder") -> None:
+                      cache: bool = True, staged_beside: bool = False, what: str = "the output folder") -> None:
     """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
-    folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files."""
+    folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
+    ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
+    be writable too."""
     check_writable(output_dir, what)
+    out = Path(output_dir).expanduser().absolute()
+    if staged_beside and out.exists():
+        check_writable(out.parent, f"the folder holding {what}",
+                       hint=f"{out.name} is written beside it and renamed into place")
     if cache:
         check_writable(cache_root(), "the cache folder", hint="set HF_COCODR_CACHE to a writable folder")
     weights = model_weight_bytes(model) if model is not None else None

@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretrain
 from ..modeling.loading import check_model_source
 from ..provenance import source_info as previous_training_info
 from ..run_record import RunFolder, fingerprint, model_fingerprint
+from ..storage import staged_directory
 from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder
 from .training_args import CocoPretrainingArguments
@@ -425,7 +425,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
                 "base_model": prev.get("base_model") or (
                     self.source_model if self.source_model and not Path(self.source_model).exists() else None)}
-        with tempfile.TemporaryDirectory(prefix=".coco-export-") as tmp:
+        with staged_directory(output_dir) as tmp:  # beside output_dir: its file system, not $TMPDIR
             cond.encoder_model.save_pretrained(tmp)
             self.processing_class.save_pretrained(tmp)
             cond.save_head(tmp)
