@@ -39,6 +39,7 @@ from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
 from .modeling.precision import encoding_precision
 from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
+from .storage import check_before_work
 from .utils import atomic_directory, atomic_write_json, native_bf16
 
 logger = logging.getLogger(__name__)
@@ -764,6 +765,7 @@ def run_recipe(
 
     fps = {"model": fingerprint(model), "targets": fingerprint([str(t) for t in target_corpora]),
            "source": fingerprint(str(source_data))}
+    check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
     run = RunFolder.claim(output_dir, "recipe", None if resume else fps, resume=resume,
                           overwrite=overwrite_output_dir, writes=RECIPE_ENTRIES)
     run.expect(RECIPE_ENTRIES)

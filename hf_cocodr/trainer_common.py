@@ -8,7 +8,7 @@ import os
 import random
 
 from .checkpoints import mark_complete, resolve_resume
-from .errors import ConfigError
+from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
 
@@ -95,7 +95,9 @@ class TrainerMixin:
         """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete, intact* checkpoint of this
         run. The output folder is claimed first: a folder of someone else's files, another run's folder or one
         another process writes is refused (``overwrite_output_dir=True`` replaces an earlier run's own files). With
-        ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end."""
+        ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end. A save that fails
+        because of the disk (full, read-only, ...) raises one ``OSError`` naming ``output_dir`` (see
+        :func:`hf_cocodr.errors.disk_faults`)."""
 
         wants_resume = not (resume_from_checkpoint is None or resume_from_checkpoint is False or (
             isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0")))
@@ -103,7 +105,8 @@ class TrainerMixin:
         try:
             resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, run_id=run_id)
             self._finalized = False
-            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            with disk_faults(self.args.output_dir):  # a checkpoint save on a full disk: one OSError naming the folder
+                output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
         finally:
             if self._run_folder is not None:
                 self._run_folder.release()

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import disk_faults
+from .errors import as_disk_fault, disk_faults
 from .storage import staging_path, sweep_stale
 
 logger = logging.getLogger("hf_cocodr")
@@ -78,9 +78,12 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        fault = as_disk_fault(e, path) if isinstance(e, Exception) else None
+        if fault is not None:
+            raise fault from e  # a write() on a full disk names no file: this names the one being written
         raise
 
 

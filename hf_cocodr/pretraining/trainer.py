@@ -19,7 +19,7 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
-from ..errors import ConfigError
+from ..errors import ConfigError, disk_faults
 from ..export import export_sentence_transformer
 from ..hub import check_push_possible
 from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _transformer_dir
@@ -385,9 +385,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():
                 prev["base_model"] = self.source_model
-            self.export(self.args.output_dir, prev=prev)
-            if self.args.should_save:
-                self.save_state()
+            with disk_faults(self.args.output_dir):  # a full disk: one OSError naming the folder
+                self.export(self.args.output_dir, prev=prev)
+                if self.args.should_save:
+                    self.save_state()
             self._finalized = True
             self._record_outputs()
         return self.args.output_dir
