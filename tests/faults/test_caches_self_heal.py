@@ -4,10 +4,12 @@ a killed build's leftovers are swept, and a corpus that changed keeps one entry,
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
 import random
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -113,13 +115,12 @@ def test_a_failed_span_cache_write_leaves_nothing_and_the_next_build_works(cache
 
 
 def test_a_killed_builds_leftover_is_swept_and_a_live_writers_is_kept(cache, tokenizer, tmp_path):
-    from hf_cocodr.storage import STAGING_PREFIX, _host_tag
-
     corpus = write_corpus(tmp_path / "docs.jsonl")
     folder = cache / "spans"
     folder.mkdir(parents=True)
-    dead = folder / f"{STAGING_PREFIX}{_host_tag()}-{dead_pid()}-0123abcd.spans-x-y.npz"
-    live = folder / f"{STAGING_PREFIX}{_host_tag()}-{os.getppid()}-0123abcd.spans-x-y.npz"
+    host = hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]  # staging names: .hf_cocodr-tmp-HOST-PID-...
+    dead = folder / f".hf_cocodr-tmp-{host}-{dead_pid()}-0123abcd.spans-x-y.npz"
+    live = folder / f".hf_cocodr-tmp-{host}-{os.getppid()}-0123abcd.spans-x-y.npz"
     for p in (dead, live):
         p.write_bytes(b"PK\x03\x04 left over")
     SpanCorpus.build([corpus], tokenizer)
