@@ -6,8 +6,9 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 
-from .checkpoints import mark_complete, resolve_resume
+from .checkpoints import is_complete, mark_complete, resolve_resume
 from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
@@ -105,14 +106,30 @@ class TrainerMixin:
         try:
             resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, run_id=run_id)
             self._finalized = False
-            with disk_faults(self.args.output_dir):  # a checkpoint save on a full disk: one OSError naming the folder
-                output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            try:
+                with disk_faults(self.args.output_dir):  # a checkpoint save on a full disk: one OSError naming it
+                    output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            except OSError:
+                self._remove_unfinished_checkpoint()
+                raise
         finally:
             if self._run_folder is not None:
                 self._run_folder.release()
         if self.args.push_to_hub:
             self.push_to_hub()
         return output
+
+    def _remove_unfinished_checkpoint(self) -> None:
+        """After a save failed (a full disk, ...): remove the checkpoint folder of the current step if it has no
+        completion marker. It is this run's own, never resumed from, and frees the space it took."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        if not self.args.should_save:
+            return
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if os.path.isdir(folder) and not is_complete(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.warning("removed the unfinished checkpoint %s", folder)
 
     def evaluate(self, *args, **kwargs) -> dict[str, float]:
         """``trainer.evaluate()`` without side effects on training: the random states (Python, NumPy, torch CPU and

@@ -131,6 +131,7 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_folder(tiny
     out = tmp_path / "ft"
     assert main([*command("finetune", tiny_st_dir, tiny_beir, out), "--save_steps", "1"]) == 1
     assert one_line(capsys) == f"hf-cocodr finetune: error: {out}: the disk is full"
+    assert not list(out.glob("checkpoint-*"))  # the half-written checkpoint is gone (it was never complete)
 
 
 def test_a_full_disk_during_the_final_export_is_one_line_naming_the_folder(tiny_bert_dir, tiny_beir, tmp_path, capsys,
