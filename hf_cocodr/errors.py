@@ -6,8 +6,11 @@ re-export the errors they raise.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
+import shutil
 
 
 class ConfigError(ValueError):
@@ -30,6 +33,17 @@ class HubPushError(RuntimeError):
     """A push failed; the message says why (status, repository) and the local directory is untouched."""
 
 
+class NotEnoughSpaceError(OSError):
+    """Refused before any work: the file system of an output folder has less free space than the command needs. The
+    message names the folder, the free and the needed bytes (``errno`` is ``ENOSPC``)."""
+
+    def __init__(self, message: str, path: str | os.PathLike):
+        super().__init__(errno.ENOSPC, message, str(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
 USER_ERRORS: tuple[type[BaseException], ...] = (
     BEIRFormatError,
     ConfigError,
@@ -40,6 +54,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     NotADirectoryError,
     IsADirectoryError,
     PermissionError,
+    NotEnoughSpaceError,
 )
 
 
@@ -58,5 +73,61 @@ def describe_os_error(e: OSError) -> str:
     """One line for a fault of the machine (disk full, read-only, permission, cross-device): the path(s) and the
     cause in words."""
     cause = _CAUSES.get(e.errno or -1, e.strerror or type(e).__name__)
+    if e.errno in _CAUSES and e.strerror and e.strerror != os.strerror(e.errno):
+        cause += f" ({e.strerror})"  # what hf_cocodr knows beyond the cause: which write failed and how
     where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p)
     return f"{where}: {cause}" if where else cause
+
+
+# A failed write as the serialisers report it: torch's zip writer ("unexpected pos 8832 vs 8724", "PytorchStreamWriter
+# failed writing file ..."), safetensors' Rust error ("IoError(Os { code: 28, kind: StorageFull, ... })").
+_TORCH_WRITE_FAILED = re.compile(r"unexpected pos \d+ vs \d+|PytorchStreamWriter failed writing|file write failed")
+_RUST_OS_CODE = re.compile(r"Os \{ code: (\d+)")
+_LOW_SPACE = 64 << 20  # after a failed write, a file system with less free space than this is taken for full
+
+
+def _free_bytes(path: str | os.PathLike) -> int | None:
+    p = os.path.abspath(os.fspath(path))
+    while not os.path.exists(p) and p != os.path.dirname(p):
+        p = os.path.dirname(p)
+    try:
+        return shutil.disk_usage(p).free
+    except OSError:
+        return None
+
+
+def as_disk_fault(e: BaseException, path: str | os.PathLike) -> OSError | None:
+    """The ``OSError`` (naming ``path`` when the error names no file) for a write that failed because of the disk:
+    an ``OSError`` of the disk (full, quota, read-only, I/O) without a file name, torch's zip-writer ``RuntimeError``
+    or a safetensors ``SafetensorError`` carrying an OS error. ``None`` for every other error (left as it is)."""
+    disk_errnos = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
+    if isinstance(e, OSError):
+        if e.errno in disk_errnos and not e.filename:
+            return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
+        return None
+    text = str(e)
+    if type(e).__name__ == "SafetensorError":
+        m = _RUST_OS_CODE.search(text)
+        if m:
+            code = int(m[1])
+            return OSError(code, os.strerror(code), str(path))
+        return None
+    if isinstance(e, RuntimeError) and _TORCH_WRITE_FAILED.search(text):
+        free = _free_bytes(path)
+        if free is not None and free < _LOW_SPACE:
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return OSError(errno.EIO, f"writing failed ({' '.join(text.split())[:200]})", str(path))
+    return None
+
+
+@contextlib.contextmanager
+def disk_faults(path: str | os.PathLike):
+    """Turn a write that fails because of the disk into one ``OSError`` naming ``path`` (see
+    :func:`as_disk_fault`); every other error passes unchanged."""
+    try:
+        yield
+    except Exception as e:
+        fault = as_disk_fault(e, path)
+        if fault is None:
+            raise
+        raise fault from e

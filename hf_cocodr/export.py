@@ -1,7 +1,8 @@
 """Export any encoder as a correct sentence-transformers directory (CLS pooling, dot product by default).
 
 The directory is written to a temporary sibling and renamed into place, so a crash never leaves a half-written
-model under the final name.
+model under the final name. Everything is staged beside the destination (same file system, never ``$TMPDIR``), is
+removed when the export fails or is interrupted, and what a killed export left is swept by the next one.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from .modeling.loading import (
 )
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
 from .run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
+from .storage import EXPORT_SPACE_FACTOR, carry_over, check_before_work, staged_directory
 from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source, honour_umask
 
 logger = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ def export_sentence_transformer(
                     "legacy_format": legacy_format}
         claim = dict(command="export", identity=identity, overwrite=overwrite_output_dir, replaces_own=True)
         RunFolder.claim(out_dir, **claim, dry_run=True)
+        # the destination's folder is where everything is staged: writable, with room for the model's weights
+        check_before_work(out_dir, source, factor=EXPORT_SPACE_FACTOR, cache=False, staged_beside=True)
     else:
         check_model_output_dir(out_dir, source)  # before any model is loaded
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
@@ -144,7 +147,7 @@ def export_sentence_transformer(
             if (Path(origin) / name).exists() and name not in (extra_files or {}):
                 extra_files = {**(extra_files or {}), name: Path(origin) / name}
     out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory(prefix=".hf_cocodr-export-") as staging:
+    with staged_directory(out_dir) as staging:
         # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
         # the tokenizer (and its lower-casing) exactly as it was and works for any source layout.
         transformer.save(staging)
@@ -217,10 +220,8 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
             old = out_dir / name
             if (tmp / name).exists():
                 continue
-            if old.is_dir() and not old.is_symlink():
-                shutil.copytree(old, tmp / name, copy_function=os.link, symlinks=True)
-            elif old.exists() or old.is_symlink():
-                os.link(old, tmp / name, follow_symlinks=False)
+            if old.exists() or old.is_symlink():
+                carry_over(old, tmp / name)  # hard links (copies where the file system has none)
 
         write_model_card(tmp, model, card_data or {}, pooling=pooling, similarity=similarity, name=out_dir.name)
         if run is not None:  # the record lists what this export wrote; everything carried over is not its own

@@ -27,6 +27,7 @@ from .provenance import (
     update_provenance,
     write_provenance,
 )
+from .storage import staged_name
 from .utils import atomic_write_text, is_hub_id
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,10 @@ def hub_datasets(datasets: list[str], stages: list[dict[str, Any]]) -> tuple[lis
 def display_name(directory: Path) -> str:
     """The name of a model folder for its card: the final folder's name, not a staging or checkpoint folder's."""
     name = directory.name
-    m = re.match(r"^\.(.+)\.tmp-[0-9a-f]{8}$", name)  # utils.atomic_directory's staging sibling
+    staged = staged_name(name)  # the staging sibling of utils.atomic_directory (hf_cocodr.storage.staging_path)
+    if staged:
+        return staged
+    m = re.match(r"^\.(.+)\.tmp-[0-9a-f]{8}$", name)  # that of earlier versions
     if m:
         return m[1]
     if name.startswith("checkpoint-") and directory.parent.name:

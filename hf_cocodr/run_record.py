@@ -36,6 +36,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .storage import is_staging_name
 from .utils import atomic_write_json, check_not_precious
 
 logger = logging.getLogger(__name__)
@@ -331,8 +332,9 @@ def _entries(folder: Path) -> set[str]:
 
 
 def _is_staging(name: str) -> bool:
-    # atomic writes stage as hidden siblings: ".name.tmp-xxxx", ".name.old-xxxx", ".name.123.tmp"
-    return name.startswith(".") and (".tmp" in name or ".old-" in name)
+    # atomic writes stage as hidden siblings: ".hf_cocodr-tmp-...", ".hf_cocodr-old-..." (hf_cocodr.storage), and
+    # in earlier versions ".name.tmp-xxxx", ".name.old-xxxx", ".name.123.tmp"
+    return is_staging_name(name) or (name.startswith(".") and (".tmp" in name or ".old-" in name))
 
 
 def read_record(folder: str | os.PathLike) -> dict[str, Any] | None:

@@ -6,9 +6,10 @@ import contextlib
 import logging
 import os
 import random
+import shutil
 
-from .checkpoints import mark_complete, resolve_resume
-from .errors import ConfigError
+from .checkpoints import is_complete, mark_complete, resolve_resume
+from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
 from .run_record import RunFolder, read_record
 from .utils import honour_umask
@@ -96,7 +97,9 @@ class TrainerMixin:
         """``trainer.train()``; ``resume_from_checkpoint=True`` picks the latest *complete, intact* checkpoint of this
         run. The output folder is claimed first: a folder of someone else's files, another run's folder or one
         another process writes is refused (``overwrite_output_dir=True`` replaces an earlier run's own files). With
-        ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end."""
+        ``push_to_hub=True`` the finalised output directory is pushed in one commit at the end. A save that fails
+        because of the disk (full, read-only, ...) raises one ``OSError`` naming ``output_dir`` (see
+        :func:`hf_cocodr.errors.disk_faults`)."""
 
         wants_resume = not (resume_from_checkpoint is None or resume_from_checkpoint is False or (
             isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0")))
@@ -104,13 +107,30 @@ class TrainerMixin:
         try:
             resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, run_id=run_id)
             self._finalized = False
-            output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            try:
+                with disk_faults(self.args.output_dir):  # a checkpoint save on a full disk: one OSError naming it
+                    output = super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+            except OSError:
+                self._remove_unfinished_checkpoint()
+                raise
         finally:
             if self._run_folder is not None:
                 self._run_folder.release()
         if self.args.push_to_hub:
             self.push_to_hub()
         return output
+
+    def _remove_unfinished_checkpoint(self) -> None:
+        """After a save failed (a full disk, ...): remove the checkpoint folder of the current step if it has no
+        completion marker. It is this run's own, never resumed from, and frees the space it took."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        if not self.args.should_save:
+            return
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if os.path.isdir(folder) and not is_complete(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.warning("removed the unfinished checkpoint %s", folder)
 
     def evaluate(self, *args, **kwargs) -> dict[str, float]:
         """``trainer.evaluate()`` without side effects on training: the random states (Python, NumPy, torch CPU and

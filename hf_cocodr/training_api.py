@@ -24,6 +24,7 @@ from .modeling.condenser import CondenserForPretraining, _transformer_dir
 from .modeling.loading import check_model_source
 from .provenance import source_info
 from .run_record import RunFolder
+from .storage import check_before_work
 from .trainer_common import TrainerMixin
 from .utils import atomic_write_json
 
@@ -109,6 +110,8 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
         folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")
         evaluator = BEIRRetrievalEvaluator(folder, split)  # bad qrels fail before the model is loaded
     check_output_dir(args, "finetune")
+    if args.should_save:
+        check_before_work(args.output_dir, model)  # writable output and cache folders, room for checkpoints
     data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
                                            seed=args.seed)  # bad data fails before the model is loaded
     st = loading.load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
@@ -156,6 +159,8 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     if args is None:
         args = pretraining.CocoPretrainingArguments(output_dir="outputs/coco")
     check_output_dir(args, "pretrain")
+    if args.should_save:
+        check_before_work(args.output_dir, model, staged_beside=True)  # the final model is swapped into place
     _check_inputs(model, {"--corpus": corpora, "--eval-corpus": eval_corpora}, (), args)
     if n_head_layers is not None:
         args.n_head_layers = n_head_layers

@@ -11,10 +11,12 @@ import shutil
 import stat
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import as_disk_fault, disk_faults
+from .storage import staging_path, sweep_stale
 
 logger = logging.getLogger("hf_cocodr")
 
@@ -129,9 +131,12 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        fault = as_disk_fault(e, path) if isinstance(e, Exception) else None
+        if fault is not None:
+            raise fault from e  # a write() on a full disk names no file: this names the one being written
         raise
 
 
@@ -164,18 +169,21 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
 def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``out_dir`` in one rename.
 
-    A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed), so a
-    half-written model directory is never visible under the final name.
+    A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed; one a killed run left
+    is swept by the next, see :mod:`hf_cocodr.storage`), so a half-written model directory is never visible under
+    the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``.
     """
     out_dir = Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it.")
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    sweep_stale(out_dir.parent)  # what a killed earlier run left beside it
+    tmp = staging_path(out_dir)
     tmp.mkdir()
     try:
-        yield tmp
-        replace_directory(tmp, out_dir)
+        with disk_faults(out_dir):  # a full disk is one OSError naming the folder, whatever the serialiser said
+            yield tmp
+            replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -234,7 +242,7 @@ def replace_directory(src: Path, dst: Path) -> None:
     src, dst = Path(src), Path(dst)
     backup = None
     if dst.exists():
-        backup = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        backup = staging_path(dst, backup=True)  # a kill before the second rename: the next run renames it back
         os.replace(dst, backup)
     os.replace(src, dst)
     _fsync_dir(dst.parent)

@@ -3,7 +3,8 @@
 Every line is checked once; a bad line raises :class:`BEIRFormatError` naming the file and the line. The
 validated corpus and queries are written to an Arrow file in a cache (keyed by path, size and modification
 time) and memory-mapped as a :class:`datasets.Dataset`, so a multi-gigabyte corpus never sits in Python lists
-and a second load is instant.
+and a second load is instant. A damaged cache file is rebuilt with a warning naming it, a write that fails leaves
+nothing, and the cache file of a corpus file that changed replaces the one of its earlier contents.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import BEIRFormatError, ConfigError  # defined with the other input errors (re-exported)
+from ..storage import cache_dir, remove_entry, staged_file
 
 logger = logging.getLogger(__name__)
 
@@ -48,18 +51,27 @@ class BEIRData:
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("HF_COCODR_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr"
-    )
-    path = Path(base) / "beir"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return cache_dir("beir")
 
 
 def _cache_key(path: Path, kind: str) -> str:
+    """``<where>-<contents>``: a hash of the file's place (and the cache version), then of its size and time."""
     st = path.stat()
-    raw = f"{_CACHE_VERSION}|{kind}|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+    where = f"{_CACHE_VERSION}|{kind}|{path.resolve()}"
+    return (hashlib.sha256(where.encode()).hexdigest()[:12] + "-"
+            + hashlib.sha256(f"{where}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12])
+
+
+def _prune_older_entries(cache_file: Path) -> None:
+    """Remove the cache files of the same corpus or queries file built from its earlier contents, and those of the
+    earlier naming (one 24-digit key; no version reads them any more)."""
+    kind, where, _ = cache_file.stem.split("-")
+    for p in cache_file.parent.iterdir():
+        older = p.name.startswith(f"{kind}-{where}-") and p.name != cache_file.name
+        legacy = re.fullmatch(r"(corpus|queries)-[0-9a-f]{24}(\.arrow|\.\d+\.tmp)", p.name)
+        if older or legacy:
+            remove_entry(p)
+            logger.info("removed the cache file %s (an earlier version of the data or of the cache)", p)
 
 
 def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
@@ -197,11 +209,11 @@ def _load_jsonl_dataset(path: Path, kind: str):
     if ds is None:
         table = _build_table(path, kind)
         schema = table.schema.with_metadata({b"num_rows": str(table.num_rows).encode()})
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        with staged_file(cache_file) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
+                pa.ipc.new_stream(sink, schema) as writer:
             writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=_BATCH_ROWS)
-        os.replace(tmp, cache_file)
         del table
+        _prune_older_entries(cache_file)
         ds = datasets.Dataset.from_file(str(cache_file))
     return ds
 
@@ -222,6 +234,7 @@ def _read_cache(cache_file: Path, source: Path):
     except (pa.ArrowException, OSError, KeyError, TypeError, ValueError) as e:
         problem = " ".join(str(e).split()) or type(e).__name__
     logger.warning("cache file %s is truncated or corrupt (%s); rebuilding it from %s", cache_file, problem, source)
+    remove_entry(cache_file)
     return None
 
 

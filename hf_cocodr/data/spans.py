@@ -9,7 +9,9 @@ Each document becomes a list of spans (token-id lists, no special tokens):
   non-overlapping crops of ``span_len`` tokens are cut at sampling time.
 
 Documents that cannot give two spans are skipped and counted. Built spans are cached on disk (keyed by the
-corpus, the tokenizer and the settings), so a second run starts at once.
+corpus, the tokenizer and the settings), so a second run starts at once. The cache heals itself: a damaged entry is
+rebuilt with a warning naming it, a write that fails leaves nothing, and a new entry for a corpus file that changed
+replaces the entries of its earlier contents.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..storage import cache_dir, remove_entry, staged_file
 from ..utils import atomic_write_json
 from .beir import BEIRFormatError, check_text_field, doc_text, iter_jsonl_records, jsonl_file, load_corpus
 
@@ -92,6 +95,7 @@ class CorpusSource:
     name: str
     texts: object  # callable returning an iterable of texts
     fingerprint: str
+    origin: str = ""  # where the corpus lives (a file's path), the same when its contents change; "" = fingerprint
 
 
 def corpus_source(spec, text_column: str = "text") -> CorpusSource:
@@ -127,14 +131,16 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
                 yield doc_text(t, x)
 
         st = jsonl_file(path, "corpus.jsonl").stat()
-        return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+        return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}",
+                            f"beir:{path.resolve()}")
     if path.is_file():
         def gen_jsonl():
             for title, text in jsonl_title_text(path, text_column):
                 yield doc_text(title, text)
 
         st = path.stat()
-        return CorpusSource(path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+        return CorpusSource(path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}",
+                            f"jsonl:{path.resolve()}")
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
 
 
@@ -262,12 +268,12 @@ class SpanCorpus:
         settings = dict(mode=mode, span_max_tokens=span_max_tokens, span_break_prob=span_break_prob,
                         span_len=span_len, min_span_tokens=min_span_tokens, splitter=sentence_splitter, seed=seed,
                         max_doc_tokens=max_doc_tokens, tokenizer=_tokenizer_fingerprint(tokenizer), v=2)
-        key = hashlib.sha256(json.dumps([s.fingerprint for s in sources] + [settings], sort_keys=True).encode())
-        cache_file = _cache_dir() / f"spans-{key.hexdigest()[:24]}.json"
-        if cache and cache_file.exists():
-            out = cls._load(cache_file)
-            logger.info("spans loaded from cache %s", cache_file)
-            return out
+        cache_file = _cache_file(sources, settings) if cache else None
+        if cache_file is not None and cache_file.exists():
+            out = cls._load_or_discard(cache_file)
+            if out is not None:
+                logger.info("spans loaded from cache %s", cache_file)
+                return out
         spans_of = functools.partial(
             _batch_spans, tokenizer=tokenizer, mode=mode, split=get_sentence_splitter(sentence_splitter),
             rng=np.random.default_rng(seed), span_max_tokens=span_max_tokens, span_break_prob=span_break_prob,
@@ -305,33 +311,76 @@ class SpanCorpus:
         out = cls(np.asarray(doc_span_ptr, np.int64), np.asarray(span_tok_ptr, np.int64),
                   np.concatenate(tokens).astype(np.int32), np.asarray(doc_source, np.int32),
                   [s.name for s in sources], mode, stats)
-        if cache:
+        if cache_file is not None:
             out._save(cache_file)
+            _prune_older_entries(cache_file)
         return out
 
     def _save(self, path: Path) -> None:
-        """Arrays to ``.npz`` (no pickle), then the JSON metadata, whose presence marks a complete cache entry."""
-
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.npz")
-        np.savez(tmp, doc_span_ptr=self.doc_span_ptr, span_tok_ptr=self.span_tok_ptr, tokens=self.tokens,
-                 doc_source=self.doc_source)
-        os.replace(tmp, path.with_suffix(".npz"))
-        atomic_write_json(path, {"sources": self.sources, "mode": self.mode, "stats": self.stats})
+        """Arrays to ``.npz`` (no pickle), then the JSON metadata, whose presence marks a complete cache entry. Both
+        are staged beside their destination and renamed into place; a failed write leaves neither."""
+        with staged_file(path.with_suffix(".npz")) as tmp, open(tmp, "wb") as f:
+            np.savez(f, doc_span_ptr=self.doc_span_ptr, span_tok_ptr=self.span_tok_ptr, tokens=self.tokens,
+                     doc_source=self.doc_source)
+        atomic_write_json(path, {"sources": self.sources, "mode": self.mode, "stats": self.stats,
+                                 "tokens": int(len(self.tokens))})
 
     @classmethod
     def _load(cls, path: Path) -> SpanCorpus:
+        """The entry whose metadata is ``path``; raises on any damage (unreadable, truncated, inconsistent)."""
         meta = json.loads(path.read_text())
-        arrays = np.load(path.with_suffix(".npz"), allow_pickle=False)
-        return cls(arrays["doc_span_ptr"], arrays["span_tok_ptr"], arrays["tokens"], arrays["doc_source"],
-                   meta["sources"], meta["mode"], meta["stats"])
+        with np.load(path.with_suffix(".npz"), allow_pickle=False) as arrays:
+            doc_span_ptr, span_tok_ptr, tokens, doc_source = (
+                arrays["doc_span_ptr"], arrays["span_tok_ptr"], arrays["tokens"], arrays["doc_source"])
+        n_docs, n_spans = len(doc_span_ptr) - 1, len(span_tok_ptr) - 1
+        if not (n_docs >= 1 and n_spans >= 1 and len(doc_source) == n_docs and doc_span_ptr[-1] == n_spans
+                and span_tok_ptr[-1] == len(tokens) and meta.get("tokens", len(tokens)) == len(tokens)):
+            raise ValueError(f"inconsistent arrays ({n_docs} documents, {n_spans} spans, {len(tokens)} tokens)")
+        return cls(doc_span_ptr, span_tok_ptr, tokens, doc_source, meta["sources"], meta["mode"], meta["stats"])
+
+    @classmethod
+    def _load_or_discard(cls, path: Path) -> SpanCorpus | None:
+        """The cached entry, or None when it is damaged: it is then removed (with a warning naming it) and rebuilt."""
+        try:
+            return cls._load(path)
+        except Exception as e:  # zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, ...
+            problem = " ".join(str(e).split())[:200] or type(e).__name__
+        logger.warning("span cache entry %s is damaged (%s); removing it and building the spans again", path,
+                       problem)
+        for p in (path, path.with_suffix(".npz")):
+            remove_entry(p)
+        return None
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("HF_COCODR_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr")
-    p = Path(base) / "spans"
-    p.mkdir(parents=True, exist_ok=True)
-    return p
+    return cache_dir("spans")
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _cache_file(sources: list[CorpusSource], settings: dict) -> Path:
+    """``spans-<lineage>-<key>.json``: the lineage names the corpora by where they live (and the settings), the key
+    adds their contents' fingerprints; a corpus file that changed gets a new key under the same lineage."""
+    lineage = _digest([s.origin or s.fingerprint for s in sources] + [settings])
+    key = _digest([s.fingerprint for s in sources] + [settings])
+    return _cache_dir() / f"spans-{lineage}-{key}.json"
+
+
+# entries and temporary files of the earlier naming (one key, temporary files without a writer's id)
+_LEGACY = re.compile(r"^spans-[0-9a-f]{24}\.(json|npz)$|^\.spans-[0-9a-f]{24}\.(\d+\.npz|json\..+\.tmp)$")
+
+
+def _prune_older_entries(current: Path) -> None:
+    """Remove the cache entries of the same corpora and settings built from their earlier contents, and those of
+    the earlier naming of cache entries (which no version reads any more)."""
+    lineage = current.stem.rsplit("-", 1)[0]
+    for p in current.parent.iterdir():
+        older = p.name.startswith(f"{lineage}-") and p.stem != current.stem and p.suffix in (".json", ".npz")
+        if older or _LEGACY.match(p.name):
+            remove_entry(p)
+            logger.info("removed the span cache entry %s (an earlier version of the corpus or of the cache)", p)
 
 
 def _tokenizer_fingerprint(tokenizer) -> str:

@@ -12,7 +12,7 @@ import torch
 from sentence_transformers import SentenceTransformerTrainer
 
 from ..data.training import RowsSource, StaticRows
-from ..errors import ConfigError
+from ..errors import ConfigError, disk_faults
 from ..evaluation.retrieval import encode_texts
 from ..hub import check_push_possible
 from ..methods.base import Method
@@ -580,8 +580,9 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         for method in self.methods:  # the model in memory encodes as the saved one
             method.before_save(self)
         if not getattr(self, "_finalized", False):
-            self.save_model(self.args.output_dir, _internal_call=True)  # _save runs the methods' save hooks
-            self.save_state()
+            with disk_faults(self.args.output_dir):  # a full disk: one OSError naming the folder
+                self.save_model(self.args.output_dir, _internal_call=True)  # _save runs the methods' save hooks
+                self.save_state()
             self._finalized = True
             self._record_outputs()
         return self.args.output_dir

@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,14 @@ from transformers import Trainer
 
 from .. import distributed as D
 from ..data.spans import SpanCorpus
-from ..errors import ConfigError
+from ..errors import ConfigError, disk_faults
 from ..export import export_sentence_transformer
 from ..hub import check_push_possible
 from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _transformer_dir
 from ..modeling.loading import check_model_source
 from ..provenance import source_info as previous_training_info
 from ..run_record import RunFolder, fingerprint, model_fingerprint
+from ..storage import staged_directory
 from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder
 from .training_args import CocoPretrainingArguments
@@ -377,9 +377,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():
                 prev["base_model"] = self.source_model
-            self.export(self.args.output_dir, prev=prev)
-            if self.args.should_save:
-                self.save_state()
+            with disk_faults(self.args.output_dir):  # a full disk: one OSError naming the folder
+                self.export(self.args.output_dir, prev=prev)
+                if self.args.should_save:
+                    self.save_state()
             self._finalized = True
             self._record_outputs()
         return self.args.output_dir
@@ -417,7 +418,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
                 "base_model": prev.get("base_model") or (
                     self.source_model if self.source_model and not Path(self.source_model).exists() else None)}
-        with tempfile.TemporaryDirectory(prefix=".coco-export-") as tmp:
+        with staged_directory(output_dir) as tmp:  # beside output_dir: its file system, not $TMPDIR
             cond.encoder_model.save_pretrained(tmp)
             self.processing_class.save_pretrained(tmp)
             cond.save_head(tmp)

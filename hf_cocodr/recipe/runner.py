@@ -27,6 +27,7 @@ from ..hybrid import HybridRetriever
 from ..model_card import write_model_card
 from ..modeling.loading import load_encoder, pooling_mode
 from ..run_record import RunFolder, fingerprint
+from ..storage import check_before_work
 from ..utils import atomic_write_json, native_bf16
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes
 from .context import RecipeRun
@@ -147,6 +148,7 @@ def run_recipe(
         "source": fingerprint(str(source_data)),
     }
     entries = recipe_entries(stages)
+    check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
     folder = RunFolder.claim(
         output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
     )

@@ -1,0 +1,310 @@
+"""The disk under hf_cocodr's writes: staging beside the destination, sweeping what a killed run left, the cache
+folder, and the checks made before any work (writable folders, free space against the model's size).
+
+Every temporary entry hf_cocodr writes is a hidden sibling of its destination named
+``.hf_cocodr-tmp-<host>-<pid>-<random>.<name>`` (:func:`staging_path`): on the destination's file system (a rename
+into place is atomic, hard links work), removed when its write fails, and recognisable afterwards. A folder being
+replaced is moved aside as ``.hf_cocodr-old-...`` for the moment of the swap. A staging entry whose writer is gone
+(same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run (a folder moved aside whose
+destination is missing is renamed back instead); one of another host is stale once it has not changed for
+:data:`STALE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from .errors import NotEnoughSpaceError
+
+logger = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".hf_cocodr-tmp-"
+BACKUP_PREFIX = ".hf_cocodr-old-"
+STALE_SECONDS = 3600  # a staging entry of another host (shared file system) untouched this long is left over
+_PID_REUSE_SECONDS = 24 * 3600  # a live pid on this host owning an entry this old is a reused pid
+_STAGING = re.compile(r"^\.hf_cocodr-(tmp|old)-([0-9a-f]{8})-(\d+)-[0-9a-f]{8}\.(.+)$", re.DOTALL)
+NO_SPACE_CHECK_ENV = "HF_COCODR_NO_SPACE_CHECK"
+
+
+def _host_tag() -> str:
+    return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def staging_path(dest: str | os.PathLike, backup: bool = False) -> Path:
+    """A fresh name for a temporary entry beside ``dest`` (same folder, hence same file system), recognisable by
+    :func:`sweep_stale` as this process's; ``backup``: the name ``dest`` is moved aside to while it is replaced."""
+    dest = Path(dest)
+    prefix = BACKUP_PREFIX if backup else STAGING_PREFIX
+    return dest.parent / f"{prefix}{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{dest.name}"
+
+
+def is_staging_name(name: str) -> bool:
+    """Whether ``name`` is that of a staging entry (:func:`staging_path`)."""
+    return _STAGING.match(name) is not None
+
+
+def staged_name(name: str) -> str | None:
+    """The destination's name of a staging entry's ``name``; None for any other name."""
+    m = _STAGING.match(name)
+    return m[4] if m else None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_stale(entry: Path, now: float | None = None) -> bool:
+    """Whether ``entry`` is a staging entry (:func:`staging_path`) no running writer owns."""
+    m = _STAGING.match(entry.name)
+    if not m:
+        return False
+    try:
+        age = (time.time() if now is None else now) - entry.lstat().st_mtime
+    except OSError:
+        return False
+    host, pid = m[2], int(m[3])
+    if host == _host_tag():
+        if pid == os.getpid():
+            return False
+        return not pid_alive(pid) or age > _PID_REUSE_SECONDS
+    return age > STALE_SECONDS
+
+
+def remove_entry(path: Path) -> None:
+    """Remove a file, link or folder tree of ours; a missing one is fine."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path]:
+    """Remove the stale staging entries in ``folder`` (of destination ``name`` only, if given); returns them.
+    Entries that cannot be removed are left with a warning."""
+    folder = Path(folder)
+    removed: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != name):
+            continue
+        if is_stale(entry):
+            dest = folder / (staged_name(entry.name) or "")
+            try:
+                if entry.name.startswith(BACKUP_PREFIX) and not (dest.exists() or dest.is_symlink()):
+                    os.replace(entry, dest)  # killed between the two renames of a swap: the old folder comes back
+                    logger.warning("restored %s from %s, left by an earlier run that was stopped while replacing it",
+                                   dest, entry)
+                    continue
+                remove_entry(entry)
+            except OSError as e:
+                logger.warning("could not remove %s, left by an earlier run that was stopped: %s", entry, e)
+                continue
+            logger.warning("removed %s, left by an earlier run that was stopped while writing", entry)
+            removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def staged_file(dest: str | os.PathLike):
+    """Yield a staging path beside ``dest``; on success it is renamed onto ``dest``, on any failure removed."""
+    dest = Path(dest)
+    tmp = staging_path(dest)
+    try:
+        yield tmp
+        os.replace(tmp, dest)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            remove_entry(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def staged_directory(dest: str | os.PathLike):
+    """Yield a fresh staging folder beside ``dest`` (its parent is created, stale staging entries there are swept
+    first); it is removed on exit whatever happens, a kill aside (then the next run's sweep removes it)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(dest.parent)
+    tmp = staging_path(dest)
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):
+            remove_entry(tmp)
+
+
+_NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+
+
+def link_or_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Hard-link ``src`` (a link itself, not its target) as ``dst``; where no hard link can be made (another file
+    system, a file system without them, a file of another user) copy it instead."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in _NO_LINK:
+            raise
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+        else:
+            shutil.copy2(src, dst)
+
+
+def carry_over(src: Path, dst: Path) -> None:
+    """Put the entry ``src`` (a file, a link or a folder tree) at ``dst`` by hard links, copies where none can be
+    made (:func:`link_or_copy`); links are kept as links, never followed."""
+    if src.is_dir() and not src.is_symlink():
+        shutil.copytree(src, dst, copy_function=link_or_copy, symlinks=True)
+    else:
+        link_or_copy(src, dst)
+
+
+# ------------------------------------------------------------------------------------------------------- the cache
+def cache_root() -> Path:
+    """hf_cocodr's cache folder: ``$HF_COCODR_CACHE``, else ``$XDG_CACHE_HOME/hf_cocodr`` (``~/.cache/hf_cocodr``)."""
+    base = os.environ.get("HF_COCODR_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr")
+    return Path(base).expanduser()
+
+
+def cache_dir(kind: str) -> Path:
+    """The cache sub-folder ``kind`` (created), with what killed runs left there swept; refused with one line naming
+    the folder when it cannot be written."""
+    path = cache_root() / kind
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(f"the cache folder {path} cannot be created ({e.strerror or e}); set HF_COCODR_CACHE "
+                              "to a writable folder") from None
+    check_writable(path, "the cache folder", hint="set HF_COCODR_CACHE to a writable folder")
+    sweep_stale(path)
+    return path
+
+
+# -------------------------------------------------------------------------------------------- checks before work
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable(folder: str | os.PathLike, what: str = "the output folder", hint: str = "") -> None:
+    """Refuse, with one ``PermissionError`` line naming the folder, a folder (or, when it does not exist yet, the
+    nearest existing folder above it, where it would be created) that this process cannot write."""
+    existing = _existing_ancestor(Path(folder))
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{what} {folder}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = f"{folder}" if existing == Path(folder).expanduser().absolute() else f"{folder} ({existing})"
+        raise PermissionError(f"{what} {where} is not writable" + (f"; {hint}" if hint else ""))
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
+
+
+def _weights_in(folder: Path) -> int:
+    """Bytes of the weight files of one folder (safetensors preferred when both formats are there)."""
+    sizes: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for p in folder.iterdir():
+            if p.suffix in _WEIGHT_SUFFIXES and p.is_file():
+                key = "safetensors" if p.suffix == ".safetensors" else "other"
+                sizes[key] = sizes.get(key, 0) + p.stat().st_size
+    return sizes.get("safetensors") or sizes.get("other", 0)
+
+
+def model_weight_bytes(model) -> int | None:
+    """The bytes of a model's weight files: a local folder (its top level and module sub-folders, not its
+    checkpoints), or a Hub id found in the local Hugging Face cache; None when unknown."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    path = Path(str(model)).expanduser()
+    if not path.exists():
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = Path(snapshot_download(str(model), local_files_only=True))
+        except Exception:  # not cached, not a repository id, offline: the size is unknown
+            return None
+    if path.is_file():
+        return path.stat().st_size
+    total = _weights_in(path)
+    with contextlib.suppress(OSError):
+        for sub in path.iterdir():
+            if sub.is_dir() and not sub.name.startswith((".", "checkpoint-", "runs")):
+                total += _weights_in(sub)
+    return total or None
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def check_free_space(folder: str | os.PathLike, needed: int | None, why: str = "") -> None:
+    """Refuse, with one :class:`~hf_cocodr.errors.NotEnoughSpaceError` line naming the folder, the free and the needed bytes, a folder whose
+    file system has less than ``needed`` bytes free. ``needed=None`` (unknown) checks nothing; so does
+    ``$HF_COCODR_NO_SPACE_CHECK=1``."""
+    if not needed or os.environ.get(NO_SPACE_CHECK_ENV):
+        return
+    existing = _existing_ancestor(Path(folder))
+    try:
+        free = shutil.disk_usage(existing).free
+    except OSError:
+        return
+    if free < needed:
+        raise NotEnoughSpaceError(f"not enough free space: {_size(free)} free, about {_size(needed)} needed"
+                                  + (f" ({why})" if why else "") + f"; free some space or set {NO_SPACE_CHECK_ENV}=1",
+                                  folder)
+
+
+# how many times the model's weight files a command writes at most at one time into its output folder
+EXPORT_SPACE_FACTOR = 1.2  # the exported weights (the old folder's files are carried by hard links)
+TRAINING_SPACE_FACTOR = 4.0  # a checkpoint (weights and the optimizer's two moments) and the final model
+
+
+def check_before_work(output_dir: str | os.PathLike, model=None, *, factor: float = TRAINING_SPACE_FACTOR,
+                      cache: bool = True, staged_beside: bool = False, what: str = "the output folder") -> None:
+    """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
+    folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
+    ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
+    be writable too."""
+    check_writable(output_dir, what)
+    out = Path(output_dir).expanduser().absolute()
+    if staged_beside and out.exists():
+        check_writable(out.parent, f"the folder holding {what}",
+                       hint=f"{out.name} is written beside it and renamed into place")
+    if cache:
+        check_writable(cache_root(), "the cache folder", hint="set HF_COCODR_CACHE to a writable folder")
+    weights = model_weight_bytes(model) if model is not None else None
+    if weights:
+        check_free_space(output_dir, int(weights * factor),
+                         f"{factor:g} x the model's {_size(weights)} of weights")
