@@ -39,6 +39,11 @@ from typing import Any
 from .storage import is_staging_name
 from .utils import atomic_write_json, check_not_precious
 
+try:  # POSIX only; elsewhere locks are taken without the folder guard
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
 logger = logging.getLogger(__name__)
 
 RECORD = "hf_cocodr_run.json"
@@ -215,11 +220,12 @@ def _folder_guard(folder: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on the folder itself while a lock is checked and taken or released: every hf_cocodr
     process serialises there, so a stale lock is replaced by exactly one of them. Where the platform or file system
     has no ``flock`` on folders, the lock is taken without the guard."""
+    if fcntl is None:
+        yield
+        return
     try:
-        import fcntl
-
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except (ImportError, OSError):
+    except OSError:
         yield
         return
     try:

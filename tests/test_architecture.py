@@ -31,7 +31,7 @@ LAYERS = {
     "finetuning.stage_info": 3, "pretraining.training_args": 3, "pretraining.collator": 3,
     "data": 4, "modeling": 4, "evaluation": 4, "metrics": 4, "index": 4, "hub": 4, "export": 4, "model_card": 4,
     "provenance": 4, "run_record": 4, "hybrid": 4, "fusion": 4, "checkpoints": 4, "state": 4, "distributed": 4,
-    "errors": 5, "utils": 5, "citations": 5, "config_types": 5,
+    "errors": 5, "utils": 5, "citations": 5, "config_types": 5, "storage": 5,
 }
 
 
