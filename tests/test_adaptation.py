@@ -265,7 +265,7 @@ def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir,
     tp = {"finetune_step_s": 0.5, "encode_query_s": 0.001, "encode_doc_s": 0.001}
     monkeypatch.setattr(recipe, "measure_throughput", lambda *a, **k: dict(tp))
     monkeypatch.setattr(recipe, "STAGE_LOAD_SECONDS", 1.0)
-    config = {"skip_coco": True, "refreshes": 0, "corpus_pool": 2,
+    config = {"skip_coco": True, "refreshes": 0, "corpus_pool": 2, "finetune_preset": "paper",  # iDRO: K-Means
               "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1000}}
     out = tmp_path / "run"
     run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)

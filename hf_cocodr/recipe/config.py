@@ -37,6 +37,8 @@ class Auto(str, Enum):
 
 
 AUTO = Auto.AUTO
+# the losses of the source fine-tune (hf_cocodr.finetuning.losses.PRESETS, named here to keep this module torch-free)
+FINETUNE_PRESETS = ("paper", "reference", "groupdro", "uniform")
 STAGE_OPTIONS = ("coco", "finetune", "target")  # the mappings of training arguments, one per training stage
 
 
@@ -126,6 +128,12 @@ class RecipeConfig:
         choices=("auto", "sequential", "joint"),
     )
     joint_weight: float = _opt(1.0, "weight of the target-pairs term under the joint schedule")
+    finetune_preset: str = _opt(
+        AUTO,
+        "the source fine-tune's loss: iDRO (paper, reference), GroupDRO, or the plain contrastive loss (uniform); "
+        "auto: by the starting model. A finetune: {idro_preset: ...} in --config sets it too",
+        choices=("auto", *FINETUNE_PRESETS),
+    )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
     )
@@ -252,6 +260,11 @@ class RecipeConfig:
             raise ConfigError(
                 f"recipe option target_pairs must be auto, none, {' or '.join(PSEUDO_PAIR_MODES)}; "
                 f"got {self.target_pairs!r}"
+            )
+        if self.finetune_preset not in ("auto", *FINETUNE_PRESETS):
+            raise ConfigError(
+                f"recipe option finetune_preset must be auto or one of {', '.join(FINETUNE_PRESETS)}, "
+                f"got {self.finetune_preset!r}"
             )
         if self.target_schedule not in ("auto", "sequential", "joint"):
             raise ConfigError(

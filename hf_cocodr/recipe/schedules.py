@@ -23,6 +23,7 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     coco_share=0.4,
     finetune_share=0.6,
     target_share=0.0,
+    finetune_preset="paper",
 )
 
 # By the kind of starting model. A value the user sets explicitly always wins over these.
@@ -30,8 +31,9 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     # No MLM head (an already trained retriever such as all-MiniLM-L6-v2): COCO alone, spent as a soup of runs of
     # about 76 steps (MLM through a fresh Condenser head warmed up first), no source fine-tuning.
     "no_mlm_head": dict(PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0),
-    # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): the paper's stages as published.
-    "mlm_head": dict(PAPER_SCHEDULE),
+    # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): COCO, then the plain contrastive fine-tune (the
+    # paper-setting ablation's best arm; docs/adaptation.md).
+    "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
 
 
@@ -53,6 +55,8 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
     chosen, user = {}, {}
     values = asdict(cfg)
+    if values["finetune_preset"] == AUTO and "idro_preset" in values["finetune"]:  # finetune: {idro_preset: ...}
+        values["finetune_preset"] = values["finetune"]["idro_preset"]
     for key, default in preset.items():
         if values[key] == AUTO:
             values[key] = default

@@ -209,6 +209,7 @@ def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
         dataloader_drop_last=True,
         warmup_steps=0.1,
         max_length=cfg.train_max_length,
+        idro_preset=str(cfg.finetune_preset),
         # tau sets how fast the cluster weights move; the gradient inner products scale with the
         # similarity (cosine x 20 vs raw dot products)
         idro_tau=100.0 if similarity == "cosine" else 3000.0,

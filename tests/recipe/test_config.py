@@ -150,3 +150,19 @@ def test_auto_reads_and_records_as_its_string():
     cfg = RecipeConfig(coco_runs="budget", coco_share="auto")
     assert cfg.coco_runs is Auto.BUDGET and cfg.coco_share is Auto.AUTO and cfg.schedule == "auto"
     assert json.loads(json.dumps({"runs": cfg.coco_runs}))["runs"] == "budget"
+
+
+def test_the_fine_tune_loss_follows_the_schedule_unless_the_user_names_one():
+    from hf_cocodr.finetuning.losses import PRESETS
+    from hf_cocodr.recipe import RecipeConfig, choose_schedule
+    from hf_cocodr.recipe.config import FINETUNE_PRESETS
+
+    assert set(FINETUNE_PRESETS) == set(PRESETS)
+    cfg, record = choose_schedule(RecipeConfig(), True)  # a trained MLM head: COCO, then the plain fine-tune
+    assert cfg.finetune_preset == "uniform" and record["chosen"]["finetune_preset"] == "uniform"
+    cfg, _ = choose_schedule(RecipeConfig(schedule="paper"), True)  # COCO-DR as published: iDRO
+    assert cfg.finetune_preset == "paper"
+    cfg, record = choose_schedule(RecipeConfig(finetune={"idro_preset": "groupdro"}), True)
+    assert cfg.finetune_preset == "groupdro" and record["set_by_user"]["finetune_preset"] == "groupdro"
+    cfg, record = choose_schedule(RecipeConfig(finetune_preset="reference"), True)
+    assert cfg.finetune_preset == "reference" and "finetune_preset" in record["set_by_user"]
