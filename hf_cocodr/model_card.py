@@ -28,7 +28,7 @@ from .provenance import (
     write_provenance,
 )
 from .storage import staged_name
-from .utils import atomic_write_text, is_hub_id
+from .utils import atomic_write_text, is_hub_id, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -332,5 +332,5 @@ def write_model_card(
     text = render_model_card(data)  # refuses token-like strings before anything is written
     write_provenance(directory, provenance)
     path = directory / "README.md"
-    atomic_write_text(path, text)
+    atomic_write_text(path, redact_text(text))  # no token in the card, whatever the settings it quotes held
     return path

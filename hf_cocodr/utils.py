@@ -46,6 +46,17 @@ class _StderrHandler(logging.StreamHandler):
         pass
 
 
+class _RedactingFilter(logging.Filter):
+    """Takes strings with the shape of a Hub token out of every log line (the message and its arguments)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """Configure the ``hf_cocodr`` logger for command-line use (idempotent)."""
     root = logging.getLogger("hf_cocodr")
@@ -53,6 +64,7 @@ def setup_logging(level: int = logging.INFO) -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler._hf_cocodr = True  # type: ignore[attr-defined]
+        handler.addFilter(_RedactingFilter())
         root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
@@ -143,6 +155,11 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
 SECRET_KEYS = frozenset({"hub_token", "token", "hf_token", "api_key", "password", "secret", "access_token"})
 _TOKEN_SHAPE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 REDACTED = "<redacted>"
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every string that has the shape of a Hugging Face token (``hf_...``) replaced."""
+    return _TOKEN_SHAPE.sub(REDACTED, text)
 
 
 def redact_secrets(obj: Any) -> Any:

@@ -127,3 +127,15 @@ def test_a_hub_token_in_a_recipe_stage_mapping_reaches_no_file(tiny_bert_dir, ti
     assert token not in caplog.text
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["finetune"]["hub_token"] == "<redacted>"
+
+
+def test_a_token_shaped_string_is_taken_out_of_every_log_line(capsys):
+    import logging
+
+    from hf_cocodr.utils import setup_logging
+
+    setup_logging()
+    token = "hf_" + "Zk4" * 12
+    logging.getLogger("hf_cocodr.somewhere").warning("pushing with %s to %s", token, "me/model")
+    err = capsys.readouterr().err
+    assert token not in err and "pushing with <redacted> to me/model" in err
