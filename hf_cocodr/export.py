@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .model_card import write_model_card
+from .modeling.limits import check_lengths
 from .modeling.loading import (
     COCODR_POOLING,
     COCODR_SIMILARITY,
@@ -122,6 +123,8 @@ def export_sentence_transformer(
 
 
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
+    check_lengths(model_or_path, {"max_seq_length": max_seq_length, "query_length": query_length,
+                                  "document_length": document_length})  # before any model is loaded
     run = None
     if run_record:  # checked before any model is loaded
 

@@ -38,6 +38,7 @@ from .hybrid import HybridRetriever
 from .model_card import TRAINING_INFO_FILE, write_model_card
 from .modeling.loading import load_encoder, pooling_mode
 from .modeling.precision import encoding_precision
+from .recipe_checks import check_budget_buys_steps, check_budget_floor, check_recipe_lengths
 from .run_record import LOCK, RECORD, RunFolder, digest, fingerprint
 from .utils import atomic_directory, atomic_write_json, native_bf16
 
@@ -757,6 +758,10 @@ def run_recipe(
         raise ConfigError("nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
                           f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
                           f"{cfg.target_pairs}); switch one on")
+    check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
+    if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
+        check_budget_floor(max_minutes, STAGE_LOAD_SECONDS * (1 + (not cfg.skip_coco) + uses_wise(cfg)),
+                           "the model loads and exports (the final one, COCO's, WiSE-FT's)")
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],
@@ -930,6 +935,9 @@ class _RecipeRun:
             plan.update(sized)
             plan.update(max_minutes=self.max_minutes, throughput={k: round(v, 4) for k, v in tp.items()},
                         measure_seconds=round(measured_s, 1), identity=self.plan_id)
+            on = stage_switches(cfg)  # a budget below one step of each stage is refused before any training
+            check_budget_buys_steps(plan, {s: v for s, v in stage_step_seconds(tp, cfg).items() if on[s][0]},
+                                    load_s=STAGE_LOAD_SECONDS)
             logger.info("recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
                         "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
                         "planned for optimizer steps (evaluation not included)", self.max_minutes, plan["throughput"],
