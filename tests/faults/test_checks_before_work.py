@@ -163,3 +163,11 @@ def test_a_budget_below_one_probed_step_is_refused_before_any_training(stage, ti
                                           r"probed cost is 400.00 s per step"):
         recipe.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
     assert not any((out / s).exists() for s in ("coco", "finetune", "target"))
+
+
+def test_convert_caps_its_defaults_and_refuses_a_given_length_past_the_limit(tiny_bert_dir, tmp_path, capsys,
+                                                                             no_model_loads):
+    assert main(["convert", str(tiny_bert_dir), str(tmp_path / "c"), "--document-length", "256"]) == 2
+    line = _one_line_error(capsys, "convert")
+    assert "--document-length 256 " in line and f"give at most {LIMIT}" in line, line
+    assert not (tmp_path / "c").exists()
