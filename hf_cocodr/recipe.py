@@ -760,8 +760,7 @@ def run_recipe(
                           f"{cfg.target_pairs}); switch one on")
     check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
     if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
-        check_budget_floor(max_minutes, STAGE_LOAD_SECONDS * (1 + (not cfg.skip_coco) + uses_wise(cfg)),
-                           "the model loads and exports (the final one, COCO's, WiSE-FT's)")
+        check_budget_floor(max_minutes, STAGE_LOAD_SECONDS, coco=not cfg.skip_coco, wise=uses_wise(cfg))
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info("recipe schedule for %s: %s (%s); chosen: %s; set by you: %s", model, choice["kind"], choice["why"],

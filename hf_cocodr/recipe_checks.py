@@ -31,11 +31,12 @@ def _minutes(seconds: float) -> str:
     return f"{math.ceil(seconds / 60.0 * 100.0) / 100.0:g}"
 
 
-def check_budget_floor(max_minutes: float, fixed_s: float, what: str) -> None:
+def check_budget_floor(max_minutes: float, load_s: float, *, coco: bool, wise: bool) -> None:
     """Refuse a budget that the run's fixed costs alone use up, before any data or model is loaded.
 
-    ``fixed_s`` is what the planner charges before any step (``what`` names it, e.g. "3 model loads and exports");
-    the budget must exceed it, or no step could be trained and every stage deadline would lie in the past.
+    The planner charges ``load_s`` for each model load + export before any step: the final model's, COCO's (``coco``)
+    and WiSE-FT's (``wise``). The budget must exceed them, or no step could be trained and every stage deadline would
+    lie in the past.
 
     Raises:
         ConfigError: one line with the budget, the fixed costs and the least budget that leaves time for steps.
@@ -43,10 +44,13 @@ def check_budget_floor(max_minutes: float, fixed_s: float, what: str) -> None:
     if not (isinstance(max_minutes, (int, float)) and not isinstance(max_minutes, bool)
             and math.isfinite(max_minutes) and max_minutes > 0):
         raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
+    loads = ["the final model's"] + (["COCO's"] if coco else []) + (["WiSE-FT's"] if wise else [])
+    fixed_s = load_s * len(loads)
     budget_s = float(max_minutes) * 60.0
     if budget_s <= fixed_s:
-        raise ConfigError(f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone are "
-                          f"planned at {fixed_s:.0f} s; give more than {_minutes(fixed_s)} minutes")
+        what = f"{len(loads)} model load(s) and export(s) ({', '.join(loads)}, {load_s:g} s each)"
+        raise ConfigError(f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone "
+                          f"take {fixed_s:g} s; give more than {_minutes(fixed_s)} minutes")
 
 
 def check_budget_buys_steps(plan: Mapping[str, Any], step_s: Mapping[str, float], *, load_s: float = 0.0) -> None:

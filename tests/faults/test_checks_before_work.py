@@ -124,6 +124,20 @@ def test_a_budget_the_fixed_costs_use_up_is_refused_before_any_work(tiny_bert_di
     assert not out.exists()
 
 
+def test_the_budget_must_exceed_the_fixed_loads_and_exports():
+    """Hand-computed: 20 s per model load + export; the final model's always, COCO's and WiSE-FT's when they run."""
+    from hf_cocodr.recipe_checks import check_budget_floor
+
+    with pytest.raises(ConfigError, match=r"max_minutes 1 \(60.0 s\) leaves no time to train: 3 model load\(s\) and "
+                                          r"export\(s\) \(the final model's, COCO's, WiSE-FT's, 20 s each\) alone take "
+                                          r"60 s; give more than 1 minutes"):
+        check_budget_floor(1.0, 20.0, coco=True, wise=True)
+    check_budget_floor(1.01, 20.0, coco=True, wise=True)
+    check_budget_floor(0.34, 20.0, coco=False, wise=False)  # 20.4 s > 20 s
+    with pytest.raises(ConfigError, match="give more than 0.34 minutes"):
+        check_budget_floor(0.33, 20.0, coco=False, wise=False)
+
+
 def test_the_budget_must_buy_one_step_of_each_stage():
     """Hand-computed: 40 s of fixed costs, then one step each of 30 s (COCO), 20 s (fine-tuning), 15 s (target)."""
     from hf_cocodr.recipe_checks import check_budget_buys_steps
