@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .errors import USER_ERRORS, describe_os_error
 from .export import export_sentence_transformer
+from .modeling.limits import check_lengths
 from .modeling.loading import check_model_source, load_encoder
 from .utils import setup_logging
 
@@ -82,6 +83,7 @@ def _run_evaluate(args, _rest) -> int:
         FusionConfig(**fusion)  # a bad weight fails before any work
     data = load_beir(args.data_dir, args.split)  # bad data fails before the model is loaded
     check_model_source(args.model)
+    check_lengths(args.model, {"--query-max-length": args.query_max_length, "--doc-max-length": args.doc_max_length})
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
         model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
@@ -138,8 +140,7 @@ def add_overwrite_flag(p: argparse.ArgumentParser) -> None:
 
 def _run_export(args, _rest) -> int:
 
-    if args.max_seq_length is not None:
-        _positive("--max-seq-length", args.max_seq_length)
+    check_lengths(args.src, {"--max-seq-length": args.max_seq_length})  # before the model is loaded
     model = export_sentence_transformer(
         args.src, args.out, pooling=args.pooling, similarity=args.similarity, max_seq_length=args.max_seq_length,
         legacy_format=args.legacy_format, overwrite_output_dir=args.overwrite_output_dir,

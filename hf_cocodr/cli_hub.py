@@ -9,6 +9,7 @@ import os
 from .cli import add_overwrite_flag, register
 from .export import convert_checkpoint
 from .hub import push_directory
+from .modeling.limits import check_lengths
 
 
 def _add_push(p: argparse.ArgumentParser) -> None:
@@ -36,20 +37,22 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="a raw COCO-DR / Condenser / BERT checkpoint (directory or Hub id)")
     p.add_argument("out", help="output sentence-transformers directory (replaced atomically)")
     p.add_argument("--name", default=None, help="the model's Hub name for the card and ModelMeta, e.g. org/cocodr-base")
-    p.add_argument("--query-length", dest="query_length", type=int, default=64)
-    p.add_argument("--document-length", dest="document_length", type=int, default=256)
+    p.add_argument("--query-length", dest="query_length", type=int, default=None,
+                   help="query token limit (default 64, at most the model's position limit)")
+    p.add_argument("--document-length", dest="document_length", type=int, default=None,
+                   help="document token limit (default 256, at most the model's position limit)")
     p.add_argument("--legacy-format", action="store_true", help="also loadable by sentence-transformers 5.x")
     add_overwrite_flag(p)
 
 
 def _run_convert(ns, _rest) -> int:
-
+    check_lengths(ns.src, {"--query-length": ns.query_length, "--document-length": ns.document_length})
     model = convert_checkpoint(ns.src, ns.out, name=ns.name, query_length=ns.query_length,
                                document_length=ns.document_length, legacy_format=ns.legacy_format,
                                overwrite_output_dir=ns.overwrite_output_dir)
     print(json.dumps({"output_dir": os.path.abspath(ns.out), "pooling": "cls",
-                      "similarity": str(model.similarity_fn_name), "query_length": ns.query_length,
-                      "document_length": ns.document_length}))
+                      "similarity": str(model.similarity_fn_name), "query_length": model[0].query_length,
+                      "document_length": model[0].document_length}))
     return 0
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .model_card import write_model_card
+from .modeling.limits import check_lengths, position_limit
 from .modeling.loading import (
     COCODR_POOLING,
     COCODR_SIMILARITY,
@@ -123,6 +124,8 @@ def export_sentence_transformer(
 
 
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
+    check_lengths(model_or_path, {"max_seq_length": max_seq_length, "query_length": query_length,
+                                  "document_length": document_length})  # before any model is loaded
     run = None
     if run_record:  # checked before any model is loaded
 
@@ -289,19 +292,30 @@ def convert_checkpoint(
     out_dir: str | os.PathLike,
     *,
     name: str | None = None,
-    query_length: int = 64,
-    document_length: int = 256,
-    max_seq_length: int = 512,
+    query_length: int | None = None,
+    document_length: int | None = None,
+    max_seq_length: int | None = None,
     legacy_format: bool = False,
     card_data: dict[str, Any] | None = None,
     overwrite_output_dir: bool = False,
 ):
     """Convert a raw COCO-DR / Condenser checkpoint (plain BERT) into a CLS/dot sentence-transformers directory.
 
-    Query and document lengths default to the paper's evaluation setting (64 / 256 tokens). ``out_dir`` is claimed
-    as by :func:`export_sentence_transformer`.
+    Query and document lengths default to the paper's evaluation setting (64 / 256 tokens; ``max_seq_length`` 512),
+    each at most the model's position limit; a length given past that limit is refused (see
+    :func:`~hf_cocodr.modeling.limits.check_lengths`). ``out_dir`` is claimed as by
+    :func:`export_sentence_transformer`.
     """
     src_s = str(src)
+    check_lengths(src_s, {"query_length": query_length, "document_length": document_length,
+                          "max_seq_length": max_seq_length})
+    limit = position_limit(src_s)
+
+    def paper(value: int | None, default: int) -> int:
+        return value if value is not None else default if limit is None else min(default, limit)
+
+    query_length, document_length = paper(query_length, 64), paper(document_length, 256)
+    max_seq_length = paper(max_seq_length, 512)
     if Path(src_s).exists() and is_sentence_transformers_dir(src_s):
         logger.warning("%s is already a sentence-transformers directory; re-exporting it with CLS/dot.", src_s)
     card = {"model_name": name, "base_model": src_s if not Path(src_s).exists() else None, **(card_data or {})}

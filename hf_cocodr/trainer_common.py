@@ -132,6 +132,22 @@ class TrainerMixin:
             shutil.rmtree(folder, ignore_errors=True)
             logger.warning("removed the unfinished checkpoint %s", folder)
 
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
+                             trial) -> tuple[int, int]:
+        """The Trainer's restore of ``(epochs_trained, steps_trained_in_current_epoch)``, with a resume from a
+        checkpoint at (or past) ``max_steps`` counted as every epoch done: no step is trained, and the model,
+        optimizer and state stay the checkpoint's; only the end-of-training work (final save, card, state) runs.
+
+        The Trainer resumes in epoch ``global_step // steps_per_epoch`` and checks the step limit only after each
+        step, so a final checkpoint that ends inside an epoch would otherwise train one step past ``max_steps``."""
+        epochs_trained, steps_in_epoch = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial)
+        if resume_from_checkpoint is not None and max_steps > 0 and self.state.global_step >= max_steps:
+            logger.info("the checkpoint %s is at step %d of %d: nothing left to train", resume_from_checkpoint,
+                        self.state.global_step, max_steps)
+            return num_train_epochs, 0
+        return epochs_trained, steps_in_epoch
+
     def evaluate(self, *args, **kwargs) -> dict[str, float]:
         """``trainer.evaluate()`` without side effects on training: the random states (Python, NumPy, torch CPU and
         CUDA) are restored afterwards, so the evaluation's data loader and evaluators do not change the dropout or

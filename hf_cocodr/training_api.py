@@ -21,6 +21,7 @@ from .methods import configure_methods, validate_methods
 from .model_card import EVAL_FILE, write_model_card
 from .modeling import loading
 from .modeling.condenser import CondenserForPretraining, _transformer_dir
+from .modeling.limits import check_lengths
 from .modeling.loading import check_model_source
 from .provenance import source_info
 from .run_record import RunFolder
@@ -102,6 +103,7 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     if args is None:
         args = finetuning.IDROTrainingArguments(output_dir="outputs/finetune")
     _check_inputs(model, {"--target-corpus": target_corpora}, evals, args)
+    check_lengths(model, {"max_length": args.max_length})  # the model's position limit, from its config.json
     refuse_eval_overlap(list(target_queries), list(evals))  # also reads (checks) every --target-queries source
     validate_methods(methods, target_corpora, target_queries)  # an unknown --method fails before any work
     evaluator = None
@@ -162,6 +164,7 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     if args.should_save:
         check_before_work(args.output_dir, model, staged_beside=True)  # the final model is swapped into place
     _check_inputs(model, {"--corpus": corpora, "--eval-corpus": eval_corpora}, (), args)
+    check_lengths(model, {"max_span_length": args.max_span_length})  # the model's position limit, from config.json
     if n_head_layers is not None:
         args.n_head_layers = n_head_layers
     if skip_from is not None:

@@ -24,7 +24,7 @@ LAYERS = {
     # stage -> context -> plan, outputs, config (the command line imports the config alone)
     "recipe": 0.5, "recipe.runner": 0.5, "recipe.planner": 0.6, "recipe.inputs": 0.7, "recipe.probe": 0.7,
     "recipe.schedules": 0.7, "recipe.stages": 0.8, "recipe.stage": 0.82, "recipe.context": 0.85, "recipe.plan": 0.9,
-    "recipe.outputs": 0.9, "recipe.config": 0.9,
+    "recipe.outputs": 0.9, "recipe.config": 0.9, "recipe.checks": 0.9,
     "training_api": 1,
     "pretraining": 2, "finetuning": 2, "trainer_common": 2,
     "methods": 3, "finetuning.losses": 3, "finetuning.callbacks": 3, "finetuning.training_args": 3,

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from ..data.beir import BEIRData, column_array, column_numpy, corpus_texts, doc_text, load_beir
 from ..fusion import FusionConfig, fuse
 from ..index import BM25Index, DenseIndex
+from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..utils import atomic_write_json
@@ -175,6 +176,7 @@ def evaluate_retrieval(
     """
 
     check_encode_precision(encode_precision)
+    check_lengths(model, {"query_max_length": query_max_length, "doc_max_length": doc_max_length})
     if isinstance(model, (str, os.PathLike)):
 
         model = load_encoder(str(model))

@@ -18,6 +18,7 @@ from ..hub import check_push_possible
 from ..methods.base import Method
 from ..methods.registry import get_method
 from ..model_card import write_model_card
+from ..modeling.limits import check_lengths
 from ..provenance import source_info as previous_training_info
 from ..run_record import fingerprint, model_fingerprint
 from ..state import load_state, save_state
@@ -119,6 +120,7 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         if model is None:
             raise ConfigError("IDROTrainer needs model=: a SentenceTransformer, e.g. "
                               "hf_cocodr.load_encoder('org/name'); got None")
+        check_lengths(model, {"max_length": args.max_length})
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
         self.training_data = _as_rows_source(train_dataset, "train_dataset")

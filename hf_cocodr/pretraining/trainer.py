@@ -22,6 +22,7 @@ from ..errors import ConfigError, disk_faults
 from ..export import export_sentence_transformer
 from ..hub import check_push_possible
 from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _transformer_dir
+from ..modeling.limits import check_lengths
 from ..modeling.loading import check_model_source
 from ..provenance import source_info as previous_training_info
 from ..run_record import RunFolder, fingerprint, model_fingerprint
@@ -96,6 +97,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         if not isinstance(model, CondenserForPretraining):
 
             check_model_source(model)
+        check_lengths(model, {"max_span_length": args.max_span_length})  # before a model is loaded
         if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
 
             RunFolder.claim(args.output_dir, self._command, None, resume=True, overwrite=args.overwrite_output_dir,

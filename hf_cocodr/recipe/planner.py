@@ -18,13 +18,14 @@ from typing import Any
 
 from ..run_record import digest
 from ..utils import atomic_write_json
+from .checks import check_budget_buys_steps
 from .config import Auto, RecipeConfig
 from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source, span_corpus
 from .plan import Plan
 from .probe import measure_throughput
 from .stage import Stage
-from .stages import STAGES, CocoStage
+from .stages import STAGES, CocoStage, stage_step_seconds, stage_switches
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +290,12 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
             setattr(plan, key, value)
         plan.max_minutes, plan.throughput = run.max_minutes, {k: round(v, 4) for k, v in tp.items()}
         plan.measure_seconds, plan.identity = round(measured_s, 1), run.plan_id
+        on = stage_switches(cfg, stages)  # a budget below one step of each stage is refused before any training
+        check_budget_buys_steps(
+            plan.to_dict(),
+            {s: v for s, v in stage_step_seconds(tp, cfg, stages).items() if on[s][0]},
+            load_s=STAGE_LOAD_SECONDS,
+        )
         logger.info(
             "recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
             "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "

@@ -29,7 +29,9 @@ from ..modeling.loading import load_encoder, pooling_mode
 from ..run_record import RunFolder, fingerprint
 from ..storage import check_before_work
 from ..utils import atomic_write_json, native_bf16
-from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes
+from . import planner
+from .checks import check_budget_floor, check_recipe_lengths
+from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, uses_wise
 from .context import RecipeRun
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
@@ -131,6 +133,9 @@ def run_recipe(
             f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
             f"{cfg.target_pairs}); switch one on"
         )
+    check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
+    if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
+        check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, coco=not cfg.skip_coco, wise=uses_wise(cfg))
     methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info(

@@ -1,0 +1,86 @@
+"""Checks :func:`hf_cocodr.recipe.run_recipe` makes before any training: token lengths against the model's position
+limit, and a budget (``max_minutes``) against the fixed costs and the cost of one step of each training stage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import ConfigError
+from ..modeling.limits import check_lengths
+
+# The stage-option fields that are token lengths (``coco:`` / ``finetune:`` / ``target:`` mappings of the config).
+STAGE_LENGTH_FIELDS = {"coco": ("max_span_length",), "finetune": ("max_length",), "target": ("max_length",)}
+
+
+def check_recipe_lengths(model: Any, cfg: Any) -> None:
+    """``train_max_length`` and the length fields of the stage options against ``model``'s position limit (see
+    :func:`hf_cocodr.modeling.limits.check_lengths`); read from ``config.json``, before any model is loaded."""
+    lengths: dict[str, Any] = {"train_max_length": cfg.train_max_length}
+    for stage, names in STAGE_LENGTH_FIELDS.items():
+        options = getattr(cfg, stage, None) or {}
+        for name in names:
+            if name in options:
+                lengths[f"{stage}.{name}"] = options[name]
+    check_lengths(model, lengths)
+
+
+def _minutes(seconds: float) -> str:
+    """``seconds`` as minutes, rounded up to the hundredth (the least budget that covers them)."""
+    return f"{math.ceil(seconds / 60.0 * 100.0) / 100.0:g}"
+
+
+def check_budget_floor(max_minutes: float, load_s: float, *, coco: bool, wise: bool) -> None:
+    """Refuse a budget that the run's fixed costs alone use up, before any data or model is loaded.
+
+    The planner charges ``load_s`` for each model load + export before any step: the final model's, COCO's (``coco``)
+    and WiSE-FT's (``wise``). The budget must exceed them, or no step could be trained and every stage deadline would
+    lie in the past.
+
+    Raises:
+        ConfigError: one line with the budget, the fixed costs and the least budget that leaves time for steps.
+    """
+    if not (isinstance(max_minutes, (int, float)) and not isinstance(max_minutes, bool)
+            and math.isfinite(max_minutes) and max_minutes > 0):
+        raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
+    loads = ["the final model's"] + (["COCO's"] if coco else []) + (["WiSE-FT's"] if wise else [])
+    fixed_s = load_s * len(loads)
+    budget_s = float(max_minutes) * 60.0
+    if budget_s <= fixed_s:
+        what = f"{len(loads)} model load(s) and export(s) ({', '.join(loads)}, {load_s:g} s each)"
+        raise ConfigError(f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone "
+                          f"take {fixed_s:g} s; give more than {_minutes(fixed_s)} minutes")
+
+
+def check_budget_buys_steps(plan: Mapping[str, Any], step_s: Mapping[str, float], *, load_s: float = 0.0) -> None:
+    """Refuse, before any training, a budgeted plan whose budget cannot buy one optimizer step of each training stage.
+
+    ``plan`` is the planner's (``budget_seconds``, ``fixed_seconds``: loads, exports, K-Means, refreshes and the time
+    spent so far; ``coco_runs``); ``step_s`` maps each training stage that runs, in order, to its probed seconds per
+    step. A COCO soup of ``coco_runs`` runs needs one step of each run and a model load + export (``load_s``) for every
+    run after the first.
+
+    Raises:
+        ConfigError: one line naming the first stage the budget cannot reach, its probed step cost, the budget and the
+            least budget that buys one step of every stage.
+    """
+    budget_s, fixed_s = float(plan["budget_seconds"]), float(plan.get("fixed_seconds") or 0.0)
+    runs = max(1, int(plan.get("coco_runs") or 1))
+    costs = {stage: s * runs + (runs - 1) * load_s if stage == "coco" else s for stage, s in step_s.items()}
+    needed = fixed_s + sum(costs.values())
+    if budget_s >= needed:
+        return
+    spent = fixed_s
+    for stage, cost in costs.items():
+        if spent + cost > budget_s:
+            before = f" and one step of each stage before it ({spent - fixed_s:.1f} s)" if spent > fixed_s else ""
+            per_step = f"{step_s[stage]:.2f} s per step" + (f" x {runs} runs" if stage == "coco" and runs > 1 else "")
+            raise ConfigError(
+                f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) cannot buy one step of the {stage} stage: "
+                f"its probed cost is {per_step}, and the fixed costs (model loads, exports, clustering, the time "
+                f"spent so far) take {fixed_s:.1f} s{before}; give at least {_minutes(needed)} minutes")
+        spent += cost
+    raise ConfigError(f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) leaves no time to train: the fixed costs "
+                      f"(model loads, exports, clustering, the time spent so far) take {fixed_s:.1f} s; give at least "
+                      f"{_minutes(needed)} minutes")
