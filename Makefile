@@ -35,7 +35,8 @@ test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 lint: setup
-	$(BIN)/ruff check hf_cocodr tests scripts
+	$(BIN)/ruff check hf_cocodr tests scripts examples
+	$(BIN)/ruff format --check hf_cocodr tests scripts examples
 
 # COCO-DR's Table 2 ablation in its own setting (splade-tiny, SQuAD as the source, SciFact + NFCorpus as targets):
 # the four arms at 15 minutes each, one seed, cached and resumable; prints the table beside the paper's.

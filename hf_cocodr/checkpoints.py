@@ -43,8 +43,10 @@ def file_checksums(folder: str | os.PathLike) -> dict[str, str]:
 def mark_complete(folder: str | os.PathLike, global_step: int, run_id: str | None) -> None:
     """Write ``folder``'s completion marker, last and atomically: its step, the run it belongs to and the SHA-256 of
     every file in it. Only checkpoints with this marker are ever resumed from (see :func:`damage`)."""
-    atomic_write_json(os.path.join(folder, COMPLETE_MARKER), {"global_step": global_step, "run_id": run_id,
-                                                              "files": file_checksums(folder)})
+    atomic_write_json(
+        os.path.join(folder, COMPLETE_MARKER),
+        {"global_step": global_step, "run_id": run_id, "files": file_checksums(folder)},
+    )
 
 
 def _marker(path: Path) -> dict | None:
@@ -117,10 +119,14 @@ def resolve_resume(value, output_dir: str | os.PathLike, run_id: str | None = No
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint {path} not found")
     if not is_complete(path):
-        raise ValueError(f"checkpoint {path} is incomplete (it was being written when the run stopped); "
-                         f"resume from {latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead")
+        raise ValueError(
+            f"checkpoint {path} is incomplete (it was being written when the run stopped); "
+            f"resume from {latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead"
+        )
     problem = damage(path)
     if problem:
-        raise ValueError(f"checkpoint {path} is damaged ({problem}); resume from "
-                         f"{latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead")
+        raise ValueError(
+            f"checkpoint {path} is damaged ({problem}); resume from "
+            f"{latest_complete_checkpoint(path.parent, run_id) or 'the beginning'} instead"
+        )
     return str(path)

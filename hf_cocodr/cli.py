@@ -55,15 +55,28 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-max-length", type=int, default=None)
     p.add_argument("--top-k", type=int, default=1000)
     p.add_argument("--backend", choices=["auto", "faiss", "torch"], default="auto")
-    p.add_argument("--encode-precision", dest="encode_precision", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="fp32 (exact), bf16 (autocast; fast only with native bf16) or int8 (dynamic, CPU)")
+    p.add_argument(
+        "--encode-precision",
+        dest="encode_precision",
+        choices=["fp32", "bf16", "int8"],
+        default="fp32",
+        help="fp32 (exact), bf16 (autocast; fast only with native bf16) or int8 (dynamic, CPU)",
+    )
     p.add_argument("--output", default=None, help="also write the JSON result and the run (top-100 per query) here")
     p.add_argument("--trust-remote-code", action="store_true", help="run modelling code shipped with the checkpoint")
-    p.add_argument("--hybrid", action="store_true",
-                   help="evaluate the hybrid of the model and BM25 (top-level metrics; dense and bm25 beside them)")
+    p.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="evaluate the hybrid of the model and BM25 (top-level metrics; dense and bm25 beside them)",
+    )
     p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
-    p.add_argument("--dense-weight", dest="dense_weight", type=float, default=None,
-                   help="with --hybrid: the dense system's weight in [0, 1]")
+    p.add_argument(
+        "--dense-weight",
+        dest="dense_weight",
+        type=float,
+        default=None,
+        help="with --hybrid: the dense system's weight in [0, 1]",
+    )
 
 
 def _run_evaluate(args, _rest) -> int:
@@ -86,9 +99,18 @@ def _run_evaluate(args, _rest) -> int:
     check_lengths(args.model, {"--query-max-length": args.query_max_length, "--doc-max-length": args.doc_max_length})
     model = load_encoder(args.model, trust_remote_code=args.trust_remote_code)
     result = evaluate_retrieval(
-        model, data, args.split, batch_size=args.batch_size, query_max_length=args.query_max_length,
-        doc_max_length=args.doc_max_length, top_k=args.top_k, backend=args.backend, return_run=True,
-        encode_precision=args.encode_precision, hybrid=args.hybrid, fusion=fusion or None,
+        model,
+        data,
+        args.split,
+        batch_size=args.batch_size,
+        query_max_length=args.query_max_length,
+        doc_max_length=args.doc_max_length,
+        top_k=args.top_k,
+        backend=args.backend,
+        return_run=True,
+        encode_precision=args.encode_precision,
+        hybrid=args.hybrid,
+        fusion=fusion or None,
     )
     run = result.pop("run")
     print_result_line(result)  # before --output is written: a failing write never loses the metrics
@@ -133,20 +155,38 @@ def _add_export(p: argparse.ArgumentParser) -> None:
 
 
 def add_overwrite_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
-                   action="store_true", help="write into a folder holding files hf_cocodr did not write (they stay "
-                                             "untouched) and replace what an earlier run recorded there as its own")
+    p.add_argument(
+        "--overwrite_output_dir",
+        "--overwrite-output-dir",
+        dest="overwrite_output_dir",
+        action="store_true",
+        help="write into a folder holding files hf_cocodr did not write (they stay "
+        "untouched) and replace what an earlier run recorded there as its own",
+    )
 
 
 def _run_export(args, _rest) -> int:
 
     check_lengths(args.src, {"--max-seq-length": args.max_seq_length})  # before the model is loaded
     model = export_sentence_transformer(
-        args.src, args.out, pooling=args.pooling, similarity=args.similarity, max_seq_length=args.max_seq_length,
-        legacy_format=args.legacy_format, overwrite_output_dir=args.overwrite_output_dir,
+        args.src,
+        args.out,
+        pooling=args.pooling,
+        similarity=args.similarity,
+        max_seq_length=args.max_seq_length,
+        legacy_format=args.legacy_format,
+        overwrite_output_dir=args.overwrite_output_dir,
     )
-    print(json.dumps({"output_dir": os.path.abspath(args.out), "pooling": args.pooling,
-                      "similarity": str(model.similarity_fn_name), "max_seq_length": model.max_seq_length}))
+    print(
+        json.dumps(
+            {
+                "output_dir": os.path.abspath(args.out),
+                "pooling": args.pooling,
+                "similarity": str(model.similarity_fn_name),
+                "max_seq_length": model.max_seq_length,
+            }
+        )
+    )
     return 0
 
 
@@ -175,8 +215,10 @@ def _output_file(flag: str, path: str | None) -> None:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {path}: the folder {parent} is not writable")
     if p.is_symlink() or (p.exists() and not _is_result_file(p)):
-        raise UsageError(f"{flag} {path} exists and is not a result file hf-cocodr wrote; hf_cocodr never replaces "
-                         "files it did not write: give a new path")
+        raise UsageError(
+            f"{flag} {path} exists and is not a result file hf-cocodr wrote; hf_cocodr never replaces "
+            "files it did not write: give a new path"
+        )
 
 
 def _is_result_file(path: Path) -> bool:
@@ -217,8 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hf-cocodr {__version__}")
     parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and the result line")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an input error instead of one line (or HF_COCODR_DEBUG=1)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an input error instead of one line (or HF_COCODR_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for cmd in COMMANDS.values():
         sp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
@@ -258,8 +303,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(f"{command}: interrupted; outputs are left as their last complete write (resume a training command "
-              "with --resume_from_checkpoint true)", file=sys.stderr)
+        print(
+            f"{command}: interrupted; outputs are left as their last complete write (resume a training command "
+            "with --resume_from_checkpoint true)",
+            file=sys.stderr,
+        )
         return 130
 
 

@@ -28,21 +28,38 @@ def _csv(value: str | None) -> list[str]:
 # ------------------------------------------------------------------------------------------------------- mteb
 def _add_mteb(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="sentence-transformers directory, raw transformers checkpoint (CLS/dot) or Hub id")
-    p.add_argument("data_dir", nargs="?", default=None,
-                   help="BEIR folder to evaluate as a local MTEB task (omit when using --tasks)")
+    p.add_argument(
+        "data_dir",
+        nargs="?",
+        default=None,
+        help="BEIR folder to evaluate as a local MTEB task (omit when using --tasks)",
+    )
     p.add_argument("--split", default="test", help="qrels split of DATA_DIR (default: test)")
-    p.add_argument("--task-name", default=None,
-                   help="name of the local task, the results file NAME.json (default: <folder>-<split>)")
-    p.add_argument("--tasks", default=None,
-                   help="comma-separated built-in MTEB tasks, e.g. SciFact,NFCorpus (need the Hub or a local cache)")
+    p.add_argument(
+        "--task-name",
+        default=None,
+        help="name of the local task, the results file NAME.json (default: <folder>-<split>)",
+    )
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated built-in MTEB tasks, e.g. SciFact,NFCorpus (need the Hub or a local cache)",
+    )
     p.add_argument("--model-name", required=True, help="model name as published, ORG/NAME")
-    p.add_argument("--revision", default=None,
-                   help="model revision, the Hub commit SHA (default: a content hash of the weights)")
-    p.add_argument("--output-folder", default="mteb_results",
-                   help="MTEB results folder: OUT/results/ORG__NAME/REV/ (default: mteb_results)")
+    p.add_argument(
+        "--revision", default=None, help="model revision, the Hub commit SHA (default: a content hash of the weights)"
+    )
+    p.add_argument(
+        "--output-folder",
+        default="mteb_results",
+        help="MTEB results folder: OUT/results/ORG__NAME/REV/ (default: mteb_results)",
+    )
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--languages", default="eng-Latn",
-                   help="comma-separated ISO 639-3 + script codes of the model and the local data (default: eng-Latn)")
+    p.add_argument(
+        "--languages",
+        default="eng-Latn",
+        help="comma-separated ISO 639-3 + script codes of the model and the local data (default: eng-Latn)",
+    )
     p.add_argument("--overwrite", action="store_true", help="re-run tasks that already have results in OUT")
     p.add_argument("--prediction-folder", default=None, help="also save the top-ranked documents per query here")
     p.add_argument("--device", default=None)
@@ -61,38 +78,64 @@ def _run_mteb(args, _rest) -> int:
     if args.data_dir is None and not tasks:
         raise UsageError("give a BEIR folder (DATA_DIR) or built-in MTEB tasks (--tasks SciFact,NFCorpus)")
     if args.data_dir is None and args.task_name:
-        raise UsageError("--task-name names a local BEIR folder task; give DATA_DIR too (built-in tasks keep their names)")
+        raise UsageError(
+            "--task-name names a local BEIR folder task; give DATA_DIR too (built-in tasks keep their names)"
+        )
     if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
         raise FileNotFoundError(
             f"BEIR folder {args.data_dir} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
         )
     model_path = Path(args.model).expanduser()
     if not model_path.exists() and "/" not in args.model:
-        raise FileNotFoundError(f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name).")
+        raise FileNotFoundError(
+            f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name)."
+        )
     # the results folder is claimed like every output (owner record + lock); results of earlier hf-cocodr mteb runs
     # there are its own and stay (mteb adds a folder per model and revision)
-    run = RunFolder.claim(args.output_folder, "mteb", {"model": fingerprint(args.model), "tasks": tasks,
-                                                       "data": fingerprint(args.data_dir)},
-                          overwrite=args.overwrite_output_dir, replaces_own=True)
+    run = RunFolder.claim(
+        args.output_folder,
+        "mteb",
+        {"model": fingerprint(args.model), "tasks": tasks, "data": fingerprint(args.data_dir)},
+        overwrite=args.overwrite_output_dir,
+        replaces_own=True,
+    )
     try:
         result = run_mteb(
-            args.model, args.data_dir, args.split, args.task_name, args.model_name, args.revision,
-            args.output_folder, tasks=tasks or None, batch_size=args.batch_size,
-            languages=_csv(args.languages) or ["eng-Latn"], overwrite=args.overwrite,
-            prediction_folder=args.prediction_folder, device=args.device,
+            args.model,
+            args.data_dir,
+            args.split,
+            args.task_name,
+            args.model_name,
+            args.revision,
+            args.output_folder,
+            tasks=tasks or None,
+            batch_size=args.batch_size,
+            languages=_csv(args.languages) or ["eng-Latn"],
+            overwrite=args.overwrite,
+            prediction_folder=args.prediction_folder,
+            device=args.device,
         )
     finally:
         run.release()
     for name, scores in result["tasks"].items():
-        logger.info("%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s", name, scores.get("ndcg@10"), scores.get("recall@100"),
-                    scores.get("mrr@10"))
+        logger.info(
+            "%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s",
+            name,
+            scores.get("ndcg@10"),
+            scores.get("recall@100"),
+            scores.get("mrr@10"),
+        )
     logger.info("results: %s", result["results_folder"])
     print(json.dumps(result))
     return 0
 
 
-register("mteb", "run MTEB (local BEIR folder or built-in tasks) and write the leaderboard results layout",
-         _add_mteb, _run_mteb)
+register(
+    "mteb",
+    "run MTEB (local BEIR folder or built-in tasks) and write the leaderboard results layout",
+    _add_mteb,
+    _run_mteb,
+)
 
 
 # -------------------------------------------------------------------------------------------------- mteb-meta
@@ -103,8 +146,11 @@ def _add_mteb_meta(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-folder", default="mteb_results", help="the hf-cocodr mteb --output-folder, for the steps")
     p.add_argument("--languages", default="eng-Latn", help="comma-separated ISO 639-3 + script codes")
     p.add_argument("--license", default=None, help="default: the model card's license, else apache-2.0")
-    p.add_argument("--training-datasets", default=None,
-                   help="comma-separated extra training data sets (MTEB names), on top of hf_cocodr_training.json")
+    p.add_argument(
+        "--training-datasets",
+        default=None,
+        help="comma-separated extra training data sets (MTEB names), on top of hf_cocodr_training.json",
+    )
     p.add_argument("--adapted-from", default=None, help="base model (default: base_model of the training info)")
     p.add_argument("--output", default=None, help="also write the snippet to this file")
 
@@ -119,18 +165,35 @@ def _run_mteb_meta(args, _rest) -> int:
         raise FileNotFoundError(f"model directory {args.model_dir} not found.")
     extra = _csv(args.training_datasets)
     snippet = mteb_meta_snippet(
-        model_dir, args.model_name, args.revision, output_folder=args.output_folder,
-        languages=_csv(args.languages) or ["eng-Latn"], license=args.license,
-        training_datasets=extra or None, adapted_from=args.adapted_from,
+        model_dir,
+        args.model_name,
+        args.revision,
+        output_folder=args.output_folder,
+        languages=_csv(args.languages) or ["eng-Latn"],
+        license=args.license,
+        training_datasets=extra or None,
+        adapted_from=args.adapted_from,
     )
     if args.output:
         atomic_write_text(args.output, snippet)
     print(snippet, end="")
     rel = results_dir("", args.model_name, args.revision).as_posix()
-    print(json.dumps({"model_name": args.model_name, "revision": args.revision, "results_path": rel,
-                      "snippet_file": str(Path(args.output).resolve()) if args.output else None}))
+    print(
+        json.dumps(
+            {
+                "model_name": args.model_name,
+                "revision": args.revision,
+                "results_path": rel,
+                "snippet_file": str(Path(args.output).resolve()) if args.output else None,
+            }
+        )
+    )
     return 0
 
 
-register("mteb-meta", "print the mteb ModelMeta (model-implementation PR) and the results-submission steps",
-         _add_mteb_meta, _run_mteb_meta)
+register(
+    "mteb-meta",
+    "print the mteb ModelMeta (model-implementation PR) and the results-submission steps",
+    _add_mteb_meta,
+    _run_mteb_meta,
+)

@@ -127,34 +127,75 @@ def _apply_own(ns: argparse.Namespace, own_config: dict[str, Any], parser_defaul
 
 
 # ------------------------------------------------------------------------------------------------------ finetune
-FINETUNE_FLAGS = {"model", "train_data", "train_split", "idro_preset", "num_clusters", "tau", "negatives",
-                  "refresh_negatives_every", "max_queries", "method", "config", "eval", "target_corpus",
-                  "target_queries", "eval_during_training"}
+FINETUNE_FLAGS = {
+    "model",
+    "train_data",
+    "train_split",
+    "idro_preset",
+    "num_clusters",
+    "tau",
+    "negatives",
+    "refresh_negatives_every",
+    "max_queries",
+    "method",
+    "config",
+    "eval",
+    "target_corpus",
+    "target_queries",
+    "eval_during_training",
+}
 
 
 def _add_finetune(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="starting encoder (directory or Hub id)")
     p.add_argument("--train-data", dest="train_data", default=None, help="BEIR folder with labelled source data")
     p.add_argument("--train-split", dest="train_split", default="train")
-    p.add_argument("--idro-preset", dest="idro_preset", default=None, choices=["paper", "reference", "groupdro", "uniform"])
+    p.add_argument(
+        "--idro-preset", dest="idro_preset", default=None, choices=["paper", "reference", "groupdro", "uniform"]
+    )
     p.add_argument("--num-clusters", dest="num_clusters", type=int, default=None)
     p.add_argument("--tau", type=float, default=None)
     p.add_argument("--negatives", choices=["bm25", "none"], default="bm25")
     p.add_argument("--refresh-negatives-every", dest="refresh_negatives_every", type=int, default=None)
     p.add_argument("--max-queries", dest="max_queries", type=int, default=None, help="train on a random subset")
-    p.add_argument("--method", action="append", default=None, metavar="NAME",
-                   help="extra method(s) combined with the loss: a name registered in hf_cocodr.methods.registry "
-                        "(built in: modir, berm, rmsc); repeatable")
-    p.add_argument("--target-corpus", dest="target_corpus", action="append", default=None,
-                   help="unlabelled target corpus (BEIR folder or JSONL) for MoDIR / RMSC; repeatable")
-    p.add_argument("--target-queries", dest="target_queries", action="append", default=None,
-                   help="unlabelled target queries for MoDIR (BEIR folder: its queries.jsonl, never its qrels; or a "
-                        "JSONL file with a text field); repeatable. The model card records that they were read")
-    p.add_argument("--eval", action="append", default=None, metavar="DIR:SPLIT",
-                   help="evaluate the final model on this BEIR split (repeatable)")
-    p.add_argument("--eval-during-training", dest="eval_during_training", default=None, metavar="DIR:SPLIT",
-                   help="nDCG@10 (and Recall, MRR, MAP) on this labelled BEIR split every --eval_steps during "
-                        "training (eval_strategy steps unless given); keep the split small")
+    p.add_argument(
+        "--method",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="extra method(s) combined with the loss: a name registered in hf_cocodr.methods.registry "
+        "(built in: modir, berm, rmsc); repeatable",
+    )
+    p.add_argument(
+        "--target-corpus",
+        dest="target_corpus",
+        action="append",
+        default=None,
+        help="unlabelled target corpus (BEIR folder or JSONL) for MoDIR / RMSC; repeatable",
+    )
+    p.add_argument(
+        "--target-queries",
+        dest="target_queries",
+        action="append",
+        default=None,
+        help="unlabelled target queries for MoDIR (BEIR folder: its queries.jsonl, never its qrels; or a "
+        "JSONL file with a text field); repeatable. The model card records that they were read",
+    )
+    p.add_argument(
+        "--eval",
+        action="append",
+        default=None,
+        metavar="DIR:SPLIT",
+        help="evaluate the final model on this BEIR split (repeatable)",
+    )
+    p.add_argument(
+        "--eval-during-training",
+        dest="eval_during_training",
+        default=None,
+        metavar="DIR:SPLIT",
+        help="nDCG@10 (and Recall, MRR, MAP) on this labelled BEIR split every --eval_steps during "
+        "training (eval_strategy steps unless given); keep the split small",
+    )
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
 
 
@@ -168,32 +209,56 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
         raise UsageError("--model is required")
     if not ns.train_data:
         raise UsageError("--train-data is required (a BEIR folder with qrels/<split>.tsv)")
-    mapped = {"idro_preset": ns.idro_preset, "num_clusters": ns.num_clusters, "idro_tau": ns.tau,
-              "refresh_negatives_every_steps": ns.refresh_negatives_every}
+    mapped = {
+        "idro_preset": ns.idro_preset,
+        "num_clusters": ns.num_clusters,
+        "idro_tau": ns.tau,
+        "refresh_negatives_every_steps": ns.refresh_negatives_every,
+    }
     defaults = {**ta_cfg, **{k: v for k, v in mapped.items() if v is not None}}
     if ns.negatives == "none" and "num_negatives" not in defaults:
         defaults["num_negatives"] = 0
     if ns.eval_during_training:
         parse_eval_spec(ns.eval_during_training, "--eval-during-training")
         defaults.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
-    if not any(a == "--output_dir" or a.startswith("--output_dir=") or a == "--output-dir"
-               or a.startswith("--output-dir=") for a in rest) and "output_dir" not in defaults:
+    if (
+        not any(
+            a == "--output_dir"
+            or a.startswith("--output_dir=")
+            or a == "--output-dir"
+            or a.startswith("--output-dir=")
+            for a in rest
+        )
+        and "output_dir" not in defaults
+    ):
         raise UsageError("--output_dir is required (the folder the fine-tuned model and its checkpoints go to)")
     args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune", ns.config)
     from .training_api import run_finetune
 
     result = run_finetune(
-        model=ns.model, train_data=ns.train_data, train_split=ns.train_split, args=args, negatives=ns.negatives,
-        max_queries=ns.max_queries, methods=ns.method or [], evals=ns.eval or [],
-        target_corpora=ns.target_corpus or [], target_queries=ns.target_queries or [],
+        model=ns.model,
+        train_data=ns.train_data,
+        train_split=ns.train_split,
+        args=args,
+        negatives=ns.negatives,
+        max_queries=ns.max_queries,
+        methods=ns.method or [],
+        evals=ns.eval or [],
+        target_corpora=ns.target_corpus or [],
+        target_queries=ns.target_queries or [],
         eval_during_training=ns.eval_during_training,
     )
     print(json.dumps(result))
     return 0
 
 
-register("finetune", "iDRO fine-tuning on labelled source data (K-Means clusters, BM25 + self-mined negatives)",
-         _add_finetune, _run_finetune, passthrough=True)
+register(
+    "finetune",
+    "iDRO fine-tuning on labelled source data (K-Means clusters, BM25 + self-mined negatives)",
+    _add_finetune,
+    _run_finetune,
+    passthrough=True,
+)
 
 
 # ------------------------------------------------------------------------------------------------------ pretrain
@@ -202,11 +267,21 @@ PRETRAIN_FLAGS = {"model", "corpus", "n_head_layers", "skip_from", "config", "ev
 
 def _add_pretrain(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="starting encoder: sentence-transformers dir, checkpoint or Hub id")
-    p.add_argument("--corpus", action="append", default=None,
-                   help="BEIR folder or JSONL file of documents (repeatable; corpora are mixed)")
-    p.add_argument("--eval-corpus", dest="eval_corpus", action="append", default=None, metavar="PATH",
-                   help="held-out BEIR folder or JSONL file: eval contrastive and MLM losses every --eval_steps "
-                        "(eval_strategy steps unless given); repeatable")
+    p.add_argument(
+        "--corpus",
+        action="append",
+        default=None,
+        help="BEIR folder or JSONL file of documents (repeatable; corpora are mixed)",
+    )
+    p.add_argument(
+        "--eval-corpus",
+        dest="eval_corpus",
+        action="append",
+        default=None,
+        metavar="PATH",
+        help="held-out BEIR folder or JSONL file: eval contrastive and MLM losses every --eval_steps "
+        "(eval_strategy steps unless given); repeatable",
+    )
     p.add_argument("--n_head_layers", "--n-head-layers", dest="n_head_layers", type=int, default=None)
     p.add_argument("--skip_from", "--skip-from", dest="skip_from", type=int, default=None)
     p.add_argument("--config", default=None, help="YAML file with any of these flags and TrainingArguments fields")
@@ -241,8 +316,13 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
     return 0
 
 
-register("pretrain", "COCO continuous contrastive pretraining on target corpora (Condenser head, span contrast)",
-         _add_pretrain, _run_pretrain, passthrough=True)
+register(
+    "pretrain",
+    "COCO continuous contrastive pretraining on target corpora (Condenser head, span contrast)",
+    _add_pretrain,
+    _run_pretrain,
+    passthrough=True,
+)
 
 
 # ------------------------------------------------------------------------------------------------------ recipe
@@ -253,11 +333,17 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
     if rest:
-        raise UsageError(f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
-                         "under `coco:` / `finetune:`)")
+        raise UsageError(
+            f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
+            "under `coco:` / `finetune:`)"
+        )
     given = config_from_flags(ns, RecipeArguments)
     config = load_config(given.get("config"))
-    run_level = {f.name for f in fields(RecipeArguments)} - {"config", "resume_from_checkpoint", "overwrite_output_dir"}
+    run_level = {f.name for f in fields(RecipeArguments)} - {
+        "config",
+        "resume_from_checkpoint",
+        "overwrite_output_dir",
+    }
     own, config = _split_config(config, run_level)
     a = RecipeArguments(**{**own, **given})
     targets = [a.target_corpus] if isinstance(a.target_corpus, str) else list(a.target_corpus)
@@ -267,11 +353,25 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
             raise UsageError(f"{flag} is required")
     max_minutes = check_max_minutes(a.max_minutes, "--max-minutes")
     cfg = RecipeConfig.from_dict({**config, **config_from_flags(ns, RecipeConfig)})
-    result = run_recipe(a.model, targets, a.source_data, a.output_dir, evals=evals, config=cfg,
-                        max_minutes=max_minutes, resume=a.resume, overwrite_output_dir=a.overwrite_output_dir)
+    result = run_recipe(
+        a.model,
+        targets,
+        a.source_data,
+        a.output_dir,
+        evals=evals,
+        config=cfg,
+        max_minutes=max_minutes,
+        resume=a.resume,
+        overwrite_output_dir=a.overwrite_output_dir,
+    )
     print(json.dumps(result))
     return 0
 
 
-register("recipe", "COCO on target corpora -> iDRO on source labels -> export, card, evaluation (resumable)",
-         _add_recipe, _run_recipe, passthrough=True)
+register(
+    "recipe",
+    "COCO on target corpora -> iDRO on source labels -> export, card, evaluation (resumable)",
+    _add_recipe,
+    _run_recipe,
+    passthrough=True,
+)

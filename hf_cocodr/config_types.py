@@ -52,10 +52,12 @@ def matches_type(value: Any, annotation: Any) -> bool:
         return isinstance(value, bool) or isinstance(value, str) and value.lower() in _BOOL_WORDS
     if annotation is int:
         return (isinstance(value, int) and not isinstance(value, bool)) or (
-            isinstance(value, str) and _is_number_text(value, int))
+            isinstance(value, str) and _is_number_text(value, int)
+        )
     if annotation is float:
         return (isinstance(value, int | float) and not isinstance(value, bool)) or (
-            isinstance(value, str) and _is_number_text(value, float))
+            isinstance(value, str) and _is_number_text(value, float)
+        )
     if annotation is str:
         return isinstance(value, str)
     if annotation is list:

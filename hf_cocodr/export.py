@@ -50,8 +50,13 @@ def _transformer_module(model):
     return first
 
 
-def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: bool, pooling: str = COCODR_POOLING,
-                             similarity: str = COCODR_SIMILARITY):
+def _as_sentence_transformer(
+    model_or_path,
+    max_seq_length,
+    trust_remote_code: bool,
+    pooling: str = COCODR_POOLING,
+    similarity: str = COCODR_SIMILARITY,
+):
     from sentence_transformers import SentenceTransformer
 
     if isinstance(model_or_path, SentenceTransformer):
@@ -68,8 +73,13 @@ def _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code: b
     path = str(model_or_path)
     if Path(path).exists() and not Path(path).is_dir():
         raise FileNotFoundError(f"{path} is a file; expected a model directory.")
-    return load_encoder(path, max_seq_length=max_seq_length, trust_remote_code=trust_remote_code, pooling=pooling,
-                        similarity=similarity)
+    return load_encoder(
+        path,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        pooling=pooling,
+        similarity=similarity,
+    )
 
 
 def export_sentence_transformer(
@@ -122,17 +132,21 @@ def export_sentence_transformer(
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     from sentence_transformers import SentenceTransformer
 
-
     source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
-    check_lengths(model_or_path, {"max_seq_length": max_seq_length, "query_length": query_length,
-                                  "document_length": document_length})  # before any model is loaded
+    check_lengths(
+        model_or_path,
+        {"max_seq_length": max_seq_length, "query_length": query_length, "document_length": document_length},
+    )  # before any model is loaded
     run = None
     if run_record:  # checked before any model is loaded
-
         check_not_source(out_dir, source)
-        identity = {"source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
-                    "pooling": pooling, "similarity": similarity, "max_seq_length": max_seq_length,
-                    "legacy_format": legacy_format}
+        identity = {
+            "source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
+            "pooling": pooling,
+            "similarity": similarity,
+            "max_seq_length": max_seq_length,
+            "legacy_format": legacy_format,
+        }
         claim = dict(command="export", identity=identity, overwrite=overwrite_output_dir, replaces_own=True)
         RunFolder.claim(out_dir, **claim, dry_run=True)
         # the destination's folder is where everything is staged: writable, with room for the model's weights
@@ -192,9 +206,9 @@ def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> 
     return info, same
 
 
-def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, card_data, pooling, similarity,
-                  run) -> None:
-
+def _write_export(
+    model, out_dir: Path, legacy_format, extra_files, preserve, card_data, pooling, similarity, run
+) -> None:
 
     with atomic_directory(out_dir) as tmp:
         model.save(str(tmp))
@@ -209,8 +223,10 @@ def _write_export(model, out_dir: Path, legacy_format, extra_files, preserve, ca
         if run is not None:  # never replace a file no hf_cocodr run recorded as its own
             clash = sorted(({p.name for p in tmp.iterdir()} | {PROVENANCE_FILE}) & set(run.record["preexisting"]))
             if clash:
-                raise FileExistsError(f"{out_dir} holds {', '.join(clash)}, which hf_cocodr did not write; the "
-                                      "export would replace it: give a new folder")
+                raise FileExistsError(
+                    f"{out_dir} holds {', '.join(clash)}, which hf_cocodr did not write; the "
+                    "export would replace it: give a new folder"
+                )
         # Everything of an existing model folder that this export does not write (checkpoints, trainer state,
         # the user's own files) is carried over by hard links, so replacing the folder never loses it.
         carried = set(preserve or [])
@@ -243,12 +259,13 @@ def write_legacy_layout(directory: str | os.PathLike, model) -> None:
     import torch
     import transformers
 
-
     directory = Path(directory)
     modules = json.loads((directory / "modules.json").read_text())
-    legacy_types = {"Transformer": "sentence_transformers.models.Transformer",
-                    "Pooling": "sentence_transformers.models.Pooling",
-                    "Normalize": "sentence_transformers.models.Normalize"}
+    legacy_types = {
+        "Transformer": "sentence_transformers.models.Transformer",
+        "Pooling": "sentence_transformers.models.Pooling",
+        "Normalize": "sentence_transformers.models.Normalize",
+    }
     for entry in modules:
         short = entry["type"].rsplit(".", 1)[-1]
         if short not in legacy_types:
@@ -307,8 +324,9 @@ def convert_checkpoint(
     :func:`export_sentence_transformer`.
     """
     src_s = str(src)
-    check_lengths(src_s, {"query_length": query_length, "document_length": document_length,
-                          "max_seq_length": max_seq_length})
+    check_lengths(
+        src_s, {"query_length": query_length, "document_length": document_length, "max_seq_length": max_seq_length}
+    )
     limit = position_limit(src_s)
 
     def paper(value: int | None, default: int) -> int:
@@ -320,12 +338,20 @@ def convert_checkpoint(
         logger.warning("%s is already a sentence-transformers directory; re-exporting it with CLS/dot.", src_s)
     card = {"model_name": name, "base_model": src_s if not Path(src_s).exists() else None, **(card_data or {})}
     model = export_sentence_transformer(
-        src_s, out_dir, pooling="cls", similarity="dot", max_seq_length=max_seq_length, legacy_format=legacy_format,
-        query_length=query_length, document_length=document_length, card_data=card,
+        src_s,
+        out_dir,
+        pooling="cls",
+        similarity="dot",
+        max_seq_length=max_seq_length,
+        legacy_format=legacy_format,
+        query_length=query_length,
+        document_length=document_length,
+        card_data=card,
         overwrite_output_dir=overwrite_output_dir,
     )
-    write_model_meta(out_dir, model, name or f"local/{Path(out_dir).name}",
-                     adapted_from=src_s if not Path(src_s).exists() else None)
+    write_model_meta(
+        out_dir, model, name or f"local/{Path(out_dir).name}", adapted_from=src_s if not Path(src_s).exists() else None
+    )
 
     note_written(out_dir)
     return model

@@ -65,8 +65,14 @@ def _gap(scores: np.ndarray) -> float:
     return std if std > 0 else 1.0
 
 
-def fuse(dense_rows: np.ndarray, dense_scores: np.ndarray, bm25_rows: np.ndarray, bm25_scores: np.ndarray,
-         fusion: FusionConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+def fuse(
+    dense_rows: np.ndarray,
+    dense_scores: np.ndarray,
+    bm25_rows: np.ndarray,
+    bm25_scores: np.ndarray,
+    fusion: FusionConfig,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray]:
     """Fuse one query's two rankings (rows and scores, best first) into its top-``k``: ``(rows, scores)``.
 
     Ties are broken by the dense rank, then by the row, so the result is deterministic."""

@@ -29,14 +29,37 @@ logger = logging.getLogger(__name__)
 # What a push uploads (an allow-list; everything else stays local). Files, at the top of the folder and inside the
 # module folders that modules.json names: what SentenceTransformer.save / save_pretrained write (configuration,
 # weights, tokenizer, card), the Condenser head, the model's provenance and its MTEB ModelMeta.
-MODEL_FILES = frozenset({
-    "modules.json", "config.json", "config_sentence_transformers.json", "sentence_bert_config.json", "README.md",
-    "generation_config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-    "vocab.json", "merges.txt", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model",
-    "chat_template.jinja", "chat_template.json", "condenser_head.safetensors", "condenser_head.json",
-    "hf_cocodr_provenance.json", "hf_cocodr_training.json", "mteb_model_meta.json",
-})
+MODEL_FILES = frozenset(
+    {
+        "modules.json",
+        "config.json",
+        "config_sentence_transformers.json",
+        "sentence_bert_config.json",
+        "README.md",
+        "generation_config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "pytorch_model.bin.index.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.txt",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "tokenizer.model",
+        "chat_template.jinja",
+        "chat_template.json",
+        "condenser_head.safetensors",
+        "condenser_head.json",
+        "hf_cocodr_provenance.json",
+        "hf_cocodr_training.json",
+        "mteb_model_meta.json",
+    }
+)
 # weight shards: model-00001-of-00003.safetensors, pytorch_model-00001-of-00003.bin
 MODEL_SHARD = re.compile(r"^(model-\d+-of-\d+\.safetensors|pytorch_model-\d+-of-\d+\.bin)$")
 WEIGHT_FILES = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin)$")
@@ -48,9 +71,12 @@ _PROVENANCE_FILES = ("hf_cocodr_provenance.json", "hf_cocodr_training.json")
 _LOCAL_RECORDS = {
     "eval.json": "evaluation record keyed by this machine's data paths (the card shows its results)",
     "start_eval.json": "evaluation record keyed by this machine's data paths",
-    "recipe.json": "the recipe's run record (local paths)", "plan.json": "the recipe's plan (local paths)",
-    "idro_weights.json": "training record", "trainer_state.json": "training state",
-    "training_args.bin": "training state (pickled)", "runs": "training logs",
+    "recipe.json": "the recipe's run record (local paths)",
+    "plan.json": "the recipe's plan (local paths)",
+    "idro_weights.json": "training record",
+    "trainer_state.json": "training state",
+    "training_args.bin": "training state (pickled)",
+    "runs": "training logs",
     "hybrid": "retrieval indexes of the local corpus",
 }
 
@@ -71,11 +97,15 @@ def check_push_possible(repo_id: str | None, token: str | None = None) -> None:
         raise ValueError("push_to_hub=True needs hub_model_id='org/name'")
     validate_repo_id(repo_id)
     if constants.is_offline_mode():
-        raise HubPushError(f"push_to_hub to {repo_id} needs the Hub, but offline mode is on (HF_HUB_OFFLINE=1); unset "
-                           "it, or train without --push_to_hub and run `hf-cocodr push` afterwards")
+        raise HubPushError(
+            f"push_to_hub to {repo_id} needs the Hub, but offline mode is on (HF_HUB_OFFLINE=1); unset "
+            "it, or train without --push_to_hub and run `hf-cocodr push` afterwards"
+        )
     if not (token or _current_token()):
-        raise HubPushError(f"push_to_hub to {repo_id} needs a Hugging Face token: set HF_TOKEN, run `hf auth login` "
-                           "or pass --hub_token")
+        raise HubPushError(
+            f"push_to_hub to {repo_id} needs a Hugging Face token: set HF_TOKEN, run `hf auth login` "
+            "or pass --hub_token"
+        )
 
 
 def _redact(text: str, token: str | None) -> str:
@@ -136,8 +166,10 @@ def _log_skipped(model_dir: Path, skipped: dict[str, str]) -> None:
         if name not in ours and why != "hidden":
             logger.warning("push: not uploading %s: %s", os.path.join(model_dir, name), why)
     if ours:
-        logger.info("push: keeping local what hf_cocodr wrote for this machine (records, evaluations, training "
-                    "state): %s", ", ".join(sorted(ours)))
+        logger.info(
+            "push: keeping local what hf_cocodr wrote for this machine (records, evaluations, training state): %s",
+            ", ".join(sorted(ours)),
+        )
 
 
 def push_plan(model_dir: str | os.PathLike) -> tuple[dict[str, Path], dict[str, str]]:
@@ -235,8 +267,10 @@ def push_directory(
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} not found")
     if not (model_dir / "modules.json").is_file():
-        raise ValueError(f"{model_dir} is not a sentence-transformers directory (no modules.json); "
-                         "export it first with `hf-cocodr export` or `hf-cocodr convert`")
+        raise ValueError(
+            f"{model_dir} is not a sentence-transformers directory (no modules.json); "
+            "export it first with `hf-cocodr export` or `hf-cocodr convert`"
+        )
     upload, skipped = push_plan(model_dir)
     contents: dict[str, str | bytes] = {}
     for rel, path in upload.items():
@@ -254,11 +288,16 @@ def push_directory(
     if not any(WEIGHT_FILES.match(Path(rel).name) for rel in contents):
         missing.append("the model weights (model.safetensors)")
     if missing:
-        why = "; ".join(f"{k}: {v}" for k, v in skipped.items() if Path(k).name in ("modules.json",)
-                        or WEIGHT_FILES.match(Path(k.rstrip("/")).name))
-        raise HubPushError(f"push of {model_dir}: {' and '.join(missing)} would not be uploaded"
-                           f"{f' ({why})' if why else ''}; push uploads only the model's own regular files: copy "
-                           "the model into a folder of real files (cp -rL) and push that")
+        why = "; ".join(
+            f"{k}: {v}"
+            for k, v in skipped.items()
+            if Path(k).name in ("modules.json",) or WEIGHT_FILES.match(Path(k.rstrip("/")).name)
+        )
+        raise HubPushError(
+            f"push of {model_dir}: {' and '.join(missing)} would not be uploaded"
+            f"{f' ({why})' if why else ''}; push uploads only the model's own regular files: copy "
+            "the model into a folder of real files (cp -rL) and push that"
+        )
     api = HfApi(token=token)
     tok = token or _current_token()
     message = commit_message or f"Upload {model_dir.name} with hf_cocodr"
@@ -268,15 +307,24 @@ def push_directory(
         api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
         if revision and revision != "main":
             api.create_branch(repo_id, branch=revision, exist_ok=True, repo_type="model")
-        info = api.create_commit(repo_id=repo_id, operations=operations, commit_message=message, revision=revision,
-                                 repo_type="model")
+        info = api.create_commit(
+            repo_id=repo_id, operations=operations, commit_message=message, revision=revision, repo_type="model"
+        )
     except HfHubHTTPError as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
-        raise HubPushError(_redact(f"push of {model_dir} to {repo_id} failed (HTTP {status}): "
-                                   f"{str(e).splitlines()[0]}; nothing local was changed", tok)) from None
+        raise HubPushError(
+            _redact(
+                f"push of {model_dir} to {repo_id} failed (HTTP {status}): "
+                f"{str(e).splitlines()[0]}; nothing local was changed",
+                tok,
+            )
+        ) from None
     except OSError as e:  # connection refused, DNS, timeouts
-        raise HubPushError(_redact(f"push of {model_dir} to {repo_id} failed: cannot reach the Hub ({e}); "
-                                   "nothing local was changed", tok)) from None
+        raise HubPushError(
+            _redact(
+                f"push of {model_dir} to {repo_id} failed: cannot reach the Hub ({e}); nothing local was changed", tok
+            )
+        ) from None
     url = getattr(info, "commit_url", None) or str(info)
     logger.info("pushed %s to %s%s: %s", model_dir, repo_id, f"@{revision}" if revision else "", url)
     return url

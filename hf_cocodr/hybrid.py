@@ -74,8 +74,9 @@ class HybridRetriever:
     """Dense + BM25 retrieval over one corpus, fused per query (see the module docstring). Build it with
     :meth:`build`, or :meth:`load` a saved one."""
 
-    def __init__(self, model, doc_ids: list[str], embeddings: np.ndarray, bm25, fusion: FusionConfig,
-                 meta: dict[str, Any]):
+    def __init__(
+        self, model, doc_ids: list[str], embeddings: np.ndarray, bm25, fusion: FusionConfig, meta: dict[str, Any]
+    ):
         from .index import DenseIndex
 
         self.model = model
@@ -90,8 +91,16 @@ class HybridRetriever:
 
     # ------------------------------------------------------------------------------------------------ building
     @classmethod
-    def build(cls, model, corpus, *, fusion: FusionConfig | dict | None = None, batch_size: int = 64,
-              doc_max_length: int | None = None, show_progress_bar: bool = False) -> HybridRetriever:
+    def build(
+        cls,
+        model,
+        corpus,
+        *,
+        fusion: FusionConfig | dict | None = None,
+        batch_size: int = 64,
+        doc_max_length: int | None = None,
+        show_progress_bar: bool = False,
+    ) -> HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
@@ -111,8 +120,9 @@ class HybridRetriever:
         ids, texts = _corpus_ids_texts(dataset)
         if not ids:
             raise ConfigError(f"the corpus {corpus!r} has no documents")
-        index, order = build_index(st, dataset, batch_size=batch_size, max_length=doc_max_length,
-                                   show_progress_bar=show_progress_bar)
+        index, order = build_index(
+            st, dataset, batch_size=batch_size, max_length=doc_max_length, show_progress_bar=show_progress_bar
+        )
         in_index_order = index.reconstruct_all()
         del index
         embeddings = np.empty_like(in_index_order)
@@ -122,13 +132,23 @@ class HybridRetriever:
         t1 = time.perf_counter()
         bm25 = BM25Index(texts)
         bm25_s = time.perf_counter() - t1
-        meta = {"model": model_ref, "model_fingerprint": model_fingerprint(st)["weights_sha256"],
-                "similarity": model_similarity(st), "doc_max_length": doc_max_length,
-                "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
-                "corpus_fingerprint": corpus_fingerprint(ids, texts), "num_docs": len(ids),
-                "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)}}
-        logger.info("hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s; fusion %s", len(ids), dense_s,
-                    bm25_s, asdict(fusion))
+        meta = {
+            "model": model_ref,
+            "model_fingerprint": model_fingerprint(st)["weights_sha256"],
+            "similarity": model_similarity(st),
+            "doc_max_length": doc_max_length,
+            "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
+            "corpus_fingerprint": corpus_fingerprint(ids, texts),
+            "num_docs": len(ids),
+            "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
+        }
+        logger.info(
+            "hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s; fusion %s",
+            len(ids),
+            dense_s,
+            bm25_s,
+            asdict(fusion),
+        )
         return cls(st, ids, embeddings, bm25, fusion, meta)
 
     # ------------------------------------------------------------------------------------------------ search
@@ -137,8 +157,9 @@ class HybridRetriever:
 
         return encode_texts(self.model, list(queries), kind="query", batch_size=batch_size)
 
-    def search_dense(self, queries: list[str], k: int, *, query_embeddings: np.ndarray | None = None
-                     ) -> tuple[np.ndarray, np.ndarray]:
+    def search_dense(
+        self, queries: list[str], k: int, *, query_embeddings: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Dense top-``k``: ``(scores, rows)`` arrays of shape ``(n_queries, k)`` (rows index :attr:`doc_ids`)."""
         q = self.encode_queries(queries) if query_embeddings is None else query_embeddings
         return self.dense_index.search(q, k)
@@ -147,8 +168,9 @@ class HybridRetriever:
         """BM25 top-``k``: ``(scores, rows)``."""
         return self.bm25.search(list(queries), k)
 
-    def search(self, queries: list[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
-               ) -> tuple[list[list[str]], list[list[float]]]:
+    def search(
+        self, queries: list[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
+    ) -> tuple[list[list[str]], list[list[float]]]:
         """The fused top-``k`` of each query: ``(ids, scores)``, one list per query, best first."""
         if isinstance(queries, str):
             raise ConfigError("search takes a list of queries, got one string; wrap it in a list")
@@ -174,16 +196,25 @@ class HybridRetriever:
 
         out = Path(path)
         if out.exists() and not (out / HYBRID_FILE).is_file():
-            raise FileExistsError(f"{out} exists and is not a saved hybrid retriever ({HYBRID_FILE} missing); "
-                                  "give a new folder (hf_cocodr never replaces files it did not write)")
+            raise FileExistsError(
+                f"{out} exists and is not a saved hybrid retriever ({HYBRID_FILE} missing); "
+                "give a new folder (hf_cocodr never replaces files it did not write)"
+            )
         with atomic_directory(out) as tmp:
             np.save(tmp / "dense_embeddings.npy", self.embeddings)
             # written as is (not through atomic_write_json's secret redaction: an id is data, whatever its shape);
             # the folder as a whole is atomic
             (tmp / "doc_ids.json").write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
             self.bm25.save(tmp / "bm25")
-            atomic_write_json(tmp / HYBRID_FILE, {"format_version": FORMAT_VERSION, "fusion": asdict(self.fusion),
-                                                  **self.meta, "bm25": self.bm25.config()})
+            atomic_write_json(
+                tmp / HYBRID_FILE,
+                {
+                    "format_version": FORMAT_VERSION,
+                    "fusion": asdict(self.fusion),
+                    **self.meta,
+                    "bm25": self.bm25.config(),
+                },
+            )
 
     @classmethod
     def load(cls, path: str | os.PathLike, model=None, *, corpus=None) -> HybridRetriever:
@@ -199,8 +230,9 @@ class HybridRetriever:
             raise ConfigError(f"{folder} is not a saved hybrid retriever ({HYBRID_FILE} not found)")
         info = json.loads(info_file.read_text())
         if info.get("format_version") != FORMAT_VERSION:
-            raise ConfigError(f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads "
-                              f"{FORMAT_VERSION}")
+            raise ConfigError(
+                f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads {FORMAT_VERSION}"
+            )
         doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
@@ -209,14 +241,20 @@ class HybridRetriever:
                 raise ConfigError(
                     f"the corpus {corpus!s} is not the one {folder} was built from ({len(ids)} documents, fingerprint "
                     f"{got} against {info['num_docs']} documents, {info['corpus_fingerprint']}): build the retriever "
-                    "again for this corpus")
-        st = model if model is not None and not isinstance(model, (str, os.PathLike)) else load_encoder(
-            str(model if model is not None else info["model"]))
+                    "again for this corpus"
+                )
+        st = (
+            model
+            if model is not None and not isinstance(model, (str, os.PathLike))
+            else load_encoder(str(model if model is not None else info["model"]))
+        )
         fp = model_fingerprint(st)["weights_sha256"]
         if fp != info["model_fingerprint"]:
-            raise ConfigError(f"the model's weights ({fp}) are not those {folder} was built with "
-                              f"({info['model_fingerprint']}, {info['model']}): its query vectors would not match "
-                              "the saved document vectors; pass that model or build the retriever again")
+            raise ConfigError(
+                f"the model's weights ({fp}) are not those {folder} was built with "
+                f"({info['model_fingerprint']}, {info['model']}): its query vectors would not match "
+                "the saved document vectors; pass that model or build the retriever again"
+            )
         embeddings = np.load(folder / "dense_embeddings.npy")
         bm25 = BM25Index.load(folder / "bm25", info["bm25"])
         meta = {k: v for k, v in info.items() if k not in ("format_version", "fusion", "bm25")}
@@ -231,7 +269,9 @@ def _fusion(fusion) -> FusionConfig:
     if isinstance(fusion, dict):
         unknown = sorted(set(fusion) - set(FusionConfig.__dataclass_fields__))
         if unknown:
-            raise ConfigError(f"unknown fusion option(s) {unknown}; known: {sorted(FusionConfig.__dataclass_fields__)}")
+            raise ConfigError(
+                f"unknown fusion option(s) {unknown}; known: {sorted(FusionConfig.__dataclass_fields__)}"
+            )
         return FusionConfig(**fusion)
     raise ConfigError(f"fusion must be a FusionConfig or a mapping, got {fusion!r}")
 

@@ -98,7 +98,9 @@ class DenseIndex:
             self._buf[self.ntotal : need] = torch.from_numpy(x)
         self.ntotal += len(x)
 
-    def search(self, queries: np.ndarray | torch.Tensor, k: int, query_batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    def search(
+        self, queries: np.ndarray | torch.Tensor, k: int, query_batch: int = 1024
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores, indices)`` of shape ``(n_queries, min(k, ntotal))``."""
         q = _as_f32_numpy(queries)
         k = min(k, self.ntotal)
@@ -179,7 +181,9 @@ def kmeans(
         _, assign = km.index.search(x, 1)
         return km.centroids.copy(), assign[:, 0].astype(np.int64)
     if spherical:
-        raise ValueError("spherical K-Means needs faiss (backend='auto' or 'faiss'): scikit-learn has no spherical mode")
+        raise ValueError(
+            "spherical K-Means needs faiss (backend='auto' or 'faiss'): scikit-learn has no spherical mode"
+        )
     _log_backend("K-Means", "scikit-learn")
     return _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids)
 
@@ -214,8 +218,15 @@ def assign_to_centroids(x: np.ndarray | torch.Tensor, centroids: np.ndarray) -> 
 class BM25Index:
     """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`."""
 
-    def __init__(self, texts: list[str] | None, *, k1: float = 1.5, b: float = 0.75, language: str = "english",
-                 show_progress: bool = False):
+    def __init__(
+        self,
+        texts: list[str] | None,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        language: str = "english",
+        show_progress: bool = False,
+    ):
         import bm25s
         import Stemmer
 
@@ -250,7 +261,10 @@ class BM25Index:
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.ntotal)
         q_tokens = self._bm25s.tokenize(
-            queries, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=False,
+            queries,
+            stopwords=self.stopwords,
+            stemmer=self.stemmer,
+            show_progress=False,
         )
         # A query made only of stop words has no tokens; bm25s then scores every document 0.
         idx, scores = self.retriever.retrieve(q_tokens, k=k, show_progress=self.show_progress, n_threads=0)

@@ -98,10 +98,18 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
             if isinstance(value, dict) and "ndcg@10" in value:
                 name, split = _split_spec(key)
                 metrics = {k: v for k, v in value.items() if _metric_label(k) and isinstance(v, (int, float))}
-                rows.append({"dataset": f"{name}:{split}" if split else name,  # not where the data lies here
-                             "name": name, "split": split, "dataset_type": name,
-                             "dataset_revision": None, "source": "hf-cocodr evaluate", "metrics": metrics,
-                             **_metric_subset(value)})
+                rows.append(
+                    {
+                        "dataset": f"{name}:{split}" if split else name,  # not where the data lies here
+                        "name": name,
+                        "split": split,
+                        "dataset_type": name,
+                        "dataset_revision": None,
+                        "source": "hf-cocodr evaluate",
+                        "metrics": metrics,
+                        **_metric_subset(value),
+                    }
+                )
     mteb_root = directory / MTEB_DIR
     if mteb_root.is_dir():
         for task_file in sorted(mteb_root.rglob("*.json")):
@@ -113,17 +121,27 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
             task = data.get("task_name", task_file.stem)
             for split, entries in data["scores"].items():
                 for entry in entries:
-                    metrics = {k.replace("_at_", "@"): float(v) for k, v in entry.items()
-                               if _metric_label(k.replace("_at_", "@")) and isinstance(v, (int, float))}
+                    metrics = {
+                        k.replace("_at_", "@"): float(v)
+                        for k, v in entry.items()
+                        if _metric_label(k.replace("_at_", "@")) and isinstance(v, (int, float))
+                    }
                     subset = entry.get("hf_subset", "default")
-                    rows.append({
-                        "dataset": f"{task} ({split})" if subset == "default" else f"{task} {subset} ({split})",
-                        "name": task if subset == "default" else f"{task} ({subset})", "split": split,
-                        "dataset_type": _mteb_dataset_path(task) or task, "dataset_config": subset,
-                        "dataset_revision": data.get("dataset_revision"), "source": "MTEB", "metrics": metrics,
-                        "ndcg@10": entry.get("ndcg_at_10"), "recall@100": entry.get("recall_at_100"),
-                        "mrr@10": entry.get("mrr_at_10"),
-                    })
+                    rows.append(
+                        {
+                            "dataset": f"{task} ({split})" if subset == "default" else f"{task} {subset} ({split})",
+                            "name": task if subset == "default" else f"{task} ({subset})",
+                            "split": split,
+                            "dataset_type": _mteb_dataset_path(task) or task,
+                            "dataset_config": subset,
+                            "dataset_revision": data.get("dataset_revision"),
+                            "source": "MTEB",
+                            "metrics": metrics,
+                            "ndcg@10": entry.get("ndcg_at_10"),
+                            "recall@100": entry.get("recall_at_100"),
+                            "mrr@10": entry.get("mrr_at_10"),
+                        }
+                    )
     return rows
 
 
@@ -149,14 +167,26 @@ def eval_results(evaluations: list[dict[str, Any]]) -> list:
     for row in evaluations:
         for key, value in row["metrics"].items():
             metric_type, metric_name = _metric_label(key)
-            source = ({"source_name": "MTEB", "source_url": MTEB_URL} if row["source"] == "MTEB"
-                      else {"source_name": "hf-cocodr evaluate", "source_url": HF_COCODR_URL})
-            out.append(EvalResult(
-                task_type=RETRIEVAL_TASK[0], task_name=RETRIEVAL_TASK[1], dataset_type=row["dataset_type"],
-                dataset_name=row["name"], dataset_config=row.get("dataset_config"), dataset_split=row["split"],
-                dataset_revision=row.get("dataset_revision"), metric_type=metric_type, metric_name=metric_name,
-                metric_value=round(float(value), 6), **source,
-            ))
+            source = (
+                {"source_name": "MTEB", "source_url": MTEB_URL}
+                if row["source"] == "MTEB"
+                else {"source_name": "hf-cocodr evaluate", "source_url": HF_COCODR_URL}
+            )
+            out.append(
+                EvalResult(
+                    task_type=RETRIEVAL_TASK[0],
+                    task_name=RETRIEVAL_TASK[1],
+                    dataset_type=row["dataset_type"],
+                    dataset_name=row["name"],
+                    dataset_config=row.get("dataset_config"),
+                    dataset_split=row["split"],
+                    dataset_revision=row.get("dataset_revision"),
+                    metric_type=metric_type,
+                    metric_name=metric_name,
+                    metric_value=round(float(value), 6),
+                    **source,
+                )
+            )
     return out
 
 
@@ -199,8 +229,9 @@ def display_name(directory: Path) -> str:
     return name
 
 
-def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: str, similarity: str,
-                    name: str | None = None) -> dict[str, Any]:
+def build_card_data(
+    directory: Path, model, card_data: dict[str, Any], pooling: str, similarity: str, name: str | None = None
+) -> dict[str, Any]:
     training = _read_json(directory / TRAINING_INFO_FILE) or _read_json(directory / LEGACY_TRAINING_INFO_FILE) or {}
     data = {**training, **{k: v for k, v in card_data.items() if v is not None}}
     stages = data.get("stages", [])
@@ -212,8 +243,11 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
     pretraining_corpora = sorted({c for s in stages if s.get("type") == "coco" for c in s.get("corpora", [])})
     finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
     target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
-    readers = (["training on target pseudo pairs"] if "pseudo-pairs" in methods
-               or any(s.get("method") == "pseudo-pairs" for s in stages) else [])
+    readers = (
+        ["training on target pseudo pairs"]
+        if "pseudo-pairs" in methods or any(s.get("method") == "pseudo-pairs" for s in stages)
+        else []
+    )
     readers += [c["reads_target_corpora"] for c in method_cards.values() if c.get("reads_target_corpora")]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
@@ -228,8 +262,10 @@ def build_card_data(directory: Path, model, card_data: dict[str, Any], pooling: 
         max_seq_length=transformer.max_seq_length,
         query_length=getattr(transformer, "query_length", None),
         document_length=getattr(transformer, "document_length", None),
-        do_lower_case=bool(getattr(getattr(transformer, "tokenizer", None), "do_lower_case", False)
-                           or _tokenizer_lowercases(transformer)),
+        do_lower_case=bool(
+            getattr(getattr(transformer, "tokenizer", None), "do_lower_case", False)
+            or _tokenizer_lowercases(transformer)
+        ),
         methods=methods,
         method_names=[method_cards.get(m, {}).get("display_name") or METHOD_NAMES.get(m, m) for m in methods],
         pretraining_corpora=pretraining_corpora,
@@ -285,8 +321,9 @@ def build_model_card(data: dict[str, Any]):
     import jinja2
     from huggingface_hub import ModelCard
 
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True)
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+    )
     env.filters["fmt"] = lambda v: "–" if v is None else (f"{v:.4f}" if isinstance(v, float) else str(v))
     meta = card_metadata(data)
     text = env.from_string(_template("cocodr_model_card.md.jinja")).render(card_data=meta.to_yaml(), **data)
@@ -324,9 +361,13 @@ def write_model_card(
     pooling = pooling or pooling_mode(model) or "unknown"
     similarity = similarity or str(getattr(model, "similarity_fn_name", "cosine"))
     transformer = model[0]
-    settings = {"pooling": pooling, "similarity": similarity, "max_seq_length": transformer.max_seq_length,
-                "query_length": getattr(transformer, "query_length", None),
-                "document_length": getattr(transformer, "document_length", None)}
+    settings = {
+        "pooling": pooling,
+        "similarity": similarity,
+        "max_seq_length": transformer.max_seq_length,
+        "query_length": getattr(transformer, "query_length", None),
+        "document_length": getattr(transformer, "document_length", None),
+    }
     provenance = update_provenance(directory, model, card_data, settings)
     data = build_card_data(directory, model, {**provenance, **card_data}, pooling, similarity, name=name)
     text = render_model_card(data)  # refuses token-like strings before anything is written

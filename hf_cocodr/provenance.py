@@ -104,8 +104,13 @@ def _resolve_hub_id(folder: str) -> tuple[str | None, str | None, str]:
     path = Path(folder)
     parts = path.parts
     for i, part in enumerate(parts):  # the Hugging Face cache: .../models--org--name/snapshots/<commit>
-        if part.startswith("models--") and part.count("--") >= 2 and i + 2 < len(parts) and parts[i + 1] == "snapshots":
-            return part[len("models--"):].replace("--", "/", 1), parts[i + 2], "Hugging Face cache layout"
+        if (
+            part.startswith("models--")
+            and part.count("--") >= 2
+            and i + 2 < len(parts)
+            and parts[i + 1] == "snapshots"
+        ):
+            return part[len("models--") :].replace("--", "/", 1), parts[i + 2], "Hugging Face cache layout"
     meta, body = read_card(path)
     title = next((line[2:].strip() for line in body.splitlines() if line.startswith("# ")), "")
     names = {_norm(n) for n in (title, path.name) if n}
@@ -128,7 +133,9 @@ def _resolve_hub_id(folder: str) -> tuple[str | None, str | None, str]:
         try:
             from mteb.models.get_model_meta import MODEL_REGISTRY  # 9 s to import: only a titled card needs it
 
-            hits = [n for n in MODEL_REGISTRY if _norm(n.split("/", 1)[-1]) == _norm(title) or _norm(n) == _norm(title)]
+            hits = [
+                n for n in MODEL_REGISTRY if _norm(n.split("/", 1)[-1]) == _norm(title) or _norm(n) == _norm(title)
+            ]
         except Exception:
             hits = []
         if len(hits) == 1:
@@ -172,8 +179,10 @@ def source_info(source: str | os.PathLike | None) -> dict[str, Any]:
     if path.is_dir():
         info = read_provenance(path)
         if not info.get("stages") and not info.get("base_model_source"):
-            info["base_model_source"] = {"path": str(path.resolve()), "fingerprint": _folder_fingerprint(
-                str(path.resolve()))}
+            info["base_model_source"] = {
+                "path": str(path.resolve()),
+                "fingerprint": _folder_fingerprint(str(path.resolve())),
+            }
         if not info.get("base_model") and not info.get("stages"):  # a trained model keeps its own (local) base
             hub_id, revision = resolve_hub_id(path)
             if hub_id:
@@ -189,7 +198,9 @@ def source_info(source: str | os.PathLike | None) -> dict[str, Any]:
 def is_cocodr_model(info: dict[str, Any]) -> bool:
     """A COCO-DR model: a COCO stage ran, or the base is a COCO-DR checkpoint (``OpenMatch/cocodr-*``)."""
     stages = [s for s in info.get("stages") or [] if isinstance(s, dict)]
-    if any(s.get("type") == "coco" or s.get("method") == "coco" for s in stages) or "coco" in (info.get("methods") or []):
+    if any(s.get("type") == "coco" or s.get("method") == "coco" for s in stages) or "coco" in (
+        info.get("methods") or []
+    ):
         return True
     base = info.get("base_model")
     return isinstance(base, str) and bool(_COCODR_BASE_RE.search(base))
@@ -209,7 +220,7 @@ def versions() -> dict[str, str]:
 
 
 def _stages_continue(earlier: list, later: list) -> bool:
-    return len(earlier) <= len(later) and list(later[:len(earlier)]) == list(earlier)
+    return len(earlier) <= len(later) and list(later[: len(earlier)]) == list(earlier)
 
 
 def _jsonable(obj: Any) -> Any:
@@ -249,9 +260,18 @@ def update_provenance(
         if _COMMAND_STAGE.get(record.get("command")) == stages[-1].get("type") and len(runs) < len(stages):
             identity = record["identity"]
             runs += [None] * (len(stages) - 1 - len(runs))
-            runs.append(_jsonable({"command": record.get("command"), "run_id": record.get("run_id"),
-                                   "started": record.get("started"), "start_model": identity.get("model"),
-                                   "data_fingerprint": identity.get("data"), "settings": identity.get("settings")}))
+            runs.append(
+                _jsonable(
+                    {
+                        "command": record.get("command"),
+                        "run_id": record.get("run_id"),
+                        "started": record.get("started"),
+                        "start_model": identity.get("model"),
+                        "data_fingerprint": identity.get("data"),
+                        "settings": identity.get("settings"),
+                    }
+                )
+            )
         prov["stage_runs"] = runs
     prov["format"] = FORMAT_VERSION
     if settings:

@@ -30,24 +30,18 @@ import json
 import logging
 import os
 import shutil
-import socket
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .locks import LOCK, RunLockedError, acquire_lock, release_lock  # noqa: F401  (re-exported)
 from .storage import is_staging_name
 from .utils import atomic_write_json, check_not_precious
-
-try:  # POSIX only; elsewhere locks are taken without the folder guard
-    import fcntl
-except ImportError:  # pragma: no cover
-    fcntl = None
 
 logger = logging.getLogger(__name__)
 
 RECORD = "hf_cocodr_run.json"
-LOCK = "hf_cocodr_run.lock"
 _MIB = 1 << 20
 _MAX_FILES = 500  # a folder input is fingerprinted by at most this many files (sorted paths)
 
@@ -55,23 +49,46 @@ _MAX_FILES = 500  # a folder input is fingerprinted by at most this many files (
 # The entries a training command (finetune, pretrain, a recipe stage) may write into its output folder: the model,
 # its tokenizer, card and records, and the trainer's own files. A user's entry of one of these names is never
 # written beside, even with overwrite: it would be replaced.
-TRAINER_ENTRIES = frozenset({
-    "README.md", "config.json", "config_sentence_transformers.json", "modules.json", "sentence_bert_config.json",
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "generation_config.json",
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json", "merges.txt",
-    "added_tokens.json", "spiece.model", "sentencepiece.bpe.model", "chat_template.jinja",
-    "0_Transformer", "1_Pooling", "2_Normalize", "2_Dense", "3_Normalize",
-    "condenser_head.safetensors", "condenser_head.json", "hf_cocodr_provenance.json", "hf_cocodr_training.json",
-    "training_args.bin", "trainer_state.json", "eval.json", "runs",
-})
+TRAINER_ENTRIES = frozenset(
+    {
+        "README.md",
+        "config.json",
+        "config_sentence_transformers.json",
+        "modules.json",
+        "sentence_bert_config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "pytorch_model.bin",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "vocab.txt",
+        "vocab.json",
+        "merges.txt",
+        "added_tokens.json",
+        "spiece.model",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "0_Transformer",
+        "1_Pooling",
+        "2_Normalize",
+        "2_Dense",
+        "3_Normalize",
+        "condenser_head.safetensors",
+        "condenser_head.json",
+        "hf_cocodr_provenance.json",
+        "hf_cocodr_training.json",
+        "training_args.bin",
+        "trainer_state.json",
+        "eval.json",
+        "runs",
+    }
+)
 
 
 class RunMismatchError(ValueError):
     """The output folder belongs to another run (different inputs or settings)."""
-
-
-class RunLockedError(FileExistsError):
-    """Another live process is writing the output folder."""
 
 
 # ----------------------------------------------------------------------------------------------------- fingerprints
@@ -127,8 +144,10 @@ def model_fingerprint(module) -> dict[str, Any]:
 
 def _skip(rel: Path) -> bool:
     parts = rel.parts
-    return any(x.startswith(".") or x.startswith("checkpoint-") or x == "runs" for x in parts) or \
-        rel.name in (RECORD, LOCK)
+    return any(x.startswith(".") or x.startswith("checkpoint-") or x == "runs" for x in parts) or rel.name in (
+        RECORD,
+        LOCK,
+    )
 
 
 def digest(obj: Any) -> str:
@@ -149,181 +168,6 @@ def identity_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         else:
             out.append(key)
     return out
-
-
-# ------------------------------------------------------------------------------------------------------------ lock
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _boot_id() -> str | None:
-    """This boot's id (Linux), or None where the system does not expose one."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); None where ``/proc``
-    is absent or the process is gone. With the boot id it tells a live holder from an unrelated process that was
-    given the same pid later."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        # field 2 (the command name, in parentheses) may itself hold spaces and parentheses: count after the last ')'
-        return int(stat[stat.rindex(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _started_after(pid: int, when: float) -> bool:
-    """Whether process ``pid`` started after the time ``when`` (seconds since the epoch), with two seconds' slack;
-    False where that cannot be told."""
-    ticks = _process_start(pid)
-    try:
-        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                     if line.startswith("btime "))
-        hz = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return False
-    return ticks is not None and btime + ticks / hz > when + 2
-
-
-def _holder_is_gone(holder: dict[str, Any], host: str, written: float | None = None) -> str | None:
-    """Why the lock ``holder`` (the JSON of a lock file, last written at ``written``) is stale, or None when it may
-    still be running (or that cannot be told: another host, no ``/proc``)."""
-    pid = holder.get("pid")
-    if holder.get("host") != host or not isinstance(pid, int) or isinstance(pid, bool):
-        return None
-    boot = _boot_id()
-    if holder.get("boot_id") and boot and holder["boot_id"] != boot:
-        return "which ran before this machine restarted"
-    if not _pid_alive(pid):
-        return "which is no longer running"
-    recorded, now = holder.get("pid_start"), _process_start(pid)
-    if isinstance(recorded, int) and now is not None and recorded != now:
-        return f"which is no longer running (pid {pid} now belongs to another process)"
-    if not isinstance(recorded, int) and written is not None and _started_after(pid, written):
-        # a lock of an earlier version (no start time): the process under its pid started after it was written
-        return f"which is no longer running (pid {pid} now belongs to a process started after the lock was written)"
-    return None
-
-
-@contextlib.contextmanager
-def _folder_guard(folder: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the folder itself while a lock is checked and taken or released: every hf_cocodr
-    process serialises there, so a stale lock is replaced by exactly one of them. Where the platform or file system
-    has no ``flock`` on folders, the lock is taken without the guard."""
-    if fcntl is None:
-        yield
-        return
-    try:
-        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            logger.debug("no flock on %s; locking without the folder guard", folder)
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor drops the flock
-
-
-def _read_holder(path: Path) -> dict[str, Any] | None:
-    """The JSON of the lock file: ``{}`` if it is unreadable, None if it is not there."""
-    try:
-        holder = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def _create_from(tmp: Path, path: Path) -> None:
-    """Create ``path`` with the content of ``tmp``, failing with ``FileExistsError`` if it exists: a hard link (the
-    lock appears complete in one step), or an exclusive create where the file system has no hard links."""
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        raise
-    except OSError:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-        with os.fdopen(fd, "w") as f:
-            f.write(tmp.read_text())
-
-
-def acquire_lock(folder: str | os.PathLike) -> Path:
-    """Create ``folder/hf_cocodr_run.lock`` or fail with a one-line :class:`RunLockedError` naming the lock file and
-    its holder.
-
-    The lock records the writer's pid, host, start, boot id and the process's start time. A lock left by a process
-    that is gone (same host: its pid is not running, belongs to a process started at another time, or was taken
-    before this machine restarted) is taken over with a warning. The check and the takeover happen under an
-    exclusive ``flock`` on the folder, and the lock file appears complete in one step (a hard link of a written
-    temporary file, or a rename over the stale one): however many processes start on one stale lock, exactly one
-    takes it.
-    """
-    folder = Path(folder)
-    path = folder / LOCK
-    host = socket.gethostname()
-    me = {"pid": os.getpid(), "host": host, "started": _now(), "boot_id": _boot_id(),
-          "pid_start": _process_start(os.getpid())}
-    tmp = folder / f".{LOCK}.{uuid.uuid4().hex[:8]}.tmp"
-    with _folder_guard(folder):
-        tmp.write_text(json.dumps(me))
-        try:
-            for _ in range(3):
-                try:
-                    _create_from(tmp, path)
-                    return path
-                except FileExistsError:
-                    pass
-                holder = _read_holder(path)
-                if holder is None:
-                    continue  # released meanwhile
-                if holder.get("pid") == os.getpid() and holder.get("host") == host:
-                    return path  # this process holds it already (a trainer inside a recipe stage, ...)
-                try:
-                    written = path.stat().st_mtime
-                except OSError:
-                    written = None
-                why = _holder_is_gone(holder, host, written)
-                if why is not None:
-                    logger.warning("taking over the lock %s left by process %s (started %s), %s", path,
-                                   holder.get("pid"), holder.get("started", "?"), why)
-                    os.replace(tmp, path)
-                    return path
-                if not holder:
-                    raise RunLockedError(f"{folder} is locked by {path} (unreadable); if no hf-cocodr process "
-                                         "writes there, delete that file") from None
-                raise RunLockedError(
-                    f"{folder} is being written by another hf-cocodr process (pid {holder.get('pid')} on "
-                    f"{holder.get('host')}, since {holder.get('started')}; lock file {path}); wait for it to finish "
-                    "or use another folder (if that process is not hf-cocodr and no hf-cocodr process writes there, "
-                    "delete the lock file)") from None
-            raise RunLockedError(f"could not lock {folder}: {path} keeps changing")
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
-
-
-def release_lock(folder: str | os.PathLike) -> None:
-    folder = Path(folder)
-    path = folder / LOCK
-    with contextlib.suppress(OSError), _folder_guard(folder):
-        holder = _read_holder(path)
-        if holder and holder.get("pid") == os.getpid():
-            path.unlink()
 
 
 # ------------------------------------------------------------------------------------------------------ the record
@@ -350,8 +194,9 @@ def read_record(folder: str | os.PathLike) -> dict[str, Any] | None:
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError):
-        raise RunMismatchError(f"{path} is not readable JSON; move it away (or the folder) to start a new run") \
-            from None
+        raise RunMismatchError(
+            f"{path} is not readable JSON; move it away (or the folder) to start a new run"
+        ) from None
     return rec if isinstance(rec, dict) else None
 
 
@@ -368,9 +213,20 @@ class RunFolder:
         return self.record["run_id"]
 
     @classmethod
-    def claim(cls, folder: str | os.PathLike, command: str, identity: dict[str, Any], *, resume: bool = False,
-              overwrite: bool = False, replaces_own: bool = False, lock: bool = True, trainer: bool = False,
-              dry_run: bool = False, writes: Iterable[str] = ()) -> RunFolder | None:
+    def claim(
+        cls,
+        folder: str | os.PathLike,
+        command: str,
+        identity: dict[str, Any],
+        *,
+        resume: bool = False,
+        overwrite: bool = False,
+        replaces_own: bool = False,
+        lock: bool = True,
+        trainer: bool = False,
+        dry_run: bool = False,
+        writes: Iterable[str] = (),
+    ) -> RunFolder | None:
         """Check ``folder`` against the rules, lock it and write this run's record (``dry_run``: only check, write
         nothing). ``trainer``: foreign ``checkpoint-*`` folders, and foreign entries named like a file a training
         command writes (:data:`TRAINER_ENTRIES`), are refused even with ``overwrite`` (a resume could take them for
@@ -387,10 +243,25 @@ class RunFolder:
             old = read_record(out)
             entries = _entries(out)
             own, foreign = _own_and_foreign(old, entries, command, identity, resume)
-            _refuse_foreign(folder, foreign, trainer=trainer, overwrite=overwrite,
-                            writes=set(writes) | (TRAINER_ENTRIES if trainer else set()))
-            run_id = _settle_earlier_run(folder, out, old, own & entries, command, identity, resume=resume,
-                                         overwrite=overwrite, replaces_own=replaces_own, dry_run=dry_run)
+            _refuse_foreign(
+                folder,
+                foreign,
+                trainer=trainer,
+                overwrite=overwrite,
+                writes=set(writes) | (TRAINER_ENTRIES if trainer else set()),
+            )
+            run_id = _settle_earlier_run(
+                folder,
+                out,
+                old,
+                own & entries,
+                command,
+                identity,
+                resume=resume,
+                overwrite=overwrite,
+                replaces_own=replaces_own,
+                dry_run=dry_run,
+            )
             if dry_run:
                 return None
             if old and old.get("run_id") == run_id:
@@ -399,9 +270,15 @@ class RunFolder:
                 from . import __version__
 
                 preexisting = sorted((set(old.get("preexisting", [])) if old else set()) | set(foreign))
-                record = {"command": command, "run_id": run_id, "version": __version__, "started": _now(),
-                          "identity": identity, "preexisting": preexisting,
-                          "files": sorted(own & _entries(out)) if replaces_own else []}
+                record = {
+                    "command": command,
+                    "run_id": run_id,
+                    "version": __version__,
+                    "started": _now(),
+                    "identity": identity,
+                    "preexisting": preexisting,
+                    "files": sorted(own & _entries(out)) if replaces_own else [],
+                }
             rf = cls(out, record)
             rf.save()
             return rf
@@ -413,8 +290,9 @@ class RunFolder:
     def expect(self, names: Iterable[str]) -> None:
         """Declare, before writing them, the entries this run will write (stage folders, ...): a run killed before
         its next :meth:`save` still owns them when it is resumed."""
-        self.record["expected"] = sorted((set(self.record.get("expected", [])) | set(names))
-                                         - set(self.record["preexisting"]))
+        self.record["expected"] = sorted(
+            (set(self.record.get("expected", [])) | set(names)) - set(self.record["preexisting"])
+        )
         self.save()
 
     def save(self) -> None:
@@ -430,8 +308,9 @@ class RunFolder:
         release_lock(self.path)
 
 
-def _own_and_foreign(old: dict | None, entries: set[str], command: str, identity, resume: bool
-                     ) -> tuple[set[str], list[str]]:
+def _own_and_foreign(
+    old: dict | None, entries: set[str], command: str, identity, resume: bool
+) -> tuple[set[str], list[str]]:
     """The entries the earlier run recorded (or declared, see :meth:`RunFolder.expect`) as its own, and the entries
     no record lists. Resuming the same run, unrecorded ``checkpoint-*`` folders are its own (killed mid-save)."""
     if not old:
@@ -439,36 +318,52 @@ def _own_and_foreign(old: dict | None, entries: set[str], command: str, identity
     preexisting = set(old.get("preexisting", []))
     own = set(old["files"]) | ((set(old.get("expected", [])) & entries) - preexisting)
     foreign = sorted(entries - own - preexisting)
-    same_run = resume and (identity is None or (
-        old.get("command") == command and not identity_diff(old.get("identity", {}), identity)))
+    same_run = resume and (
+        identity is None or (old.get("command") == command and not identity_diff(old.get("identity", {}), identity))
+    )
     if same_run:
         own |= {f for f in foreign if f.startswith("checkpoint-")}
         foreign = [f for f in foreign if not f.startswith("checkpoint-")]
     return own, foreign
 
 
-def _refuse_foreign(folder, foreign: list[str], *, trainer: bool, overwrite: bool, writes: set[str] = frozenset()
-                    ) -> None:
+def _refuse_foreign(
+    folder, foreign: list[str], *, trainer: bool, overwrite: bool, writes: set[str] = frozenset()
+) -> None:
     checkpoints = [f for f in foreign if f.startswith("checkpoint-")]
     if trainer and checkpoints:
         raise FileExistsError(
             f"{folder} holds checkpoint folders hf_cocodr did not record for it ({', '.join(checkpoints)}); a resume "
-            "could take them for this run's: give a new folder")
+            "could take them for this run's: give a new folder"
+        )
     clash = sorted(f for f in foreign if f in writes)
     if clash:
         raise FileExistsError(
             f"{folder} holds {', '.join(clash[:4])}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
             "and this command would write (replacing it, or writing through it if it is a link); hf_cocodr never "
-            "changes files it did not write: move it away or give a new folder")
+            "changes files it did not write: move it away or give a new folder"
+        )
     if foreign and not overwrite:
         raise FileExistsError(
             f"{folder} holds files hf_cocodr did not write ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}"
             "); hf_cocodr never deletes or changes files it did not write: give a new or empty folder, or pass "
-            "--overwrite_output_dir to write beside them (they stay untouched)")
+            "--overwrite_output_dir to write beside them (they stay untouched)"
+        )
 
 
-def _settle_earlier_run(folder, out: Path, old: dict | None, own_present: set[str], command: str, identity, *,
-                        resume: bool, overwrite: bool, replaces_own: bool, dry_run: bool) -> str:
+def _settle_earlier_run(
+    folder,
+    out: Path,
+    old: dict | None,
+    own_present: set[str],
+    command: str,
+    identity,
+    *,
+    resume: bool,
+    overwrite: bool,
+    replaces_own: bool,
+    dry_run: bool,
+) -> str:
     """Continue, replace or refuse the run that wrote ``out`` before; returns this run's id (the earlier one's when
     it is resumed). Removes the earlier run's own files when this run replaces it (never with ``dry_run``)."""
     if old and resume:
@@ -483,17 +378,20 @@ def _settle_earlier_run(folder, out: Path, old: dict | None, own_present: set[st
             raise RunMismatchError(
                 f"{folder} holds another run ({old.get('command')}, started {old.get('started')}): "
                 f"{', '.join(diff)} differ; pass --overwrite_output_dir to replace that run's files, or give a new "
-                "folder")
+                "folder"
+            )
         if not dry_run:
-            logger.warning("%s: the earlier run differs in %s; replacing its files and starting over", folder,
-                           ", ".join(diff))
+            logger.warning(
+                "%s: the earlier run differs in %s; replacing its files and starting over", folder, ", ".join(diff)
+            )
             remove_own(out, own_present)
     elif old and own_present:
         if not (overwrite or (replaces_own and old.get("command") == command)):
             raise FileExistsError(
                 f"{folder} holds an earlier run ({old.get('command')}, started {old.get('started')}); resume it "
                 "(--resume_from_checkpoint true), pass --overwrite_output_dir to replace its files, or give a new "
-                "folder")
+                "folder"
+            )
         if not dry_run and not replaces_own:
             remove_own(out, own_present)
     return uuid.uuid4().hex[:12]

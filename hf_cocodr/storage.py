@@ -115,8 +115,9 @@ def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path
             try:
                 if entry.name.startswith(BACKUP_PREFIX) and not (dest.exists() or dest.is_symlink()):
                     os.replace(entry, dest)  # killed between the two renames of a swap: the old folder comes back
-                    logger.warning("restored %s from %s, left by an earlier run that was stopped while replacing it",
-                                   dest, entry)
+                    logger.warning(
+                        "restored %s from %s, left by an earlier run that was stopped while replacing it", dest, entry
+                    )
                     continue
                 remove_entry(entry)
             except OSError as e:
@@ -187,7 +188,8 @@ def carry_over(src: Path, dst: Path) -> None:
 def cache_root() -> Path:
     """hf_cocodr's cache folder: ``$HF_COCODR_CACHE``, else ``$XDG_CACHE_HOME/hf_cocodr`` (``~/.cache/hf_cocodr``)."""
     base = os.environ.get("HF_COCODR_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hf_cocodr"
+    )
     return Path(base).expanduser()
 
 
@@ -198,8 +200,9 @@ def cache_dir(kind: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise PermissionError(f"the cache folder {path} cannot be created ({e.strerror or e}); set HF_COCODR_CACHE "
-                              "to a writable folder") from None
+        raise PermissionError(
+            f"the cache folder {path} cannot be created ({e.strerror or e}); set HF_COCODR_CACHE to a writable folder"
+        ) from None
     check_writable(path, "the cache folder", hint="set HF_COCODR_CACHE to a writable folder")
     sweep_stale(path)
     return path
@@ -281,9 +284,12 @@ def check_free_space(folder: str | os.PathLike, needed: int | None, why: str = "
     except OSError:
         return
     if free < needed:
-        raise NotEnoughSpaceError(f"not enough free space: {_size(free)} free, about {_size(needed)} needed"
-                                  + (f" ({why})" if why else "") + f"; free some space or set {NO_SPACE_CHECK_ENV}=1",
-                                  folder)
+        raise NotEnoughSpaceError(
+            f"not enough free space: {_size(free)} free, about {_size(needed)} needed"
+            + (f" ({why})" if why else "")
+            + f"; free some space or set {NO_SPACE_CHECK_ENV}=1",
+            folder,
+        )
 
 
 # how many times the model's weight files a command writes at most at one time into its output folder
@@ -291,8 +297,15 @@ EXPORT_SPACE_FACTOR = 1.2  # the exported weights (the old folder's files are ca
 TRAINING_SPACE_FACTOR = 4.0  # a checkpoint (weights and the optimizer's two moments) and the final model
 
 
-def check_before_work(output_dir: str | os.PathLike, model=None, *, factor: float = TRAINING_SPACE_FACTOR,
-                      cache: bool = True, staged_beside: bool = False, what: str = "the output folder") -> None:
+def check_before_work(
+    output_dir: str | os.PathLike,
+    model=None,
+    *,
+    factor: float = TRAINING_SPACE_FACTOR,
+    cache: bool = True,
+    staged_beside: bool = False,
+    what: str = "the output folder",
+) -> None:
     """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
     folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
     ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
@@ -300,11 +313,11 @@ def check_before_work(output_dir: str | os.PathLike, model=None, *, factor: floa
     check_writable(output_dir, what)
     out = Path(output_dir).expanduser().absolute()
     if staged_beside and out.exists():
-        check_writable(out.parent, f"the folder holding {what}",
-                       hint=f"{out.name} is written beside it and renamed into place")
+        check_writable(
+            out.parent, f"the folder holding {what}", hint=f"{out.name} is written beside it and renamed into place"
+        )
     if cache:
         check_writable(cache_root(), "the cache folder", hint="set HF_COCODR_CACHE to a writable folder")
     weights = model_weight_bytes(model) if model is not None else None
     if weights:
-        check_free_space(output_dir, int(weights * factor),
-                         f"{factor:g} x the model's {_size(weights)} of weights")
+        check_free_space(output_dir, int(weights * factor), f"{factor:g} x the model's {_size(weights)} of weights")

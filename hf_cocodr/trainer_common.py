@@ -24,8 +24,12 @@ def preserved_rng_state():
     import torch
 
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state(), (
-        torch.cuda.get_rng_state_all() if cuda else None)
+    states = (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        (torch.cuda.get_rng_state_all() if cuda else None),
+    )
     try:
         yield
     finally:
@@ -56,13 +60,15 @@ class TrainerMixin:
         if args.push_to_hub:
             from transformers.trainer_utils import HubStrategy
 
-
             if not args.hub_model_id:
                 raise ConfigError("push_to_hub=True needs hub_model_id='org/name'")
             validate_repo_id(args.hub_model_id)
             if args.hub_strategy != HubStrategy.END:
-                logger.info("push_to_hub: hub_strategy %s -> end (checkpoints stay local; the final model is pushed in "
-                            "one commit after training)", getattr(args.hub_strategy, "value", args.hub_strategy))
+                logger.info(
+                    "push_to_hub: hub_strategy %s -> end (checkpoints stay local; the final model is pushed in "
+                    "one commit after training)",
+                    getattr(args.hub_strategy, "value", args.hub_strategy),
+                )
             args.hub_strategy = HubStrategy.END  # Trainer._push_from_checkpoint then pushes nothing
         return token
 
@@ -73,11 +79,38 @@ class TrainerMixin:
         raise NotImplementedError
 
     def _trajectory_settings(self) -> dict:
-        skip = ("output_dir", "overwrite_output_dir", "logging", "log_", "save_", "report_to", "disable_tqdm",
-                "run_name", "hub_", "push_to_hub", "eval", "per_device_eval", "dataloader_num_workers",
-                "dataloader_pin", "dataloader_persistent", "dataloader_prefetch", "resume_from_checkpoint",
-                "load_best", "metric_for_best", "greater_is_better", "do_", "prediction_loss_only", "include_",
-                "ddp_", "local_rank", "use_cpu", "no_cuda", "project", "trackio", "restore_callback")
+        skip = (
+            "output_dir",
+            "overwrite_output_dir",
+            "logging",
+            "log_",
+            "save_",
+            "report_to",
+            "disable_tqdm",
+            "run_name",
+            "hub_",
+            "push_to_hub",
+            "eval",
+            "per_device_eval",
+            "dataloader_num_workers",
+            "dataloader_pin",
+            "dataloader_persistent",
+            "dataloader_prefetch",
+            "resume_from_checkpoint",
+            "load_best",
+            "metric_for_best",
+            "greater_is_better",
+            "do_",
+            "prediction_loss_only",
+            "include_",
+            "ddp_",
+            "local_rank",
+            "use_cpu",
+            "no_cuda",
+            "project",
+            "trackio",
+            "restore_callback",
+        )
         return {k: v for k, v in self.args.to_dict().items() if not k.startswith(skip)}
 
     def _claim_output_dir(self, resume: bool):
@@ -88,8 +121,13 @@ class TrainerMixin:
         self._run_folder = None
         if self.args.should_save:
             self._run_folder = RunFolder.claim(
-                self.args.output_dir, self._command, self._run_identity(), resume=resume,
-                overwrite=bool(getattr(self.args, "overwrite_output_dir", False)), trainer=True)
+                self.args.output_dir,
+                self._command,
+                self._run_identity(),
+                resume=resume,
+                overwrite=bool(getattr(self.args, "overwrite_output_dir", False)),
+                trainer=True,
+            )
         D.barrier()
         return (read_record(self.args.output_dir) or {}).get("run_id")
 
@@ -101,8 +139,11 @@ class TrainerMixin:
         because of the disk (full, read-only, ...) raises one ``OSError`` naming ``output_dir`` (see
         :func:`hf_cocodr.errors.disk_faults`)."""
 
-        wants_resume = not (resume_from_checkpoint is None or resume_from_checkpoint is False or (
-            isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0")))
+        wants_resume = not (
+            resume_from_checkpoint is None
+            or resume_from_checkpoint is False
+            or (isinstance(resume_from_checkpoint, str) and resume_from_checkpoint.lower() in ("", "false", "no", "0"))
+        )
         run_id = self._claim_output_dir(wants_resume)
         try:
             resume_from_checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir, run_id=run_id)
@@ -132,8 +173,9 @@ class TrainerMixin:
             shutil.rmtree(folder, ignore_errors=True)
             logger.warning("removed the unfinished checkpoint %s", folder)
 
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint,
-                             trial) -> tuple[int, int]:
+    def _init_training_state(
+        self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+    ) -> tuple[int, int]:
         """The Trainer's restore of ``(epochs_trained, steps_trained_in_current_epoch)``, with a resume from a
         checkpoint at (or past) ``max_steps`` counted as every epoch done: no step is trained, and the model,
         optimizer and state stay the checkpoint's; only the end-of-training work (final save, card, state) runs.
@@ -141,10 +183,15 @@ class TrainerMixin:
         The Trainer resumes in epoch ``global_step // steps_per_epoch`` and checks the step limit only after each
         step, so a final checkpoint that ends inside an epoch would otherwise train one step past ``max_steps``."""
         epochs_trained, steps_in_epoch = super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial)
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
         if resume_from_checkpoint is not None and max_steps > 0 and self.state.global_step >= max_steps:
-            logger.info("the checkpoint %s is at step %d of %d: nothing left to train", resume_from_checkpoint,
-                        self.state.global_step, max_steps)
+            logger.info(
+                "the checkpoint %s is at step %d of %d: nothing left to train",
+                resume_from_checkpoint,
+                self.state.global_step,
+                max_steps,
+            )
             return num_train_epochs, 0
         return epochs_trained, steps_in_epoch
 
@@ -182,8 +229,14 @@ class TrainerMixin:
     def init_hf_repo(self, token: str | None = None, private: bool | None = None) -> None:
         super().init_hf_repo(token=token or self._hub_token, private=private)
 
-    def push_to_hub(self, commit_message: str | None = None, blocking: bool = True, token: str | None = None,
-                    revision: str | None = None, **kwargs) -> str:
+    def push_to_hub(
+        self,
+        commit_message: str | None = None,
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        **kwargs,
+    ) -> str:
         """Push the finalised output directory to ``args.hub_model_id`` in one commit; returns the commit URL."""
         # Not Trainer.push_to_hub: its create_model_card step rewrites README.md (measured on a finished COCO folder:
         # our 3,750-character card became transformers' 1,075-character generic one), and it neither takes the token
@@ -191,6 +244,11 @@ class TrainerMixin:
         self.finalize()
         if not self.args.should_save:
             return ""
-        return push_directory(self.args.output_dir, self.args.hub_model_id, private=bool(self.args.hub_private_repo),
-                              revision=revision or getattr(self.args, "hub_revision", None),
-                              commit_message=commit_message, token=token or self._hub_token)
+        return push_directory(
+            self.args.output_dir,
+            self.args.hub_model_id,
+            private=bool(self.args.hub_private_repo),
+            revision=revision or getattr(self.args, "hub_revision", None),
+            commit_message=commit_message,
+            token=token or self._hub_token,
+        )

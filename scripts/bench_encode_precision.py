@@ -38,26 +38,48 @@ def main() -> int:
         for p in precisions:
             load0 = os.getloadavg()[0]
             t0 = time.perf_counter()
-            r = evaluate_retrieval(model, root / folder, split, doc_max_length=ns.doc_max_length,
-                                   show_progress_bar=False, encode_precision=p)
-            rows.append({"split": label, "precision": p, "ndcg@10": r["ndcg@10"], "recall@100": r["recall@100"],
-                         "encode_seconds": r["encode_seconds"], "wall_seconds": round(time.perf_counter() - t0, 1),
-                         "load_average_before": round(load0, 2)})
+            r = evaluate_retrieval(
+                model,
+                root / folder,
+                split,
+                doc_max_length=ns.doc_max_length,
+                show_progress_bar=False,
+                encode_precision=p,
+            )
+            rows.append(
+                {
+                    "split": label,
+                    "precision": p,
+                    "ndcg@10": r["ndcg@10"],
+                    "recall@100": r["recall@100"],
+                    "encode_seconds": r["encode_seconds"],
+                    "wall_seconds": round(time.perf_counter() - t0, 1),
+                    "load_average_before": round(load0, 2),
+                }
+            )
             print(rows[-1], flush=True)
     for row in rows:
         ref = next(x for x in rows if x["split"] == row["split"] and x["precision"] == "fp32")
         row["delta_ndcg@10"] = round(row["ndcg@10"] - ref["ndcg@10"], 6)
         row["speedup_vs_fp32"] = round(ref["encode_seconds"] / row["encode_seconds"], 3)
-    out = {"command": "python scripts/bench_encode_precision.py" + (" --bf16" if ns.bf16 else ""),
-           "model": "all-MiniLM-L6-v2", "doc_max_length": ns.doc_max_length, "torch": torch.__version__,
-           "threads": torch.get_num_threads(), "native_bf16": native_bf16(), "rows": rows,
-           "note": "timings share the 2 cores with whatever else runs (load_average_before); nDCG does not"}
+    out = {
+        "command": "python scripts/bench_encode_precision.py" + (" --bf16" if ns.bf16 else ""),
+        "model": "all-MiniLM-L6-v2",
+        "doc_max_length": ns.doc_max_length,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "native_bf16": native_bf16(),
+        "rows": rows,
+        "note": "timings share the 2 cores with whatever else runs (load_average_before); nDCG does not",
+    }
     atomic_write_json(ns.output, out)
     print("| split | precision | nDCG@10 | Δ fp32 | Recall@100 | encode s | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['split']} | {r['precision']} | {r['ndcg@10']:.4f} | {r['delta_ndcg@10']:+.4f} | "
-              f"{r['recall@100']:.4f} | {r['encode_seconds']:.0f} | {r['speedup_vs_fp32']:.2f}x |")
+        print(
+            f"| {r['split']} | {r['precision']} | {r['ndcg@10']:.4f} | {r['delta_ndcg@10']:+.4f} | "
+            f"{r['recall@100']:.4f} | {r['encode_seconds']:.0f} | {r['speedup_vs_fp32']:.2f}x |"
+        )
     return 0
 
 

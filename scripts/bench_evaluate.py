@@ -59,9 +59,13 @@ def main():
     ap.add_argument("--top-k", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--out", default="reports/bench_evaluate.json")
-    ap.add_argument("--memory-repeats", type=int, default=3,
-                    help="fresh subprocesses per route for peak memory (the median is reported: RSS high-water "
-                         "marks of the same work vary by a few hundred MB with the allocator)")
+    ap.add_argument(
+        "--memory-repeats",
+        type=int,
+        default=3,
+        help="fresh subprocesses per route for peak memory (the median is reported: RSS high-water "
+        "marks of the same work vary by a few hundred MB with the allocator)",
+    )
     ap.add_argument("--only-memory", action="store_true", help="re-measure memory only and update --out")
     ap.add_argument("--memory-route", choices=["ours", "plain"], default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -82,8 +86,12 @@ def main():
         from dataclasses import replace
 
         q = data.queries.select(range(min(8, len(data.queries))))
-        small = replace(data, corpus=data.corpus.select(range(min(64, len(data.corpus)))), queries=q,
-                        qrels={k: data.qrels[k] for k in q["_id"] if k in data.qrels})
+        small = replace(
+            data,
+            corpus=data.corpus.select(range(min(64, len(data.corpus)))),
+            queries=q,
+            qrels={k: data.qrels[k] for k in q["_id"] if k in data.qrels},
+        )
         (ours if args.memory_route == "ours" else plain_route)(model, small, args.batch_size, 10)
         with PeakRSS(0.005) as mem:
             (ours if args.memory_route == "ours" else plain_route)(model, data, args.batch_size, args.top_k)
@@ -117,9 +125,26 @@ def main():
     mem_runs = {"ours": [], "plain": []}
     for _ in range(args.memory_repeats):
         for name in ("ours", "plain"):
-            proc = subprocess.run([sys.executable, __file__, "--data", args.data, "--split", args.split, "--model",
-                                   args.model, "--batch-size", str(args.batch_size), "--top-k", str(args.top_k),
-                                   "--memory-route", name], capture_output=True, text=True)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--data",
+                    args.data,
+                    "--split",
+                    args.split,
+                    "--model",
+                    args.model,
+                    "--batch-size",
+                    str(args.batch_size),
+                    "--top-k",
+                    str(args.top_k),
+                    "--memory-route",
+                    name,
+                ],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode != 0:
                 raise RuntimeError(proc.stderr[-2000:])
             mem_runs[name].append(json.loads(proc.stdout.strip().splitlines()[-1])["peak_rss_delta_mb"])
@@ -128,8 +153,11 @@ def main():
     agg = {}
     for name in ("ours", "plain"):
         rs = [r for r in rows if r["route"] == name]
-        agg[name] = {"seconds": float(np.mean([r["seconds"] for r in rs])), "peak_rss_delta_mb": mems[name],
-                     "ndcg@10": rs[0]["ndcg@10"]}
+        agg[name] = {
+            "seconds": float(np.mean([r["seconds"] for r in rs])),
+            "peak_rss_delta_mb": mems[name],
+            "ndcg@10": rs[0]["ndcg@10"],
+        }
     summary = {
         "dataset": f"{Path(args.data).name}:{args.split}",
         "model": args.model,
@@ -142,8 +170,12 @@ def main():
         "routes": agg,
         "runs": rows,
         "memory_runs_mb": mem_runs,
-        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
-                    "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+        },
         "command": (previous or {}).get("command", "python " + " ".join(sys.argv)),
         "memory_command": "python " + " ".join(sys.argv),
     }
@@ -152,12 +184,20 @@ def main():
     for name in ("ours", "plain"):
         a = agg[name]
         print(f"{name:<8}{a['seconds']:>10.1f}{a['peak_rss_delta_mb']:>10.1f}{a['ndcg@10']:>10.4f}")
-    print(f"time ratio ours/plain = {summary['time_ratio_ours_over_plain']:.3f}; "
-          f"|delta nDCG@10| = {summary['ndcg_abs_diff']:.2e}")
+    print(
+        f"time ratio ours/plain = {summary['time_ratio_ours_over_plain']:.3f}; "
+        f"|delta nDCG@10| = {summary['ndcg_abs_diff']:.2e}"
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({k: summary[k] for k in ("ndcg_abs_diff", "time_ratio_ours_over_plain", "peak_mem_ours_mb",
-                                              "peak_mem_plain_mb")}))
+    print(
+        json.dumps(
+            {
+                k: summary[k]
+                for k in ("ndcg_abs_diff", "time_ratio_ours_over_plain", "peak_mem_ours_mb", "peak_mem_plain_mb")
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -84,9 +84,11 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     q_emb = loaded.encode_queries(queries)
-    for name, fn in (("search dense", lambda: loaded.search_dense(queries, 10, query_embeddings=q_emb)),
-                     ("search bm25", lambda: loaded.search_bm25(queries, 100)),
-                     ("search hybrid", lambda: loaded.search(queries, 10, query_embeddings=q_emb))):
+    for name, fn in (
+        ("search dense", lambda: loaded.search_dense(queries, 10, query_embeddings=q_emb)),
+        ("search bm25", lambda: loaded.search_bm25(queries, 100)),
+        ("search hybrid", lambda: loaded.search(queries, 10, query_embeddings=q_emb)),
+    ):
         t0 = time.perf_counter()
         fn()
         rows[name] = {"seconds": time.perf_counter() - t0, "peak_mib": peak_mib()}
@@ -95,11 +97,19 @@ def main() -> int:
     for name, r in rows.items():
         notes = ", ".join(f"{k} {v:.1f}" for k, v in r.items() if k not in ("seconds", "peak_mib"))
         print(f"{name:15s} {r['seconds']:9.1f} {r['peak_mib']:9.0f}  {notes}")
-    atomic_write_json(ns.output, {"docs": len(texts), "queries": len(queries), "model": ns.model,
-                                  "doc_max_length": ns.doc_max_length, "threads": torch.get_num_threads(),
-                                  "query_encoding_excluded_from_search": True,
-                                  "rows": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in rows.items()},
-                                  "command": "python scripts/bench_hybrid.py " + " ".join(sys.argv[1:])})
+    atomic_write_json(
+        ns.output,
+        {
+            "docs": len(texts),
+            "queries": len(queries),
+            "model": ns.model,
+            "doc_max_length": ns.doc_max_length,
+            "threads": torch.get_num_threads(),
+            "query_encoding_excluded_from_search": True,
+            "rows": {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in rows.items()},
+            "command": "python scripts/bench_hybrid.py " + " ".join(sys.argv[1:]),
+        },
+    )
     return 0
 
 

@@ -63,24 +63,50 @@ def run_config(name, model_dir, dataset, steps, batch, seed):
     torch.manual_seed(seed)
     model = SentenceTransformer(model_dir)
     timer = StepTimer()
-    common = dict(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=batch, max_steps=steps, seed=seed,
-                  learning_rate=2e-5, save_strategy="no", report_to="none", logging_steps=10_000, use_cpu=True,
-                  disable_tqdm=True, dataloader_drop_last=True)
+    common = dict(
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=batch,
+        max_steps=steps,
+        seed=seed,
+        learning_rate=2e-5,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10_000,
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+    )
     if name == "mnrl":
         loss = MultipleNegativesRankingLoss(model, scale=1.0, similarity_fct=lambda a, b: a @ b.T)
-        trainer = SentenceTransformerTrainer(model=model, args=SentenceTransformerTrainingArguments(**common),
-                                             train_dataset=dataset, loss=loss, callbacks=[timer])
+        trainer = SentenceTransformerTrainer(
+            model=model,
+            args=SentenceTransformerTrainingArguments(**common),
+            train_dataset=dataset,
+            loss=loss,
+            callbacks=[timer],
+        )
     else:
-        preset, engine = {"idro_paper": ("paper", "auto"), "idro_reference": ("reference", "auto"),
-                          "idro_naive": ("paper", "autograd")}[name]
+        preset, engine = {
+            "idro_paper": ("paper", "auto"),
+            "idro_reference": ("reference", "auto"),
+            "idro_naive": ("paper", "autograd"),
+        }[name]
         loss = IDROLoss(model, preset=preset, num_clusters=50, tau=1.0, gram_engine=engine)
-        trainer = IDROTrainer(model=model, args=IDROTrainingArguments(**common, num_clusters=50), train_dataset=dataset,
-                              loss=loss, callbacks=[timer])
+        trainer = IDROTrainer(
+            model=model,
+            args=IDROTrainingArguments(**common, num_clusters=50),
+            train_dataset=dataset,
+            loss=loss,
+            callbacks=[timer],
+        )
     trainer.train()
     extra = {}
     if name != "mnrl":
-        extra = {"grad_params": loss.subset.resolved, "engine": "pooled-position" if loss.subset.fast else "autograd",
-                 "grad_param_count": loss.subset.num_elements}
+        extra = {
+            "grad_params": loss.subset.resolved,
+            "engine": "pooled-position" if loss.subset.fast else "autograd",
+            "grad_param_count": loss.subset.num_elements,
+        }
     return timer.times, extra
 
 
@@ -108,22 +134,34 @@ def main():
     times = {c: [] for c in configs}
     extras = {}
     for r in range(args.rounds):
-        for c in (configs if r % 2 == 0 else configs[::-1]):
+        for c in configs if r % 2 == 0 else configs[::-1]:
             t, extra = run_config(c, model_dir, dataset, args.steps, args.batch, args.seed)
-            times[c] += t[args.warmup:]
+            times[c] += t[args.warmup :]
             extras[c] = extra
-            print(json.dumps({"round": r, "config": c, "median_step_s": round(statistics.median(t[args.warmup:]), 4)}),
-                  flush=True)
+            print(
+                json.dumps({"round": r, "config": c, "median_step_s": round(statistics.median(t[args.warmup :]), 4)}),
+                flush=True,
+            )
     base = statistics.median(times["mnrl"])
-    summary = {"configs": {}, "batch": args.batch, "num_clusters": 50, "hard_negatives": 1, "model": "all-MiniLM-L6-v2 (CLS, dot)",
-               "steps_measured_per_config": len(times["mnrl"]), "command": "python " + " ".join(sys.argv),
-               "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                           "platform": platform.platform()}}
+    summary = {
+        "configs": {},
+        "batch": args.batch,
+        "num_clusters": 50,
+        "hard_negatives": 1,
+        "model": "all-MiniLM-L6-v2 (CLS, dot)",
+        "steps_measured_per_config": len(times["mnrl"]),
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+    }
     print(f"\n{'config':<16}{'median step (s)':>16}{'ratio vs MNRL':>15}  notes")
     for c in configs:
         med = statistics.median(times[c])
         summary["configs"][c] = {"median_step_s": med, "ratio_vs_mnrl": med / base, **extras.get(c, {})}
-        note = "" if c == "mnrl" else f"{extras[c]['grad_params']} ({extras[c]['grad_param_count']} params), {extras[c]['engine']}"
+        note = (
+            ""
+            if c == "mnrl"
+            else f"{extras[c]['grad_params']} ({extras[c]['grad_param_count']} params), {extras[c]['engine']}"
+        )
         print(f"{c:<16}{med:>16.3f}{med / base:>15.3f}  {note}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")

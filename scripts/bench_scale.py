@@ -81,15 +81,30 @@ def main():
         marks.append((done, time.perf_counter() - t_start, PROC.memory_info().rss / 2**20))
 
     with Peak() as mem:
-        index, order = build_index(model, data.corpus, batch_size=256, max_length=64, chunk_docs=10_000,
-                                   show_progress_bar=False, on_chunk=on_chunk)
+        index, order = build_index(
+            model,
+            data.corpus,
+            batch_size=256,
+            max_length=64,
+            chunk_docs=10_000,
+            show_progress_bar=False,
+            on_chunk=on_chunk,
+        )
     raw_mb = args.docs * dim * 4 / 2**20
     per10k = [round(b[1] - a[1], 2) for a, b in zip([(0, 0.0, 0)] + marks[:-1], marks)]
-    result["encode_index"] = {"docs": args.docs, "raw_embeddings_mb": raw_mb, "peak_rss_delta_mb": mem.delta_mb,
-                              "ratio_to_raw": mem.delta_mb / raw_mb, "seconds_per_10k_docs": per10k,
-                              "rss_mb_by_docs": [(d, round(r, 1)) for d, _, r in marks]}
-    print(f"encode+index {args.docs} docs: peak +{mem.delta_mb:.0f} MB vs raw embeddings {raw_mb:.0f} MB "
-          f"({mem.delta_mb / raw_mb:.2f}x); seconds per 10k docs first/last: {per10k[0]} / {per10k[-1]}", flush=True)
+    result["encode_index"] = {
+        "docs": args.docs,
+        "raw_embeddings_mb": raw_mb,
+        "peak_rss_delta_mb": mem.delta_mb,
+        "ratio_to_raw": mem.delta_mb / raw_mb,
+        "seconds_per_10k_docs": per10k,
+        "rss_mb_by_docs": [(d, round(r, 1)) for d, _, r in marks],
+    }
+    print(
+        f"encode+index {args.docs} docs: peak +{mem.delta_mb:.0f} MB vs raw embeddings {raw_mb:.0f} MB "
+        f"({mem.delta_mb / raw_mb:.2f}x); seconds per 10k docs first/last: {per10k[0]} / {per10k[-1]}",
+        flush=True,
+    )
     del index, order, data
     gc.collect()
 
@@ -99,10 +114,18 @@ def main():
         t0 = time.perf_counter()
         _, assign = kmeans(x, 50, max_points_per_centroid=None, seed=0)
         secs = time.perf_counter() - t0
-    result["kmeans"] = {"points": args.big, "k": 50, "data_mb": x.nbytes / 2**20, "peak_rss_delta_mb": mem.delta_mb,
-                        "seconds": secs, "all_points_used": True}
-    print(f"K-Means on {args.big} points: {secs:.1f}s, peak +{mem.delta_mb:.0f} MB (data {x.nbytes / 2**20:.0f} MB)",
-          flush=True)
+    result["kmeans"] = {
+        "points": args.big,
+        "k": 50,
+        "data_mb": x.nbytes / 2**20,
+        "peak_rss_delta_mb": mem.delta_mb,
+        "seconds": secs,
+        "all_points_used": True,
+    }
+    print(
+        f"K-Means on {args.big} points: {secs:.1f}s, peak +{mem.delta_mb:.0f} MB (data {x.nbytes / 2**20:.0f} MB)",
+        flush=True,
+    )
     del x, assign
 
     # ---------------------------------------------------------------- 3. negative refresh at 500k
@@ -129,16 +152,32 @@ def main():
         secs = time.perf_counter() - t0
     table_mb = (train.neg_idx.nbytes + train.neg_ptr.nbytes) / 2**20
     emb_mb = args.big * dim * 4 / 2**20
-    result["refresh"] = {"queries": args.big, "docs": args.big, "top_k": 100, "seconds": secs,
-                         "peak_rss_delta_mb": mem.delta_mb, "negatives_table_mb": table_mb, "doc_embeddings_mb": emb_mb,
-                         "mean_negatives_per_query": float(np.diff(train.neg_ptr).mean())}
-    print(f"negative refresh {args.big} queries x {args.big} docs: {secs:.0f}s, peak +{mem.delta_mb:.0f} MB "
-          f"(doc embeddings {emb_mb:.0f} MB + table {table_mb:.0f} MB)", flush=True)
+    result["refresh"] = {
+        "queries": args.big,
+        "docs": args.big,
+        "top_k": 100,
+        "seconds": secs,
+        "peak_rss_delta_mb": mem.delta_mb,
+        "negatives_table_mb": table_mb,
+        "doc_embeddings_mb": emb_mb,
+        "mean_negatives_per_query": float(np.diff(train.neg_ptr).mean()),
+    }
+    print(
+        f"negative refresh {args.big} queries x {args.big} docs: {secs:.0f}s, peak +{mem.delta_mb:.0f} MB "
+        f"(doc embeddings {emb_mb:.0f} MB + table {table_mb:.0f} MB)",
+        flush=True,
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"encode_ratio": result["encode_index"]["ratio_to_raw"],
-                      "kmeans_peak_mb": result["kmeans"]["peak_rss_delta_mb"],
-                      "refresh_peak_mb": result["refresh"]["peak_rss_delta_mb"]}))
+    print(
+        json.dumps(
+            {
+                "encode_ratio": result["encode_index"]["ratio_to_raw"],
+                "kmeans_peak_mb": result["kmeans"]["peak_rss_delta_mb"],
+                "refresh_peak_mb": result["refresh"]["peak_rss_delta_mb"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,20 @@ def heldout_stats(model, pairs, temperature: float) -> dict:
 
     from hf_cocodr.evaluation.alignment import alignment_uniformity_from_embeddings
 
-    a = model.encode_document([p for p, _ in pairs], convert_to_tensor=True, normalize_embeddings=True,
-                              show_progress_bar=False).float().cpu()
-    b = model.encode_document([q for _, q in pairs], convert_to_tensor=True, normalize_embeddings=True,
-                              show_progress_bar=False).float().cpu()
+    a = (
+        model.encode_document(
+            [p for p, _ in pairs], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+        )
+        .float()
+        .cpu()
+    )
+    b = (
+        model.encode_document(
+            [q for _, q in pairs], convert_to_tensor=True, normalize_embeddings=True, show_progress_bar=False
+        )
+        .float()
+        .cpu()
+    )
     x = torch.stack([a, b], 1).reshape(-1, a.shape[1])  # interleaved: partner of 2i is 2i+1
     scores = (x @ x.T) / temperature
     idx = torch.arange(len(x))
@@ -73,10 +83,22 @@ def main():
 
     out = Path(args.work)
     coco_args = CocoPretrainingArguments(
-        output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=args.batch_docs, learning_rate=2e-5,
-        pooling="mean", contrastive_similarity="cosine", contrastive_temperature=0.05, max_span_length=64,
-        mlm_head_warmup_steps=int(0.3 * args.steps), save_strategy="no", report_to="none", logging_steps=10,
-        use_cpu=True, disable_tqdm=True, seed=42)
+        output_dir=str(out),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch_docs,
+        learning_rate=2e-5,
+        pooling="mean",
+        contrastive_similarity="cosine",
+        contrastive_temperature=0.05,
+        max_span_length=64,
+        mlm_head_warmup_steps=int(0.3 * args.steps),
+        save_strategy="no",
+        report_to="none",
+        logging_steps=10,
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=42,
+    )
     ds = Dataset.from_dict({"text": train_texts})
     ds.info.dataset_name = "scifact-minus-heldout"
     t0 = time.perf_counter()
@@ -86,17 +108,31 @@ def main():
     secs = time.perf_counter() - t0
     after = heldout_stats(load_encoder(str(out)), pairs, 0.05)
     print("after:", json.dumps(after), flush=True)
-    rows = [("contrastive loss (held-out spans)", "contrastive_loss"), ("partner top-1 accuracy", "partner_top1"),
-            ("alignment", "alignment"), ("uniformity", "uniformity")]
-    print(f"\nCOCO on SciFact ({len(train_texts)} abstracts, {args.steps} steps x {args.batch_docs} documents, "
-          f"{secs / 60:.1f} min); {len(pairs)} held-out span pairs")
+    rows = [
+        ("contrastive loss (held-out spans)", "contrastive_loss"),
+        ("partner top-1 accuracy", "partner_top1"),
+        ("alignment", "alignment"),
+        ("uniformity", "uniformity"),
+    ]
+    print(
+        f"\nCOCO on SciFact ({len(train_texts)} abstracts, {args.steps} steps x {args.batch_docs} documents, "
+        f"{secs / 60:.1f} min); {len(pairs)} held-out span pairs"
+    )
     print("| metric | all-MiniLM-L6-v2 | after COCO |\n|---|---|---|")
     for label, key in rows:
         print(f"| {label} | {before[key]:.4f} | {after[key]:.4f} |")
     log = [h for h in trainer.state.log_history if "contrastive_loss" in h]
-    result = {"before": before, "after": after, "steps": args.steps, "batch_docs": args.batch_docs,
-              "heldout_pairs": len(pairs), "train_documents": len(train_texts), "seconds": secs,
-              "train_log": log, "command": "python " + " ".join(sys.argv)}
+    result = {
+        "before": before,
+        "after": after,
+        "steps": args.steps,
+        "batch_docs": args.batch_docs,
+        "heldout_pairs": len(pairs),
+        "train_documents": len(train_texts),
+        "seconds": secs,
+        "train_log": log,
+        "command": "python " + " ".join(sys.argv),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
 

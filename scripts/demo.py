@@ -78,30 +78,48 @@ def main() -> int:
     t1 = time.time()
     evals = [f"{root / folder}:{split}" for folder, split, _ in EVALS]
     config = {"max_queries": 1000, "corpus_pool": 2}
-    result = run_recipe(model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"),
-                        out / "recipe", evals=evals, config=config, max_minutes=args.max_minutes)
+    result = run_recipe(
+        model,
+        [str(root / "scifact"), str(root / "nfcorpus")],
+        str(root / "squad-v1.1"),
+        out / "recipe",
+        evals=evals,
+        config=config,
+        max_minutes=args.max_minutes,
+    )
     t_recipe = time.time() - t1
     record = json.loads((out / "recipe" / "recipe.json").read_text())
-    rows = {"BM25": bm25,
-            "starting model (all-MiniLM-L6-v2)": {label: result[spec]["start"] for (_, _, label), spec in zip(EVALS, evals)},
-            "adapted (this run)": {label: result[spec] for (_, _, label), spec in zip(EVALS, evals)},
-            "hybrid: starting model + BM25": {label: result[spec]["start"]["hybrid"]
-                                              for (_, _, label), spec in zip(EVALS, evals)},
-            "hybrid: adapted + BM25": {label: result[spec]["hybrid"] for (_, _, label), spec in zip(EVALS, evals)}}
+    rows = {
+        "BM25": bm25,
+        "starting model (all-MiniLM-L6-v2)": {
+            label: result[spec]["start"] for (_, _, label), spec in zip(EVALS, evals)
+        },
+        "adapted (this run)": {label: result[spec] for (_, _, label), spec in zip(EVALS, evals)},
+        "hybrid: starting model + BM25": {
+            label: result[spec]["start"]["hybrid"] for (_, _, label), spec in zip(EVALS, evals)
+        },
+        "hybrid: adapted + BM25": {label: result[spec]["hybrid"] for (_, _, label), spec in zip(EVALS, evals)},
+    }
     print()
-    print(f"Zero-shot retrieval, nDCG@10 / Recall@100. Schedule: {record['schedule']['kind']} "
-          f"({record['schedule']['why']}); training {record['train_seconds'] / 60:.1f} min for a budget of "
-          f"{args.max_minutes:g} min, whole run {t_recipe / 60:.1f} min including evaluation")
+    print(
+        f"Zero-shot retrieval, nDCG@10 / Recall@100. Schedule: {record['schedule']['kind']} "
+        f"({record['schedule']['why']}); training {record['train_seconds'] / 60:.1f} min for a budget of "
+        f"{args.max_minutes:g} min, whole run {t_recipe / 60:.1f} min including evaluation"
+    )
     print("| model | " + " | ".join(label for _, _, label in EVALS) + " |")
     print("|---|" + "---|" * len(EVALS))
     for name, per in rows.items():
         cells = [f"{per[label]['ndcg@10']:.4f} / {per[label]['recall@100']:.4f}" for _, _, label in EVALS]
         print(f"| {name} | " + " | ".join(cells) + " |")
-    deltas = [f"{label} {rows['adapted (this run)'][label]['ndcg@10'] - rows['starting model (all-MiniLM-L6-v2)'][label]['ndcg@10']:+.4f}"
-              for _, _, label in EVALS]
+    deltas = [
+        f"{label} {rows['adapted (this run)'][label]['ndcg@10'] - rows['starting model (all-MiniLM-L6-v2)'][label]['ndcg@10']:+.4f}"
+        for _, _, label in EVALS
+    ]
     print("adapted - start, nDCG@10: " + ", ".join(deltas))
-    print(f"hybrid retrievers of the adapted model for each target corpus: {out / 'recipe' / 'hybrid'} "
-          "(hf_cocodr.HybridRetriever.load)")
+    print(
+        f"hybrid retrievers of the adapted model for each target corpus: {out / 'recipe' / 'hybrid'} "
+        "(hf_cocodr.HybridRetriever.load)"
+    )
     (out / "results.json").write_text(json.dumps(rows, indent=2))
     return 0
 

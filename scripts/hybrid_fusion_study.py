@@ -55,8 +55,14 @@ def rankings(start: str, folder: Path, split: str, work: Path, depth: int, doc_m
         bs, bi = bm25.search(list(data.queries["text"]), depth)
         work.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp.npz")
-        np.savez(tmp, dense_scores=ds, dense_rows=order[di], bm25_scores=bs, bm25_rows=bi,
-                 seconds=np.array([dense_s, time.time() - t1]))
+        np.savez(
+            tmp,
+            dense_scores=ds,
+            dense_rows=order[di],
+            bm25_scores=bs,
+            bm25_rows=bi,
+            seconds=np.array([dense_s, time.time() - t1]),
+        )
         os.replace(tmp, cache)
     z = np.load(cache)
     return list(data.queries["_id"]), np.asarray(column_numpy(data.corpus, "_id"), dtype=object), z, data.qrels
@@ -70,8 +76,14 @@ def score(qids, doc_ids, z, qrels, rule: str, w: float, depth: int) -> float:
     run = {}
     for i, qid in enumerate(qids):
         keep = z["bm25_scores"][i] > 0
-        rows, fused = fuse(z["dense_rows"][i], z["dense_scores"][i], z["bm25_rows"][i][keep],
-                           z["bm25_scores"][i][keep], cfg, 2 * depth)
+        rows, fused = fuse(
+            z["dense_rows"][i],
+            z["dense_scores"][i],
+            z["bm25_rows"][i][keep],
+            z["bm25_scores"][i][keep],
+            cfg,
+            2 * depth,
+        )
         run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
     return summarize(qrels, run, k_values=(10,))["ndcg@10"]
 
@@ -92,22 +104,30 @@ def main() -> int:
     table: dict = {}
     for start in ns.starts.split(","):
         for folder, split, label in EVALS:
-            qids, doc_ids, z, qrels = rankings(start, root / folder, split, Path(ns.work), ns.depth,
-                                               ns.doc_max_length)
+            qids, doc_ids, z, qrels = rankings(start, root / folder, split, Path(ns.work), ns.depth, ns.doc_max_length)
             row = {rule: {w: score(qids, doc_ids, z, qrels, rule, w, ns.depth) for w in WEIGHTS} for rule in RULES}
             table.setdefault(start, {})[label] = row
             for rule in RULES:
-                print(f"{start} {label} {rule}: " + " ".join(f"{w:g}:{v:.4f}" for w, v in row[rule].items()),
-                      flush=True)
-    lines = ["# Hybrid retriever: fusion rule and weight on the dev splits", "",
-             f"nDCG@10 of dense + BM25 fused per query over each system's top {ns.depth}, documents at "
-             f"{ns.doc_max_length} tokens; w = the dense weight (0: BM25 alone, 1: the dense model alone). Spread = "
-             "half the range of nDCG@10 over w in 0.3-0.7. Command: `python scripts/hybrid_fusion_study.py "
-             f"--starts {ns.starts}`.", ""]
+                print(
+                    f"{start} {label} {rule}: " + " ".join(f"{w:g}:{v:.4f}" for w, v in row[rule].items()), flush=True
+                )
+    lines = [
+        "# Hybrid retriever: fusion rule and weight on the dev splits",
+        "",
+        f"nDCG@10 of dense + BM25 fused per query over each system's top {ns.depth}, documents at "
+        f"{ns.doc_max_length} tokens; w = the dense weight (0: BM25 alone, 1: the dense model alone). Spread = "
+        "half the range of nDCG@10 over w in 0.3-0.7. Command: `python scripts/hybrid_fusion_study.py "
+        f"--starts {ns.starts}`.",
+        "",
+    ]
     summary: dict = {}
     for start, per in table.items():
-        lines += [f"## {start}", "", "| split | rule | " + " | ".join(f"w={w:g}" for w in WEIGHTS)
-                  + " | best w | spread 0.3-0.7 |", "|---|---|" + "---|" * (len(WEIGHTS) + 2)]
+        lines += [
+            f"## {start}",
+            "",
+            "| split | rule | " + " | ".join(f"w={w:g}" for w in WEIGHTS) + " | best w | spread 0.3-0.7 |",
+            "|---|---|" + "---|" * (len(WEIGHTS) + 2),
+        ]
         for label, row in per.items():
             for rule in RULES:
                 vals = row[rule]
@@ -115,19 +135,34 @@ def main() -> int:
                 mid = [vals[w] for w in MIDDLE]
                 spread = (max(mid) - min(mid)) / 2
                 summary.setdefault(start, {}).setdefault(label, {})[rule] = {
-                    "best_w": best, "best": vals[best], "w0.5": vals[0.5], "spread_0.3_0.7": spread,
-                    "dense": vals[1.0], "bm25": vals[0.0]}
-                lines.append(f"| {label} | {rule} | " + " | ".join(f"{v:.4f}" for v in vals.values())
-                             + f" | {best:g} | ±{spread:.4f} |")
+                    "best_w": best,
+                    "best": vals[best],
+                    "w0.5": vals[0.5],
+                    "spread_0.3_0.7": spread,
+                    "dense": vals[1.0],
+                    "bm25": vals[0.0],
+                }
+                lines.append(
+                    f"| {label} | {rule} | "
+                    + " | ".join(f"{v:.4f}" for v in vals.values())
+                    + f" | {best:g} | ±{spread:.4f} |"
+                )
         lines.append("")
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(f"{ns.report}.md", "\n".join(lines) + "\n")
-    atomic_write_json(f"{ns.report}.json", {"depth": ns.depth, "doc_max_length": ns.doc_max_length,
-                                            "weights": WEIGHTS, "table": {s: {lab: {r: {str(w): v for w, v in d.items()}
-                                                                                    for r, d in row.items()}
-                                                                              for lab, row in per.items()}
-                                                                          for s, per in table.items()},
-                                            "summary": summary})
+    atomic_write_json(
+        f"{ns.report}.json",
+        {
+            "depth": ns.depth,
+            "doc_max_length": ns.doc_max_length,
+            "weights": WEIGHTS,
+            "table": {
+                s: {lab: {r: {str(w): v for w, v in d.items()} for r, d in row.items()} for lab, row in per.items()}
+                for s, per in table.items()
+            },
+            "summary": summary,
+        },
+    )
     print("\n".join(lines))
     return 0
 

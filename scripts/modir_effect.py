@@ -51,41 +51,72 @@ def main() -> int:
     result = json.loads(out_path.read_text()) if out_path.is_file() else {}
     if result.get("steps") not in (None, args.steps) or result.get("max_queries") not in (None, args.max_queries):
         result = {}  # a different budget: start over
-    result.update(steps=args.steps, max_queries=args.max_queries, batch_size=args.batch_size,
-                  command="python scripts/modir_effect.py " + shlex.join(sys.argv[1:]))
+    result.update(
+        steps=args.steps,
+        max_queries=args.max_queries,
+        batch_size=args.batch_size,
+        command="python scripts/modir_effect.py " + shlex.join(sys.argv[1:]),
+    )
     runs = result.setdefault("runs", {})
     targets = [str(root / "scifact"), str(root / "nfcorpus")]
-    variants = [("plain", [], {})] + [(f"MoDIR λ₀={lam:g}", ["modir"], {"modir_lambda": lam})
-                                      for lam in (float(x) for x in args.lambdas.split(",") if x)]
+    variants = [("plain", [], {})] + [
+        (f"MoDIR λ₀={lam:g}", ["modir"], {"modir_lambda": lam})
+        for lam in (float(x) for x in args.lambdas.split(",") if x)
+    ]
     for name, methods, extra in variants:
         if name in runs:
             continue
         out = work / name.replace(" ", "_").replace("λ₀=", "lambda")
         t0 = time.time()
-        run_recipe(base, targets if methods else [], str(root / "squad-v1.1"), out, config={
-            "schedule": "paper", "skip_coco": True, "max_queries": args.max_queries, "finetune_steps": args.steps, "refreshes": 1,
-            "seed": 42, "methods": methods,
-            "finetune": {"per_device_train_batch_size": args.batch_size, "idro_preset": "uniform", **extra}})
+        run_recipe(
+            base,
+            targets if methods else [],
+            str(root / "squad-v1.1"),
+            out,
+            config={
+                "schedule": "paper",
+                "skip_coco": True,
+                "max_queries": args.max_queries,
+                "finetune_steps": args.steps,
+                "refreshes": 1,
+                "seed": 42,
+                "methods": methods,
+                "finetune": {"per_device_train_batch_size": args.batch_size, "idro_preset": "uniform", **extra},
+            },
+        )
         state = json.loads((out / "finetune" / "trainer_state.json").read_text())
         logged = [h for h in state["log_history"] if "loss" in h]
-        runs[name] = {"dir": str(out), "seconds": round(time.time() - t0, 1),
-                      "log": [{k: h[k] for k in ("step", "loss", "retrieval_loss", "confusion_loss",
-                                                  "domain_classifier_accuracy") if k in h} for h in logged]}
+        runs[name] = {
+            "dir": str(out),
+            "seconds": round(time.time() - t0, 1),
+            "log": [
+                {
+                    k: h[k]
+                    for k in ("step", "loss", "retrieval_loss", "confusion_loss", "domain_classifier_accuracy")
+                    if k in h
+                }
+                for h in logged
+            ],
+        }
         atomic_write_json(out_path, result)
     if "probe" not in result or set(result["probe"]) != {"starting model", *runs}:
         fake = {f"{k} [seed 42]": {"_dir": v["dir"]} for k, v in runs.items()}
         result["probe"] = domain_accuracies(fake, base, root, n=args.probe_docs, names=list(fake))
         atomic_write_json(out_path, result)
 
-    print(f"\nfresh domain classifier on document embeddings ({args.probe_docs} per domain, half held out); "
-          f"{args.steps} fine-tuning steps of {args.batch_size} SQuAD questions")
+    print(
+        f"\nfresh domain classifier on document embeddings ({args.probe_docs} per domain, half held out); "
+        f"{args.steps} fine-tuning steps of {args.batch_size} SQuAD questions"
+    )
     print("| model | held-out accuracy | held-out log-loss | last confusion loss | last queue accuracy |")
     print("|---|---|---|---|---|")
     for name, probe in result["probe"].items():
         last = (runs.get(name) or {}).get("log", [{}])[-1]
         conf, acc = last.get("confusion_loss"), last.get("domain_classifier_accuracy")
-        print(f"| {name} | {probe['accuracy']:.4f} | {probe['log_loss']:.4f} | "
-              f"{'' if conf is None else f'{conf:.4f}'} | {'' if acc is None else f'{acc:.4f}'} |")
+        print(
+            f"| {name} | {probe['accuracy']:.4f} | {probe['log_loss']:.4f} | "
+            f"{'' if conf is None else f'{conf:.4f}'} | {'' if acc is None else f'{acc:.4f}'} |"
+        )
     print(f"\nwrote {out_path}")
     return 0
 

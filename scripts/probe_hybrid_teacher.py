@@ -77,15 +77,20 @@ def main() -> int:
         docs[name] = [doc_text(t, x) for t, x in zip(titles[name], bodies[name])]
         cache = work / f"{name}_docs_128.npy"
         if not cache.is_file():
-            np.save(cache, st.encode_document(docs[name], processing_kwargs={"text": {"max_length": 128,
-                                                                                       "truncation": True}}, **enc))
+            np.save(
+                cache,
+                st.encode_document(
+                    docs[name], processing_kwargs={"text": {"max_length": 128, "truncation": True}}, **enc
+                ),
+            )
         emb[name] = np.load(cache)
         bm25[name] = BM25Index(docs[name])
 
     def bm25_all(name, queries):
         idx = bm25[name]
-        toks = bm25s.tokenize(queries, stopwords=idx.stopwords, stemmer=idx.stemmer, show_progress=False,
-                              return_ids=False)
+        toks = bm25s.tokenize(
+            queries, stopwords=idx.stopwords, stemmer=idx.stemmer, show_progress=False, return_ids=False
+        )
         return np.stack([idx.retriever.get_scores(t) for t in toks]).astype(np.float32)
 
     def ndcg(name, scores):
@@ -101,8 +106,11 @@ def main() -> int:
     for name, _ in CORPORA:
         q = dev_q[name] = st.encode_query(list(data[name].queries["text"]), **enc)
         dense, lexical = q @ emb[name].T, bm25_all(name, list(data[name].queries["text"]))
-        result["ceiling"][name] = {"dense": ndcg(name, dense), "bm25": ndcg(name, lexical),
-                                   "hybrid": ndcg(name, ns.w * zscore(dense) + (1 - ns.w) * zscore(lexical))}
+        result["ceiling"][name] = {
+            "dense": ndcg(name, dense),
+            "bm25": ndcg(name, lexical),
+            "hybrid": ndcg(name, ns.w * zscore(dense) + (1 - ns.w) * zscore(lexical)),
+        }
     print("ceiling (nDCG@10):", result["ceiling"], flush=True)
 
     # 2. the imitation: pseudo queries, the hybrid teacher over each corpus, a query-side linear adapter
@@ -135,8 +143,12 @@ def main() -> int:
 
     def evaluate():
         with torch.no_grad():
-            return {name: ndcg(name, torch.nn.functional.normalize(torch.tensor(dev_q[name]) @ W.T, dim=-1).numpy()
-                               @ emb[name].T) for name, _ in CORPORA}
+            return {
+                name: ndcg(
+                    name, torch.nn.functional.normalize(torch.tensor(dev_q[name]) @ W.T, dim=-1).numpy() @ emb[name].T
+                )
+                for name, _ in CORPORA
+            }
 
     result["epochs"] = [{"epoch": 0, "ndcg@10": evaluate()}]
     for epoch in range(1, ns.epochs + 1):

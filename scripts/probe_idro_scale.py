@@ -58,8 +58,9 @@ def main() -> int:
     from hf_cocodr.utils import get_data_root
 
     torch.manual_seed(0)
-    data = RetrievalTrainingData.from_beir(get_data_root() / "squad-v1.1", "train", negatives="bm25",
-                                           max_queries=ns.queries, seed=42, corpus_pool=2)
+    data = RetrievalTrainingData.from_beir(
+        get_data_root() / "squad-v1.1", "train", negatives="bm25", max_queries=ns.queries, seed=42, corpus_pool=2
+    )
     rows_out = []
     for start in ns.starts.split(","):
         st = load_encoder(bundled_model_path(start))
@@ -72,38 +73,69 @@ def main() -> int:
         st.train()
         for preset in ns.presets.split(","):
             diag = preset == "paper-diag"  # the Gram over its mean diagonal, at the tau of the study's gnorm arms
-            loss = IDROLoss(st, preset="paper" if diag else preset, num_clusters=50,
-                            tau=DIAG_TAU if diag else SETTINGS[sim]["tau"], scale=SETTINGS[sim]["scale"],
-                            gram_normalization="diag" if diag else "none")
+            loss = IDROLoss(
+                st,
+                preset="paper" if diag else preset,
+                num_clusters=50,
+                tau=DIAG_TAU if diag else SETTINGS[sim]["tau"],
+                scale=SETTINGS[sim]["scale"],
+                gram_normalization="diag" if diag else "none",
+            )
             t0, per_step = time.time(), []
             for i, rows in enumerate(batches):
                 cols, dk, pk = data.sample(rows, step=i, seed=0, num_negatives=1)
                 feats = [st.preprocess(c, max_length=128) for c in cols]
                 before = loss.log_weights.clone()
-                value = loss(feats, torch.as_tensor(assign[rows]), doc_keys=torch.as_tensor(dk),
-                             pos_keys=torch.as_tensor(pk))
+                value = loss(
+                    feats, torch.as_tensor(assign[rows]), doc_keys=torch.as_tensor(dk), pos_keys=torch.as_tensor(pk)
+                )
                 stats = loss.last_stats
                 present = stats["cluster_ids"]
                 moved = (loss.log_weights - before)[present].abs()
                 w = loss.weights
-                per_step.append({"loss": float(value.detach()), "gram_diag_mean": float(stats["grad_gram"].diagonal().mean()),
-                                 "median_abs_dlogw": float(moved.median()), "w_max": float(w.max()),
-                                 "perplexity": perplexity(w), "present": int(present.numel())})
+                per_step.append(
+                    {
+                        "loss": float(value.detach()),
+                        "gram_diag_mean": float(stats["grad_gram"].diagonal().mean()),
+                        "median_abs_dlogw": float(moved.median()),
+                        "w_max": float(w.max()),
+                        "perplexity": perplexity(w),
+                        "present": int(present.numel()),
+                    }
+                )
                 st.zero_grad(set_to_none=True)
-            row = {"start": start, "similarity": sim, "preset": preset, **SETTINGS[sim],
-                   **({"tau": DIAG_TAU} if diag else {}),
-                   "step1": per_step[0], f"step{ns.steps}": per_step[-1], "seconds": round(time.time() - t0, 1)}
+            row = {
+                "start": start,
+                "similarity": sim,
+                "preset": preset,
+                **SETTINGS[sim],
+                **({"tau": DIAG_TAU} if diag else {}),
+                "step1": per_step[0],
+                f"step{ns.steps}": per_step[-1],
+                "seconds": round(time.time() - t0, 1),
+            }
             rows_out.append(row)
-            print(f"{start:17s} {preset:9s} loss {per_step[0]['loss']:7.3f}  gram diag {per_step[0]['gram_diag_mean']:10.3g}  "
-                  f"|Δlogω| {per_step[0]['median_abs_dlogw']:9.3g}  w_max {per_step[0]['w_max']:.4f} -> "
-                  f"{per_step[-1]['w_max']:.4f}  perplexity {per_step[0]['perplexity']:.3f} -> "
-                  f"{per_step[-1]['perplexity']:.3f}", flush=True)
+            print(
+                f"{start:17s} {preset:9s} loss {per_step[0]['loss']:7.3f}  gram diag {per_step[0]['gram_diag_mean']:10.3g}  "
+                f"|Δlogω| {per_step[0]['median_abs_dlogw']:9.3g}  w_max {per_step[0]['w_max']:.4f} -> "
+                f"{per_step[-1]['w_max']:.4f}  perplexity {per_step[0]['perplexity']:.3f} -> "
+                f"{per_step[-1]['perplexity']:.3f}",
+                flush=True,
+            )
         del st
     from hf_cocodr.utils import atomic_write_json
 
-    atomic_write_json(ns.output, {"queries": ns.queries, "batch_size": ns.batch_size, "steps": ns.steps,
-                                  "settings": SETTINGS, "rows": rows_out,
-                                  "command": "python scripts/probe_idro_scale.py " + " ".join(sys.argv[1:])})
+    atomic_write_json(
+        ns.output,
+        {
+            "queries": ns.queries,
+            "batch_size": ns.batch_size,
+            "steps": ns.steps,
+            "settings": SETTINGS,
+            "rows": rows_out,
+            "command": "python scripts/probe_idro_scale.py " + " ".join(sys.argv[1:]),
+        },
+    )
     return 0
 
 

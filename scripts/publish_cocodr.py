@@ -46,15 +46,31 @@ def main(argv=None) -> int:
     for spec in args.eval:
         folder, split = parse_eval_spec(spec)
         task = f"{Path(folder).name}-{split}".replace("_", "-")
-        run_mteb(model, folder, split, task_name=task, model_name=args.repo_id, revision=revision,
-                 output_folder=out / "mteb_results", batch_size=args.batch_size)
-    write_model_card(out, model, {"model_name": args.repo_id,
-                                  "base_model": args.src if not Path(args.src).exists() else None})
-    summary = {"output_dir": str(out), "repo_id": args.repo_id,
-               "evaluation": {k: {m: v[m] for m in ("ndcg@10", "recall@100")} for k, v in results.items()}}
+        run_mteb(
+            model,
+            folder,
+            split,
+            task_name=task,
+            model_name=args.repo_id,
+            revision=revision,
+            output_folder=out / "mteb_results",
+            batch_size=args.batch_size,
+        )
+    write_model_card(
+        out, model, {"model_name": args.repo_id, "base_model": args.src if not Path(args.src).exists() else None}
+    )
+    summary = {
+        "output_dir": str(out),
+        "repo_id": args.repo_id,
+        "evaluation": {k: {m: v[m] for m in ("ndcg@10", "recall@100")} for k, v in results.items()},
+    }
     if not args.no_push:
-        summary["commit_url"] = push_directory(out, args.repo_id, private=args.private,
-                                               commit_message=f"CLS/dot sentence-transformers version of {args.src}")
+        summary["commit_url"] = push_directory(
+            out,
+            args.repo_id,
+            private=args.private,
+            commit_message=f"CLS/dot sentence-transformers version of {args.src}",
+        )
     print(json.dumps(summary))
     return 0
 

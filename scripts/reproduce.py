@@ -48,8 +48,16 @@ METHOD_ROWS = [
 ]
 
 
-LOG_KEYS = ("retrieval_loss", "confusion_loss", "domain_classifier_accuracy", "berm_extract_loss", "berm_balance_loss",
-            "berm_single_unit_passages", "idro_weight_max", "idro_weight_min")
+LOG_KEYS = (
+    "retrieval_loss",
+    "confusion_loss",
+    "domain_classifier_accuracy",
+    "berm_extract_loss",
+    "berm_balance_loss",
+    "berm_single_unit_passages",
+    "idro_weight_max",
+    "idro_weight_min",
+)
 
 
 def parse() -> argparse.Namespace:
@@ -64,20 +72,44 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--sweep-k", default="10", help="K values of the sweep (besides --num-clusters)")
     ap.add_argument("--sweep-tau", default="10", help="tau values of the sweep (besides --tau)")
     ap.add_argument("--no-methods", action="store_true", help="skip the MoDIR / BERM / RMSC rows")
-    ap.add_argument("--skip-row", action="append", default=[], metavar="NAME",
-                    help="leave this row for a later invocation (repeatable), e.g. 'plain + MoDIR'")
-    ap.add_argument("--report-only", action="store_true",
-                    help="write the report and plots from the rows finished so far (missing rows are marked)")
+    ap.add_argument(
+        "--skip-row",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave this row for a later invocation (repeatable), e.g. 'plain + MoDIR'",
+    )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write the report and plots from the rows finished so far (missing rows are marked)",
+    )
     ap.add_argument("--max-queries", type=int, default=1000, help="SQuAD questions fine-tuned on (a random subset)")
-    ap.add_argument("--corpus-pool", type=int, default=5,
-                    help="fine-tuning corpus: positives + BM25 top-k of the kept questions (mining pool)")
-    ap.add_argument("--coco-source-queries", type=int, default=4000,
-                    help="the SQuAD passages COCO also reads: positives + BM25 top-20 of this many questions")
-    ap.add_argument("--coco-schedule-steps", type=int, default=None,
-                    help="length of COCO's learning-rate schedule if it differs from --coco-steps (a stage stopped "
-                         "early for time: resumed with fewer steps)")
-    ap.add_argument("--eval-max-length", type=int, default=128,
-                    help="document token limit of every dense evaluation in the study (0: each model's own)")
+    ap.add_argument(
+        "--corpus-pool",
+        type=int,
+        default=5,
+        help="fine-tuning corpus: positives + BM25 top-k of the kept questions (mining pool)",
+    )
+    ap.add_argument(
+        "--coco-source-queries",
+        type=int,
+        default=4000,
+        help="the SQuAD passages COCO also reads: positives + BM25 top-20 of this many questions",
+    )
+    ap.add_argument(
+        "--coco-schedule-steps",
+        type=int,
+        default=None,
+        help="length of COCO's learning-rate schedule if it differs from --coco-steps (a stage stopped "
+        "early for time: resumed with fewer steps)",
+    )
+    ap.add_argument(
+        "--eval-max-length",
+        type=int,
+        default=128,
+        help="document token limit of every dense evaluation in the study (0: each model's own)",
+    )
     ap.add_argument("--work", default="outputs/reproduce")
     ap.add_argument("--report", default="reports/reproduction.md")
     return ap.parse_args()
@@ -116,8 +148,10 @@ def main() -> int:
 
     def evaluate_dense(path_or_model):
         m = load_encoder(path_or_model) if isinstance(path_or_model, str) else path_or_model
-        return {label: evaluate_retrieval(m, load_beir(root / f, s), s, doc_max_length=doc_len,
-                                          show_progress_bar=False) for f, s, label in EVALS}
+        return {
+            label: evaluate_retrieval(m, load_beir(root / f, s), s, doc_max_length=doc_len, show_progress_bar=False)
+            for f, s, label in EVALS
+        }
 
     if results.get("_eval_max_length") != doc_len and "starting model" in results:
         # the standard evaluation (the model's own 256-token limit) stays in the report for reference
@@ -140,17 +174,30 @@ def main() -> int:
     coco_step_s = results.get("_coco_step_s", 4.0)
     coco_steps = args.coco_steps or max(50, int(0.25 * left / (coco_step_s * args.seeds)))
     ft_steps = args.finetune_steps or max(20, int(0.75 * left / (step_s * n_finetunes)))
-    plan = {"coco_steps": coco_steps, "finetune_steps": ft_steps, "seeds": args.seeds, "eval_seconds": eval_s,
-            "finetunes": n_finetunes}
+    plan = {
+        "coco_steps": coco_steps,
+        "finetune_steps": ft_steps,
+        "seeds": args.seeds,
+        "eval_seconds": eval_s,
+        "finetunes": n_finetunes,
+    }
     print("plan:", json.dumps(plan), flush=True)
     results["_plan"] = plan
     save()
 
-    common_ft = {"per_device_train_batch_size": args.batch_size, "num_clusters": args.num_clusters,
-                 "idro_tau": args.tau}
+    common_ft = {
+        "per_device_train_batch_size": args.batch_size,
+        "num_clusters": args.num_clusters,
+        "idro_tau": args.tau,
+    }
     # schedule "paper": the ablation's rows are COCO-DR's stages only (no target pseudo pairs, no WiSE-FT)
-    base_cfg = {"schedule": "paper", "max_queries": args.max_queries, "corpus_pool": args.corpus_pool, "refreshes": 1,
-                "finetune_steps": ft_steps}
+    base_cfg = {
+        "schedule": "paper",
+        "max_queries": args.max_queries,
+        "corpus_pool": args.corpus_pool,
+        "refreshes": 1,
+        "finetune_steps": ft_steps,
+    }
 
     targets = [str(root / "scifact"), str(root / "nfcorpus")]
 
@@ -164,11 +211,19 @@ def main() -> int:
         out = work / f"seed{seed}" / name.split(" (")[0].replace(" ", "_").replace("+", "plus").lower()
         model = str(work / f"seed{seed}" / "coco_shared" / "coco") if use_coco else base_model
         if use_coco and not Path(model).is_dir():  # the COCO stage of an earlier run whose files are gone
-            print(f"skipped {key}: no COCO model at {model} (drop 'COCO stage [seed {seed}]' from "
-                  f"{results_path} to re-run the stage)", flush=True)
+            print(
+                f"skipped {key}: no COCO model at {model} (drop 'COCO stage [seed {seed}]' from "
+                f"{results_path} to re-run the stage)",
+                flush=True,
+            )
             return None
-        cfg = dict(base_cfg, seed=seed, skip_coco=True, methods=list(methods),
-                   finetune={**common_ft, "idro_preset": preset, **(extra_ft or {})})
+        cfg = dict(
+            base_cfg,
+            seed=seed,
+            skip_coco=True,
+            methods=list(methods),
+            finetune={**common_ft, "idro_preset": preset, **(extra_ft or {})},
+        )
         t0 = time.time()
         run_recipe(model, targets if methods else [], str(root / "squad-v1.1"), out, config=cfg)
         results[key] = evaluate_dense(str(out / "model"))
@@ -187,10 +242,21 @@ def main() -> int:
         key = f"COCO stage [seed {seed}]"
         if key not in results:
             t0 = time.time()
-            run_recipe(base_model, [str(root / "scifact"), str(root / "nfcorpus")], str(root / "squad-v1.1"),
-                       coco_out, config=dict(base_cfg, max_queries=args.coco_source_queries, corpus_pool=20,
-                                             seed=seed, coco_steps=coco_steps, skip_finetune=True,
-                                             coco={"per_device_train_batch_size": 64}))
+            run_recipe(
+                base_model,
+                [str(root / "scifact"), str(root / "nfcorpus")],
+                str(root / "squad-v1.1"),
+                coco_out,
+                config=dict(
+                    base_cfg,
+                    max_queries=args.coco_source_queries,
+                    corpus_pool=20,
+                    seed=seed,
+                    coco_steps=coco_steps,
+                    skip_finetune=True,
+                    coco={"per_device_train_batch_size": 64},
+                ),
+            )
             st = json.loads((coco_out / "coco" / "trainer_state.json").read_text())
             rt = [h for h in st["log_history"] if "train_runtime" in h]
             results[key] = {"_seconds": round(time.time() - t0, 1), "steps": st["global_step"]}
@@ -216,8 +282,9 @@ def main() -> int:
     return 0
 
 
-def domain_accuracies(results, base_model, root, n=600,
-                      names=("plain fine-tune (uniform) [seed 42]", "plain + MoDIR [seed 42]")):
+def domain_accuracies(
+    results, base_model, root, n=600, names=("plain fine-tune (uniform) [seed 42]", "plain + MoDIR [seed 42]")
+):
     """MoDIR's diagnostic: a fresh linear source-vs-target classifier on each model's document embeddings (SQuAD
     passages vs SciFact + NFCorpus documents, n of each): held-out accuracy (lower = more domain-invariant) and
     log-loss (higher = more domain-invariant; it still moves when the accuracy saturates)."""
@@ -273,10 +340,14 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
     lines = ["# Reproduction at this scale: COCO-DR ablation (Table 2) and K/τ sweep (Fig. 3)", ""]
     plan = results.get("_plan", {})
     # a stage resumed exactly at its last step logs one more (learning rate 0, so the weights do not change)
-    coco_done = min(results.get("COCO stage [seed 42]", {}).get("steps", plan.get("coco_steps")),
-                    plan.get("coco_steps") or 10**9)
-    schedule = (f" (of a {args.coco_schedule_steps}-step linear schedule: the stage was stopped early for time)"
-                if args.coco_schedule_steps and args.coco_schedule_steps != coco_done else "")
+    coco_done = min(
+        results.get("COCO stage [seed 42]", {}).get("steps", plan.get("coco_steps")), plan.get("coco_steps") or 10**9
+    )
+    schedule = (
+        f" (of a {args.coco_schedule_steps}-step linear schedule: the stage was stopped early for time)"
+        if args.coco_schedule_steps and args.coco_schedule_steps != coco_done
+        else ""
+    )
     doc_len = results.get("_eval_max_length")
     lines += [
         f"Starting model all-MiniLM-L6-v2 (mean pooling, cosine). COCO on SciFact + NFCorpus + SQuAD passages "
@@ -288,14 +359,18 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
         f"the same way: exact search, documents truncated to "
         f"{str(doc_len) + ' tokens (the training length; chosen to fit the budget)' if doc_len else 'each model’s own limit'}"
         f". BM25 reads full documents.",
-        "", "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
+        "",
+        "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
         "|---|---|---|---|---|",
     ]
     names = ["BM25", "starting model"] + [r[0] for r in ROWS]
     std = results.get("starting model (own max length)")
     if std:
-        lines.insert(-2, "For reference, the starting model with its own 256-token limit: SciFact dev nDCG@10 "
-                         f"{std['SciFact dev']['ndcg@10']:.4f}, NFCorpus dev {std['NFCorpus dev']['ndcg@10']:.4f}.")
+        lines.insert(
+            -2,
+            "For reference, the starting model with its own 256-token limit: SciFact dev nDCG@10 "
+            f"{std['SciFact dev']['ndcg@10']:.4f}, NFCorpus dev {std['NFCorpus dev']['ndcg@10']:.4f}.",
+        )
         lines.insert(-2, "")
     table = {}
     for name in names:
@@ -309,29 +384,45 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
                 cells.append(fmt(m, sd))
                 table.setdefault(name, {})[f"{label} {metric}"] = m
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", "## K and τ sweep (COCO + iDRO, seed 42)", "", "| setting | SciFact dev nDCG@10 | NFCorpus dev nDCG@10 |",
-              "|---|---|---|"]
+    lines += [
+        "",
+        "## K and τ sweep (COCO + iDRO, seed 42)",
+        "",
+        "| setting | SciFact dev nDCG@10 | NFCorpus dev nDCG@10 |",
+        "|---|---|---|",
+    ]
     sweep = {}
     main_key = "full COCO-DR (COCO + iDRO) [seed 42]"
     for key, label in [(main_key, f"K={args.num_clusters}, τ={args.tau:g}")] + [
-            (k, k.split(" [")[0].replace("sweep ", "")) for k in results if k.startswith("sweep ")]:
+        (k, k.split(" [")[0].replace("sweep ", "")) for k in results if k.startswith("sweep ")
+    ]:
         if key in results:
             r = results[key]
             sweep[label] = (r["SciFact dev"]["ndcg@10"], r["NFCorpus dev"]["ndcg@10"])
             lines.append(f"| {label} | {sweep[label][0]:.4f} | {sweep[label][1]:.4f} |")
     method_keys = [f"{r[0]} [seed 42]" for r in METHOD_ROWS]
     if any(k in results for k in method_keys):
-        lines += ["", "## The other seed methods on the same budget (seed 42)", "",
-                  "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## The other seed methods on the same budget (seed 42)",
+            "",
+            "| row | SciFact dev nDCG@10 | SciFact dev R@100 | NFCorpus dev nDCG@10 | NFCorpus dev R@100 |",
+            "|---|---|---|---|---|",
+        ]
         for key in ["plain fine-tune (uniform) [seed 42]", "full COCO-DR (COCO + iDRO) [seed 42]"] + method_keys:
             if key in results:
                 r = results[key]
-                lines.append(f"| {key.split(' [')[0]} | " + " | ".join(
-                    f"{r[label][metric]:.4f}" for _, _, label in EVALS for metric in ("ndcg@10", "recall@100")) + " |")
+                lines.append(
+                    f"| {key.split(' [')[0]} | "
+                    + " | ".join(
+                        f"{r[label][metric]:.4f}" for _, _, label in EVALS for metric in ("ndcg@10", "recall@100")
+                    )
+                    + " |"
+                )
             elif key.startswith("COCO") and not (work / "seed42" / "coco_shared" / "coco").is_dir():
-                lines.append(f"| {key.split(' [')[0]} | not run: the COCO stage's files are not on this machine | "
-                             "| | |")
+                lines.append(
+                    f"| {key.split(' [')[0]} | not run: the COCO stage's files are not on this machine | | | |"
+                )
             else:
                 lines.append(f"| {key.split(' [')[0]} | not run (budget) | | | |")
         diag = []
@@ -342,35 +433,70 @@ def write_report(args, results, work: Path, base_model: str, root: Path) -> None
                 logged = [h for h in json.loads(state.read_text())["log_history"] if "loss" in h]
                 r["_last_log"] = {k: v for k, v in logged[-1].items() if k in LOG_KEYS} if logged else {}
             if r and r.get("_last_log"):
-                diag.append(f"| {key.split(' [')[0]} | " + ", ".join(f"{k} {v:.4g}" for k, v in r["_last_log"].items())
-                            + " |")
+                diag.append(
+                    f"| {key.split(' [')[0]} | " + ", ".join(f"{k} {v:.4g}" for k, v in r["_last_log"].items()) + " |"
+                )
         if diag:
-            lines += ["", "Last logged training values of each method row (the BERM terms are the weighted ones):", "",
-                      "| row | last log |", "|---|---|", *diag]
+            lines += [
+                "",
+                "Last logged training values of each method row (the BERM terms are the weighted ones):",
+                "",
+                "| row | last log |",
+                "|---|---|",
+                *diag,
+            ]
         probe = results.get("_domain_probe")
         if probe:
-            lines += ["", "MoDIR's diagnostic: a fresh linear source-vs-target classifier trained on half of the "
-                      "document embeddings (600 SQuAD passages vs 300 SciFact + 300 NFCorpus documents, standardised "
-                      "features) and scored on the other half. MoDIR aims to lower the accuracy / raise the log-loss.",
-                      "", "| model | held-out accuracy | held-out log-loss (nats) |", "|---|---|---|"]
+            lines += [
+                "",
+                "MoDIR's diagnostic: a fresh linear source-vs-target classifier trained on half of the "
+                "document embeddings (600 SQuAD passages vs 300 SciFact + 300 NFCorpus documents, standardised "
+                "features) and scored on the other half. MoDIR aims to lower the accuracy / raise the log-loss.",
+                "",
+                "| model | held-out accuracy | held-out log-loss (nats) |",
+                "|---|---|---|",
+            ]
             lines += [f"| {k} | {v['accuracy']:.4f} | {v['log_loss']:.4f} |" for k, v in probe.items()]
     commands = results.get("_commands") or ["python " + " ".join(sys.argv)]
-    lines += ["", "## Commands", "", "The runs that produced these rows (each resumes from `results.json` and the stage "
-              "checkpoints of the previous one):", "", "```bash", *commands, "```", "",
-              f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-              f"{platform.platform()}; the rows below add up to "
-              f"{round(sum(v.get('_seconds', 0) for v in results.values() if isinstance(v, dict)) / 60, 1)}"
-              " minutes of training + evaluation "
-              f"(one evaluation of both dev sets: {results.get('_eval_seconds', 0) / 60:.1f} min).", ""]
+    lines += [
+        "",
+        "## Commands",
+        "",
+        "The runs that produced these rows (each resumes from `results.json` and the stage "
+        "checkpoints of the previous one):",
+        "",
+        "```bash",
+        *commands,
+        "```",
+        "",
+        f"Machine: {os.cpu_count()} CPU cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"{platform.platform()}; the rows below add up to "
+        f"{round(sum(v.get('_seconds', 0) for v in results.values() if isinstance(v, dict)) / 60, 1)}"
+        " minutes of training + evaluation "
+        f"(one evaluation of both dev sets: {results.get('_eval_seconds', 0) / 60:.1f} min).",
+        "",
+    ]
     walls = {k: v["_seconds"] for k, v in results.items() if isinstance(v, dict) and "_seconds" in v}
-    lines += ["Wall seconds of each row's last invocation (a stage resumed across invocations counts only its last "
-              "part; other jobs shared the cores during these runs):", "",
-              "| run | wall seconds |", "|---|---|"] + [f"| {k} | {v:.0f} |" for k, v in walls.items()] + [""]
+    lines += (
+        [
+            "Wall seconds of each row's last invocation (a stage resumed across invocations counts only its last "
+            "part; other jobs shared the cores during these runs):",
+            "",
+            "| run | wall seconds |",
+            "|---|---|",
+        ]
+        + [f"| {k} | {v:.0f} |" for k, v in walls.items()]
+        + [""]
+    )
     plots = make_plots(results, work, report.parent, base_model, root, sweep, args)
     au = results.get("_alignment_uniformity") or {}
     if au:
-        lines += ["## Alignment and uniformity (SciFact, COCO-DR Fig. 5b; lower is better for both)", "",
-                  "| model | alignment | uniformity |", "|---|---|---|"]
+        lines += [
+            "## Alignment and uniformity (SciFact, COCO-DR Fig. 5b; lower is better for both)",
+            "",
+            "| model | alignment | uniformity |",
+            "|---|---|---|",
+        ]
         lines += [f"| {k} | {v['alignment']:.4f} | {v['uniformity']:.4f} |" for k, v in au.items()] + [""]
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     report.write_text("\n".join(lines))
@@ -469,12 +595,16 @@ def make_plots(results, work, out_dir, base_model, root, sweep, args):
         axes[0].set_xlabel("step")
         axes[0].legend()
     if main and (Path(main) / "finetune" / "trainer_state.json").is_file():
-        hist = [h for h in json.loads((Path(main) / "finetune" / "trainer_state.json").read_text())["log_history"]
-                if "loss" in h]
+        hist = [
+            h
+            for h in json.loads((Path(main) / "finetune" / "trainer_state.json").read_text())["log_history"]
+            if "loss" in h
+        ]
         axes[1].plot([h["step"] for h in hist], [h["loss"] for h in hist], label="iDRO loss")
         if hist and "idro_worst_cluster_loss" in hist[0]:
-            axes[1].plot([h["step"] for h in hist], [h["idro_worst_cluster_loss"] for h in hist],
-                         label="worst cluster loss")
+            axes[1].plot(
+                [h["step"] for h in hist], [h["idro_worst_cluster_loss"] for h in hist], label="worst cluster loss"
+            )
         axes[1].set_title("fine-tuning losses")
         axes[1].set_xlabel("step")
         axes[1].legend()

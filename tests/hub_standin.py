@@ -83,16 +83,16 @@ class Handler(BaseHTTPRequestHandler):
                 if repo in st.repos:
                     return self._send(409, {"error": "You already created this model repo", "url": f"/{repo}"})
                 private = bool(req.get("private")) or req.get("visibility") == "private"
-                st.repos[repo] = {"private": private, "branches": {"main": {}},
-                                  "heads": {"main": _sha(repo.encode())}}
+                st.repos[repo] = {"private": private, "branches": {"main": {}}, "heads": {"main": _sha(repo.encode())}}
             return self._send(200, {"url": f"http://{self.headers['Host']}/{repo}", "name": repo})
         if path == "/api/validate-yaml":
             return self._send(200, {"errors": [], "warnings": []})
         m = re.match(r"^/api/models/(.+?)/preupload/([^/]+)$", path)
         if m:
             files = json.loads(body)["files"]
-            return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                              for f in files]})
+            return self._send(
+                200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+            )
         m = re.match(r"^/api/models/(.+?)/commit/([^/]+)$", path)
         if m:
             repo, rev = m.group(1), unquote(m.group(2))
@@ -119,8 +119,10 @@ class Handler(BaseHTTPRequestHandler):
                 st.repos[repo]["heads"][rev] = oid
                 st.repos[repo].setdefault("snapshots", {})[oid] = dict(branch)
                 st.commits.append({"repo": repo, "revision": rev, "summary": summary, "files": sorted(files)})
-            return self._send(200, {"commitUrl": f"http://{self.headers['Host']}/{repo}/commit/{oid}",
-                                    "commitOid": oid, "success": True})
+            return self._send(
+                200,
+                {"commitUrl": f"http://{self.headers['Host']}/{repo}/commit/{oid}", "commitOid": oid, "success": True},
+            )
         m = re.match(r"^/api/models/(.+?)/branch/([^/]+)$", path)
         if m:
             repo, branch = m.group(1), unquote(m.group(2))
@@ -162,18 +164,28 @@ class Handler(BaseHTTPRequestHandler):
             files = self._files(repo, rev)
             if files is None:
                 return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}, head=head)
-            return self._send(200, {"id": repo, "modelId": repo, "sha": self._head(repo, rev),
-                                    "private": st.repos[repo]["private"],
-                                    "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())]},
-                              head=head)
+            return self._send(
+                200,
+                {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": self._head(repo, rev),
+                    "private": st.repos[repo]["private"],
+                    "siblings": [{"rfilename": p, "size": len(b)} for p, b in sorted(files.items())],
+                },
+                head=head,
+            )
         m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?$", path)
         if m:
             repo, rev = m.group(1), m.group(2)
             files = self._files(repo, rev)
             if files is None:
                 return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}, head=head)
-            return self._send(200, [{"type": "file", "path": p, "size": len(b), "oid": _sha(b)}
-                                    for p, b in sorted(files.items())], head=head)
+            return self._send(
+                200,
+                [{"type": "file", "path": p, "size": len(b), "oid": _sha(b)} for p, b in sorted(files.items())],
+                head=head,
+            )
         m = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+)$", path)
         if m:
             repo, rev, fpath = m.groups()
@@ -181,12 +193,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}, head=head)
             files = self._files(repo, rev)
             if files is None:
-                return self._send(404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"}, head=head)
+                return self._send(
+                    404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"}, head=head
+                )
             if fpath not in files:
                 return self._send(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"}, head=head)
             data = files[fpath]
-            headers = {"X-Repo-Commit": self._head(repo, rev), "ETag": f'"{_sha(data)}"',
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": self._head(repo, rev),
+                "ETag": f'"{_sha(data)}"',
+                "Content-Type": "application/octet-stream",
+            }
             return self._send(200, headers=headers, raw=data, head=head)
         st.unknown.append(f"GET {path}")
         return self._send(404, {"error": f"stand-in: unknown endpoint GET {path}"}, head=head)

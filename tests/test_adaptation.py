@@ -87,8 +87,11 @@ def test_ict_pairs_take_one_sentence_out(tiny_beir):
         doc = corpus[int(data.query_ids[r].rsplit("/", 1)[1])]["text"]
         sents = split_sentences_regex(doc)
         rest = data.doc_texts(data.positives(r))[0]
-        assert q in sents and rest == " ".join(s for s in sents if s != q or sents.count(q) > 1) or \
-            sorted(split_sentences_regex(rest) + [q]) == sorted(sents)
+        assert (
+            q in sents
+            and rest == " ".join(s for s in sents if s != q or sents.count(q) > 1)
+            or sorted(split_sentences_regex(rest) + [q]) == sorted(sents)
+        )
 
 
 def test_pseudo_pairs_without_titles_are_refused(tmp_path):
@@ -125,16 +128,23 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
 
 
-def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir,
-                                                                          tmp_path):
+def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
+    tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir, tmp_path
+):
     """End to end with only step counts set: a head-less tiny model gets a COCO soup (3 runs of coco_run_steps without
     a budget) and no fine-tuning; a tiny model with an MLM head gets one COCO run, then iDRO."""
     from hf_cocodr.recipe import run_recipe
 
-    small = {"finetune_steps": 2, "corpus_pool": None, "coco": {"per_device_train_batch_size": 8, "save_steps": 2},
-             "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2}}
-    cases = ((tiny_bert_nomlm_dir, {"coco_run_steps": 2}, 3, {"coco": 2}),
-             (tiny_bert_dir, {"coco_steps": 2}, 1, {"coco": 2, "finetune": 2}))
+    small = {
+        "finetune_steps": 2,
+        "corpus_pool": None,
+        "coco": {"per_device_train_batch_size": 8, "save_steps": 2},
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+    }
+    cases = (
+        (tiny_bert_nomlm_dir, {"coco_run_steps": 2}, 3, {"coco": 2}),
+        (tiny_bert_dir, {"coco_steps": 2}, 1, {"coco": 2, "finetune": 2}),
+    )
     for model_dir, steps, runs, trained in cases:
         out = tmp_path / model_dir.name
         run_recipe(str(model_dir), [str(tiny_beir)], str(tiny_beir), out, config={**small, **steps})
@@ -144,8 +154,9 @@ def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(tiny_ber
         assert (out / "finetune").is_dir() == ("finetune" in trained)
 
 
-def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tuning(tiny_bert_nomlm_dir, tiny_beir,
-                                                                                   tmp_path):
+def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tuning(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path
+):
     """The head-less schedule trains COCO alone; with no target corpus there is no COCO, so the source fine-tuning the
     schedule left out runs instead (recorded as chosen). With every stage switched off by the user: refused by name,
     before anything is written."""
@@ -153,14 +164,23 @@ def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tu
     from hf_cocodr.recipe import run_recipe
 
     out = tmp_path / "src"
-    run_recipe(str(tiny_bert_nomlm_dir), [], str(tiny_beir), out, config={
-        "finetune_steps": 2, "corpus_pool": None,
-        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2}})
+    run_recipe(
+        str(tiny_bert_nomlm_dir),
+        [],
+        str(tiny_beir),
+        out,
+        config={
+            "finetune_steps": 2,
+            "corpus_pool": None,
+            "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+        },
+    )
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"] == {"finetune": 2} and record["schedule"]["chosen"]["skip_finetune"] is False
     with pytest.raises(ConfigError, match="nothing to train"):
-        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "none",
-                   config={"skip_coco": True})
+        run_recipe(
+            str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "none", config={"skip_coco": True}
+        )
     assert not (tmp_path / "none").exists()
 
 
@@ -183,7 +203,9 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
     assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.2), False)[0].target_share == 0.2
     with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
         choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0), False)
-    assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3), False)[0].target_steps == 3
+    assert (
+        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3), False)[0].target_steps == 3
+    )
     # beside a head-less model's COCO soup alone (share 1) it gets 1: half the budget each
     beside_soup, _ = choose_schedule(RecipeConfig(target_pairs="title_body"), False)
     assert (beside_soup.coco_share, beside_soup.target_share) == (1.0, 1.0)
@@ -192,8 +214,17 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
     assert joint.target_share == 0.0
 
 
-@pytest.mark.parametrize("bad", [dict(coco_mlm_weight=float("nan")), dict(wise_alpha=1.5), dict(coco_steps=-5),
-                                 dict(target_pairs="titles"), dict(refreshes=-1), dict(coco_share="half")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(coco_mlm_weight=float("nan")),
+        dict(wise_alpha=1.5),
+        dict(coco_steps=-5),
+        dict(target_pairs="titles"),
+        dict(refreshes=-1),
+        dict(coco_share="half"),
+    ],
+)
 def test_bad_recipe_settings_are_refused_by_name(bad):
     from hf_cocodr.errors import ConfigError
 
@@ -203,8 +234,13 @@ def test_bad_recipe_settings_are_refused_by_name(bad):
 
 def test_planner_spends_the_budget_on_optimizer_steps():
     cfg, _ = choose_schedule(RecipeConfig(), True)  # the paper's stages: COCO, then iDRO
-    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0, "encode_doc_s": 0.03,
-          "encode_query_s": 0.005}
+    tp = {
+        "coco_step_s": 4.0,
+        "finetune_step_s": 10.0,
+        "target_step_s": 8.0,
+        "encode_doc_s": 0.03,
+        "encode_query_s": 0.005,
+    }
     plan = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=20_000, n_queries=1000, idro=True)
     # a refresh of 20k documents (600 s) is far above 10% of 900 s: none is planned
     assert plan["refreshes"] == 0
@@ -239,8 +275,9 @@ def test_the_budget_sizes_the_source_draw_and_charges_what_grows_with_it():
 
     cfg, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
     tp = {"finetune_step_s": 1.0, "encode_query_s": 1 / 64, "encode_doc_s": 0.0}
-    kw = dict(overhead_s=100.0, pool_docs_per_query=2.0, max_pool_docs=20_958, mining_s_per_query=1 / 32, batch=32,
-              idro=True)
+    kw = dict(
+        overhead_s=100.0, pool_docs_per_query=2.0, max_pool_docs=20_958, mining_s_per_query=1 / 32, batch=32, idro=True
+    )
     q = size_source_queries(900.0, tp, cfg, available=87_599, **kw)
     assert q == 10_240
     plan = plan_budget(900.0, tp, cfg, overhead_s=100.0 + q / 32, pool_docs=2 * q, n_queries=q, idro=True)
@@ -265,8 +302,13 @@ def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir,
     tp = {"finetune_step_s": 0.5, "encode_query_s": 0.001, "encode_doc_s": 0.001}
     monkeypatch.setattr(recipe, "measure_throughput", lambda *a, **k: dict(tp))
     monkeypatch.setattr(recipe, "STAGE_LOAD_SECONDS", 1.0)
-    config = {"skip_coco": True, "refreshes": 0, "corpus_pool": 2, "finetune_preset": "paper",  # iDRO: K-Means
-              "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1000}}
+    config = {
+        "skip_coco": True,
+        "refreshes": 0,
+        "corpus_pool": 2,
+        "finetune_preset": "paper",  # iDRO: K-Means
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1000},
+    }
     out = tmp_path / "run"
     run_recipe(str(tiny_bert_dir), [], str(source), out, config=config, max_minutes=0.2)
     plan = json.loads((out / "plan.json").read_text())
@@ -287,15 +329,27 @@ def _joint_run(tiny_st_dir, tiny_beir, tmp_path, name, weight=None, steps=2):
     for m in model.modules():  # no dropout: the extra forward of the joint term must not shift any RNG stream
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-    args = IDROTrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=8, max_steps=steps,
-                                 num_clusters=3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                                 seed=5, learning_rate=1e-3, dataloader_drop_last=True, num_negatives=1)
+    args = IDROTrainingArguments(
+        output_dir=str(tmp_path / name),
+        per_device_train_batch_size=8,
+        max_steps=steps,
+        num_clusters=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=5,
+        learning_rate=1e-3,
+        dataloader_drop_last=True,
+        num_negatives=1,
+    )
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
     trainer = IDROTrainer(model=model, args=args, train_dataset=data)
     if weight is not None:
         pairs = target_pseudo_pairs([tiny_beir], "title_body", seed=1, bm25_top_k=5)
-        trainer.idro_loss.auxiliary.append(TargetPairsObjective(pairs, weight, batch_size=6, similarity="dot",
-                                                                scale=1.0, seed=1))
+        trainer.idro_loss.auxiliary.append(
+            TargetPairsObjective(pairs, weight, batch_size=6, similarity="dot", scale=1.0, seed=1)
+        )
     trainer.train()
     return trainer, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -355,13 +409,18 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
     for name, seed in (("scifact", 1), ("nfcorpus", 2), ("squad-v1.1", 3)):
         tiny.make_beir(root / name, seed=seed)
     study = _study_module()
-    overrides = {"max_queries": None, "corpus_pool": None, "coco": {"per_device_train_batch_size": 8},
-                 "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
-                 "target": {"per_device_train_batch_size": 8, "save_steps": 1}}
+    overrides = {
+        "max_queries": None,
+        "corpus_pool": None,
+        "coco": {"per_device_train_batch_size": 8},
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
+        "target": {"per_device_train_batch_size": 8, "save_steps": 1},
+    }
 
     def ns(work):
-        return argparse.Namespace(work=str(work), budget_minutes=1.0, doc_max_length=32, fixed_steps=3,
-                                  overrides=overrides)
+        return argparse.Namespace(
+            work=str(work), budget_minutes=1.0, doc_max_length=32, fixed_steps=3, overrides=overrides
+        )
 
     model = str(tiny_bert_nomlm_dir)
     whole = study.run_arm("title-body", 0, ns(tmp_path / "a"), root, model)
@@ -407,21 +466,37 @@ def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path
     study = _study_module()
 
     def row(sf, nf):
-        return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
-                            "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}}
+        return {
+            "metrics": {
+                "SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
+                "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3},
+            }
+        }
 
     steps = {"coco_steps": 0, "finetune_steps": 0, "target_steps": 38, "refreshes": 0}
     # seed 42 was planned by the clock (8 minutes, 74% for optimizer steps); 43 and 44 trained its steps on a busy
     # machine, so their (longer) times must not enter the train-minutes column
-    timing = {42: {"plan": {**steps, "max_minutes": 8.0, "planned_optimizer_share": 0.74}, "train_seconds": 450.0},
-              43: {"plan": steps, "train_seconds": 900.0}, 44: {"plan": steps, "train_seconds": 1200.0}}
-    rows = {"start": {0: row(0.60, 0.302)},
-            "title-body": {s: {**row(*v), **timing[s]} for s, v in ((42, (0.62, 0.30)), (43, (0.64, 0.31)),
-                                                                    (44, (0.63, 0.305)))},
-            "source-only": {s: row(0.58, 0.28) for s in (42, 43, 44)}, "ict": {42: row(0.70, 0.35)},
-            "coco-mlm1": {42: row(0.607, 0.306), 43: row(0.608, 0.306), 44: row(0.609, 0.306)}}
-    ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=8.0, doc_max_length=128,
-                            report=str(tmp_path / "rep"), findings=str(tmp_path / "none.md"))
+    timing = {
+        42: {"plan": {**steps, "max_minutes": 8.0, "planned_optimizer_share": 0.74}, "train_seconds": 450.0},
+        43: {"plan": steps, "train_seconds": 900.0},
+        44: {"plan": steps, "train_seconds": 1200.0},
+    }
+    rows = {
+        "start": {0: row(0.60, 0.302)},
+        "title-body": {
+            s: {**row(*v), **timing[s]} for s, v in ((42, (0.62, 0.30)), (43, (0.64, 0.31)), (44, (0.63, 0.305)))
+        },
+        "source-only": {s: row(0.58, 0.28) for s in (42, 43, 44)},
+        "ict": {42: row(0.70, 0.35)},
+        "coco-mlm1": {42: row(0.607, 0.306), 43: row(0.608, 0.306), 44: row(0.609, 0.306)},
+    }
+    ns = argparse.Namespace(
+        work=str(tmp_path / "work"),
+        budget_minutes=8.0,
+        doc_max_length=128,
+        report=str(tmp_path / "rep"),
+        findings=str(tmp_path / "none.md"),
+    )
     study.write_report(ns, rows)
     report = json.loads((tmp_path / "rep.json").read_text())
     assert report["noise_ndcg@10"] == pytest.approx({"SciFact dev": 0.01, "NFCorpus dev": 0.005})
@@ -449,20 +524,31 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
     with pytest.raises(SystemExit, match="plan.json"):
         study.planned_steps(ns, "title-body", 43)
     plan_dir.mkdir(parents=True)
-    (plan_dir / "plan.json").write_text(json.dumps({"coco_steps": 0, "finetune_steps": 12, "target_steps": 0,
-                                                    "refreshes": 0}))
-    assert study.planned_steps(ns, "title-body", 43) == {"refreshes": 0, "skip_coco": True, "finetune_steps": 12,
-                                                         "target_pairs": "none"}
+    (plan_dir / "plan.json").write_text(
+        json.dumps({"coco_steps": 0, "finetune_steps": 12, "target_steps": 0, "refreshes": 0})
+    )
+    assert study.planned_steps(ns, "title-body", 43) == {
+        "refreshes": 0,
+        "skip_coco": True,
+        "finetune_steps": 12,
+        "target_pairs": "none",
+    }
     # seed 42's clock stopped its source stage at step 9: further seeds train 9 steps
     (plan_dir / "recipe.json").write_text(json.dumps({"steps_trained": {"finetune": 9}}))
     assert study.planned_steps(ns, "title-body", 43)["finetune_steps"] == 9
     # a soup: further seeds train as many COCO runs of as many steps
     soup_dir = study.arm_dir(tmp_path, 8.0, "coco-soup", 42) / "run"
     soup_dir.mkdir(parents=True)
-    (soup_dir / "plan.json").write_text(json.dumps({"coco_steps": 74, "coco_runs": 4, "finetune_steps": 0,
-                                                    "target_steps": 0, "refreshes": 0}))
-    assert study.planned_steps(ns, "coco-soup", 43) == {"refreshes": 0, "coco_steps": 74, "coco_runs": 4,
-                                                        "skip_finetune": True, "target_pairs": "none"}
+    (soup_dir / "plan.json").write_text(
+        json.dumps({"coco_steps": 74, "coco_runs": 4, "finetune_steps": 0, "target_steps": 0, "refreshes": 0})
+    )
+    assert study.planned_steps(ns, "coco-soup", 43) == {
+        "refreshes": 0,
+        "coco_steps": 74,
+        "coco_runs": 4,
+        "skip_finetune": True,
+        "target_pairs": "none",
+    }
 
 
 def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
@@ -475,15 +561,30 @@ def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
     study = _study_module()
 
     def row(sf, nf, **extra):
-        return {"metrics": {"SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
-                            "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3}}, **extra}
+        return {
+            "metrics": {
+                "SciFact dev": {"ndcg@10": sf, "recall@100": 0.9},
+                "NFCorpus dev": {"ndcg@10": nf, "recall@100": 0.3},
+            },
+            **extra,
+        }
 
     plan = {"coco_steps": 70, "finetune_steps": 0, "target_steps": 0, "refreshes": 0, "max_minutes": 15.0}
-    ns = argparse.Namespace(work=str(tmp_path / "work"), budget_minutes=15.0, doc_max_length=128, plan_from_seed=42,
-                            report=str(tmp_path / "rep"), findings=None)
-    study.write_report(ns, {"start": {0: row(0.60, 0.30)},
-                            "coco-mlm1": {42: row(0.62, 0.31, plan=plan, steps_trained={"coco": 66},
-                                                  train_seconds=880.0)}})
+    ns = argparse.Namespace(
+        work=str(tmp_path / "work"),
+        budget_minutes=15.0,
+        doc_max_length=128,
+        plan_from_seed=42,
+        report=str(tmp_path / "rep"),
+        findings=None,
+    )
+    study.write_report(
+        ns,
+        {
+            "start": {0: row(0.60, 0.30)},
+            "coco-mlm1": {42: row(0.62, 0.31, plan=plan, steps_trained={"coco": 66}, train_seconds=880.0)},
+        },
+    )
     # the start row is cached again (a new measurement); coco-mlm1's cache is gone
     cache = study.arm_dir(tmp_path / "work", 15.0, "start", 0)
     cache.mkdir(parents=True)
@@ -492,11 +593,17 @@ def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
     assert rows["start"][0]["metrics"]["SciFact dev"]["ndcg@10"] == 0.61
     assert rows["coco-mlm1"][42]["metrics"]["SciFact dev"]["ndcg@10"] == 0.62
     # seed 43 trains the 66 steps seed 42 ran, from the report
-    assert study.planned_steps(ns, "coco-mlm1", 43) == {"refreshes": 0, "coco_steps": 66, "coco_runs": 1,
-                                                        "skip_finetune": True, "target_pairs": "none"}
+    assert study.planned_steps(ns, "coco-mlm1", 43) == {
+        "refreshes": 0,
+        "coco_steps": 66,
+        "coco_runs": 1,
+        "skip_finetune": True,
+        "target_pairs": "none",
+    }
     study.write_report(ns, rows)
     assert json.loads((tmp_path / "rep.json").read_text())["arms"]["coco-mlm1"]["SciFact dev ndcg@10"]["values"] == [
-        0.62]
+        0.62
+    ]
     other = argparse.Namespace(**{**vars(ns), "budget_minutes": 8.0})
     assert study.recorded_rows(other) == {}
 
@@ -551,15 +658,22 @@ def test_coco_runs_share_the_budget():
             RecipeConfig.from_dict(bad)
 
 
-def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_run(tiny_bert_nomlm_dir, tiny_beir,
-                                                                                     tmp_path, caplog):
+def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_run(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, caplog
+):
     from safetensors.torch import load_file
 
     from hf_cocodr.modeling.wise import average_state_dicts
     from hf_cocodr.recipe import run_recipe
 
-    cfg = dict(skip_finetune=True, target_pairs="none", wise_alpha=None, coco_steps=2, corpus_pool=None,
-               coco={"per_device_train_batch_size": 8, "save_steps": 2})
+    cfg = dict(
+        skip_finetune=True,
+        target_pairs="none",
+        wise_alpha=None,
+        coco_steps=2,
+        corpus_pool=None,
+        coco={"per_device_train_batch_size": 8, "save_steps": 2},
+    )
 
     def weights(folder):
         return load_file(str(folder / "model.safetensors"))
@@ -579,8 +693,9 @@ def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_r
     assert "model soup" in (soup_out / "model" / "README.md").read_text()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):  # a re-run trains nothing
-        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), soup_out,
-                   config={**cfg, "coco_runs": 2})
+        run_recipe(
+            str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), soup_out, config={**cfg, "coco_runs": 2}
+        )
     assert any("stage coco: already finished" in r.getMessage() for r in caplog.records)
 
 
@@ -592,8 +707,15 @@ def test_a_killed_soup_resumes_to_the_uninterrupted_soup(tiny_bert_nomlm_dir, ti
     from hf_cocodr.pretraining import CocoPretrainer
     from hf_cocodr.recipe import run_recipe
 
-    cfg = dict(skip_finetune=True, target_pairs="none", wise_alpha=None, coco_steps=3, corpus_pool=None, coco_runs=2,
-               coco={"per_device_train_batch_size": 8, "save_steps": 1})
+    cfg = dict(
+        skip_finetune=True,
+        target_pairs="none",
+        wise_alpha=None,
+        coco_steps=3,
+        corpus_pool=None,
+        coco_runs=2,
+        coco={"per_device_train_batch_size": 8, "save_steps": 1},
+    )
     run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "whole", config=cfg)
     original = CocoPretrainer.training_step
 

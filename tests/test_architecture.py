@@ -19,19 +19,59 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hf_cocodr"
 
 # longest matching prefix wins; a smaller number is a higher layer
 LAYERS = {
-    "cli": 0, "cli_training": 0, "cli_hub": 0, "cli_mteb": 0, "__main__": 0,
+    "cli": 0,
+    "cli_training": 0,
+    "cli_hub": 0,
+    "cli_mteb": 0,
+    "__main__": 0,
     # the recipe drives the training API; inside it: runner -> planner -> inputs, probe, schedules -> stages ->
     # stage -> context -> plan, outputs, config (the command line imports the config alone)
-    "recipe": 0.5, "recipe.runner": 0.5, "recipe.planner": 0.6, "recipe.inputs": 0.7, "recipe.probe": 0.7,
-    "recipe.schedules": 0.7, "recipe.stages": 0.8, "recipe.stage": 0.82, "recipe.context": 0.85, "recipe.plan": 0.9,
-    "recipe.outputs": 0.9, "recipe.config": 0.9, "recipe.checks": 0.9,
+    "recipe": 0.5,
+    "recipe.runner": 0.5,
+    "recipe.planner": 0.6,
+    "recipe.inputs": 0.7,
+    "recipe.probe": 0.7,
+    "recipe.schedules": 0.7,
+    "recipe.stages": 0.8,
+    "recipe.stage": 0.82,
+    "recipe.context": 0.85,
+    "recipe.plan": 0.9,
+    "recipe.outputs": 0.9,
+    "recipe.config": 0.9,
+    "recipe.checks": 0.9,
     "training_api": 1,
-    "pretraining": 2, "finetuning": 2, "trainer_common": 2,
-    "methods": 3, "finetuning.losses": 3, "finetuning.callbacks": 3, "finetuning.training_args": 3,
-    "finetuning.stage_info": 3, "pretraining.training_args": 3, "pretraining.collator": 3,
-    "data": 4, "modeling": 4, "evaluation": 4, "metrics": 4, "index": 4, "hub": 4, "export": 4, "model_card": 4,
-    "provenance": 4, "run_record": 4, "hybrid": 4, "fusion": 4, "checkpoints": 4, "state": 4, "distributed": 4,
-    "errors": 5, "utils": 5, "citations": 5, "config_types": 5, "storage": 5,
+    "pretraining": 2,
+    "finetuning": 2,
+    "trainer_common": 2,
+    "methods": 3,
+    "finetuning.losses": 3,
+    "finetuning.callbacks": 3,
+    "finetuning.training_args": 3,
+    "finetuning.stage_info": 3,
+    "finetuning.checkpoint_state": 3,
+    "pretraining.training_args": 3,
+    "pretraining.collator": 3,
+    "data": 4,
+    "modeling": 4,
+    "evaluation": 4,
+    "metrics": 4,
+    "index": 4,
+    "hub": 4,
+    "export": 4,
+    "model_card": 4,
+    "provenance": 4,
+    "run_record": 4,
+    "hybrid": 4,
+    "fusion": 4,
+    "checkpoints": 4,
+    "state": 4,
+    "distributed": 4,
+    "locks": 4,
+    "errors": 5,
+    "utils": 5,
+    "citations": 5,
+    "config_types": 5,
+    "storage": 5,
 }
 
 
@@ -57,8 +97,11 @@ def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
             else:
                 target = node.module or ""
             if target == "hf_cocodr" or target.startswith("hf_cocodr."):
-                names = [f"{target}.{a.name}" for a in node.names] if layer(target) is None or not node.module \
+                names = (
+                    [f"{target}.{a.name}" for a in node.names]
+                    if layer(target) is None or not node.module
                     else [target]
+                )
                 out += [(node.lineno, n) for n in names]
         elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names if a.name.startswith("hf_cocodr.")]
@@ -117,8 +160,12 @@ def module_level_imports(path: Path, root: Path = PACKAGE) -> set[str]:
             if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 continue
             if isinstance(node, (ast.If, ast.Try, ast.With)):
-                visit(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
-                      + [s for h in getattr(node, "handlers", []) for s in h.body])
+                visit(
+                    node.body
+                    + getattr(node, "orelse", [])
+                    + getattr(node, "finalbody", [])
+                    + [s for h in getattr(node, "handlers", []) for s in h.body]
+                )
             elif isinstance(node, ast.ImportFrom):
                 base = package[: len(package) - node.level + 1] if node.level else []
                 target = ".".join(base + ([node.module] if node.module else []))
@@ -141,7 +188,8 @@ def module_level_imports(path: Path, root: Path = PACKAGE) -> set[str]:
 def import_cycles(root: Path = PACKAGE) -> list[list[str]]:
     """Strongly connected components (more than one module) of the module-level import graph."""
     return strongly_connected(
-        {_module_name(p, root): module_level_imports(p, root) for p in sorted(root.rglob("*.py"))})
+        {_module_name(p, root): module_level_imports(p, root) for p in sorted(root.rglob("*.py"))}
+    )
 
 
 def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -257,13 +305,18 @@ def function_level_import_problems(root: Path = PACKAGE) -> list[str]:
     would close no import cycle at module level."""
     paths = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph = {m: module_level_imports(p, root) for m, p in paths.items()}
-    heavy = {m: set().union(*(_third_party_at_import(paths[t]) for t in _loaded_by(m, graph) if t in paths))
-             for m in paths}
+    heavy = {
+        m: set().union(*(_third_party_at_import(paths[t]) for t in _loaded_by(m, graph) if t in paths)) for m in paths
+    }
     problems = []
     for module, path in sorted(paths.items()):
         package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-        in_functions = {id(n): n for f in ast.walk(ast.parse(path.read_text()))
-                        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)}
+        in_functions = {
+            id(n): n
+            for f in ast.walk(ast.parse(path.read_text()))
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+        }
         for node in sorted(in_functions.values(), key=lambda n: getattr(n, "lineno", 0)):
             if True:
                 if isinstance(node, ast.Import):
@@ -282,10 +335,13 @@ def function_level_import_problems(root: Path = PACKAGE) -> list[str]:
                     elif top != "hf_cocodr":
                         if top not in LAZY_OK:
                             problems.append(f"{where}: import it at module level, or give the reason in LAZY_OK")
-                    elif t in paths and t != "hf_cocodr" and not (heavy[t] - heavy[module]) \
-                            and module not in _loaded_by(t, graph):
-                        problems.append(f"{where}: loads nothing heavy and closes no cycle: import it at module "
-                                        "level")
+                    elif (
+                        t in paths
+                        and t != "hf_cocodr"
+                        and not (heavy[t] - heavy[module])
+                        and module not in _loaded_by(t, graph)
+                    ):
+                        problems.append(f"{where}: loads nothing heavy and closes no cycle: import it at module level")
     return problems
 
 
@@ -300,18 +356,25 @@ def test_the_import_reason_check_finds_needless_lazy_imports(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "light.py").write_text("import json\n")
     (pkg / "heavy.py").write_text("import torch\n")
-    (pkg / "user.py").write_text("def f():\n    import os\n    from .light import x\n    from .heavy import y\n"
-                                 "    import torch\n    if x:\n        import leftpad\n")
+    (pkg / "user.py").write_text(
+        "def f():\n    import os\n    from .light import x\n    from .heavy import y\n"
+        "    import torch\n    if x:\n        import leftpad\n"
+    )
     problems = function_level_import_problems(pkg)
     assert [p.split(": ")[0] for p in problems] == [
-        "hf_cocodr/user.py:2 os", "hf_cocodr/user.py:3 hf_cocodr.light", "hf_cocodr/user.py:7 leftpad"]
+        "hf_cocodr/user.py:2 os",
+        "hf_cocodr/user.py:3 hf_cocodr.light",
+        "hf_cocodr/user.py:7 leftpad",
+    ]
 
 
 def test_the_cli_starts_without_the_heavy_libraries():
     """``hf-cocodr --help`` and input errors answer at once: importing the CLI loads no torch, transformers,
     sentence-transformers, datasets or mteb."""
-    code = ("import sys, hf_cocodr.cli; print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers', "
-            "'datasets', 'mteb') if m in sys.modules))")
+    code = (
+        "import sys, hf_cocodr.cli; print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers', "
+        "'datasets', 'mteb') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -15,18 +15,36 @@ import pytest
 from hf_cocodr.cli import main
 
 
-def beir(root: Path, corpus: str | bytes | None = None, queries: str | None = None, qrels: str | None = None,
-         split: str = "train") -> Path:
+def beir(
+    root: Path,
+    corpus: str | bytes | None = None,
+    queries: str | None = None,
+    qrels: str | None = None,
+    split: str = "train",
+) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "qrels").mkdir(exist_ok=True)
-    docs = corpus if corpus is not None else "".join(
-        json.dumps({"_id": f"d{i}", "title": "", "text": f"Sentence one about topic {i}. Sentence two follows here."})
-        + "\n" for i in range(12))
+    docs = (
+        corpus
+        if corpus is not None
+        else "".join(
+            json.dumps(
+                {"_id": f"d{i}", "title": "", "text": f"Sentence one about topic {i}. Sentence two follows here."}
+            )
+            + "\n"
+            for i in range(12)
+        )
+    )
     (root / "corpus.jsonl").write_bytes(docs if isinstance(docs, bytes) else docs.encode())
-    q = queries if queries is not None else "".join(json.dumps({"_id": f"q{i}", "text": f"topic {i}"}) + "\n"
-                                                    for i in range(12))
+    q = (
+        queries
+        if queries is not None
+        else "".join(json.dumps({"_id": f"q{i}", "text": f"topic {i}"}) + "\n" for i in range(12))
+    )
     (root / "queries.jsonl").write_text(q)
-    rows = qrels if qrels is not None else "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(12))
+    rows = (
+        qrels if qrels is not None else "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(12))
+    )
     (root / "qrels" / f"{split}.tsv").write_text(rows)
     return root
 
@@ -47,10 +65,15 @@ def run_cli(args, capsys) -> str:
 DATA_CASES = {
     "empty corpus": (dict(corpus=""), "corpus.jsonl: the corpus file is empty"),
     "garbled jsonl": (dict(corpus='{"_id": "d0", "text": "ok"}\n{garbage\n'), "corpus.jsonl, line 2: malformed JSON"),
-    "wrong column names": (dict(corpus='{"id": "d0", "body": "text"}\n'), "missing required field '_id' (found ['id', 'body']"),
+    "wrong column names": (
+        dict(corpus='{"id": "d0", "body": "text"}\n'),
+        "missing required field '_id' (found ['id', 'body']",
+    ),
     "non-utf8 bytes": (dict(corpus=b'{"_id": "d0", "text": "caf\xe9"}\n'), "corpus.jsonl, line 1: not valid UTF-8"),
-    "qrels pointing nowhere": (dict(qrels="query-id\tcorpus-id\tscore\nq1\tmissing-doc\t1\n"),
-                               "train.tsv, line 2: corpus-id 'missing-doc' is not in"),
+    "qrels pointing nowhere": (
+        dict(qrels="query-id\tcorpus-id\tscore\nq1\tmissing-doc\t1\n"),
+        "train.tsv, line 2: corpus-id 'missing-doc' is not in",
+    ),
     "qrels unknown query": (dict(qrels="query-id\tcorpus-id\tscore\nq404\td1\t1\n"), "query-id 'q404' is not in"),
 }
 
@@ -63,10 +86,33 @@ def test_malformed_data_files(case, command, tmp_path, capsys, tiny_st_dir):
     args = {
         "bm25": ["bm25", folder, "--split", "train"],
         "evaluate": ["evaluate", tiny_st_dir, folder, "--split", "train"],
-        "finetune": ["finetune", "--model", tiny_st_dir, "--train-data", folder, "--output_dir", tmp_path / "o",
-                     "--max_steps", "1", "--use_cpu"],
-        "mteb": ["mteb", tiny_st_dir, folder, "--split", "train", "--task-name", "BadData", "--model-name", "acme/x",
-                 "--revision", "r1", "--output-folder", tmp_path / "m"],
+        "finetune": [
+            "finetune",
+            "--model",
+            tiny_st_dir,
+            "--train-data",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--use_cpu",
+        ],
+        "mteb": [
+            "mteb",
+            tiny_st_dir,
+            folder,
+            "--split",
+            "train",
+            "--task-name",
+            "BadData",
+            "--model-name",
+            "acme/x",
+            "--revision",
+            "r1",
+            "--output-folder",
+            tmp_path / "m",
+        ],
     }[command]
     assert needle in run_cli(args, capsys)
 
@@ -78,8 +124,14 @@ def test_missing_split_lists_available(tmp_path, capsys):
 
 def test_huge_single_document_is_handled(tiny_st_dir, tmp_path, capsys):
     big = "word " * 200_000  # 1 MB of text in one document
-    docs = json.dumps({"_id": "d0", "title": "", "text": big + ". Another sentence. And one more."}) + "\n" + "".join(
-        json.dumps({"_id": f"d{i}", "text": f"Sentence about topic {i}. Second sentence."}) + "\n" for i in range(1, 12))
+    docs = (
+        json.dumps({"_id": "d0", "title": "", "text": big + ". Another sentence. And one more."})
+        + "\n"
+        + "".join(
+            json.dumps({"_id": f"d{i}", "text": f"Sentence about topic {i}. Second sentence."}) + "\n"
+            for i in range(1, 12)
+        )
+    )
     folder = beir(tmp_path / "data", corpus=docs)
     assert main(["evaluate", str(tiny_st_dir), str(folder), "--split", "train", "--backend", "torch"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_docs"] == 12
@@ -94,73 +146,162 @@ def test_huge_single_document_is_handled(tiny_st_dir, tmp_path, capsys):
 
 # --------------------------------------------------------------------------------------------- training inputs
 def test_corpus_without_two_spans(tiny_bert_dir, tmp_path, capsys):
-    folder = beir(tmp_path / "data", corpus="".join(json.dumps({"_id": f"d{i}", "text": "Short."}) + "\n"
-                                                    for i in range(12)))
-    msg = run_cli(["pretrain", "--model", tiny_bert_dir, "--corpus", folder, "--output_dir", tmp_path / "o",
-                   "--max_steps", "1", "--use_cpu"], capsys)
+    folder = beir(
+        tmp_path / "data", corpus="".join(json.dumps({"_id": f"d{i}", "text": "Short."}) + "\n" for i in range(12))
+    )
+    msg = run_cli(
+        [
+            "pretrain",
+            "--model",
+            tiny_bert_dir,
+            "--corpus",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--use_cpu",
+        ],
+        capsys,
+    )
     assert "no document yields two spans" in msg and "random_crops" in msg
 
 
 def test_empty_training_set(tiny_st_dir, tmp_path, capsys):
     folder = beir(tmp_path / "data", qrels="query-id\tcorpus-id\tscore\nq1\td1\t0\n")  # nothing relevant
-    msg = run_cli(["finetune", "--model", tiny_st_dir, "--train-data", folder, "--output_dir", tmp_path / "o",
-                   "--max_steps", "1", "--use_cpu"], capsys)
+    msg = run_cli(
+        [
+            "finetune",
+            "--model",
+            tiny_st_dir,
+            "--train-data",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--use_cpu",
+        ],
+        capsys,
+    )
     assert "no queries with a labelled positive" in msg
 
 
 def test_training_set_smaller_than_a_batch(tiny_st_dir, tmp_path, capsys):
     folder = beir(tmp_path / "data")
-    msg = run_cli(["finetune", "--model", tiny_st_dir, "--train-data", folder, "--output_dir", tmp_path / "o",
-                   "--max_steps", "1", "--per_device_train_batch_size", "64", "--use_cpu"], capsys)
+    msg = run_cli(
+        [
+            "finetune",
+            "--model",
+            tiny_st_dir,
+            "--train-data",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--per_device_train_batch_size",
+            "64",
+            "--use_cpu",
+        ],
+        capsys,
+    )
     assert "cannot fill one batch of 64" in msg
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["--idro-preset", "bogus"], "invalid choice: 'bogus'"),
-    (["--tau", "0"], "idro_tau must be > 0"),
-    (["--num-clusters", "0"], "num_clusters must be >= 1"),
-    (["--negatives_top_k", "5", "--negatives_skip_top", "10"], "must be larger than negatives_skip_top"),
-    (["--push_to_hub"], "push_to_hub=True needs hub_model_id"),
-    (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
-    (["--learning_rate", "fast"], "invalid float value: 'fast'"),
-    (["--method", "nope"], "unknown method(s) ['nope']; choose from ['modir', 'berm', 'rmsc']"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--idro-preset", "bogus"], "invalid choice: 'bogus'"),
+        (["--tau", "0"], "idro_tau must be > 0"),
+        (["--num-clusters", "0"], "num_clusters must be >= 1"),
+        (["--negatives_top_k", "5", "--negatives_skip_top", "10"], "must be larger than negatives_skip_top"),
+        (["--push_to_hub"], "push_to_hub=True needs hub_model_id"),
+        (["--no-such-flag", "1"], "unrecognized arguments: --no-such-flag"),
+        (["--learning_rate", "fast"], "invalid float value: 'fast'"),
+        (["--method", "nope"], "unknown method(s) ['nope']; choose from ['modir', 'berm', 'rmsc']"),
+    ],
+)
 def test_conflicting_or_invalid_finetune_arguments(extra, needle, tiny_st_dir, tmp_path, capsys):
     folder = beir(tmp_path / "data")
-    msg = run_cli(["finetune", "--model", tiny_st_dir, "--train-data", folder, "--output_dir", tmp_path / "o",
-                   "--max_steps", "1", "--use_cpu", "--per_device_train_batch_size", "4", *extra], capsys)
+    msg = run_cli(
+        [
+            "finetune",
+            "--model",
+            tiny_st_dir,
+            "--train-data",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--use_cpu",
+            "--per_device_train_batch_size",
+            "4",
+            *extra,
+        ],
+        capsys,
+    )
     assert needle in msg
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["--skip_from", "5"], "skip_from=5 must be between 1 and 1"),
-    (["--span_mode", "paragraphs"], "span_mode must be 'sentence_groups' or 'random_crops'"),
-    (["--gradient_cache_chunk_size", "-1"], "gradient_cache_chunk_size must be >= 0"),
-    (["--mlm_probability", "1.5"], "mlm_probability must be in (0, 1)"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--skip_from", "5"], "skip_from=5 must be between 1 and 1"),
+        (["--span_mode", "paragraphs"], "span_mode must be 'sentence_groups' or 'random_crops'"),
+        (["--gradient_cache_chunk_size", "-1"], "gradient_cache_chunk_size must be >= 0"),
+        (["--mlm_probability", "1.5"], "mlm_probability must be in (0, 1)"),
+    ],
+)
 def test_invalid_pretrain_arguments(extra, needle, tiny_bert_dir, tmp_path, capsys):
     folder = beir(tmp_path / "data")
-    msg = run_cli(["pretrain", "--model", tiny_bert_dir, "--corpus", folder, "--output_dir", tmp_path / "o",
-                   "--max_steps", "1", "--use_cpu", *extra], capsys)
+    msg = run_cli(
+        [
+            "pretrain",
+            "--model",
+            tiny_bert_dir,
+            "--corpus",
+            folder,
+            "--output_dir",
+            tmp_path / "o",
+            "--max_steps",
+            "1",
+            "--use_cpu",
+            *extra,
+        ],
+        capsys,
+    )
     assert needle in msg
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["finetune", "--train-data", "x", "--output_dir", "o"], "--model is required"),
-    (["pretrain", "--model", "m", "--output_dir", "o"], "at least one --corpus is required"),
-    (["recipe", "--model", "m", "--output_dir", "o"], "--source-data is required"),
-    (["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--max-minutes", "-3"],
-     "--max-minutes must be a positive number"),
-    (["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--max-minutes", "nan"],
-     "--max-minutes must be a positive number"),
-    (["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--wise-alpha", "half"],
-     "--wise-alpha must be a number"),
-    (["finetune", "--model", "m", "--train-data", "d"], "--output_dir is required"),
-    (["evaluate", "no/such-model-xyz", "data", "--split", "dev"], "not found"),
-    (["export", "missing-dir-xyz", "out"], "not found"),
-    (["finetune", "--model", "m", "--train-data", "d", "--output_dir", "o", "--config", "missing.yaml"],
-     "--config missing.yaml: file not found"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["finetune", "--train-data", "x", "--output_dir", "o"], "--model is required"),
+        (["pretrain", "--model", "m", "--output_dir", "o"], "at least one --corpus is required"),
+        (["recipe", "--model", "m", "--output_dir", "o"], "--source-data is required"),
+        (
+            ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--max-minutes", "-3"],
+            "--max-minutes must be a positive number",
+        ),
+        (
+            ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--max-minutes", "nan"],
+            "--max-minutes must be a positive number",
+        ),
+        (
+            ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--wise-alpha", "half"],
+            "--wise-alpha must be a number",
+        ),
+        (["finetune", "--model", "m", "--train-data", "d"], "--output_dir is required"),
+        (["evaluate", "no/such-model-xyz", "data", "--split", "dev"], "not found"),
+        (["export", "missing-dir-xyz", "out"], "not found"),
+        (
+            ["finetune", "--model", "m", "--train-data", "d", "--output_dir", "o", "--config", "missing.yaml"],
+            "--config missing.yaml: file not found",
+        ),
+    ],
+)
 def test_cli_missing_or_wrong_arguments(args, needle, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert needle in run_cli(args, capsys)
@@ -169,8 +310,20 @@ def test_cli_missing_or_wrong_arguments(args, needle, capsys, monkeypatch, tmp_p
 def test_config_with_unknown_option(tmp_path, capsys, tiny_st_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("learning_rat: 0.1\n")
-    msg = run_cli(["finetune", "--model", tiny_st_dir, "--train-data", beir(tmp_path / "d"), "--output_dir",
-                   tmp_path / "o", "--config", cfg], capsys)
+    msg = run_cli(
+        [
+            "finetune",
+            "--model",
+            tiny_st_dir,
+            "--train-data",
+            beir(tmp_path / "d"),
+            "--output_dir",
+            tmp_path / "o",
+            "--config",
+            cfg,
+        ],
+        capsys,
+    )
     assert "unknown option(s) ['learning_rat']" in msg
 
 

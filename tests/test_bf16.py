@@ -37,8 +37,9 @@ def test_idro_gram_and_weight_update_under_bf16_autocast(minilm_dir):
     g32, w32, _ = _gram_and_weights(model, autocast=False)
     g16, w16, value16 = _gram_and_weights(model, autocast=True)
     assert g32.shape == g16.shape == (3, 3)
-    assert g16.dtype in (torch.float32, torch.float64) and w16.dtype in (torch.float32, torch.float64), \
+    assert g16.dtype in (torch.float32, torch.float64) and w16.dtype in (torch.float32, torch.float64), (
         "the Gram matrix and the cluster weights stay in full precision"
+    )
     assert torch.isfinite(value16)
     scale = float(g32.abs().max())
     assert scale > 0

@@ -25,9 +25,19 @@ def finetuned(minilm_dir, tiny_beir, tmp_path_factory) -> Path:
     from hf_cocodr.training_api import run_finetune
 
     out = tmp_path_factory.mktemp("fidelity") / "minilm-toy"
-    args = IDROTrainingArguments(output_dir=str(out), max_steps=2, per_device_train_batch_size=4, num_clusters=2,
-                                 num_negatives=1, save_strategy="no", report_to="none", use_cpu=True, seed=3,
-                                 dataloader_drop_last=True, hub_model_id=NAME)
+    args = IDROTrainingArguments(
+        output_dir=str(out),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_clusters=2,
+        num_negatives=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=3,
+        dataloader_drop_last=True,
+        hub_model_id=NAME,
+    )
     run_finetune(minilm_dir, tiny_beir, args=args, evals=[f"{tiny_beir}:dev", f"{tiny_beir}:train"])
     return out
 
@@ -80,14 +90,25 @@ def test_mteb_results_enter_the_model_index(finetuned, tmp_path):
     shutil.copytree(finetuned, d)
     rev = d / "mteb_results" / "results" / "acme__minilm-toy" / "abc"
     rev.mkdir(parents=True)
-    (rev / "SciFact.json").write_text(json.dumps({"task_name": "SciFact", "dataset_revision": "0123", "scores": {
-        "test": [{"hf_subset": "default", "main_score": 0.7, "ndcg_at_10": 0.7, "recall_at_100": 0.95}]}}))
+    (rev / "SciFact.json").write_text(
+        json.dumps(
+            {
+                "task_name": "SciFact",
+                "dataset_revision": "0123",
+                "scores": {
+                    "test": [{"hf_subset": "default", "main_score": 0.7, "ndcg_at_10": 0.7, "recall_at_100": 0.95}]
+                },
+            }
+        )
+    )
     (rev / "model_meta.json").write_text("{}")
     write_model_card(d, load_encoder(str(d)), {})
     card = ModelCard.load(d / "README.md")
     mteb_rows = [r for r in card.data.eval_results if r.source_name == "MTEB"]
     assert {(r.dataset_name, r.dataset_split, r.metric_type, r.metric_value) for r in mteb_rows} == {
-        ("SciFact", "test", "ndcg_at_10", 0.7), ("SciFact", "test", "recall_at_100", 0.95)}
+        ("SciFact", "test", "ndcg_at_10", 0.7),
+        ("SciFact", "test", "recall_at_100", 0.95),
+    }
     assert {r.dataset_type for r in mteb_rows} == {"mteb/scifact"}  # the built-in task's Hub dataset
     assert {r.dataset_revision for r in mteb_rows} == {"0123"}
     ours = [r for r in card.data.eval_results if r.source_name == "hf-cocodr evaluate"]
@@ -107,8 +128,14 @@ def test_datasets_are_only_hub_ids(finetuned, tiny_st_dir, tmp_path):
     d = tmp_path / "m"
     shutil.copytree(tiny_st_dir, d)
     stages = [{"type": "finetune", "method": "idro", "source_data": "squad-v1.1:train", "corpora": ["scifact"]}]
-    write_model_card(d, load_encoder(str(d)), {"stages": stages, "datasets": [
-        "squad-v1.1:train", "scifact", "allenai/scifact", str(tmp_path), "not a/valid id"]})
+    write_model_card(
+        d,
+        load_encoder(str(d)),
+        {
+            "stages": stages,
+            "datasets": ["squad-v1.1:train", "scifact", "allenai/scifact", str(tmp_path), "not a/valid id"],
+        },
+    )
     datasets = ModelCard.load(d / "README.md").data.datasets
     assert datasets == ["allenai/scifact"]
     for entry in datasets:
@@ -169,8 +196,10 @@ def test_cocodr_citation_only_on_cocodr_models(tiny_st_dir, tmp_path):
 
     plain = model_meta_for(tiny_st_dir, "acme/plain")
     assert plain.citation is None or "yu2022cocodr" not in plain.citation
-    for info in ({"stages": [{"type": "coco", "method": "coco", "corpora": ["toy"]}]},
-                 {"base_model": "OpenMatch/cocodr-base-msmarco", "stages": [{"type": "finetune", "method": "idro"}]}):
+    for info in (
+        {"stages": [{"type": "coco", "method": "coco", "corpora": ["toy"]}]},
+        {"base_model": "OpenMatch/cocodr-base-msmarco", "stages": [{"type": "finetune", "method": "idro"}]},
+    ):
         d = tmp_path / str(len(list(tmp_path.iterdir())))
         shutil.copytree(tiny_st_dir, d)
         (d / PROVENANCE_FILE).write_text(json.dumps(info))

@@ -29,13 +29,16 @@ def _worker(rank: int, world: int, out: str) -> None:
         x = torch.full((2, 3), float(rank), requires_grad=True)
         gathered = D.all_gather_tensor(x * 2)
         res = {
-            "world": np.array(D.world()), "is_main": np.array(D.is_main()), "shard": np.array([lo, hi]),
+            "world": np.array(D.world()),
+            "is_main": np.array(D.is_main()),
+            "shard": np.array([lo, hi]),
             "rows": D.gather_rows(rows, total),
             "f32": D.broadcast_array(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3) if src else None),
             "i64": D.broadcast_array(np.array([[3, -1], [7, 2**40]], dtype=np.int64) if src else None),
             "i32": D.broadcast_array(np.array([5, 6], dtype=np.int32) if src else None),
             "none": np.array(D.broadcast_array(None) is None),
-            "gathered": gathered.numpy(), "gathered_grad": np.array(gathered.requires_grad),
+            "gathered": gathered.numpy(),
+            "gathered_grad": np.array(gathered.requires_grad),
         }
         np.savez(os.path.join(out, f"rank{rank}.npz"), **res)
         D.barrier()  # both ranks are done with every collective before either tears its group down

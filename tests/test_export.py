@@ -81,7 +81,10 @@ def test_legacy_format_loads_identically(tiny_bert_dir, tmp_path):
     new = export_sentence_transformer(str(tiny_bert_dir), tmp_path / "new", max_seq_length=64)
     export_sentence_transformer(str(tiny_bert_dir), tmp_path / "old", max_seq_length=64, legacy_format=True)
     modules = json.loads((tmp_path / "old" / "modules.json").read_text())
-    assert [m["type"] for m in modules] == ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling"]
+    assert [m["type"] for m in modules] == [
+        "sentence_transformers.models.Transformer",
+        "sentence_transformers.models.Pooling",
+    ]
     pool_cfg = json.loads((tmp_path / "old" / "1_Pooling" / "config.json").read_text())
     assert pool_cfg["pooling_mode_cls_token"] is True and pool_cfg["pooling_mode_mean_tokens"] is False
     assert json.loads((tmp_path / "old" / "sentence_bert_config.json").read_text())["max_seq_length"] == 64
@@ -130,8 +133,12 @@ def test_convert_raw_checkpoint_cli(tiny_bert_dir, tmp_path, capsys):
     assert pooling_mode(model) == "cls" and model.similarity_fn_name == "dot"
     # the paper's 256-token documents, at most the tiny model's 128 positions (the limit caps defaults only)
     assert model[0].query_length == 64 and model[0].document_length == 128 and res["document_length"] == 128
-    torch.testing.assert_close(model.encode_document(TEXTS, convert_to_tensor=True),
-                               raw_cls_vectors(str(tiny_bert_dir), TEXTS), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        model.encode_document(TEXTS, convert_to_tensor=True),
+        raw_cls_vectors(str(tiny_bert_dir), TEXTS),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     meta = json.loads((out / "mteb_model_meta.json").read_text())
     assert meta["name"] == "acme/cocodr-tiny" and meta["embed_dim"] == 32 and meta["similarity_fn_name"] == "dot"
     card = (out / "README.md").read_text()
@@ -141,8 +148,11 @@ def test_convert_raw_checkpoint_cli(tiny_bert_dir, tmp_path, capsys):
 def _digest(folder):
     import hashlib
 
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_export_never_deletes_the_users_files(tiny_bert_dir, tmp_path, monkeypatch):
@@ -183,8 +193,9 @@ def test_export_in_place_keeps_checkpoints_and_other_files(tiny_bert_dir, tmp_pa
     with pytest.raises(FileExistsError, match="did not write"):  # files the export did not write: refused...
         export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine")
     # ...unless asked to write beside them: they are carried over untouched
-    model = export_sentence_transformer(str(tiny_bert_dir), out, pooling="mean", similarity="cosine",
-                                        overwrite_output_dir=True)
+    model = export_sentence_transformer(
+        str(tiny_bert_dir), out, pooling="mean", similarity="cosine", overwrite_output_dir=True
+    )
     assert {k: v for k, v in _digest(out).items() if k in kept} == kept
     assert model.similarity_fn_name == "cosine"
     with pytest.raises(FileExistsError, match="read from"):  # never in place: the source is what it reads

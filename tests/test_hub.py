@@ -25,20 +25,33 @@ def hub():
 
 def hub_env(url: str, home: Path) -> dict:
     env = dict(os.environ)
-    env.update(HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HF_HOME=str(home), HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_DISABLE_XET="1", HF_HUB_ETAG_TIMEOUT="5", HF_HUB_DOWNLOAD_TIMEOUT="10", TOKENIZERS_PARALLELISM="false")
+    env.update(
+        HF_ENDPOINT=url,
+        HF_HUB_OFFLINE="0",
+        HF_HOME=str(home),
+        HF_TOKEN=TOKEN,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_ETAG_TIMEOUT="5",
+        HF_HUB_DOWNLOAD_TIMEOUT="10",
+        TOKENIZERS_PARALLELISM="false",
+    )
     env.pop("HF_DATASETS_OFFLINE", None)
     return env
 
 
 def cli(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "hf_cocodr", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_cocodr", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def assert_no_token(*texts_or_dirs):
@@ -78,8 +91,16 @@ def test_push_and_reload_through_the_standin(hub, model_dir, tmp_path):
     commits = [c for c in state.commits if c["repo"] == "acme/tiny-cocodr"]
     assert len(commits) == 1 and commits[0]["summary"] == "first"  # one commit for everything
     files = set(commits[0]["files"])
-    for f in ("model.safetensors", "modules.json", "README.md", "1_Pooling/config.json", "condenser_head.safetensors",
-              "condenser_head.json", "mteb_results/SciFact.json", "config_sentence_transformers.json"):
+    for f in (
+        "model.safetensors",
+        "modules.json",
+        "README.md",
+        "1_Pooling/config.json",
+        "condenser_head.safetensors",
+        "condenser_head.json",
+        "mteb_results/SciFact.json",
+        "config_sentence_transformers.json",
+    ):
         assert f in files, f
     assert not any(f.startswith("checkpoint-") for f in files)
     assert "eval.json" not in files and "hf_cocodr_run.json" not in files  # local records (this machine's paths)
@@ -96,8 +117,13 @@ def test_push_and_reload_through_the_standin(hub, model_dir, tmp_path):
         "print(json.dumps({'pooling': pooling_mode(remote), 'sim': str(remote.similarity_fn_name),"
         " 'max_diff': float(abs(a - b).max())}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(model_dir)], env=hub_env(url, tmp_path / "home2"),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(model_dir)],
+        env=hub_env(url, tmp_path / "home2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res == {"pooling": "cls", "sim": "dot", "max_diff": 0.0}
@@ -105,7 +131,9 @@ def test_push_and_reload_through_the_standin(hub, model_dir, tmp_path):
 
 def test_push_to_a_branch(hub, model_dir, tmp_path):
     state, url = hub
-    proc = cli(["push", str(model_dir), "acme/branchy", "--revision", "dev", "--private"], hub_env(url, tmp_path / "h"))
+    proc = cli(
+        ["push", str(model_dir), "acme/branchy", "--revision", "dev", "--private"], hub_env(url, tmp_path / "h")
+    )
     assert proc.returncode == 0, proc.stderr
     assert state.repos["acme/branchy"]["private"] is True
     assert "model.safetensors" in state.repos["acme/branchy"]["branches"]["dev"]
@@ -127,11 +155,14 @@ def test_failed_push_is_one_clear_line_and_leaves_the_directory(hub, model_dir, 
     assert tree_digest(model_dir) == before
 
 
-@pytest.mark.parametrize("args, message", [
-    (["push", "{model}", "no-slash"], "must look like 'org/name'"),
-    (["push", "{model}", "acme/bad name!"], "is not valid"),
-    (["push", "{missing}", "acme/x"], "not found"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["push", "{model}", "no-slash"], "must look like 'org/name'"),
+        (["push", "{model}", "acme/bad name!"], "is not valid"),
+        (["push", "{missing}", "acme/x"], "not found"),
+    ],
+)
 def test_push_bad_input(hub, model_dir, tmp_path, args, message):
     _, url = hub
     args = [a.format(model=model_dir, missing=tmp_path / "missing") for a in args]
@@ -144,15 +175,44 @@ def test_trainers_push_to_hub(hub, tiny_bert_dir, tiny_beir, tmp_path):
     state, url = hub
     env = hub_env(url, tmp_path / "h")
     common = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu", "--push_to_hub"]
-    proc = cli(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir",
-                str(tmp_path / "coco"), "--hub_model_id", "acme/coco-tiny", *common], env)
+    proc = cli(
+        [
+            "pretrain",
+            "--model",
+            str(tiny_bert_dir),
+            "--corpus",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "coco"),
+            "--hub_model_id",
+            "acme/coco-tiny",
+            *common,
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     coco_files = {f for c in state.commits if c["repo"] == "acme/coco-tiny" for f in c["files"]}
     assert [c["repo"] for c in state.commits].count("acme/coco-tiny") == 1
     assert {"model.safetensors", "README.md", "condenser_head.safetensors", "condenser_head.json"} <= coco_files
-    proc = cli(["finetune", "--model", str(tmp_path / "coco"), "--train-data", str(tiny_beir), "--output_dir",
-                str(tmp_path / "ft"), "--num-clusters", "2", "--hub_model_id", "acme/ft-tiny",
-                "--eval", f"{tiny_beir}:dev", *common], env)
+    proc = cli(
+        [
+            "finetune",
+            "--model",
+            str(tmp_path / "coco"),
+            "--train-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "ft"),
+            "--num-clusters",
+            "2",
+            "--hub_model_id",
+            "acme/ft-tiny",
+            "--eval",
+            f"{tiny_beir}:dev",
+            *common,
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ft = [c for c in state.commits if c["repo"] == "acme/ft-tiny"]
     assert len(ft) == 1 and {"model.safetensors", "README.md"} <= set(ft[0]["files"])
@@ -171,8 +231,11 @@ def test_push_requires_hub_model_id(tiny_st_dir, tiny_beir, tmp_path):
 
     args = IDROTrainingArguments(output_dir=str(tmp_path), push_to_hub=True, report_to="none", use_cpu=True)
     with pytest.raises(ValueError, match="needs hub_model_id"):
-        IDROTrainer(model=load_encoder(tiny_st_dir), args=args,
-                    train_dataset=RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none"))
+        IDROTrainer(
+            model=load_encoder(tiny_st_dir),
+            args=args,
+            train_dataset=RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none"),
+        )
 
 
 def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
@@ -180,9 +243,24 @@ def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
     state, url = hub
     script = Path(__file__).resolve().parent.parent / "scripts" / "publish_cocodr.py"
     out = tmp_path / "pub"
-    proc = subprocess.run([sys.executable, str(script), "--src", str(tiny_bert_dir), "--out", str(out), "--repo-id",
-                           "acme/cocodr-pub", "--eval", f"{tiny_beir}:dev"], env=hub_env(url, tmp_path / "h"),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--src",
+            str(tiny_bert_dir),
+            "--out",
+            str(out),
+            "--repo-id",
+            "acme/cocodr-pub",
+            "--eval",
+            f"{tiny_beir}:dev",
+        ],
+        env=hub_env(url, tmp_path / "h"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert f"{tiny_beir}:dev" in summary["evaluation"]

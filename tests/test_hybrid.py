@@ -73,19 +73,22 @@ def test_a_saved_retriever_loads_and_returns_the_same_ids_and_scores(built, tmp_
 
 
 def test_the_hybrid_at_its_ends_is_the_dense_or_the_bm25_ranking(built, tiny_beir):
-    dense = HybridRetriever(built.model, built.doc_ids, built.embeddings, built.bm25,
-                            FusionConfig(dense_weight=1.0, depth=20), built.meta)
+    dense = HybridRetriever(
+        built.model, built.doc_ids, built.embeddings, built.bm25, FusionConfig(dense_weight=1.0, depth=20), built.meta
+    )
     _, rows = built.search_dense(_queries(tiny_beir)[:2], 5)
     assert dense.search(_queries(tiny_beir)[:2], k=5)[0] == [[built.doc_ids[r] for r in q] for q in rows]
-    lexical = HybridRetriever(built.model, built.doc_ids, built.embeddings, built.bm25,
-                              FusionConfig(dense_weight=0.0, depth=20), built.meta)
+    lexical = HybridRetriever(
+        built.model, built.doc_ids, built.embeddings, built.bm25, FusionConfig(dense_weight=0.0, depth=20), built.meta
+    )
     scores, rows = built.search_bm25(_queries(tiny_beir)[:1], 3)
     assert (scores > 0).all()
     assert lexical.search(_queries(tiny_beir)[:1], k=3)[0] == [[built.doc_ids[r] for r in rows[0]]]
 
 
-def test_a_changed_corpus_another_model_and_a_foreign_folder_are_refused(built, tmp_path, tiny_beir, tiny_bert_dir,
-                                                                       tiny_bert_nomlm_dir):
+def test_a_changed_corpus_another_model_and_a_foreign_folder_are_refused(
+    built, tmp_path, tiny_beir, tiny_bert_dir, tiny_bert_nomlm_dir
+):
     built.save(tmp_path / "h")
     changed = tmp_path / "changed"
     shutil.copytree(tiny_beir, changed)
@@ -115,12 +118,14 @@ def test_evaluate_hybrid_at_its_ends_equals_the_dense_and_the_bm25_evaluation(ti
 
     kw = dict(split="train", top_k=50, show_progress_bar=False, k_values=(1, 3, 10))
     dense = evaluate_retrieval(str(tiny_st_dir), tiny_beir, **kw)
-    at_one = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 1.0, "depth": 20},
-                                **kw)
+    at_one = evaluate_retrieval(
+        str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 1.0, "depth": 20}, **kw
+    )
     assert at_one["ndcg@10"] == dense["ndcg@10"] and at_one["dense"]["ndcg@10"] == dense["ndcg@10"]
     bm25 = evaluate_bm25(tiny_beir, "train", top_k=50, k_values=(1, 3, 10))
-    at_zero = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 0.0, "depth": 20},
-                                 **kw)
+    at_zero = evaluate_retrieval(
+        str(tiny_st_dir), tiny_beir, hybrid=True, fusion={"dense_weight": 0.0, "depth": 20}, **kw
+    )
     assert at_zero["ndcg@10"] == bm25["ndcg@10"] == at_zero["bm25"]["ndcg@10"]
     mixed = evaluate_retrieval(str(tiny_st_dir), tiny_beir, hybrid=True, **kw)
     assert mixed["fusion"]["rule"] == "convex" and mixed["num_queries"] == dense["num_queries"]
@@ -135,6 +140,8 @@ def test_the_cli_prints_the_hybrid_with_dense_and_bm25_beside_it(tiny_st_dir, ti
     assert "ndcg@10" in line["dense"] and "ndcg@10" in line["bm25"]
     assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--dense-weight", "0.3"]) == 2
     assert "need --hybrid" in capsys.readouterr().err
-    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--hybrid",
-                 "--dense-weight", "1.5"]) == 2
+    assert (
+        main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--hybrid", "--dense-weight", "1.5"])
+        == 2
+    )
     assert "dense_weight" in capsys.readouterr().err

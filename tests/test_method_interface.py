@@ -31,8 +31,11 @@ def test_the_trainer_names_no_method():
     """IDROTrainer knows methods only through the hooks: its module names none of them."""
     names = sorted({*METHODS, "rmsc", "modir", "berm"})
     pattern = re.compile("|".join(names), re.IGNORECASE)
-    hits = [f"{i}: {line.strip()}" for i, line in enumerate(TRAINER_SOURCE.read_text().splitlines(), 1)
-            if pattern.search(line)]
+    hits = [
+        f"{i}: {line.strip()}"
+        for i, line in enumerate(TRAINER_SOURCE.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
     assert not hits, "hf_cocodr/finetuning/trainer.py names a method:\n" + "\n".join(hits)
 
 
@@ -55,8 +58,19 @@ def test_method_settings_parse_from_the_command_line():
     from transformers import HfArgumentParser
 
     (args,) = HfArgumentParser(IDROTrainingArguments).parse_args_into_dataclasses(
-        ["--output_dir", "x", "--modir_lambda", "0.25", "--berm_beta", "0.5", "--rmsc_k", "2",
-         "--rmsc_weak_pairs", "7"])
+        [
+            "--output_dir",
+            "x",
+            "--modir_lambda",
+            "0.25",
+            "--berm_beta",
+            "0.5",
+            "--rmsc_k",
+            "2",
+            "--rmsc_weak_pairs",
+            "7",
+        ]
+    )
     assert (args.modir_lambda, args.berm_beta, args.rmsc_k, args.rmsc_weak_pairs) == (0.25, 0.5, 2, 7)
     assert IDROTrainingArguments(output_dir="x", rmsc_weak_mode="ict").rmsc_weak_mode == "ict"
 
@@ -131,9 +145,19 @@ def toy_registered():
 def _toy_trainer(tiny_st_dir, tiny_beir, tmp_path, **kw):
     torch.manual_seed(0)
     model = load_encoder(str(tiny_st_dir))
-    base = dict(output_dir=str(tmp_path / "o"), per_device_train_batch_size=8, max_steps=2, num_clusters=2,
-                logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=3, learning_rate=1e-3,
-                dataloader_drop_last=True)
+    base = dict(
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        num_clusters=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=3,
+        learning_rate=1e-3,
+        dataloader_drop_last=True,
+    )
     args = IDROTrainingArguments(**{**base, **kw})
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
     loss, data, setup = configure_methods(["toy"], model, args, data, None, [str(tiny_beir)])
@@ -190,8 +214,9 @@ def test_a_method_with_loss_terms_needs_an_idro_loss(toy_registered, tiny_st_dir
 
     model = load_encoder(str(tiny_st_dir))
     ds = Dataset.from_dict({"anchor": [f"query {i}" for i in range(8)], "positive": [f"doc {i}" for i in range(8)]})
-    args = IDROTrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=4, report_to="none",
-                                 use_cpu=True)
+    args = IDROTrainingArguments(
+        output_dir=str(tmp_path / "o"), per_device_train_batch_size=4, report_to="none", use_cpu=True
+    )
     trainer = IDROTrainer(model=model, args=args, train_dataset=ds, loss=MultipleNegativesRankingLoss(model))
     with pytest.raises(ConfigError, match="'toy' adds loss terms: it needs an IDROLoss"):
         trainer.add_method(Toy())

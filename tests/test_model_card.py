@@ -10,10 +10,25 @@ from hf_cocodr.model_card import write_model_card
 
 STAGES = {
     "stages": [
-        {"type": "coco", "title": "COCO continuous contrastive pretraining", "method": "coco",
-         "corpora": ["scifact", "nfcorpus"], "steps": 500, "documents per step": 64},
-        {"type": "finetune", "title": "iDRO fine-tuning", "method": "idro", "source_data": "squad-v1.1:train",
-         "steps": 300, "queries per step": 32, "iDRO preset": "paper", "K (clusters)": 50, "tau": 100.0},
+        {
+            "type": "coco",
+            "title": "COCO continuous contrastive pretraining",
+            "method": "coco",
+            "corpora": ["scifact", "nfcorpus"],
+            "steps": 500,
+            "documents per step": 64,
+        },
+        {
+            "type": "finetune",
+            "title": "iDRO fine-tuning",
+            "method": "idro",
+            "source_data": "squad-v1.1:train",
+            "steps": 300,
+            "queries per step": 32,
+            "iDRO preset": "paper",
+            "K (clusters)": 50,
+            "tau": 100.0,
+        },
     ],
     "methods": ["coco", "idro", "groupdro"],
     "datasets": ["scifact", "nfcorpus", "squad-v1.1:train"],
@@ -28,8 +43,14 @@ def model_dir(tiny_st_dir, tmp_path):
     shutil.copytree(tiny_st_dir, d)
     (d / "eval.json").write_text(json.dumps({"scifact:train": {"ndcg@10": 0.61234, "recall@100": 0.9, "mrr@10": 0.5}}))
     (d / "mteb_results" / "results" / "acme__cocodr-mini" / "abc").mkdir(parents=True)
-    (d / "mteb_results" / "results" / "acme__cocodr-mini" / "abc" / "SciFact.json").write_text(json.dumps(
-        {"task_name": "SciFact", "scores": {"test": [{"ndcg_at_10": 0.7, "recall_at_100": 0.95, "mrr_at_10": 0.6}]}}))
+    (d / "mteb_results" / "results" / "acme__cocodr-mini" / "abc" / "SciFact.json").write_text(
+        json.dumps(
+            {
+                "task_name": "SciFact",
+                "scores": {"test": [{"ndcg_at_10": 0.7, "recall_at_100": 0.95, "mrr_at_10": 0.6}]},
+            }
+        )
+    )
     return d
 
 
@@ -50,8 +71,14 @@ def test_card_sections_metadata_and_citations(model_dir):
     # local data (folder names, name:split) is not a Hub dataset id: described in the text, not in `datasets`
     assert "datasets" not in meta
     assert "read from local folders" in body and "scifact, nfcorpus, squad-v1.1:train" in body
-    for section in ("## Model details", "## Usage", "## Training", "### Zero-shot disclosure", "## Evaluation",
-                    "## Citation"):
+    for section in (
+        "## Model details",
+        "## Usage",
+        "## Training",
+        "### Zero-shot disclosure",
+        "## Evaluation",
+        "## Citation",
+    ):
         assert section in body, section
     assert "**CLS token" in body and "**dot product" in body
     assert 'SentenceTransformer("acme/cocodr-mini")' in body and "model.similarity(" in body

@@ -15,8 +15,11 @@ from hf_cocodr.run_record import LOCK, RECORD, RunFolder, RunLockedError, RunMis
 
 
 def _digest(folder):
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _user_folder(path):
@@ -28,9 +31,27 @@ def _user_folder(path):
 
 
 def _finetune_cli(model, data, out, *extra):
-    return ["finetune", "--model", str(model), "--train-data", str(data), "--output_dir", str(out),
-            "--num-clusters", "3", "--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "8",
-            "--use_cpu", "--seed", "3", *extra]
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--train-data",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--num-clusters",
+        "3",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "8",
+        "--use_cpu",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 def test_a_users_folder_survives_every_writing_command(tiny_bert_dir, tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
@@ -48,13 +69,45 @@ def test_a_users_folder_survives_every_writing_command(tiny_bert_dir, tiny_st_di
         commands += [
             ["export", str(tiny_st_dir), target],
             ["convert", str(tiny_bert_dir), target],
-            ["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir", target,
-             "--max_steps", "1", "--use_cpu"],
+            [
+                "pretrain",
+                "--model",
+                str(tiny_bert_dir),
+                "--corpus",
+                str(tiny_beir),
+                "--output_dir",
+                target,
+                "--max_steps",
+                "1",
+                "--use_cpu",
+            ],
             _finetune_cli(tiny_st_dir, tiny_beir, target),
-            ["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-             str(tiny_beir), "--output_dir", target],
-            ["mteb", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--task-name", "Mine", "--model-name",
-             "me/mine", "--revision", "r1", "--output-folder", target],
+            [
+                "recipe",
+                "--model",
+                str(tiny_bert_dir),
+                "--target-corpus",
+                str(tiny_beir),
+                "--source-data",
+                str(tiny_beir),
+                "--output_dir",
+                target,
+            ],
+            [
+                "mteb",
+                str(tiny_st_dir),
+                str(tiny_beir),
+                "--split",
+                "dev",
+                "--task-name",
+                "Mine",
+                "--model-name",
+                "me/mine",
+                "--revision",
+                "r1",
+                "--output-folder",
+                target,
+            ],
         ]
     for argv in commands:
         assert main(argv) == 2, argv
@@ -73,8 +126,7 @@ def test_overwrite_writes_beside_the_users_files_and_never_touches_them(tiny_st_
     assert rec["command"] == "export" and set(rec["preexisting"]) == {"thesis.tex", "figures"}
     assert "modules.json" in rec["files"] and "thesis.tex" not in rec["files"]
     # an export again replaces only its own files; the user's stay byte for byte
-    export_sentence_transformer(str(tiny_st_dir), mine, pooling="mean", similarity="cosine",
-                                overwrite_output_dir=True)
+    export_sentence_transformer(str(tiny_st_dir), mine, pooling="mean", similarity="cosine", overwrite_output_dir=True)
     after = _digest(mine)
     assert {k: after[k] for k in before} == before
 
@@ -90,8 +142,10 @@ def test_finetune_into_a_finished_run_and_a_resume_with_other_settings(tiny_st_d
     capsys.readouterr()
     assert main(_finetune_cli(tiny_st_dir, tiny_beir, out)) == 2
     assert "holds an earlier run" in capsys.readouterr().err
-    assert main(_finetune_cli(tiny_st_dir, tiny_beir, out, "--learning_rate", "1e-3",
-                              "--resume_from_checkpoint", "true")) == 2
+    assert (
+        main(_finetune_cli(tiny_st_dir, tiny_beir, out, "--learning_rate", "1e-3", "--resume_from_checkpoint", "true"))
+        == 2
+    )
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "settings.learning_rate" in errors[0] and "--overwrite_output_dir" in errors[0]
@@ -101,19 +155,28 @@ def test_finetune_into_a_finished_run_and_a_resume_with_other_settings(tiny_st_d
     second = read_record(out)
     assert second["run_id"] != first["run_id"] and "my_notes.md" in second["preexisting"]
     assert (out / "my_notes.md").read_text() == "mine"
-    markers = [json.loads((p / "hf_cocodr_checkpoint_complete.json").read_text())
-               for p in out.glob("checkpoint-*")]
+    markers = [json.loads((p / "hf_cocodr_checkpoint_complete.json").read_text()) for p in out.glob("checkpoint-*")]
     assert markers and all(m["run_id"] == second["run_id"] for m in markers)
 
 
 def test_a_second_writer_is_locked_out_and_a_dead_writers_lock_is_taken_over(tmp_path, caplog):
     out = tmp_path / "out"
     first = RunFolder.claim(out, "finetune", {"a": 1})
-    other = subprocess.run([sys.executable, "-c", (
-        "import sys; from hf_cocodr.run_record import RunFolder\n"
-        "try:\n    RunFolder.claim(sys.argv[1], 'finetune', {'a': 1}, resume=True)\n"
-        "except Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"), str(out)],
-        capture_output=True, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from hf_cocodr.run_record import RunFolder\n"
+                "try:\n    RunFolder.claim(sys.argv[1], 'finetune', {'a': 1}, resume=True)\n"
+                "except Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
+            ),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, HF_HUB_OFFLINE="1"),
+    )
     assert other.returncode == 3
     assert "RunLockedError" in other.stdout and f"pid {os.getpid()}" in other.stdout
     first.release()
@@ -173,8 +236,9 @@ def test_a_run_killed_before_its_next_save_still_owns_what_it_declared(tmp_path)
     assert record["files"] == ["stage"] and record["preexisting"] == ["model"]
 
 
-def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(tiny_st_dir, tiny_beir, tmp_path,
-                                                                              caplog):
+def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(
+    tiny_st_dir, tiny_beir, tmp_path, caplog
+):
     """Flip a byte of the newest checkpoint's weights after its marker: the resume warns, names it, continues from
     the previous intact checkpoint and ends exactly where the uninterrupted run ends."""
     import torch
@@ -195,8 +259,22 @@ def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(ti
     data[-10] ^= 0xFF
     weights.write_bytes(bytes(data))
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
-        assert main(_finetune_cli(tiny_st_dir, tiny_beir, out, "--max_steps", "4", "--save_total_limit", "5",
-                                  "--resume_from_checkpoint", "true")) == 0
+        assert (
+            main(
+                _finetune_cli(
+                    tiny_st_dir,
+                    tiny_beir,
+                    out,
+                    "--max_steps",
+                    "4",
+                    "--save_total_limit",
+                    "5",
+                    "--resume_from_checkpoint",
+                    "true",
+                )
+            )
+            == 0
+        )
     msgs = [r.getMessage() for r in caplog.records]
     assert any("checkpoint-3 is damaged" in m and "model.safetensors" in m for m in msgs)
     assert any("resuming from" in m and "checkpoint-2" in m for m in msgs)
@@ -205,11 +283,18 @@ def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(ti
         torch.testing.assert_close(a[n], b[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
-RECIPE_CFG = dict(coco_steps=2, finetune_steps=2, target_steps=2, refreshes=0, corpus_pool=None, wise_alpha=0.5,
-                  target_pairs="title_body",
-                  coco={"per_device_train_batch_size": 8, "save_steps": 2},
-                  finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
-                  target={"per_device_train_batch_size": 8, "save_steps": 2})
+RECIPE_CFG = dict(
+    coco_steps=2,
+    finetune_steps=2,
+    target_steps=2,
+    refreshes=0,
+    corpus_pool=None,
+    wise_alpha=0.5,
+    target_pairs="title_body",
+    coco={"per_device_train_batch_size": 8, "save_steps": 2},
+    finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+    target={"per_device_train_batch_size": 8, "save_steps": 2},
+)
 
 
 def test_the_recipe_reruns_exactly_the_stages_whose_inputs_changed(tiny_bert_dir, tiny_beir, tmp_path, caplog):
@@ -221,8 +306,11 @@ def test_the_recipe_reruns_exactly_the_stages_whose_inputs_changed(tiny_bert_dir
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="hf_cocodr"):
             run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
-        return {m.split()[1].rstrip(":") for m in (r.getMessage() for r in caplog.records)
-                if m.startswith("stage ") and "already finished" in m}
+        return {
+            m.split()[1].rstrip(":")
+            for m in (r.getMessage() for r in caplog.records)
+            if m.startswith("stage ") and "already finished" in m
+        }
 
     assert run(RECIPE_CFG) == set()
     assert run(RECIPE_CFG) == {"coco", "finetune", "target", "wise"}

@@ -32,9 +32,18 @@ def finetuned(cached_base, tiny_beir, tmp_path_factory) -> Path:
     from hf_cocodr.training_api import run_finetune
 
     out = tmp_path_factory.mktemp("prov") / "tiny-ft"
-    args = IDROTrainingArguments(output_dir=str(out), max_steps=2, per_device_train_batch_size=4, num_clusters=2,
-                                 num_negatives=1, save_strategy="no", report_to="none", use_cpu=True, seed=3,
-                                 dataloader_drop_last=True)
+    args = IDROTrainingArguments(
+        output_dir=str(out),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        num_clusters=2,
+        num_negatives=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=3,
+        dataloader_drop_last=True,
+    )
     run_finetune(str(cached_base), tiny_beir, args=args, evals=[f"{tiny_beir}:dev"])
     return out
 
@@ -45,20 +54,25 @@ def test_resolve_hub_id(cached_base, minilm_dir, tiny_bert_dir):
     assert resolve_hub_id(tiny_bert_dir) == (None, None)
 
 
-
-@pytest.mark.parametrize("text, expected", [
-    ("---\nlicense: mit\nbase_model: acme/b\n---\n# acme/x\nbody\n", ({"license": "mit", "base_model": "acme/b"},
-                                                                        "# acme/x\nbody\n")),
-    ("---\r\nlicense: mit\r\n---\r\n# T\r\n", ({"license": "mit"}, "# T\r\n")),  # Windows line ends kept
-    ("# no front matter\n", ({}, "# no front matter\n")),
-    ("---\nlicense: [mit\n---\n# T\n", ({}, "")),  # malformed YAML: nothing, and no exception
-    ("---\n- a list\n---\n# T\n", ({}, "")),  # front matter that is not a mapping
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "---\nlicense: mit\nbase_model: acme/b\n---\n# acme/x\nbody\n",
+            ({"license": "mit", "base_model": "acme/b"}, "# acme/x\nbody\n"),
+        ),
+        ("---\r\nlicense: mit\r\n---\r\n# T\r\n", ({"license": "mit"}, "# T\r\n")),  # Windows line ends kept
+        ("# no front matter\n", ({}, "# no front matter\n")),
+        ("---\nlicense: [mit\n---\n# T\n", ({}, "")),  # malformed YAML: nothing, and no exception
+        ("---\n- a list\n---\n# T\n", ({}, "")),  # front matter that is not a mapping
+    ],
+)
 def test_read_card(tmp_path, text, expected):
     """The card is read by huggingface_hub's own parser (ModelCard), never raising on a bad card."""
     (tmp_path / "README.md").write_bytes(text.encode())
     assert read_card(tmp_path) == expected
     assert read_card(tmp_path / "no-such-folder") == ({}, "")
+
 
 def test_finetune_records_its_provenance(finetuned, cached_base):
     from huggingface_hub import ModelCard
@@ -86,7 +100,9 @@ def test_recipe_style_scores_enter_the_provenance(finetuned, tmp_path):
 
     d = tmp_path / "m"
     shutil.copytree(finetuned, d)
-    scores = {"toy:dev": {"start": {"ndcg@10": 0.1, "recall@100": 0.5}, "adapted": {"ndcg@10": 0.2, "recall@100": 0.6}}}
+    scores = {
+        "toy:dev": {"start": {"ndcg@10": 0.1, "recall@100": 0.5}, "adapted": {"ndcg@10": 0.2, "recall@100": 0.6}}
+    }
     write_model_card(d, load_encoder(str(d)), {"start_vs_adapted": scores})
     prov = read_provenance(d)
     assert prov["start_vs_adapted"] == scores
@@ -100,8 +116,15 @@ def test_export_and_convert_carry_the_provenance(finetuned, tiny_bert_dir, tmp_p
     src = read_provenance(finetuned)
     export_sentence_transformer(str(finetuned), tmp_path / "exported")
     out = read_provenance(tmp_path / "exported")
-    for key in ("base_model", "base_model_revision", "base_model_source", "stages", "methods", "datasets",
-                "stage_runs"):
+    for key in (
+        "base_model",
+        "base_model_revision",
+        "base_model_source",
+        "stages",
+        "methods",
+        "datasets",
+        "stage_runs",
+    ):
         assert out[key] == src[key], key
     convert_checkpoint(str(tiny_bert_dir), tmp_path / "conv", name="acme/conv")
     conv = read_provenance(tmp_path / "conv")
@@ -121,8 +144,12 @@ def test_export_from_a_staging_folder_keeps_the_given_record(tiny_st_dir, tmp_pa
     staging = tmp_path / ".coco-export-abc"
     shutil.copytree(tiny_st_dir, staging)
     stages = [{"type": "coco", "method": "coco", "title": "COCO", "corpora": ["toy"]}]
-    export_sentence_transformer(str(staging), tmp_path / "coco-out", run_record=False,
-                                card_data={"stages": stages, "methods": ["coco"], "base_model": "acme/base"})
+    export_sentence_transformer(
+        str(staging),
+        tmp_path / "coco-out",
+        run_record=False,
+        card_data={"stages": stages, "methods": ["coco"], "base_model": "acme/base"},
+    )
     prov = read_provenance(tmp_path / "coco-out")
     assert prov["base_model"] == "acme/base" and "base_model_source" not in prov and prov["stages"] == stages
     card = ModelCard.load(tmp_path / "coco-out" / "README.md")
@@ -136,8 +163,11 @@ def test_legacy_training_info_is_read(tiny_st_dir, tmp_path):
     d = tmp_path / "old"
     shutil.copytree(tiny_st_dir, d)
     (d / PROVENANCE_FILE).unlink()
-    (d / "hf_cocodr_training.json").write_text(json.dumps({"stages": [{"type": "finetune", "method": "idro"}],
-                                                           "methods": ["idro"], "base_model": "acme/old-base"}))
+    (d / "hf_cocodr_training.json").write_text(
+        json.dumps(
+            {"stages": [{"type": "finetune", "method": "idro"}], "methods": ["idro"], "base_model": "acme/old-base"}
+        )
+    )
     assert read_provenance(d)["base_model"] == "acme/old-base"
     write_model_card(d, load_encoder(str(d)), {})
     assert read_provenance(d)["methods"] == ["idro"] and (d / PROVENANCE_FILE).is_file()
@@ -175,8 +205,9 @@ def test_provenance_survives_export_push_and_load(hub, finetuned, tmp_path):
         "print(json.dumps({'downloaded': read_provenance(snap), 're_exported': read_provenance(sys.argv[1]),"
         " 'base_model': card.data.base_model, 'n_results': len(card.data.eval_results or [])}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "again")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "again")], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     # the provenance goes up as it is, but for the folders it names on this machine: only their names

@@ -9,12 +9,22 @@ import torch
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.runner import _precision_choice
 
-CFG = dict(coco_steps=2, finetune_steps=4, target_steps=2, refreshes=1, corpus_pool=None, target_pairs="title_body",
-           wise_alpha=0.5, skip_finetune=False, coco_runs=1, finetune_preset="paper",  # every stage runs, COCO
-           # once, the fine-tune with iDRO (the automatic schedule itself is tested in test_adaptation.py)
-           coco={"per_device_train_batch_size": 8, "save_steps": 2},
-           finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
-           target={"per_device_train_batch_size": 8, "save_steps": 2})
+CFG = dict(
+    coco_steps=2,
+    finetune_steps=4,
+    target_steps=2,
+    refreshes=1,
+    corpus_pool=None,
+    target_pairs="title_body",
+    wise_alpha=0.5,
+    skip_finetune=False,
+    coco_runs=1,
+    finetune_preset="paper",  # every stage runs, COCO
+    # once, the fine-tune with iDRO (the automatic schedule itself is tested in test_adaptation.py)
+    coco={"per_device_train_batch_size": 8, "save_steps": 2},
+    finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+    target={"per_device_train_batch_size": 8, "save_steps": 2},
+)
 
 
 def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
@@ -84,8 +94,23 @@ def test_recipe_cli_last_line_is_json_keyed_by_eval(tiny_bert_dir, tiny_beir, tm
     cfg = tmp_path / "recipe.yaml"
     cfg.write_text(yaml.safe_dump(CFG))
     spec = f"{tiny_beir}:dev"
-    rc = main(["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-               str(tiny_beir), "--output_dir", str(tmp_path / "o"), "--eval", spec, "--config", str(cfg)])
+    rc = main(
+        [
+            "recipe",
+            "--model",
+            str(tiny_bert_dir),
+            "--target-corpus",
+            str(tiny_beir),
+            "--source-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--eval",
+            spec,
+            "--config",
+            str(cfg),
+        ]
+    )
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert list(last) == [spec] and "ndcg@10" in last[spec] and "recall@100" in last[spec]
@@ -105,8 +130,23 @@ def test_recipe_with_a_seed_method(tiny_bert_dir, tiny_beir, tmp_path, capsys):
     cfg = tmp_path / "recipe.yaml"
     cfg.write_text(yaml.safe_dump(CFG))
     out = tmp_path / "o"
-    rc = main(["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-               str(tiny_beir), "--output_dir", str(out), "--method", "berm", "--config", str(cfg)])
+    rc = main(
+        [
+            "recipe",
+            "--model",
+            str(tiny_bert_dir),
+            "--target-corpus",
+            str(tiny_beir),
+            "--source-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(out),
+            "--method",
+            "berm",
+            "--config",
+            str(cfg),
+        ]
+    )
     assert rc == 0
     logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
     assert any("berm_balance_loss" in h for h in logs), logs
@@ -117,11 +157,13 @@ def test_recipe_rejects_unknown_or_unfed_methods(tiny_bert_dir, tiny_beir, tmp_p
     from hf_cocodr.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown"):
-        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "a",
-                   config=dict(CFG, methods=["mo-dir"]))
+        run_recipe(
+            str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "a", config=dict(CFG, methods=["mo-dir"])
+        )
     with pytest.raises(ConfigError, match="target corpora"):
-        run_recipe(str(tiny_bert_dir), [], str(tiny_beir), tmp_path / "b",
-                   config=dict(CFG, skip_coco=True, methods=["modir"]))
+        run_recipe(
+            str(tiny_bert_dir), [], str(tiny_beir), tmp_path / "b", config=dict(CFG, skip_coco=True, methods=["modir"])
+        )
 
 
 def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys):
@@ -136,10 +178,31 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     cfg.write_text(yaml.safe_dump({**CFG, "coco_steps": 1, "finetune_steps": 2}))
     out = tmp_path / "o"
     spec = f"{tiny_beir}:dev"
-    rc = main(["recipe", "--model", str(tiny_bert_nomlm_dir), "--target-corpus", str(tiny_beir), "--source-data",
-               str(tiny_beir), "--output_dir", str(out), "--eval", spec, "--target-schedule", "joint",
-               "--target-pairs", "title_body", "--coco-mlm-weight", "0",
-               "--wise-alpha", "none", "--config", str(cfg)])
+    rc = main(
+        [
+            "recipe",
+            "--model",
+            str(tiny_bert_nomlm_dir),
+            "--target-corpus",
+            str(tiny_beir),
+            "--source-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(out),
+            "--eval",
+            spec,
+            "--target-schedule",
+            "joint",
+            "--target-pairs",
+            "title_body",
+            "--coco-mlm-weight",
+            "0",
+            "--wise-alpha",
+            "none",
+            "--config",
+            str(cfg),
+        ]
+    )
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev")
@@ -162,13 +225,17 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert last[spec]["start"]["hybrid"]["ndcg@10"] == hybrid_start["ndcg@10"]
     assert last[spec]["start"]["bm25"]["ndcg@10"] == hybrid_start["bm25"]["ndcg@10"] == last[spec]["bm25"]["ndcg@10"]
     adapted = evaluate_retrieval(load_encoder(str(out / "model")), str(tiny_beir), "dev", hybrid=True)
-    assert last[spec]["hybrid"]["ndcg@10"] == adapted["ndcg@10"] and last[spec]["ndcg@10"] == adapted["dense"]["ndcg@10"]
+    assert (
+        last[spec]["hybrid"]["ndcg@10"] == adapted["ndcg@10"] and last[spec]["ndcg@10"] == adapted["dense"]["ndcg@10"]
+    )
     assert "hybrid nDCG@10 start → adapted" in card
     from hf_cocodr import HybridRetriever
 
     saved = HybridRetriever.load(out / "hybrid" / tiny_beir.name, corpus=tiny_beir)
-    assert saved.meta["model_fingerprint"] == HybridRetriever.build(str(out / "model"), tiny_beir).meta[
-        "model_fingerprint"]
+    assert (
+        saved.meta["model_fingerprint"]
+        == HybridRetriever.build(str(out / "model"), tiny_beir).meta["model_fingerprint"]
+    )
     assert len(saved.search(["a query"], k=3)[0][0]) == 3
 
 
@@ -178,13 +245,23 @@ def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_
     lines = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
     docs.write_text("\n".join(json.dumps({"text": d["text"]}) for d in lines))
     out = tmp_path / "o"
-    run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), out,
-               config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None, "target_pairs": "ict"})
+    run_recipe(
+        str(tiny_bert_nomlm_dir),
+        [str(docs)],
+        str(tiny_beir),
+        out,
+        config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None, "target_pairs": "ict"},
+    )
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["target_pairs"] == "ict" and record["steps_trained"] == {"target": 2}
     with pytest.raises(ValueError, match="no titles"):
-        run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "p",
-                   config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"})
+        run_recipe(
+            str(tiny_bert_nomlm_dir),
+            [str(docs)],
+            str(tiny_beir),
+            tmp_path / "p",
+            config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"},
+        )
 
 
 def test_a_stage_may_ask_for_bf16_on_a_machine_without_gpu():

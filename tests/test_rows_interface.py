@@ -53,9 +53,18 @@ class GroupRecorder(Method):
 
 def test_a_negatives_refresh_mines_the_labelled_rows_a_grouped_set_declares(tiny_st_dir, tiny_beir, tmp_path):
     inner = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
-    args = IDROTrainingArguments(output_dir=str(tmp_path / "o"), per_device_train_batch_size=4, max_steps=2,
-                                 num_clusters=2, refresh_negatives_every_steps=1, save_strategy="no",
-                                 report_to="none", use_cpu=True, logging_steps=1, num_negatives=1)
+    args = IDROTrainingArguments(
+        output_dir=str(tmp_path / "o"),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        num_clusters=2,
+        refresh_negatives_every_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        logging_steps=1,
+        num_negatives=1,
+    )
     trainer = IDROTrainer(model=load_encoder(str(tiny_st_dir)), args=args, train_dataset=Labelled(inner))
     recorder = GroupRecorder()
     trainer.add_method(recorder)

@@ -20,10 +20,19 @@ def remote_code_checkpoint(root: Path) -> Path:
     marker = root / "EXECUTED"
     (root / "configuration_evil.py").write_text(
         f"open({str(marker)!r}, 'w').write('pwned')\n"
-        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n")
-    (root / "config.json").write_text(json.dumps({
-        "model_type": "evil", "auto_map": {"AutoConfig": "configuration_evil.EvilConfig",
-                                           "AutoModel": "configuration_evil.EvilConfig"}}))
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'evil'\n"
+    )
+    (root / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "evil",
+                "auto_map": {
+                    "AutoConfig": "configuration_evil.EvilConfig",
+                    "AutoModel": "configuration_evil.EvilConfig",
+                },
+            }
+        )
+    )
     return root
 
 
@@ -44,10 +53,38 @@ def test_own_state_is_safetensors_and_json(tiny_bert_dir, tiny_beir, tmp_path):
     from safetensors import safe_open
 
     args = ["--max_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu"]
-    assert main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir",
-                 str(tmp_path / "coco"), *args]) == 0
-    assert main(["finetune", "--model", str(tmp_path / "coco"), "--train-data", str(tiny_beir), "--output_dir",
-                 str(tmp_path / "ft"), "--num-clusters", "2", *args]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--model",
+                str(tiny_bert_dir),
+                "--corpus",
+                str(tiny_beir),
+                "--output_dir",
+                str(tmp_path / "coco"),
+                *args,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(tmp_path / "coco"),
+                "--train-data",
+                str(tiny_beir),
+                "--output_dir",
+                str(tmp_path / "ft"),
+                "--num-clusters",
+                "2",
+                *args,
+            ]
+        )
+        == 0
+    )
     checked = 0
     for out in (tmp_path / "coco", tmp_path / "ft"):
         for p in out.rglob("*"):
@@ -74,9 +111,28 @@ def test_own_state_is_safetensors_and_json(tiny_bert_dir, tiny_beir, tmp_path):
 
 def test_hub_token_never_written(tiny_st_dir, tiny_beir, tmp_path, capsys):
     token = "hf_NeverWriteThis0123456789abcdefABCDEF"
-    rc = main(["finetune", "--model", str(tiny_st_dir), "--train-data", str(tiny_beir), "--output_dir",
-               str(tmp_path / "ft"), "--num-clusters", "2", "--max_steps", "2", "--save_steps", "1",
-               "--per_device_train_batch_size", "8", "--use_cpu", "--hub_token", token])
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_st_dir),
+            "--train-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "ft"),
+            "--num-clusters",
+            "2",
+            "--max_steps",
+            "2",
+            "--save_steps",
+            "1",
+            "--per_device_train_batch_size",
+            "8",
+            "--use_cpu",
+            "--hub_token",
+            token,
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr()
     assert token not in out.out and token not in out.err
@@ -94,8 +150,19 @@ def test_config_paths_cannot_escape_output_dir(tiny_st_dir, tiny_beir, tmp_path,
     _check_config_paths({"report_dir": "logs"}, str(tmp_path / "ft"))  # relative: inside output_dir
     cfg = tmp_path / "c.yaml"
     cfg.write_text("coco:\n  output_dir: ../../somewhere\n")
-    rc = main(["recipe", "--model", str(tiny_st_dir), "--source-data", str(tiny_beir), "--output_dir",
-               str(tmp_path / "r"), "--config", str(cfg)])
+    rc = main(
+        [
+            "recipe",
+            "--model",
+            str(tiny_st_dir),
+            "--source-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "r"),
+            "--config",
+            str(cfg),
+        ]
+    )
     assert rc == 2
     assert "places every stage inside --output_dir" in capsys.readouterr().err
     assert not (tmp_path / "elsewhere").exists()
@@ -119,9 +186,19 @@ def test_a_hub_token_in_a_recipe_stage_mapping_reaches_no_file(tiny_bert_dir, ti
     token = "hf_" + "Q7x" * 12
     out = tmp_path / "run"
     with caplog.at_level(logging.INFO):
-        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out,
-                   config={"skip_coco": True, "finetune_steps": 1, "corpus_pool": None, "save_hybrid": False,
-                           "finetune": {"hub_token": token, "per_device_train_batch_size": 8, "num_clusters": 2}})
+        run_recipe(
+            str(tiny_bert_dir),
+            [str(tiny_beir)],
+            str(tiny_beir),
+            out,
+            config={
+                "skip_coco": True,
+                "finetune_steps": 1,
+                "corpus_pool": None,
+                "save_hybrid": False,
+                "finetune": {"hub_token": token, "per_device_train_batch_size": 8, "num_clusters": 2},
+            },
+        )
     leaked = [p for p in out.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
     assert not leaked, leaked
     assert token not in caplog.text

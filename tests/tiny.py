@@ -51,15 +51,25 @@ def make_tokenizer(out_dir: str | Path, vocab_size: int = 400):
     tok.train_from_iterator(training_lines(), trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)],
     )
     fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, model_max_length=128)
     fast.save_pretrained(out_dir)
     return fast
 
 
-def make_tiny_bert(out_dir: str | Path, *, layers: int = 2, hidden: int = 32, seed: int = 0, mlm: bool = True,
-                   dropout: float = 0.1, initializer_range: float = 0.02) -> Path:
+def make_tiny_bert(
+    out_dir: str | Path,
+    *,
+    layers: int = 2,
+    hidden: int = 32,
+    seed: int = 0,
+    mlm: bool = True,
+    dropout: float = 0.1,
+    initializer_range: float = 0.02,
+) -> Path:
     """A random BERT (MLM head optional) with its tokenizer, saved as a raw transformers checkpoint."""
     import torch
     from transformers import BertConfig, BertForMaskedLM, BertModel
@@ -68,17 +78,31 @@ def make_tiny_bert(out_dir: str | Path, *, layers: int = 2, hidden: int = 32, se
     tok = make_tokenizer(out_dir)
     torch.manual_seed(seed)
     config = BertConfig(
-        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
-        intermediate_size=hidden * 2, max_position_embeddings=128, hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout, type_vocab_size=2, initializer_range=initializer_range,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        intermediate_size=hidden * 2,
+        max_position_embeddings=128,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+        type_vocab_size=2,
+        initializer_range=initializer_range,
     )
     model = BertForMaskedLM(config) if mlm else BertModel(config, add_pooling_layer=False)
     model.save_pretrained(out_dir)
     return out_dir
 
 
-def make_beir(out_dir: str | Path, *, n_docs: int = 80, n_queries: int = 40, seed: int = 0,
-              splits=("train", "dev"), multi_positive: bool = False) -> Path:
+def make_beir(
+    out_dir: str | Path,
+    *,
+    n_docs: int = 80,
+    n_queries: int = 40,
+    seed: int = 0,
+    splits=("train", "dev"),
+    multi_positive: bool = False,
+) -> Path:
     """A synthetic BEIR folder whose queries share words with their relevant documents."""
     rng = random.Random(seed)
     out_dir = Path(out_dir)

@@ -58,8 +58,11 @@ def _cache_key(path: Path, kind: str) -> str:
     """``<where>-<contents>``: a hash of the file's place (and the cache version), then of its size and time."""
     st = path.stat()
     where = f"{_CACHE_VERSION}|{kind}|{path.resolve()}"
-    return (hashlib.sha256(where.encode()).hexdigest()[:12] + "-"
-            + hashlib.sha256(f"{where}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12])
+    return (
+        hashlib.sha256(where.encode()).hexdigest()[:12]
+        + "-"
+        + hashlib.sha256(f"{where}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    )
 
 
 def _prune_older_entries(cache_file: Path) -> None:
@@ -79,7 +82,7 @@ def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BEIRFormatError(
-            f"not valid UTF-8 (byte {e.start}: {raw[e.start:e.start + 4]!r}); re-encode the file as UTF-8.",
+            f"not valid UTF-8 (byte {e.start}: {raw[e.start : e.start + 4]!r}); re-encode the file as UTF-8.",
             path,
             lineno,
         ) from None
@@ -104,13 +107,18 @@ def check_text_field(value, field: str, path: Path, lineno: int) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise BEIRFormatError(f"{field!r} must be a string, got {type(value).__name__} ({str(value)[:40]!r}).", path,
-                              lineno)
+        raise BEIRFormatError(
+            f"{field!r} must be a string, got {type(value).__name__} ({str(value)[:40]!r}).", path, lineno
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise BEIRFormatError(f"{field!r} holds a lone surrogate at character {e.start} (an unpaired \\u escape); "
-                              "fix or drop that character.", path, lineno) from None
+        raise BEIRFormatError(
+            f"{field!r} holds a lone surrogate at character {e.start} (an unpaired \\u escape); "
+            "fix or drop that character.",
+            path,
+            lineno,
+        ) from None
     return value
 
 
@@ -144,9 +152,7 @@ def _build_table(path: Path, kind: str) -> pa.Table:
     """Validate a corpus/queries JSONL file and return it as an Arrow table (built in record batches)."""
     with_title = kind == "corpus"
     names = ["_id", "title", "text", "metadata", "line"] if with_title else ["_id", "text", "metadata", "line"]
-    schema = pa.schema(
-        [(n, pa.int64() if n == "line" else pa.string()) for n in names]
-    )
+    schema = pa.schema([(n, pa.int64() if n == "line" else pa.string()) for n in names])
     batches: list[pa.RecordBatch] = []
     cols: dict[str, list] = {n: [] for n in names}
 
@@ -203,14 +209,19 @@ def _load_jsonl_dataset(path: Path, kind: str):
     import datasets
 
     if not path.is_file():
-        raise BEIRFormatError(f"{kind} file not found. A BEIR folder holds corpus.jsonl, queries.jsonl and qrels/.", path)
+        raise BEIRFormatError(
+            f"{kind} file not found. A BEIR folder holds corpus.jsonl, queries.jsonl and qrels/.", path
+        )
     cache_file = _cache_dir() / f"{kind}-{_cache_key(path, kind)}.arrow"
     ds = _read_cache(cache_file, path)
     if ds is None:
         table = _build_table(path, kind)
         schema = table.schema.with_metadata({b"num_rows": str(table.num_rows).encode()})
-        with staged_file(cache_file) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
-                pa.ipc.new_stream(sink, schema) as writer:
+        with (
+            staged_file(cache_file) as tmp,
+            pa.OSFile(str(tmp), "wb") as sink,
+            pa.ipc.new_stream(sink, schema) as writer,
+        ):
             writer.write_table(table.replace_schema_metadata(schema.metadata), max_chunksize=_BATCH_ROWS)
         del table
         _prune_older_entries(cache_file)
@@ -309,16 +320,24 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
                     continue
                 raise BEIRFormatError(f"score {score!r} is not a number.", path, lineno) from None
             if not math.isfinite(value) or value != int(value):
-                raise BEIRFormatError(f"score {score!r} is not a whole number; relevance grades are integers "
-                                      "(0 = not relevant, 1, 2, ... = relevant).", path, lineno)
+                raise BEIRFormatError(
+                    f"score {score!r} is not a whole number; relevance grades are integers "
+                    "(0 = not relevant, 1, 2, ... = relevant).",
+                    path,
+                    lineno,
+                )
             grade = int(value)
             if not qid or not did:
                 raise BEIRFormatError("empty query-id or corpus-id.", path, lineno)
             first = lines.get((qid, did))
             if first is not None:
                 if qrels[qid][did] != grade:
-                    raise BEIRFormatError(f"query-id {qid!r} and corpus-id {did!r} are judged {qrels[qid][did]} on "
-                                          f"line {first} and {grade} here; keep one row per pair.", path, lineno)
+                    raise BEIRFormatError(
+                        f"query-id {qid!r} and corpus-id {did!r} are judged {qrels[qid][did]} on "
+                        f"line {first} and {grade} here; keep one row per pair.",
+                        path,
+                        lineno,
+                    )
                 duplicates.append(lineno)
                 continue
             qrels.setdefault(qid, {})[did] = grade
@@ -326,11 +345,18 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
     if not qrels:
         raise BEIRFormatError("the qrels file has no judgement rows.", path)
     if not any(grade > 0 for judged in qrels.values() for grade in judged.values()):
-        logger.warning("%s: every judgement has grade 0 (not relevant), so no query has a relevant document and "
-                       "every retrieval metric of this split is 0", path)
+        logger.warning(
+            "%s: every judgement has grade 0 (not relevant), so no query has a relevant document and "
+            "every retrieval metric of this split is 0",
+            path,
+        )
     if duplicates:
-        logger.warning("%s: %d duplicate (query-id, corpus-id) row(s) with the same grade ignored (first on line %d)",
-                       path, len(duplicates), duplicates[0])
+        logger.warning(
+            "%s: %d duplicate (query-id, corpus-id) row(s) with the same grade ignored (first on line %d)",
+            path,
+            len(duplicates),
+            duplicates[0],
+        )
     return qrels, lines
 
 
@@ -382,7 +408,9 @@ def load_beir(folder: str | os.PathLike, split: str | None = "test", *, keep_all
         for (qid, did), lineno in sorted(lines.items(), key=lambda kv: kv[1]):
             if qid not in qids:
                 raise BEIRFormatError(
-                    f"query-id {qid!r} is not in {folder / QUERIES_FILE}; every judged query must exist.", qpath, lineno
+                    f"query-id {qid!r} is not in {folder / QUERIES_FILE}; every judged query must exist.",
+                    qpath,
+                    lineno,
                 )
             if did not in dids:
                 raise BEIRFormatError(
@@ -445,6 +473,8 @@ def parse_eval_spec(spec: str, flag: str = "--eval") -> tuple[str, str]:
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {spec!r}: {folder} is not a directory")
     if not os.path.isfile(os.path.join(folder, QRELS_DIR, f"{split}.tsv")):
-        raise ConfigError(f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
-                          f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}")
+        raise ConfigError(
+            f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
+            f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}"
+        )
     return folder, split

@@ -45,7 +45,6 @@ def _title_text_records(spec, text_column: str = "text") -> tuple[str, Iterator[
         titles = column_numpy(corpus, "title").tolist() if "title" in corpus.column_names else [""] * len(corpus)
         return path.name, zip(titles, column_numpy(corpus, "text").tolist())
     if path.is_file():
-
         return path.stem, jsonl_title_text(path, text_column)
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
 
@@ -58,9 +57,17 @@ def _ict_pair(text: str, rng: np.random.Generator, split) -> tuple[str, str] | N
     return sents[i], " ".join(s for j, s in enumerate(sents) if j != i)
 
 
-def target_pseudo_pairs(corpora: Iterable, mode: str = "title_body", *, negatives: str = "bm25",
-                        bm25_top_k: int = 30, max_pairs: int | None = None, seed: int = 0,
-                        min_query_chars: int = 12, text_column: str = "text") -> RetrievalTrainingData:
+def target_pseudo_pairs(
+    corpora: Iterable,
+    mode: str = "title_body",
+    *,
+    negatives: str = "bm25",
+    bm25_top_k: int = 30,
+    max_pairs: int | None = None,
+    seed: int = 0,
+    min_query_chars: int = 12,
+    text_column: str = "text",
+) -> RetrievalTrainingData:
     """Query/positive pairs from the documents of ``corpora`` alone (see the module docstring).
 
     Args:
@@ -100,18 +107,30 @@ def target_pseudo_pairs(corpora: Iterable, mode: str = "title_body", *, negative
             bodies.append(pair[1])
             ids.append(f"{name}/{i}")
             kept += 1
-        logger.info("pseudo pairs (%s) from %s: %d documents used, %d skipped (%s)", mode, name, kept, skipped,
-                    "no title or empty body" if mode == "title_body" else "fewer than two sentences")
+        logger.info(
+            "pseudo pairs (%s) from %s: %d documents used, %d skipped (%s)",
+            mode,
+            name,
+            kept,
+            skipped,
+            "no title or empty body" if mode == "title_body" else "fewer than two sentences",
+        )
     if not queries:
-        raise ValueError(f"no {mode} pseudo pairs could be built from {names}: "
-                         + ("the documents have no titles; use mode='ict'" if mode == "title_body" else
-                            "no document has two sentences"))
+        raise ValueError(
+            f"no {mode} pseudo pairs could be built from {names}: "
+            + (
+                "the documents have no titles; use mode='ict'"
+                if mode == "title_body"
+                else "no document has two sentences"
+            )
+        )
     if max_pairs is not None and max_pairs < len(queries):
         keep = np.sort(np.random.default_rng(seed).choice(len(queries), max_pairs, replace=False))
         queries, bodies, ids = [queries[i] for i in keep], [bodies[i] for i in keep], [ids[i] for i in keep]
     corpus = datasets.Dataset.from_dict({"_id": ids, "text": bodies})
-    data = RetrievalTrainingData(corpus, [f"q:{d}" for d in ids], queries, [[i] for i in range(len(ids))],
-                                 name=f"{'+'.join(names)}:{mode}")
+    data = RetrievalTrainingData(
+        corpus, [f"q:{d}" for d in ids], queries, [[i] for i in range(len(ids))], name=f"{'+'.join(names)}:{mode}"
+    )
     data.pseudo_pairs_mode = mode  # the model card says these are pseudo pairs, not source labels
     data.corpora = names
     if negatives == "bm25":
@@ -120,4 +139,3 @@ def target_pseudo_pairs(corpora: Iterable, mode: str = "title_body", *, negative
         raise ValueError(f"negatives must be 'bm25' or 'none', got {negatives!r}")
     logger.info("%s: %d pseudo pairs", data.name, len(data))
     return data
-

@@ -35,10 +35,51 @@ from .beir import BEIRFormatError, check_text_field, doc_text, iter_jsonl_record
 logger = logging.getLogger(__name__)
 
 _ABBREV = {
-    "e.g", "i.e", "et al", "al", "fig", "figs", "eq", "eqs", "ref", "refs", "dr", "mr", "mrs", "ms", "prof", "vs", "etc",
-    "approx", "no", "vol", "pp", "ca", "cf", "resp", "st", "jr", "sr", "inc", "ltd", "co", "u.s", "u.k", "dept",
-    "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
-    "nov", "dec",
+    "e.g",
+    "i.e",
+    "et al",
+    "al",
+    "fig",
+    "figs",
+    "eq",
+    "eqs",
+    "ref",
+    "refs",
+    "dr",
+    "mr",
+    "mrs",
+    "ms",
+    "prof",
+    "vs",
+    "etc",
+    "approx",
+    "no",
+    "vol",
+    "pp",
+    "ca",
+    "cf",
+    "resp",
+    "st",
+    "jr",
+    "sr",
+    "inc",
+    "ltd",
+    "co",
+    "u.s",
+    "u.k",
+    "dept",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
 }
 _BOUNDARY = re.compile(r"[.!?]['\")\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
@@ -52,7 +93,7 @@ def split_sentences_regex(text: str) -> list[str]:
         last = prev[-1].lower() if prev else ""
         if text[m.start()] == "." and (last in _ABBREV or (len(last) == 1 and last.isalpha())):
             continue
-        sent = text[start:m.end()].strip()
+        sent = text[start : m.end()].strip()
         if sent:
             out.append(sent)
         start = m.end()
@@ -75,7 +116,9 @@ def get_sentence_splitter(name: str):
     raise ValueError(f"sentence_splitter must be 'regex' or 'pysbd', got {name!r}")
 
 
-def group_sentences(lengths: Sequence[int], max_tokens: int, break_prob: float, rng: np.random.Generator) -> list[tuple[int, int]]:
+def group_sentences(
+    lengths: Sequence[int], max_tokens: int, break_prob: float, rng: np.random.Generator
+) -> list[tuple[int, int]]:
     """Greedy grouping of consecutive sentences into ``[start, end)`` sentence ranges."""
     groups, start, cur = [], 0, 0
     for i, n in enumerate(lengths):
@@ -102,7 +145,6 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
     """A BEIR folder, a JSONL file (``text`` [+ ``title``] per line) or a ``datasets.Dataset`` with a text column."""
     import datasets
 
-
     if isinstance(spec, datasets.Dataset):
         if text_column not in spec.column_names:
             raise ValueError(
@@ -114,7 +156,7 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
 
         def gen_ds():
             for start in range(0, len(spec), 10_000):
-                b = spec[start:start + 10_000]
+                b = spec[start : start + 10_000]
                 titles = b["title"] if has_title else [""] * len(b[text_column])
                 for t, x in zip(titles, b[text_column]):
                     yield doc_text(t, x or "")
@@ -131,16 +173,19 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
                 yield doc_text(t, x)
 
         st = jsonl_file(path, "corpus.jsonl").stat()
-        return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}",
-                            f"beir:{path.resolve()}")
+        return CorpusSource(
+            path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}", f"beir:{path.resolve()}"
+        )
     if path.is_file():
+
         def gen_jsonl():
             for title, text in jsonl_title_text(path, text_column):
                 yield doc_text(title, text)
 
         st = path.stat()
-        return CorpusSource(path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}",
-                            f"jsonl:{path.resolve()}")
+        return CorpusSource(
+            path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}", f"jsonl:{path.resolve()}"
+        )
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
 
 
@@ -150,8 +195,10 @@ def jsonl_title_text(path: Path, text_column: str = "text"):
     for lineno, rec in iter_jsonl_records(path, "corpus"):
         if text_column not in rec:
             raise BEIRFormatError(f"missing field {text_column!r} (found {sorted(rec)}).", path, lineno)
-        yield (check_text_field(rec.get("title"), "title", path, lineno),
-               check_text_field(rec[text_column], text_column, path, lineno))
+        yield (
+            check_text_field(rec.get("title"), "title", path, lineno),
+            check_text_field(rec[text_column], text_column, path, lineno),
+        )
 
 
 def continuation_table(tokenizer) -> np.ndarray:
@@ -193,8 +240,18 @@ class _SpanArrays:
         return skipped
 
 
-def _batch_spans(batch: list[str], *, tokenizer, mode: str, split, rng: np.random.Generator, span_max_tokens: int,
-                 span_break_prob: float, min_span_tokens: int, max_doc_tokens: int) -> list[list[np.ndarray] | None]:
+def _batch_spans(
+    batch: list[str],
+    *,
+    tokenizer,
+    mode: str,
+    split,
+    rng: np.random.Generator,
+    span_max_tokens: int,
+    span_break_prob: float,
+    min_span_tokens: int,
+    max_doc_tokens: int,
+) -> list[list[np.ndarray] | None]:
     """The spans (token id arrays) of each document of ``batch``, or ``None`` for a document that cannot give two:
     ``random_crops`` keeps the whole document as one span to crop from; ``sentence_groups`` groups its sentences."""
     if not batch:
@@ -204,11 +261,14 @@ def _batch_spans(batch: list[str], *, tokenizer, mode: str, split, rng: np.rando
         return [[np.asarray(d, dtype=np.int32)] if len(d) >= 2 * min_span_tokens else None for d in ids]
     sents = [split(t) for t in batch]
     flat = [s for ss in sents for s in ss]
-    ids = tokenizer(flat, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"] \
-        if flat else []
+    ids = (
+        tokenizer(flat, add_special_tokens=False, truncation=True, max_length=max_doc_tokens)["input_ids"]
+        if flat
+        else []
+    )
     out, pos = [], 0
     for ss in sents:
-        sent_ids = ids[pos:pos + len(ss)]
+        sent_ids = ids[pos : pos + len(ss)]
         pos += len(ss)
         groups = group_sentences([len(x) for x in sent_ids], span_max_tokens, span_break_prob, rng)
         spans = [np.concatenate([np.asarray(sent_ids[k], dtype=np.int32) for k in range(a, b)]) for a, b in groups]
@@ -220,8 +280,16 @@ def _batch_spans(batch: list[str], *, tokenizer, mode: str, split, rng: np.rando
 class SpanCorpus:
     """Spans of one or several corpora, stored as flat Arrow arrays (docs → spans → token ids)."""
 
-    def __init__(self, doc_span_ptr: np.ndarray, span_tok_ptr: np.ndarray, tokens: np.ndarray,
-                 doc_source: np.ndarray, sources: list[str], mode: str, stats: dict):
+    def __init__(
+        self,
+        doc_span_ptr: np.ndarray,
+        span_tok_ptr: np.ndarray,
+        tokens: np.ndarray,
+        doc_source: np.ndarray,
+        sources: list[str],
+        mode: str,
+        stats: dict,
+    ):
         self.doc_span_ptr = doc_span_ptr
         self.span_tok_ptr = span_tok_ptr
         self.tokens = tokens
@@ -235,7 +303,7 @@ class SpanCorpus:
 
     def spans_of(self, doc: int) -> list[np.ndarray]:
         a, b = self.doc_span_ptr[doc], self.doc_span_ptr[doc + 1]
-        return [self.tokens[self.span_tok_ptr[s]:self.span_tok_ptr[s + 1]] for s in range(a, b)]
+        return [self.tokens[self.span_tok_ptr[s] : self.span_tok_ptr[s + 1]] for s in range(a, b)]
 
     def sample_pair(self, doc: int, rng: np.random.Generator, span_len: int) -> tuple[np.ndarray, np.ndarray]:
         spans = self.spans_of(doc)
@@ -247,17 +315,29 @@ class SpanCorpus:
             cut = int(rng.integers(ln, n - ln + 1))
             a0 = int(rng.integers(0, cut - ln + 1))
             b0 = int(rng.integers(cut, n - ln + 1))
-            first, second = toks[a0:a0 + ln], toks[b0:b0 + ln]
+            first, second = toks[a0 : a0 + ln], toks[b0 : b0 + ln]
             return (first, second) if rng.random() < 0.5 else (second, first)
         i, j = rng.choice(len(spans), 2, replace=False)
         return spans[int(i)], spans[int(j)]
 
     # ------------------------------------------------------------------------------------------------ build
     @classmethod
-    def build(cls, corpora: Iterable, tokenizer, *, mode: str = "sentence_groups", span_max_tokens: int = 30,
-              span_break_prob: float = 0.1, span_len: int = 64, min_span_tokens: int = 4,
-              sentence_splitter: str = "regex", seed: int = 42, text_column: str = "text",
-              max_doc_tokens: int = 4096, cache: bool = True) -> SpanCorpus:
+    def build(
+        cls,
+        corpora: Iterable,
+        tokenizer,
+        *,
+        mode: str = "sentence_groups",
+        span_max_tokens: int = 30,
+        span_break_prob: float = 0.1,
+        span_len: int = 64,
+        min_span_tokens: int = 4,
+        sentence_splitter: str = "regex",
+        seed: int = 42,
+        text_column: str = "text",
+        max_doc_tokens: int = 4096,
+        cache: bool = True,
+    ) -> SpanCorpus:
         if mode not in ("sentence_groups", "random_crops"):
             raise ValueError(f"span_mode must be 'sentence_groups' or 'random_crops', got {mode!r}")
         if isinstance(corpora, (str, os.PathLike)) or not isinstance(corpora, (list, tuple)):
@@ -265,9 +345,18 @@ class SpanCorpus:
         if not corpora:
             raise ValueError("no corpus given: pass at least one BEIR folder, JSONL file or dataset")
         sources = [corpus_source(c, text_column) for c in corpora]
-        settings = dict(mode=mode, span_max_tokens=span_max_tokens, span_break_prob=span_break_prob,
-                        span_len=span_len, min_span_tokens=min_span_tokens, splitter=sentence_splitter, seed=seed,
-                        max_doc_tokens=max_doc_tokens, tokenizer=_tokenizer_fingerprint(tokenizer), v=2)
+        settings = dict(
+            mode=mode,
+            span_max_tokens=span_max_tokens,
+            span_break_prob=span_break_prob,
+            span_len=span_len,
+            min_span_tokens=min_span_tokens,
+            splitter=sentence_splitter,
+            seed=seed,
+            max_doc_tokens=max_doc_tokens,
+            tokenizer=_tokenizer_fingerprint(tokenizer),
+            v=2,
+        )
         cache_file = _cache_file(sources, settings) if cache else None
         if cache_file is not None and cache_file.exists():
             out = cls._load_or_discard(cache_file)
@@ -275,9 +364,16 @@ class SpanCorpus:
                 logger.info("spans loaded from cache %s", cache_file)
                 return out
         spans_of = functools.partial(
-            _batch_spans, tokenizer=tokenizer, mode=mode, split=get_sentence_splitter(sentence_splitter),
-            rng=np.random.default_rng(seed), span_max_tokens=span_max_tokens, span_break_prob=span_break_prob,
-            min_span_tokens=min_span_tokens, max_doc_tokens=max_doc_tokens)
+            _batch_spans,
+            tokenizer=tokenizer,
+            mode=mode,
+            split=get_sentence_splitter(sentence_splitter),
+            rng=np.random.default_rng(seed),
+            span_max_tokens=span_max_tokens,
+            span_break_prob=span_break_prob,
+            min_span_tokens=min_span_tokens,
+            max_doc_tokens=max_doc_tokens,
+        )
         arrays = _SpanArrays()
         per_source = []
         for si, src in enumerate(sources):
@@ -296,21 +392,39 @@ class SpanCorpus:
             per_source.append({"corpus": src.name, "documents": n_docs, "skipped": n_skipped})
             if n_docs == 0:
                 raise ValueError(f"corpus {src.name!r} is empty")
-        doc_span_ptr, span_tok_ptr, tokens, doc_source = (arrays.doc_span_ptr, arrays.span_tok_ptr, arrays.tokens,
-                                                          arrays.doc_source)
+        doc_span_ptr, span_tok_ptr, tokens, doc_source = (
+            arrays.doc_span_ptr,
+            arrays.span_tok_ptr,
+            arrays.tokens,
+            arrays.doc_source,
+        )
         n_used = len(doc_span_ptr) - 1
-        stats = {"sources": per_source, "documents_used": n_used,
-                 "documents_skipped": sum(p["skipped"] for p in per_source),
-                 "spans": len(span_tok_ptr) - 1, "mode": mode}
+        stats = {
+            "sources": per_source,
+            "documents_used": n_used,
+            "documents_skipped": sum(p["skipped"] for p in per_source),
+            "spans": len(span_tok_ptr) - 1,
+            "mode": mode,
+        }
         if n_used == 0:
-            hint = ("documents need at least two sentences/spans of >= "
-                    f"{min_span_tokens} tokens" if mode == "sentence_groups" else
-                    f"documents need at least {2 * min_span_tokens} tokens")
-            raise ValueError(f"no document yields two spans ({stats['documents_skipped']} skipped): {hint}. "
-                             "Try span_mode='random_crops' or a smaller span_max_tokens.")
-        out = cls(np.asarray(doc_span_ptr, np.int64), np.asarray(span_tok_ptr, np.int64),
-                  np.concatenate(tokens).astype(np.int32), np.asarray(doc_source, np.int32),
-                  [s.name for s in sources], mode, stats)
+            hint = (
+                f"documents need at least two sentences/spans of >= {min_span_tokens} tokens"
+                if mode == "sentence_groups"
+                else f"documents need at least {2 * min_span_tokens} tokens"
+            )
+            raise ValueError(
+                f"no document yields two spans ({stats['documents_skipped']} skipped): {hint}. "
+                "Try span_mode='random_crops' or a smaller span_max_tokens."
+            )
+        out = cls(
+            np.asarray(doc_span_ptr, np.int64),
+            np.asarray(span_tok_ptr, np.int64),
+            np.concatenate(tokens).astype(np.int32),
+            np.asarray(doc_source, np.int32),
+            [s.name for s in sources],
+            mode,
+            stats,
+        )
         if cache_file is not None:
             out._save(cache_file)
             _prune_older_entries(cache_file)
@@ -320,10 +434,16 @@ class SpanCorpus:
         """Arrays to ``.npz`` (no pickle), then the JSON metadata, whose presence marks a complete cache entry. Both
         are staged beside their destination and renamed into place; a failed write leaves neither."""
         with staged_file(path.with_suffix(".npz")) as tmp, open(tmp, "wb") as f:
-            np.savez(f, doc_span_ptr=self.doc_span_ptr, span_tok_ptr=self.span_tok_ptr, tokens=self.tokens,
-                     doc_source=self.doc_source)
-        atomic_write_json(path, {"sources": self.sources, "mode": self.mode, "stats": self.stats,
-                                 "tokens": int(len(self.tokens))})
+            np.savez(
+                f,
+                doc_span_ptr=self.doc_span_ptr,
+                span_tok_ptr=self.span_tok_ptr,
+                tokens=self.tokens,
+                doc_source=self.doc_source,
+            )
+        atomic_write_json(
+            path, {"sources": self.sources, "mode": self.mode, "stats": self.stats, "tokens": int(len(self.tokens))}
+        )
 
     @classmethod
     def _load(cls, path: Path) -> SpanCorpus:
@@ -331,10 +451,20 @@ class SpanCorpus:
         meta = json.loads(path.read_text())
         with np.load(path.with_suffix(".npz"), allow_pickle=False) as arrays:
             doc_span_ptr, span_tok_ptr, tokens, doc_source = (
-                arrays["doc_span_ptr"], arrays["span_tok_ptr"], arrays["tokens"], arrays["doc_source"])
+                arrays["doc_span_ptr"],
+                arrays["span_tok_ptr"],
+                arrays["tokens"],
+                arrays["doc_source"],
+            )
         n_docs, n_spans = len(doc_span_ptr) - 1, len(span_tok_ptr) - 1
-        if not (n_docs >= 1 and n_spans >= 1 and len(doc_source) == n_docs and doc_span_ptr[-1] == n_spans
-                and span_tok_ptr[-1] == len(tokens) and meta.get("tokens", len(tokens)) == len(tokens)):
+        if not (
+            n_docs >= 1
+            and n_spans >= 1
+            and len(doc_source) == n_docs
+            and doc_span_ptr[-1] == n_spans
+            and span_tok_ptr[-1] == len(tokens)
+            and meta.get("tokens", len(tokens)) == len(tokens)
+        ):
             raise ValueError(f"inconsistent arrays ({n_docs} documents, {n_spans} spans, {len(tokens)} tokens)")
         return cls(doc_span_ptr, span_tok_ptr, tokens, doc_source, meta["sources"], meta["mode"], meta["stats"])
 
@@ -345,8 +475,7 @@ class SpanCorpus:
             return cls._load(path)
         except Exception as e:  # zipfile.BadZipFile, EOFError, OSError, ValueError, KeyError, ...
             problem = " ".join(str(e).split())[:200] or type(e).__name__
-        logger.warning("span cache entry %s is damaged (%s); removing it and building the spans again", path,
-                       problem)
+        logger.warning("span cache entry %s is damaged (%s); removing it and building the spans again", path, problem)
         for p in (path, path.with_suffix(".npz")):
             remove_entry(p)
         return None

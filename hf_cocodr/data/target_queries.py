@@ -74,8 +74,10 @@ def read_target_queries(spec: str | os.PathLike) -> TargetQueries:
         text_of = dict(zip(queries["_id"], queries["text"]))
         missing = [q for q in qids if q not in text_of]
         if missing:
-            raise ConfigError(f"target queries {spec}: {len(missing)} judged query ids are not in "
-                              f"{jsonl_file(path, QUERIES_FILE)} (e.g. {missing[0]!r})")
+            raise ConfigError(
+                f"target queries {spec}: {len(missing)} judged query ids are not in "
+                f"{jsonl_file(path, QUERIES_FILE)} (e.g. {missing[0]!r})"
+            )
         keep = [q for q in qids if text_of[q] and text_of[q].strip()]
         return TargetQueries(f"{path.name}:{split}", [text_of[q] for q in keep], keep, path.resolve())
     if path.is_dir():
@@ -117,12 +119,16 @@ def refuse_eval_overlap(target_specs, eval_specs) -> None:
             if src.folder is not None and src.folder == folder:
                 shared = sorted(set(src.ids) & set(eval_ids))
                 if shared:
-                    raise ConfigError(f"--target-queries {src.name} shares {len(shared)} queries with the --eval split "
-                                      f"{spec} (e.g. query {shared[0]!r}); a run must not train on its evaluation "
-                                      "queries: use another split of unlabelled queries")
+                    raise ConfigError(
+                        f"--target-queries {src.name} shares {len(shared)} queries with the --eval split "
+                        f"{spec} (e.g. query {shared[0]!r}); a run must not train on its evaluation "
+                        "queries: use another split of unlabelled queries"
+                    )
             for text in src.texts:
                 qid = eval_texts.get(_norm(text))
                 if qid is not None:
-                    raise ConfigError(f"--target-queries {src.name} holds a query of the --eval split {spec} "
-                                      f"(query {qid!r}: {text[:60]!r}); a run must not train on its evaluation "
-                                      "queries: remove it or use another split")
+                    raise ConfigError(
+                        f"--target-queries {src.name} holds a query of the --eval split {spec} "
+                        f"(query {qid!r}: {text[:60]!r}); a run must not train on its evaluation "
+                        "queries: remove it or use another split"
+                    )

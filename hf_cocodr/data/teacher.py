@@ -16,8 +16,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["teacher_rows"]
 
 
-def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], k: int, *,
-                 batch_size: int = 1024):
+def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], k: int, *, batch_size: int = 1024):
     """A ``datasets.Dataset`` with columns ``query``, ``doc_1`` … ``doc_k`` and ``label`` (a list of ``k`` floats).
 
     Args:
@@ -35,7 +34,7 @@ def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], 
     short = 0
     queries = list(queries)
     for start in range(0, len(queries), batch_size):
-        chunk = queries[start:start + batch_size]
+        chunk = queries[start : start + batch_size]
         ids, scores = teacher.search(chunk, k)
         for query, row_ids, row_scores in zip(chunk, ids, scores, strict=True):
             if len(row_ids) < k:
@@ -46,8 +45,12 @@ def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], 
                 columns[f"doc_{j}"].append(doc_texts[doc_id])
             columns["label"].append([float(s) for s in row_scores[:k]])
     if short:
-        logger.warning("distillation: %d of %d queries got fewer than %d teacher candidates and were left out", short,
-                       len(queries), k)
+        logger.warning(
+            "distillation: %d of %d queries got fewer than %d teacher candidates and were left out",
+            short,
+            len(queries),
+            k,
+        )
     if not columns["query"]:
         raise ValueError(f"distillation: no query got {k} teacher candidates; lower k or check the corpus")
     return Dataset.from_dict(columns)

@@ -60,10 +60,18 @@ class RetrievalTrainingData(RowsSource):
         name: a label for logs and the model card (e.g. ``"squad-v1.1:train"``).
     """
 
-    def __init__(self, corpus, query_ids: Sequence[str], query_texts: Sequence[str],
-                 positives: Sequence[Sequence[int]], name: str | None = None):
+    def __init__(
+        self,
+        corpus,
+        query_ids: Sequence[str],
+        query_texts: Sequence[str],
+        positives: Sequence[Sequence[int]],
+        name: str | None = None,
+    ):
         if len(query_ids) == 0:
-            raise ValueError(f"training data {name or ''} has no queries with a labelled positive; nothing to train on")
+            raise ValueError(
+                f"training data {name or ''} has no queries with a labelled positive; nothing to train on"
+            )
         if not (len(query_ids) == len(query_texts) == len(positives)):
             raise ValueError("query_ids, query_texts and positives must have the same length")
         empty = [q for q, p in zip(query_ids, positives) if len(p) == 0]
@@ -84,9 +92,17 @@ class RetrievalTrainingData(RowsSource):
 
     # ---------------------------------------------------------------------------------------- building
     @classmethod
-    def from_beir(cls, folder: str | os.PathLike | BEIRData, split: str = "train", *, negatives: str = "bm25",
-                  bm25_top_k: int = 100, max_queries: int | None = None, seed: int = 0,
-                  corpus_pool: int | None = None) -> RetrievalTrainingData:
+    def from_beir(
+        cls,
+        folder: str | os.PathLike | BEIRData,
+        split: str = "train",
+        *,
+        negatives: str = "bm25",
+        bm25_top_k: int = 100,
+        max_queries: int | None = None,
+        seed: int = 0,
+        corpus_pool: int | None = None,
+    ) -> RetrievalTrainingData:
         """Rows from a BEIR split: every judged query with at least one positive (grade > 0).
 
         Args:
@@ -99,8 +115,9 @@ class RetrievalTrainingData(RowsSource):
         """
         for name, value in (("bm25_top_k", bm25_top_k), ("max_queries", max_queries), ("corpus_pool", corpus_pool)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a whole number >= 1{'' if name == 'bm25_top_k' else ' (or None)'}, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"{name} must be a whole number >= 1{'' if name == 'bm25_top_k' else ' (or None)'}, got {value!r}"
+                )
         data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
         row_of = {d: i for i, d in enumerate(column_numpy(data.corpus, "_id").tolist())}
         qtext = dict(zip(column_numpy(data.queries, "_id").tolist(), column_numpy(data.queries, "text").tolist()))
@@ -121,8 +138,11 @@ class RetrievalTrainingData(RowsSource):
                 Path(data.folder) / "qrels" / f"{split}.tsv",
             )
         if missing:
-            logger.warning("%d queries skipped: their positives have empty text in the corpus (e.g. %s)",
-                           len(missing), missing[:5])
+            logger.warning(
+                "%d queries skipped: their positives have empty text in the corpus (e.g. %s)",
+                len(missing),
+                missing[:5],
+            )
         available = len(qids)
         if max_queries is not None and max_queries < len(qids):
             keep = np.sort(np.random.default_rng(seed).choice(len(qids), max_queries, replace=False))
@@ -140,8 +160,13 @@ class RetrievalTrainingData(RowsSource):
             raise ValueError(f"negatives must be 'bm25' or 'none', got {negatives!r}")
         elif corpus_pool:
             raise ValueError("corpus_pool needs negatives='bm25' (the pool is built from the BM25 ranking)")
-        logger.info("%s: %d training queries, %.2f positives per query, corpus of %d documents",
-                    out.name, len(out), out.pos_idx.size / len(out), len(out.corpus))
+        logger.info(
+            "%s: %d training queries, %.2f positives per query, corpus of %d documents",
+            out.name,
+            len(out),
+            out.pos_idx.size / len(out),
+            len(out.corpus),
+        )
         return out
 
     def fingerprint(self) -> dict:
@@ -162,10 +187,10 @@ class RetrievalTrainingData(RowsSource):
         return self
 
     def positives(self, row: int) -> np.ndarray:
-        return self.pos_idx[self.pos_ptr[row]:self.pos_ptr[row + 1]]
+        return self.pos_idx[self.pos_ptr[row] : self.pos_ptr[row + 1]]
 
     def negatives(self, row: int) -> np.ndarray:
-        return self.neg_idx[self.neg_ptr[row]:self.neg_ptr[row + 1]]
+        return self.neg_idx[self.neg_ptr[row] : self.neg_ptr[row + 1]]
 
     def corpus_text_list(self) -> list[str]:
         titles = column_numpy(self.corpus, "title") if self._titles else None
@@ -178,8 +203,9 @@ class RetrievalTrainingData(RowsSource):
         return [doc_text(t, x) for t, x in zip(titles, b["text"])]
 
     # ---------------------------------------------------------------------------------------- negatives
-    def clean_ranking(self, start: int, ranked: np.ndarray, skip_top: int = 0,
-                      keep: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def clean_ranking(
+        self, start: int, ranked: np.ndarray, skip_top: int = 0, keep: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Vectorised: drop padding and labelled positives from ranked rows ``start..``; keep ranks
         ``[skip_top, skip_top + keep)`` of what is left. Returns (per-row counts, flat candidate rows)."""
         ranked = np.asarray(ranked, dtype=np.int64)
@@ -200,24 +226,36 @@ class RetrievalTrainingData(RowsSource):
 
         ``ranked`` is an (n_queries × k) array, or an iterable of ``(first_row, block)`` for streaming large tables.
         """
-        blocks = [(0, ranked)] if isinstance(ranked, np.ndarray) or (
-            isinstance(ranked, (list, tuple)) and ranked and not isinstance(ranked[0], tuple)) else ranked
+        blocks = (
+            [(0, ranked)]
+            if isinstance(ranked, np.ndarray)
+            or (isinstance(ranked, (list, tuple)) and ranked and not isinstance(ranked[0], tuple))
+            else ranked
+        )
         counts = np.zeros(len(self), dtype=np.int64)
         flat = []
         for start, block in blocks:
             block = np.asarray(block, dtype=np.int64)
             c, f = self.clean_ranking(start, block, skip_top, keep)
-            counts[start:start + len(block)] = c
+            counts[start : start + len(block)] = c
             flat.append(f)
-        self.install_negatives(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
-                               np.concatenate(flat) if flat else np.zeros(0, np.int64), source)
+        self.install_negatives(
+            np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            np.concatenate(flat) if flat else np.zeros(0, np.int64),
+            source,
+        )
 
     def install_negatives(self, neg_ptr: np.ndarray, neg_idx: np.ndarray, source: str) -> None:
         self.neg_ptr, self.neg_idx = np.asarray(neg_ptr, np.int64), np.asarray(neg_idx, np.int64)
         self.negatives_source = source
         sizes = np.diff(self.neg_ptr)
-        logger.info("%s negatives installed: %.1f candidates per query (min %d, %d queries without any)",
-                    source, sizes.mean(), sizes.min(), int((sizes == 0).sum()))
+        logger.info(
+            "%s negatives installed: %.1f candidates per query (min %d, %d queries without any)",
+            source,
+            sizes.mean(),
+            sizes.min(),
+            int((sizes == 0).sum()),
+        )
 
     def mine_bm25_negatives(self, top_k: int = 100) -> None:
         from ..index import BM25Index
@@ -242,8 +280,13 @@ class RetrievalTrainingData(RowsSource):
         self.pos_idx = remap[self.pos_idx]
         lists = [[int(x) for x in remap[self.negatives(r)[:top_k]]] for r in range(len(self))]
         self.neg_ptr, self.neg_idx = _csr(lists)
-        logger.info("%s: corpus restricted to a mining pool of %d of %d documents (positives + BM25 top-%d)",
-                    self.name, len(rows), before, top_k)
+        logger.info(
+            "%s: corpus restricted to a mining pool of %d of %d documents (positives + BM25 top-%d)",
+            self.name,
+            len(rows),
+            before,
+            top_k,
+        )
 
     # ---------------------------------------------------------------------------------------- sampling
     def sample(self, rows: Sequence[int], *, step: int, seed: int, num_negatives: int):
@@ -267,7 +310,9 @@ class RetrievalTrainingData(RowsSource):
                     picked = cand.tolist()
                     banned = set(pos.tolist()) | set(picked)
                     if len(banned) >= n_docs:
-                        raise ValueError(f"query {self.query_ids[r]!r}: the corpus has no document left to use as a negative")
+                        raise ValueError(
+                            f"query {self.query_ids[r]!r}: the corpus has no document left to use as a negative"
+                        )
                     while len(picked) < num_negatives:
                         c = int(rng.integers(n_docs))
                         if c not in banned:

@@ -16,14 +16,15 @@ import torch
 from ..data.spans import SpanCorpus
 
 
-def span_pairs(texts: Sequence[str], tokenizer, *, max_pairs: int = 2000, seed: int = 0,
-               span_max_tokens: int = 30) -> list[tuple[str, str]]:
+def span_pairs(
+    texts: Sequence[str], tokenizer, *, max_pairs: int = 2000, seed: int = 0, span_max_tokens: int = 30
+) -> list[tuple[str, str]]:
     """Two distinct sentence-group spans from each document (documents with fewer than two are skipped)."""
     from datasets import Dataset
 
-
-    spans = SpanCorpus.build([Dataset.from_dict({"text": list(texts)})], tokenizer, span_max_tokens=span_max_tokens,
-                             seed=seed, cache=False)
+    spans = SpanCorpus.build(
+        [Dataset.from_dict({"text": list(texts)})], tokenizer, span_max_tokens=span_max_tokens, seed=seed, cache=False
+    )
     rng = np.random.default_rng(seed)
     docs = rng.permutation(len(spans))[:max_pairs]
     pairs = []
@@ -33,8 +34,15 @@ def span_pairs(texts: Sequence[str], tokenizer, *, max_pairs: int = 2000, seed: 
     return pairs
 
 
-def alignment_uniformity(model, texts: Sequence[str] | None = None, *, pairs: Sequence[tuple[str, str]] | None = None,
-                         max_pairs: int = 2000, batch_size: int = 64, seed: int = 0) -> dict[str, float]:
+def alignment_uniformity(
+    model,
+    texts: Sequence[str] | None = None,
+    *,
+    pairs: Sequence[tuple[str, str]] | None = None,
+    max_pairs: int = 2000,
+    batch_size: int = 64,
+    seed: int = 0,
+) -> dict[str, float]:
     """Alignment and uniformity of ``model`` on span pairs built from ``texts`` (or on the given ``pairs``).
 
     Args:
@@ -48,10 +56,28 @@ def alignment_uniformity(model, texts: Sequence[str] | None = None, *, pairs: Se
         pairs = span_pairs(texts, model.tokenizer, max_pairs=max_pairs, seed=seed)
     if len(pairs) < 2:
         raise ValueError("need at least two span pairs (documents with two or more sentences)")
-    left = model.encode_document([a for a, _ in pairs], batch_size=batch_size, convert_to_tensor=True,
-                                 normalize_embeddings=True, show_progress_bar=False).float().cpu()
-    right = model.encode_document([b for _, b in pairs], batch_size=batch_size, convert_to_tensor=True,
-                                  normalize_embeddings=True, show_progress_bar=False).float().cpu()
+    left = (
+        model.encode_document(
+            [a for a, _ in pairs],
+            batch_size=batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        .float()
+        .cpu()
+    )
+    right = (
+        model.encode_document(
+            [b for _, b in pairs],
+            batch_size=batch_size,
+            convert_to_tensor=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        .float()
+        .cpu()
+    )
     return alignment_uniformity_from_embeddings(left, right)
 
 

@@ -34,15 +34,15 @@ def evaluate_bm25(
     qids = list(data.queries["_id"])
     scores, idx = index.search(list(data.queries["text"]), top_k)
     doc_ids = column_numpy(data.corpus, "_id")
-    run = {
-        q: {doc_ids[j]: float(s) for j, s in zip(idx[i], scores[i]) if s > 0}
-        for i, q in enumerate(qids)
-    }
+    run = {q: {doc_ids[j]: float(s) for j, s in zip(idx[i], scores[i]) if s > 0} for i, q in enumerate(qids)}
     search_seconds = time.perf_counter() - t1
     result = summarize(data.qrels, run, k_values=k_values)
     result.update(
-        num_queries=len(qids), num_docs=len(data.corpus), encode_seconds=round(index_seconds, 3),
-        search_seconds=round(search_seconds, 3), index_backend="bm25s",
+        num_queries=len(qids),
+        num_docs=len(data.corpus),
+        encode_seconds=round(index_seconds, 3),
+        search_seconds=round(search_seconds, 3),
+        index_backend="bm25s",
     )
     if output is not None:
         write_result(output, result, run)

@@ -104,7 +104,9 @@ def build_index(
         titles = b.get("title") or [""] * len(rows)
         texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
         index.add(
-            encode_texts(model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize)
+            encode_texts(
+                model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize
+            )
         )
         bar.update(len(rows))
         if on_chunk is not None:
@@ -178,7 +180,6 @@ def evaluate_retrieval(
     check_encode_precision(encode_precision)
     check_lengths(model, {"query_max_length": query_max_length, "doc_max_length": doc_max_length})
     if isinstance(model, (str, os.PathLike)):
-
         model = load_encoder(str(model))
     data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
     corpus, queries, qrels = data.corpus, data.queries, data.qrels
@@ -186,12 +187,17 @@ def evaluate_retrieval(
     t0 = time.perf_counter()
     with encoding_precision(model, encode_precision) as encoder:
         index, order = build_index(
-            encoder, corpus, batch_size=batch_size, max_length=doc_max_length, backend=backend,
+            encoder,
+            corpus,
+            batch_size=batch_size,
+            max_length=doc_max_length,
+            backend=backend,
             show_progress_bar=show_progress_bar,
         )
         qids = list(queries["_id"])
-        q_emb = encode_texts(encoder, list(queries["text"]), kind="query", batch_size=batch_size,
-                             max_length=query_max_length)
+        q_emb = encode_texts(
+            encoder, list(queries["text"]), kind="query", batch_size=batch_size, max_length=query_max_length
+        )
     encode_seconds = time.perf_counter() - t0
 
     t1 = time.perf_counter()
@@ -208,8 +214,9 @@ def evaluate_retrieval(
         encode_precision=encode_precision,
     )
     if hybrid:
-        result, run = _hybrid_result(result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels,
-                                     fusion, top_k, k_values)
+        result, run = _hybrid_result(
+            result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
+        )
     if output is not None:
         write_result(output, result, run)
     if return_run:
@@ -217,8 +224,20 @@ def evaluate_retrieval(
     return result
 
 
-def _hybrid_result(dense_result, dense_run, index: DenseIndex, order, corpus, qids, query_texts, q_emb, qrels,
-                   fusion, top_k: int, k_values) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+def _hybrid_result(
+    dense_result,
+    dense_run,
+    index: DenseIndex,
+    order,
+    corpus,
+    qids,
+    query_texts,
+    q_emb,
+    qrels,
+    fusion,
+    top_k: int,
+    k_values,
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run."""
     fusion = fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
@@ -231,8 +250,9 @@ def _hybrid_result(dense_result, dense_run, index: DenseIndex, order, corpus, qi
     t1 = time.perf_counter()
     b_scores, b_rows = bm25.search(query_texts, top_k)
     bm25_s = time.perf_counter() - t1
-    bm25_run = {q: {doc_ids[j]: float(sc) for j, sc in zip(b_rows[i], b_scores[i]) if sc > 0}
-                for i, q in enumerate(qids)}
+    bm25_run = {
+        q: {doc_ids[j]: float(sc) for j, sc in zip(b_rows[i], b_scores[i]) if sc > 0} for i, q in enumerate(qids)
+    }
     t2 = time.perf_counter()
     depth = min(fusion.depth, top_k)
     d_scores, d_idx = index.search(q_emb, depth)
@@ -240,19 +260,31 @@ def _hybrid_result(dense_result, dense_run, index: DenseIndex, order, corpus, qi
     for i, qid in enumerate(qids):
         valid = d_idx[i] >= 0
         keep = b_scores[i][:depth] > 0  # BM25 gives zero to a document without any query term: not a candidate
-        rows, fused = fuse(order[d_idx[i][valid]], d_scores[i][valid], b_rows[i][:depth][keep],
-                           b_scores[i][:depth][keep], fusion, 2 * depth)
+        rows, fused = fuse(
+            order[d_idx[i][valid]],
+            d_scores[i][valid],
+            b_rows[i][:depth][keep],
+            b_scores[i][:depth][keep],
+            fusion,
+            2 * depth,
+        )
         run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
     fuse_s = time.perf_counter() - t2
     keys = [k for k in dense_result if k not in ("run",)]
     out = summarize(qrels, run, k_values=k_values)
     out.update(
-        num_queries=dense_result["num_queries"], num_docs=dense_result["num_docs"], fusion=asdict(fusion),
-        encode_seconds=dense_result["encode_seconds"], bm25_index_seconds=round(index_s, 3),
+        num_queries=dense_result["num_queries"],
+        num_docs=dense_result["num_docs"],
+        fusion=asdict(fusion),
+        encode_seconds=dense_result["encode_seconds"],
+        bm25_index_seconds=round(index_s, 3),
         search_seconds=round(dense_result["search_seconds"] + bm25_s + fuse_s, 3),
         dense={k: dense_result[k] for k in keys},
-        bm25={**summarize(qrels, bm25_run, k_values=k_values), "index_seconds": round(index_s, 3),
-              "search_seconds": round(bm25_s, 3)},
+        bm25={
+            **summarize(qrels, bm25_run, k_values=k_values),
+            "index_seconds": round(index_s, 3),
+            "search_seconds": round(bm25_s, 3),
+        },
     )
     return out, run
 

@@ -5,4 +5,10 @@ from .losses import IDROLoss
 from .trainer import IDROTrainer
 from .training_args import IDROTrainingArguments
 
-__all__ = ["HardNegativeRefreshCallback", "IDROLoss", "IDROTrainer", "IDROTrainingArguments", "KMeansClusteringCallback"]
+__all__ = [
+    "HardNegativeRefreshCallback",
+    "IDROLoss",
+    "IDROTrainer",
+    "IDROTrainingArguments",
+    "KMeansClusteringCallback",
+]

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+from ..methods.registry import get_method
+from ..provenance import source_info as previous_training_info
 
 
 def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
@@ -10,21 +14,31 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
     loss = trainer.idro_loss
     cfg = loss.get_config_dict() if loss is not None else {}
     method = {"paper": "idro", "reference": "idro", "groupdro": "groupdro", "uniform": "uniform"}.get(
-        cfg.get("preset"), "finetune")
+        cfg.get("preset"), "finetune"
+    )
     negs = negatives
     if a.refresh_negatives_every_steps:
         negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
     pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
     if pseudo is not None:  # target pseudo pairs: no labels, no source task
-        return {"type": "finetune", "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
-                "method": "pseudo-pairs", "pseudo pairs": pseudo, "corpora": list(trainer.training_data.corpora),
-                "steps": trainer.state.global_step,
-                "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
-                "hard negatives per query": trainer._num_negatives, "negatives": negatives,
-                "learning rate": a.learning_rate, "seed": a.seed}
+        return {
+            "type": "finetune",
+            "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
+            "method": "pseudo-pairs",
+            "pseudo pairs": pseudo,
+            "corpora": list(trainer.training_data.corpora),
+            "steps": trainer.state.global_step,
+            "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+            "hard negatives per query": trainer._num_negatives,
+            "negatives": negatives,
+            "learning rate": a.learning_rate,
+            "seed": a.seed,
+        }
     info = {
         "type": "finetune",
-        "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(method, "contrastive fine-tuning"),
+        "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(
+            method, "contrastive fine-tuning"
+        ),
         "method": method,
         "source_data": data_name,
         "steps": trainer.state.global_step,
@@ -35,9 +49,17 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         "seed": a.seed,
     }
     if loss is not None:
-        info.update({"iDRO preset": cfg["preset"], "K (clusters)": cfg["num_clusters"], "tau": cfg["tau"],
-                     "beta": cfg["beta"], "gradient-similarity parameters": cfg["grad_params"],
-                     "similarity": cfg["similarity"], "scale": cfg["scale"]})
+        info.update(
+            {
+                "iDRO preset": cfg["preset"],
+                "K (clusters)": cfg["num_clusters"],
+                "tau": cfg["tau"],
+                "beta": cfg["beta"],
+                "gradient-similarity parameters": cfg["grad_params"],
+                "similarity": cfg["similarity"],
+                "scale": cfg["scale"],
+            }
+        )
     for method in getattr(trainer, "methods", []):  # each plugged-in method describes its settings
         info.update(method.stage_info(a))
     if getattr(trainer, "target_corpora_read", None):
@@ -46,6 +68,51 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by a method
     joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
     if joint:
-        info["joint target pseudo pairs"] = (f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, "
-                                             f"{joint[0].batch_size} pairs per step")
+        info["joint target pseudo pairs"] = (
+            f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, {joint[0].batch_size} pairs per step"
+        )
     return info
+
+
+def starting_model_info(model) -> dict[str, Any]:
+    """The training record of the model a run starts from (its stages go first on the card)."""
+    path = getattr(getattr(getattr(model[0], "model", None), "config", None), "_name_or_path", None)
+    info = previous_training_info(path) if path else {}
+    if "base_model" not in info and path and not os.path.exists(str(path)):
+        info["base_model"] = str(path)
+    return info
+
+
+def finetune_card_data(trainer, prev: dict[str, Any]) -> dict[str, Any]:
+    """The model card's data for a fine-tuning run: the starting model's record ``prev``, then this run's stage."""
+    stage = finetune_stage_info(
+        trainer,
+        trainer.training_data.name,
+        getattr(trainer, "negatives_label", trainer.training_data.negatives_source),
+    )
+    methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]] + list(trainer.extra_methods)))
+    datasets = list(
+        dict.fromkeys(list(prev.get("datasets", [])) + [stage.get("source_data")] + list(stage.get("corpora", [])))
+    )
+    data = {
+        "stages": list(prev.get("stages", [])) + [stage],
+        "methods": methods,
+        "datasets": [d for d in datasets if d],
+        "base_model": prev.get("base_model"),
+    }
+    cards = _method_cards(trainer, methods, prev.get("method_cards") or {})
+    if cards:
+        data["method_cards"] = cards
+    return data
+
+
+def _method_cards(trainer, names: list[str], earlier: dict[str, Any]) -> dict[str, Any]:
+    """What the model card needs of each method of this model (its earlier stages' too): display name, citation,
+    whether it read target documents; from the plugged-in or registered :class:`~hf_cocodr.methods.Method` classes."""
+    active = {m.name: type(m) for m in trainer.methods}
+    cards = dict(earlier)
+    for name in names:
+        cls = active.get(name) or get_method(name)
+        if cls is not None:
+            cards[name] = cls.card_metadata()
+    return cards

@@ -16,17 +16,16 @@ from ..errors import ConfigError, disk_faults
 from ..evaluation.retrieval import encode_texts
 from ..hub import check_push_possible
 from ..methods.base import Method
-from ..methods.registry import get_method
 from ..model_card import write_model_card
 from ..modeling.limits import check_lengths
-from ..provenance import source_info as previous_training_info
 from ..run_record import fingerprint, model_fingerprint
 from ..state import load_state, save_state
 from ..trainer_common import TrainerMixin
 from .callbacks.kmeans import KMeansClusteringCallback
 from .callbacks.negatives import HardNegativeRefreshCallback
+from .checkpoint_state import collect_state, restore_state
 from .losses.idro import IDROLoss
-from .stage_info import finetune_stage_info
+from .stage_info import finetune_card_data, starting_model_info
 from .training_args import IDROTrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -54,10 +53,16 @@ def _has_negatives_table(data: RowsSource) -> bool:
 def _default_loss(model, args) -> IDROLoss:
     """The IDROLoss the arguments describe (when the trainer is given no loss)."""
     return IDROLoss(
-        model, preset=args.idro_preset, num_clusters=args.num_clusters, beta=args.idro_beta, tau=args.idro_tau,
+        model,
+        preset=args.idro_preset,
+        num_clusters=args.num_clusters,
+        beta=args.idro_beta,
+        tau=args.idro_tau,
         grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
-        in_batch_negatives=args.in_batch_negatives, scale=args.idro_scale,
-        gather_across_devices=args.world_size > 1, gram_normalization=args.idro_gram_normalization,
+        in_batch_negatives=args.in_batch_negatives,
+        scale=args.idro_scale,
+        gather_across_devices=args.world_size > 1,
+        gram_normalization=args.idro_gram_normalization,
     )
 
 
@@ -109,17 +114,30 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             trainer.train()
     """
 
-    def __init__(self, model=None, args: IDROTrainingArguments | None = None, train_dataset=None, eval_dataset=None,
-                 loss=None, evaluator=None, callbacks=None, methods: list[Method] | None = None, **kwargs):
+    def __init__(
+        self,
+        model=None,
+        args: IDROTrainingArguments | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        loss=None,
+        evaluator=None,
+        callbacks=None,
+        methods: list[Method] | None = None,
+        **kwargs,
+    ):
         import datasets
 
         if args is None:
             args = IDROTrainingArguments(output_dir="tmp_trainer")
         if not isinstance(args, IDROTrainingArguments):
-            raise ValueError("IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)")
+            raise ValueError(
+                "IDROTrainer needs IDROTrainingArguments (it extends SentenceTransformerTrainingArguments)"
+            )
         if model is None:
-            raise ConfigError("IDROTrainer needs model=: a SentenceTransformer, e.g. "
-                              "hf_cocodr.load_encoder('org/name'); got None")
+            raise ConfigError(
+                "IDROTrainer needs model=: a SentenceTransformer, e.g. hf_cocodr.load_encoder('org/name'); got None"
+            )
         check_lengths(model, {"max_length": args.max_length})
         if train_dataset is None:
             raise ValueError("IDROTrainer needs a train_dataset (RetrievalTrainingData or a Dataset of text columns)")
@@ -135,11 +153,12 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
             )
         self._hub_token = self._prepare_hub_args(args)
         if args.push_to_hub:  # offline or without a token the push would fail after training
-
             check_push_possible(args.hub_model_id, self._hub_token)
         if isinstance(self.training_data, StaticRows) and args.refresh_negatives_every_steps:
-            raise ValueError("refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
-                             "a plain dataset has none")
+            raise ValueError(
+                "refresh_negatives_every_steps needs RetrievalTrainingData (a corpus to mine from); "
+                "a plain dataset has none"
+            )
         if loss is None:
             loss = _default_loss(model, args)
         self.methods: list[Method] = []  # plugged-in methods, in the order their hooks run
@@ -148,8 +167,16 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         callbacks = self._with_default_callbacks(list(callbacks or []), loss, args)
         self._eval_sources: list[tuple[Any, Any]] = []  # (what the user passed, its rows source)
         eval_rows = self._eval_rows(eval_dataset) if eval_dataset is not None else None
-        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_rows, loss=loss,
-                         evaluator=evaluator, callbacks=callbacks, **kwargs)
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            eval_dataset=eval_rows,
+            loss=loss,
+            evaluator=evaluator,
+            callbacks=callbacks,
+            **kwargs,
+        )
         for cb in (self.kmeans_callback, self.negatives_callback):
             if cb is not None:
                 cb.trainer = self
@@ -175,16 +202,24 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         if idro is not None and idro.preset != "uniform" and self.kmeans_callback is None:
             # the uniform preset never reads cluster ids: no K-Means (it would encode every query for nothing)
             self.kmeans_callback = KMeansClusteringCallback(
-                num_clusters=idro.num_clusters, every_steps=args.cluster_every_steps,
-                max_points_per_centroid=args.kmeans_max_points_per_centroid, niter=args.kmeans_niter,
-                carry=args.cluster_weight_carry, backend=args.kmeans_backend, batch_size=args.encode_batch_size,
+                num_clusters=idro.num_clusters,
+                every_steps=args.cluster_every_steps,
+                max_points_per_centroid=args.kmeans_max_points_per_centroid,
+                niter=args.kmeans_niter,
+                carry=args.cluster_weight_carry,
+                backend=args.kmeans_backend,
+                batch_size=args.encode_batch_size,
             )
             callbacks.append(self.kmeans_callback)
         self.negatives_callback = next((c for c in callbacks if isinstance(c, HardNegativeRefreshCallback)), None)
         if self.negatives_callback is None and args.refresh_negatives_every_steps:
             self.negatives_callback = HardNegativeRefreshCallback(
-                args.refresh_negatives_every_steps, top_k=args.negatives_top_k, skip_top=args.negatives_skip_top,
-                recluster=args.recluster_on_refresh, batch_size=args.encode_batch_size, max_length=args.max_length,
+                args.refresh_negatives_every_steps,
+                top_k=args.negatives_top_k,
+                skip_top=args.negatives_skip_top,
+                recluster=args.recluster_on_refresh,
+                batch_size=args.encode_batch_size,
+                max_length=args.max_length,
                 encode_precision=args.negatives_encode_precision,
             )
             callbacks.append(self.negatives_callback)
@@ -203,9 +238,15 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         logger.info(
             "iDRO fine-tuning on %s: %d queries; %d queries per step (%d per device x %d devices x %d accumulation); "
             "%d hard negatives (%s) + %d in-batch negatives per query; loss %s",
-            self.training_data.name, len(self.training_data), per_step * a.gradient_accumulation_steps,
-            a.per_device_train_batch_size, max(1, a.world_size), a.gradient_accumulation_steps, m,
-            self.training_data.negatives_source, in_batch,
+            self.training_data.name,
+            len(self.training_data),
+            per_step * a.gradient_accumulation_steps,
+            a.per_device_train_batch_size,
+            max(1, a.world_size),
+            a.gradient_accumulation_steps,
+            m,
+            self.training_data.negatives_source,
+            in_batch,
             self.idro_loss.get_config_dict() if self.idro_loss is not None else type(self.loss).__name__,
         )
 
@@ -216,7 +257,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         for method in self.methods:
             method.before_batch(self, rows_np)
         features, doc_keys, pos_keys, columns = self._sample_features(
-            self.training_data, rows_np, step=self.state.global_step, num_negatives=self._num_negatives or 0)
+            self.training_data, rows_np, step=self.state.global_step, num_negatives=self._num_negatives or 0
+        )
         labels = torch.as_tensor(self.cluster_ids[rows_np], device=features[0]["input_ids"].device)
         return features, labels, doc_keys, pos_keys, columns
 
@@ -242,8 +284,9 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         if terms:
             loss = self.idro_loss
             if loss is None:
-                raise ConfigError(f"method {method.name!r} adds loss terms: it needs an IDROLoss, got "
-                                  f"{type(self.loss).__name__}")
+                raise ConfigError(
+                    f"method {method.name!r} adds loss terms: it needs an IDROLoss, got {type(self.loss).__name__}"
+                )
             loss.auxiliary.extend(terms)
         self.methods.append(method)
         if method.name and method.name not in self.extra_methods:
@@ -297,8 +340,13 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         if model == self.model_wrapped and hasattr(loss_fn, "model") and loss_fn.model != model:
             loss_fn = self.override_model_in_loss(loss_fn, model)
         if isinstance(loss_fn, IDROLoss):
-            loss = loss_fn(features, labels, doc_keys=doc_keys, pos_keys=pos_keys,
-                           context={"texts": texts, "step": self.state.global_step})
+            loss = loss_fn(
+                features,
+                labels,
+                doc_keys=doc_keys,
+                pos_keys=pos_keys,
+                context={"texts": texts, "step": self.state.global_step},
+            )
             self._after_idro_forward(loss_fn)
             if isinstance(loss, dict):  # auxiliary objectives: every term is logged
                 if self.model.training:
@@ -352,7 +400,8 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         negatives = self.args.num_negatives if _has_negatives_table(data) else 0
         with torch.no_grad(), self.compute_loss_context_manager():
             features, doc_keys, pos_keys, _ = self._sample_features(
-                data, packed & ((1 << EVAL_ROW_BITS) - 1), step=0, num_negatives=negatives)
+                data, packed & ((1 << EVAL_ROW_BITS) - 1), step=0, num_negatives=negatives
+            )
             loss = self.plain_loss(features, doc_keys, pos_keys)
         return loss.detach(), None, None
 
@@ -373,8 +422,11 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         step = self.state.global_step + 1
         if not self.skipped_steps or self.skipped_steps[-1] != step:
             self.skipped_steps.append(step)
-            logger.warning("non-finite loss at step %d: the optimizer step is skipped (%d skipped so far)",
-                           step, len(self.skipped_steps))
+            logger.warning(
+                "non-finite loss at step %d: the optimizer step is skipped (%d skipped so far)",
+                step,
+                len(self.skipped_steps),
+            )
 
     def _after_idro_forward(self, loss_fn: IDROLoss) -> None:
         s = loss_fn.last_stats
@@ -446,56 +498,16 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     # ---------------------------------------------------------------------------------------------- state
     def state_for_checkpoint(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        tensors: dict[str, Any] = {"cluster_ids": self.cluster_ids}
-        meta: dict[str, Any] = {"negatives_source": self.training_data.negatives_source,
-                                "skipped_steps": self.skipped_steps}
-        loss = self.idro_loss
-        if loss is not None:
-            tensors["idro_log_weights"] = loss.log_weights.detach().cpu()
-            meta["idro_config"] = loss.get_config_dict()
-        for k, v in self.training_data.state_tensors().items():
-            tensors[f"data_{k}"] = v
-        for aux in getattr(loss, "auxiliary", []):  # the state of loss terms (e.g. a method's classifier and queue)
-            if hasattr(aux, "state_tensors"):
-                tensors.update(aux.state_tensors())
-        for method in self.methods:
-            for k, v in method.state_tensors().items():
-                tensors[f"method_{method.name}_{k}"] = v
-        if self.kmeans_callback is not None:
-            for k, v in self.kmeans_callback.state_tensors().items():
-                tensors[f"kmeans_{k}"] = v
-            meta["kmeans"] = self.kmeans_callback.state_meta()
-        if self.negatives_callback is not None:
-            meta["negatives"] = self.negatives_callback.state_meta()
-        return tensors, meta
+        """The run's own state beside a checkpoint's weights (:func:`~.checkpoint_state.collect_state`)."""
+        return collect_state(self)
 
     def load_checkpoint_state(self, checkpoint: str) -> None:
+        """Restore what :meth:`state_for_checkpoint` saved into ``checkpoint``."""
         loaded = load_state(checkpoint)
         if loaded is None:
             logger.warning("%s has no hf_cocodr state: clusters and negatives start afresh", checkpoint)
             return
-        tensors, meta = loaded
-        self.cluster_ids = tensors["cluster_ids"].numpy().astype(np.int64)
-        loss = self.idro_loss
-        if loss is not None and "idro_log_weights" in tensors:
-            loss.log_weights = tensors["idro_log_weights"].to(torch.float64)
-        for aux in getattr(loss, "auxiliary", []):
-            if hasattr(aux, "load_state_tensors"):
-                aux.load_state_tensors(tensors)
-        for method in self.methods:
-            prefix = f"method_{method.name}_"
-            own = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-            if own:
-                method.load_state_tensors(own)
-        data_t = {k[5:]: v.numpy() for k, v in tensors.items() if k.startswith("data_")}
-        if data_t:
-            self.training_data.load_state_tensors(data_t, meta.get("negatives_source", "checkpoint"))
-        self.skipped_steps = list(meta.get("skipped_steps", []))
-        if self.kmeans_callback is not None and "kmeans" in meta:
-            km = {k[7:]: v.numpy() for k, v in tensors.items() if k.startswith("kmeans_")}
-            self.kmeans_callback.load_state(km, meta["kmeans"])
-        if self.negatives_callback is not None and "negatives" in meta:
-            self.negatives_callback.load_state({}, meta["negatives"])
+        restore_state(self, *loaded)
         logger.info("restored iDRO state from %s", checkpoint)
 
     def _save_checkpoint(self, model, trial):
@@ -524,40 +536,12 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
     def starting_model_info(self) -> dict[str, Any]:
         """The training record of the model this run started from (its stages go first on the card)."""
         if getattr(self, "_prev_info", None) is None:
-
-            path = getattr(getattr(getattr(self.model[0], "model", None), "config", None), "_name_or_path", None)
-            info = previous_training_info(path) if path else {}
-            if "base_model" not in info and path and not os.path.exists(str(path)):
-                info["base_model"] = str(path)
-            self._prev_info = info
+            self._prev_info = starting_model_info(self.model)
         return self._prev_info
 
     def card_data(self) -> dict[str, Any]:
-
-        prev = self.starting_model_info()
-        stage = finetune_stage_info(self, self.training_data.name, getattr(self, "negatives_label",
-                                                                            self.training_data.negatives_source))
-        methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]] + list(self.extra_methods)))
-        datasets = list(dict.fromkeys(list(prev.get("datasets", [])) + [stage.get("source_data")]
-                                      + list(stage.get("corpora", []))))
-        datasets = [d for d in datasets if d]
-        data = {"stages": list(prev.get("stages", [])) + [stage], "methods": methods, "datasets": datasets,
-                "base_model": prev.get("base_model")}
-        cards = self._method_cards(methods, prev.get("method_cards") or {})
-        if cards:
-            data["method_cards"] = cards
-        return data
-
-    def _method_cards(self, names: list[str], earlier: dict[str, Any]) -> dict[str, Any]:
-        """What the model card needs of each method of this model (its earlier stages' too): display name,
-        citation, whether it read target documents; from the plugged-in or registered :class:`Method` classes."""
-        active = {m.name: type(m) for m in self.methods}
-        cards = dict(earlier)
-        for name in names:
-            cls = active.get(name) or get_method(name)
-            if cls is not None:
-                cards[name] = cls.card_metadata()
-        return cards
+        """What the model card of this run shows: the starting model's stages, then this one."""
+        return finetune_card_data(self, self.starting_model_info())
 
     def _save(self, output_dir: str | None = None, state_dict=None) -> None:
         for method in self.methods:  # every saved model (checkpoints too) encodes as the final one
@@ -573,7 +557,6 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
 
     def _run_identity(self) -> dict:
         if getattr(self, "_identity", None) is None:  # the starting weights: taken before the first step changes them
-
             self._identity = {"model": model_fingerprint(self.model), "data": fingerprint(self.training_data)}
         return {**self._identity, "settings": self._trajectory_settings()}
 

@@ -20,10 +20,14 @@ METHOD_SETTINGS: tuple[type, ...] = tuple(builtin_settings())
 
 def check_max_steps(args) -> None:
     """``max_steps`` 0 (or below -1) would train one step or an epoch silently: refuse it; -1 means epochs."""
-    if isinstance(args.max_steps, bool) or not isinstance(args.max_steps, int) or (
-            args.max_steps < 1 and args.max_steps != -1):
-        raise ConfigError(f"max_steps must be >= 1, or -1 (the default) to train num_train_epochs; got "
-                          f"{args.max_steps!r}")
+    if (
+        isinstance(args.max_steps, bool)
+        or not isinstance(args.max_steps, int)
+        or (args.max_steps < 1 and args.max_steps != -1)
+    ):
+        raise ConfigError(
+            f"max_steps must be >= 1, or -1 (the default) to train num_train_epochs; got {args.max_steps!r}"
+        )
     if args.max_steps == -1:
         check_number(args, "num_train_epochs", positive=True)
 
@@ -33,17 +37,27 @@ class _IDROFields(SentenceTransformerTrainingArguments):
     """The iDRO fields of :class:`IDROTrainingArguments` (documented there); a base class so that the methods'
     settings come after them in the field order (and in ``--help``)."""
 
-    overwrite_output_dir: bool = field(default=False, metadata={"help": (
-        "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
-        "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
-        "refused")})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
+                "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
+                "refused"
+            )
+        },
+    )
     idro_preset: str = field(default="paper", metadata={"help": f"iDRO preset: one of {PRESETS}"})
     num_clusters: int = field(default=50, metadata={"help": "K, number of query clusters"})
     idro_beta: float = field(default=0.25, metadata={"help": "beta of the loss-scaling terms"})
     idro_tau: float = field(default=1.0, metadata={"help": "tau (temperature) of the weight update"})
-    idro_gram_normalization: str = field(default="none", metadata={
-        "help": "paper preset: none (raw gradient inner products, as the paper writes the rule) or diag (the Gram "
-                "divided by its mean diagonal each step, so tau does not depend on the encoder's gradient scale)"})
+    idro_gram_normalization: str = field(
+        default="none",
+        metadata={
+            "help": "paper preset: none (raw gradient inner products, as the paper writes the rule) or diag (the Gram "
+            "divided by its mean diagonal each step, so tau does not depend on the encoder's gradient scale)"
+        },
+    )
     idro_grad_params: str = field(default="auto", metadata={"help": "gradient-similarity parameter subset"})
     idro_scale: float = field(default=1.0, metadata={"help": "similarity scale of the InfoNCE"})
     in_batch_negatives: bool = field(default=True, metadata={"help": "use in-batch negatives"})
@@ -58,14 +72,20 @@ class _IDROFields(SentenceTransformerTrainingArguments):
     refresh_negatives_every_steps: int = field(default=0, metadata={"help": "refresh self negatives every N steps"})
     negatives_top_k: int = field(default=100, metadata={"help": "negatives sampled from the top-k"})
     negatives_skip_top: int = field(default=0, metadata={"help": "skip the first ranks when sampling negatives"})
-    negatives_encode_precision: str = field(default="fp32", metadata={
-        "help": "precision of the corpus encoding for self-mined negatives: fp32 | bf16 | int8 (dynamic, CPU)"})
+    negatives_encode_precision: str = field(
+        default="fp32",
+        metadata={
+            "help": "precision of the corpus encoding for self-mined negatives: fp32 | bf16 | int8 (dynamic, CPU)"
+        },
+    )
     recluster_on_refresh: bool = field(default=True, metadata={"help": "re-cluster at each negatives refresh"})
     encode_batch_size: int = field(default=64, metadata={"help": "batch size of the callbacks' encoding passes"})
     max_length: int | None = field(
         default=None,
-        metadata={"help": "token limit of training texts (and of the negative-refresh encoding); the saved model "
-                          "keeps its own limits for inference"},
+        metadata={
+            "help": "token limit of training texts (and of the negative-refresh encoding); the saved model "
+            "keeps its own limits for inference"
+        },
     )
 
 

@@ -41,11 +41,35 @@ from .rmsc import (
 METHODS = tuple(cls.name for cls in BUILTIN)  # the built-in methods; registered_methods() has plug-ins too
 
 __all__ = [
-    "BERM", "BERMObjective", "BERMSettings", "BM25Scorer", "GroupedBatchSampler", "METHODS", "Method", "MoDIR",
-    "MoDIRObjective", "MoDIRSettings", "RMSC", "RMSCSettings", "RMSCTrainingData", "add_rmsc_tokens",
-    "balance_loss", "check_number", "configure_methods", "confusion_loss", "domain_classifier_accuracy",
-    "domain_classifier_probe", "extraction_loss", "get_method", "register_method", "registered_methods",
-    "set_rmsc_template", "target_query_texts", "target_texts", "unregister_method", "validate_methods",
+    "BERM",
+    "BERMObjective",
+    "BERMSettings",
+    "BM25Scorer",
+    "GroupedBatchSampler",
+    "METHODS",
+    "Method",
+    "MoDIR",
+    "MoDIRObjective",
+    "MoDIRSettings",
+    "RMSC",
+    "RMSCSettings",
+    "RMSCTrainingData",
+    "add_rmsc_tokens",
+    "balance_loss",
+    "check_number",
+    "configure_methods",
+    "confusion_loss",
+    "domain_classifier_accuracy",
+    "domain_classifier_probe",
+    "extraction_loss",
+    "get_method",
+    "register_method",
+    "registered_methods",
+    "set_rmsc_template",
+    "target_query_texts",
+    "target_texts",
+    "unregister_method",
+    "validate_methods",
     "weak_pairs",
 ]
 
@@ -65,14 +89,17 @@ def validate_methods(methods, target_corpora=(), target_queries=()) -> list[str]
     chosen = list(dict.fromkeys(m for m in known if m in methods))  # registry order
     needy = [m for m in chosen if known[m].reads_target_corpora]
     if needy and not target_corpora:
-        raise ConfigError(f"{_and(needy)} need(s) a target stream "
-                          "(the target corpora): pass --target-corpus DIR (unlabelled target documents)")
+        raise ConfigError(
+            f"{_and(needy)} need(s) a target stream "
+            "(the target corpora): pass --target-corpus DIR (unlabelled target documents)"
+        )
     readers = [known[m] for m in known if known[m].reads_target_queries]
     if target_queries and not any(cls.name in methods for cls in readers):
         names = [cls.label or cls.name for cls in readers]
         flags = " or ".join(f"--method {cls.name}" for cls in readers)
-        raise ConfigError(f"target queries are only read by {_and(names) or 'no method'}: add {flags} or drop "
-                          "--target-queries")
+        raise ConfigError(
+            f"target queries are only read by {_and(names) or 'no method'}: add {flags} or drop --target-queries"
+        )
     return methods
 
 
@@ -81,17 +108,29 @@ def build_methods(methods, model, args, data, target_corpora=(), *, target_queri
     after their ``prepare_data`` transforms. Every method is built from the untransformed ``data``."""
     methods = validate_methods(methods, target_corpora, target_queries)
     known = registered_methods()
-    instances = [known[name].build(model, args, data, target_corpora=target_corpora,
-                                   target_queries=target_queries, **overrides)
-                 for name in known if name in methods]
+    instances = [
+        known[name].build(model, args, data, target_corpora=target_corpora, target_queries=target_queries, **overrides)
+        for name in known
+        if name in methods
+    ]
     for method in instances:
         data = method.prepare_data(model, data)
     return instances, data
 
 
-def configure_methods(methods, model, args, data, loss=None, target_corpora=(), *, target_queries=(),
-                      rmsc_k: int | None = None, weak_mode: str | None = None,
-                      weak_pairs_per_corpus: int | None = None):
+def configure_methods(
+    methods,
+    model,
+    args,
+    data,
+    loss=None,
+    target_corpora=(),
+    *,
+    target_queries=(),
+    rmsc_k: int | None = None,
+    weak_mode: str | None = None,
+    weak_pairs_per_corpus: int | None = None,
+):
     """Build the named methods for ``model`` / ``data`` and the trainer wiring.
 
     ``target_queries`` (BEIR folders or JSONL files) adds unlabelled target queries to MoDIR's target stream;
@@ -107,10 +146,14 @@ def configure_methods(methods, model, args, data, loss=None, target_corpora=(), 
     which adds the methods to the :class:`~hf_cocodr.IDROTrainer` (their loss terms join its IDROLoss).
     """
     names = validate_methods(methods, target_corpora, target_queries)
-    overrides = {"rmsc_k": rmsc_k, "rmsc_weak_mode": weak_mode or None,
-                 "rmsc_weak_pairs": weak_pairs_per_corpus or None}
-    instances, data = build_methods(names, model, args, data, target_corpora, target_queries=target_queries,
-                                    **overrides)
+    overrides = {
+        "rmsc_k": rmsc_k,
+        "rmsc_weak_mode": weak_mode or None,
+        "rmsc_weak_pairs": weak_pairs_per_corpus or None,
+    }
+    instances, data = build_methods(
+        names, model, args, data, target_corpora, target_queries=target_queries, **overrides
+    )
 
     def setup(trainer):
         trainer.add_methods(instances, names=names)

@@ -39,7 +39,12 @@ from ..errors import ConfigError
 def check_number(args, name: str, *, positive: bool) -> None:
     """``name`` must be a finite number, > 0 (``positive``) or >= 0: nan and inf are refused by name too."""
     v = getattr(args, name)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or (v <= 0 if positive else v < 0):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float)
+        or not math.isfinite(v)
+        or (v <= 0 if positive else v < 0)
+    ):
         raise ConfigError(f"{name} must be {'> 0' if positive else '>= 0'} and finite, got {v!r}")
 
 

@@ -84,8 +84,7 @@ class BM25Scorer:
         self.default_idf = math.log(1 + (self.n + 0.5) / 0.5)
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
-        out = self._bm25s.tokenize(texts, stopwords="en", stemmer=self.stemmer, return_ids=False,
-                                   show_progress=False)
+        out = self._bm25s.tokenize(texts, stopwords="en", stemmer=self.stemmer, return_ids=False, show_progress=False)
         return [list(t) for t in out]
 
     def scores(self, query: str, units: list[str]) -> np.ndarray:
@@ -97,8 +96,9 @@ class BM25Scorer:
         for i, t in enumerate(toks):
             tf = Counter(t)
             norm = self.k1 * (1 - self.b + self.b * len(t) / avg)
-            out[i] = sum(self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm)
-                         for w in set(q) if tf[w])
+            out[i] = sum(
+                self.idf.get(w, self.default_idf) * tf[w] * (self.k1 + 1) / (tf[w] + norm) for w in set(q) if tf[w]
+            )
         return out
 
 
@@ -126,8 +126,15 @@ class BERMObjective(nn.Module):
     name = "berm"
     needs_token_states = True
 
-    def __init__(self, tokenizer, corpus_texts: Sequence[str], *, alpha: float = 0.1, beta: float = 1.0,
-                 max_length: int | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        corpus_texts: Sequence[str],
+        *,
+        alpha: float = 0.1,
+        beta: float = 1.0,
+        max_length: int | None = None,
+    ):
         super().__init__()
         if alpha < 0 or beta < 0:
             raise ValueError("BERM weights alpha and beta must be >= 0")
@@ -139,13 +146,19 @@ class BERMObjective(nn.Module):
 
     def unit_token_spans(self, text: str, input_ids: Tensor) -> list[tuple[int, int]]:
         """Token ranges ``[a, b)`` (positions in ``input_ids``) of the sentence units of ``text``."""
-        enc = self.tokenizer(text, return_offsets_mapping=True, truncation=True,
-                             max_length=int(input_ids.shape[0]) if self.max_length is None else self.max_length)
+        enc = self.tokenizer(
+            text,
+            return_offsets_mapping=True,
+            truncation=True,
+            max_length=int(input_ids.shape[0]) if self.max_length is None else self.max_length,
+        )
         n = int(input_ids.shape[0])
         ids = enc["input_ids"][:n]
         if list(ids) != input_ids[: len(ids)].tolist():
-            raise RuntimeError(f"BERM: re-tokenising the passage gave {list(ids)[:8]}..., the batch holds "
-                               f"{input_ids[:8].tolist()}...; the positive column must be encoded from these texts")
+            raise RuntimeError(
+                f"BERM: re-tokenising the passage gave {list(ids)[:8]}..., the batch holds "
+                f"{input_ids[:8].tolist()}...; the positive column must be encoded from these texts"
+            )
         offsets = enc["offset_mapping"][: len(ids)]
         spans, start = [], 0
         for sent in split_sentences_regex(text):
@@ -165,8 +178,9 @@ class BERMObjective(nn.Module):
             raise ValueError("BERM needs the batch texts (train it with IDROTrainer)")
         return self(embeddings[0], embeddings[1], outputs[1], texts[0], texts[1])
 
-    def forward(self, queries: Tensor, passages: Tensor, passage_out: dict, texts_q: list[str], texts_p: list[str]
-                ) -> dict[str, Tensor]:
+    def forward(
+        self, queries: Tensor, passages: Tensor, passage_out: dict, texts_q: list[str], texts_p: list[str]
+    ) -> dict[str, Tensor]:
         tokens = passage_out["token_embeddings"]
         ids = passage_out["input_ids"]
         bal, ext, single = [], [], 0
@@ -185,8 +199,11 @@ class BERMObjective(nn.Module):
         l_bal = torch.stack(bal).mean() if bal else zero
         l_ext = torch.stack(ext).mean() if ext else zero
         self.last_stats = {"single_unit_passages": single, "passages": len(texts_p)}
-        return {"berm_extract_loss": self.alpha * l_ext, "berm_balance_loss": self.beta * l_bal,
-                "_berm_single_unit_passages": torch.tensor(float(single))}
+        return {
+            "berm_extract_loss": self.alpha * l_ext,
+            "berm_balance_loss": self.beta * l_bal,
+            "_berm_single_unit_passages": torch.tensor(float(single)),
+        }
 
 
 class BERM(Method):
@@ -206,8 +223,13 @@ class BERM(Method):
     @classmethod
     def build(cls, model, args, data, *, target_corpora=(), target_queries=(), **overrides) -> BERM:
         cfg = cls.settings_from(args, **overrides)
-        objective = BERMObjective(model.tokenizer, data.corpus_text_list(), alpha=cfg.berm_alpha, beta=cfg.berm_beta,
-                                  max_length=args.max_length)
+        objective = BERMObjective(
+            model.tokenizer,
+            data.corpus_text_list(),
+            alpha=cfg.berm_alpha,
+            beta=cfg.berm_beta,
+            max_length=args.max_length,
+        )
         return cls(cfg, objective)
 
     def loss_terms(self) -> list:

@@ -30,8 +30,18 @@ class TargetPairsObjective(nn.Module):
         seed: the pairs of step ``s`` come from a generator seeded by ``(seed, s)``: a resumed run draws the same.
     """
 
-    def __init__(self, pairs, weight: float = 1.0, *, batch_size: int | None = None, num_negatives: int = 1,
-                 similarity: str = "cosine", scale: float = 20.0, max_length: int | None = None, seed: int = 0):
+    def __init__(
+        self,
+        pairs,
+        weight: float = 1.0,
+        *,
+        batch_size: int | None = None,
+        num_negatives: int = 1,
+        similarity: str = "cosine",
+        scale: float = 20.0,
+        max_length: int | None = None,
+        seed: int = 0,
+    ):
         super().__init__()
         if not weight >= 0:
             raise ValueError(f"the joint target-pairs weight must be >= 0, got {weight!r}")
@@ -51,7 +61,7 @@ class TargetPairsObjective(nn.Module):
         total = min(n * world, len(self.pairs))
         rows = rng.choice(len(self.pairs), size=total, replace=False)
         per_rank = max(1, total // world)
-        return rows[rank * per_rank:(rank + 1) * per_rank]
+        return rows[rank * per_rank : (rank + 1) * per_rank]
 
     def loss_on(self, model, rows: np.ndarray, step: int) -> Tensor:
         """The InfoNCE of ``rows``: each pseudo query against its positive, the other positives and the hard

@@ -91,14 +91,27 @@ class MoDIRObjective(nn.Module):
 
     name = "modir"
 
-    def __init__(self, target_texts: Sequence[str], embedding_dim: int, *, target_queries: Sequence[str] = (),
-                 target_batch_size: int | None = None, queue_batches: int = 1000, lambda0: float = 1.0,
-                 half_life: float = 10_000.0, classifier_lr: float = 0.01, classifier_steps: int = 1, seed: int = 0):
+    def __init__(
+        self,
+        target_texts: Sequence[str],
+        embedding_dim: int,
+        *,
+        target_queries: Sequence[str] = (),
+        target_batch_size: int | None = None,
+        queue_batches: int = 1000,
+        lambda0: float = 1.0,
+        half_life: float = 10_000.0,
+        classifier_lr: float = 0.01,
+        classifier_steps: int = 1,
+        seed: int = 0,
+    ):
         super().__init__()
         texts = [t for t in target_texts if t and t.strip()]
         if not texts:
-            raise ValueError("MoDIR needs a stream of unlabelled target texts (target corpus documents); "
-                             "pass target_texts / --target-corpus")
+            raise ValueError(
+                "MoDIR needs a stream of unlabelled target texts (target corpus documents); "
+                "pass target_texts / --target-corpus"
+            )
         if queue_batches < 1 or half_life <= 0 or lambda0 < 0:
             raise ValueError("MoDIR needs queue_batches >= 1, half_life > 0 and lambda0 >= 0")
         self.target_texts = texts
@@ -131,7 +144,7 @@ class MoDIRObjective(nn.Module):
         total = min(n * world, len(pool))
         idx = rng.choice(len(pool), size=total, replace=False)
         per_rank = max(1, total // world)
-        return [pool[i] for i in idx[rank * per_rank:(rank + 1) * per_rank]]
+        return [pool[i] for i in idx[rank * per_rank : (rank + 1) * per_rank]]
 
     def _train_classifier(self) -> None:
         x = torch.cat([e for e, _ in self.queue])
@@ -167,8 +180,9 @@ class MoDIRObjective(nn.Module):
         n_queries = n // 2 if self.target_queries else 0
         target = _encode(model, self.sample_targets(step, n - n_queries), "document", source.device)
         if n_queries:
-            queries = _encode(model, self.sample_targets(step, n_queries, self.target_queries, 1), "query",
-                              source.device)
+            queries = _encode(
+                model, self.sample_targets(step, n_queries, self.target_queries, 1), "query", source.device
+            )
             target = torch.cat([queries, target])
         # 1. the queue gets this batch of every rank (detached), the classifier learns on the queue
         src_all = torch.cat([D.all_gather_tensor(p.detach()) for p in parts])
@@ -182,13 +196,20 @@ class MoDIRObjective(nn.Module):
         w = self.classifier.to(source.device, source.dtype)
         logits = torch.cat([source, target]) @ w.T
         conf = confusion_loss(logits)
-        return {"modir_loss": conf * self.lam(step), "_confusion_loss": conf.detach(),
-                "_domain_classifier_accuracy": torch.tensor(self.last_accuracy)}
+        return {
+            "modir_loss": conf * self.lam(step),
+            "_confusion_loss": conf.detach(),
+            "_domain_classifier_accuracy": torch.tensor(self.last_accuracy),
+        }
 
     # ---------------------------------------------------------------------------------------- checkpointing
     def state_tensors(self) -> dict[str, Tensor]:
-        out = {"modir_classifier": self.classifier.cpu(), "modir_adam_m": self.adam_m, "modir_adam_v": self.adam_v,
-               "modir_adam_t": torch.tensor(self.adam_t)}
+        out = {
+            "modir_classifier": self.classifier.cpu(),
+            "modir_adam_m": self.adam_m,
+            "modir_adam_v": self.adam_v,
+            "modir_adam_t": torch.tensor(self.adam_t),
+        }
         if self.queue:
             out["modir_queue_emb"] = torch.cat([e for e, _ in self.queue])
             out["modir_queue_dom"] = torch.cat([d for _, d in self.queue])
@@ -206,7 +227,7 @@ class MoDIRObjective(nn.Module):
             emb, dom = tensors["modir_queue_emb"], tensors["modir_queue_dom"]
             start = 0
             for n in tensors["modir_queue_sizes"].tolist():
-                self.queue.append((emb[start:start + n], dom[start:start + n]))
+                self.queue.append((emb[start : start + n], dom[start : start + n]))
                 start += n
 
 
@@ -217,8 +238,9 @@ def _encode(model, texts: list[str], task: str, device) -> Tensor:
     return model(feats)["sentence_embedding"]
 
 
-def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1,
-                            seed: int = 0) -> dict[str, float]:
+def domain_classifier_probe(
+    source: np.ndarray, target: np.ndarray, *, epochs: int = 200, lr: float = 0.1, seed: int = 0
+) -> dict[str, float]:
     """MoDIR's diagnostic: a *fresh* linear domain classifier trained on final embeddings (half of each domain),
     scored on the other half. Returns held-out ``accuracy`` and ``log_loss`` (nats); lower accuracy and higher loss
     mean more domain-invariant embeddings. Features are standardised with the training half's statistics, so
@@ -227,8 +249,10 @@ def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: i
     x = np.concatenate([source, target]).astype(np.float32)
     y = np.concatenate([np.zeros(len(source)), np.ones(len(target))]).astype(np.int64)
     if len(source) < 2 or len(target) < 2:
-        raise ValueError(f"the domain probe needs at least 2 embeddings per domain, got {len(source)} source and "
-                         f"{len(target)} target")
+        raise ValueError(
+            f"the domain probe needs at least 2 embeddings per domain, got {len(source)} source and "
+            f"{len(target)} target"
+        )
     perm = rng.permutation(len(x))
     half = len(x) // 2
     tr, te = perm[:half], perm[half:]
@@ -244,8 +268,10 @@ def domain_classifier_probe(source: np.ndarray, target: np.ndarray, *, epochs: i
     with torch.no_grad():
         logits = torch.from_numpy(x[te]) @ w.T
         labels = torch.from_numpy(y[te])
-        return {"accuracy": float((logits.argmax(1) == labels).float().mean()),
-                "log_loss": float(F.cross_entropy(logits, labels))}
+        return {
+            "accuracy": float((logits.argmax(1) == labels).float().mean()),
+            "log_loss": float(F.cross_entropy(logits, labels)),
+        }
 
 
 def domain_classifier_accuracy(source: np.ndarray, target: np.ndarray, **kwargs) -> float:
@@ -297,10 +323,16 @@ class MoDIR(Method):
     def build(cls, model, args, data, *, target_corpora=(), target_queries=(), **overrides) -> MoDIR:
         cfg = cls.settings_from(args, **overrides)
         query_texts, query_names = target_query_texts(target_queries) if target_queries else ([], [])
-        objective = MoDIRObjective(target_texts(target_corpora, seed=args.seed), model.get_embedding_dimension(),
-                                   target_queries=query_texts, queue_batches=cfg.modir_queue_batches,
-                                   lambda0=cfg.modir_lambda, half_life=cfg.modir_half_life,
-                                   classifier_lr=cfg.modir_classifier_lr, seed=args.seed)
+        objective = MoDIRObjective(
+            target_texts(target_corpora, seed=args.seed),
+            model.get_embedding_dimension(),
+            target_queries=query_texts,
+            queue_batches=cfg.modir_queue_batches,
+            lambda0=cfg.modir_lambda,
+            half_life=cfg.modir_half_life,
+            classifier_lr=cfg.modir_classifier_lr,
+            seed=args.seed,
+        )
         method = cls(cfg, objective)
         method.target_corpora_read = [corpus_source(c).name for c in target_corpora]
         method.target_queries_read = query_names
@@ -311,5 +343,7 @@ class MoDIR(Method):
 
     def stage_info(self, args) -> dict[str, str]:
         c = self.config
-        return {"MoDIR": f"λ₀={c.modir_lambda:g}, half-life {c.modir_half_life:g} steps, queue "
-                         f"{c.modir_queue_batches} batches, classifier Adam lr {c.modir_classifier_lr:g}"}
+        return {
+            "MoDIR": f"λ₀={c.modir_lambda:g}, half-life {c.modir_half_life:g} steps, queue "
+            f"{c.modir_queue_batches} batches, classifier Adam lr {c.modir_classifier_lr:g}"
+        }

@@ -67,6 +67,7 @@ class RMSCSettings:
         if self.rmsc_weak_pairs is not None and self.rmsc_weak_pairs < 1:
             raise ConfigError(f"rmsc_weak_pairs must be >= 1 (or unset), got {self.rmsc_weak_pairs}")
 
+
 KINDS = ("S", "T", "W", "H")
 COMBINATIONS = {"source_human": ("S", "H"), "source_weak": ("S", "W"), "target_weak": ("T", "W")}
 INFERENCE = ("T", "H")
@@ -103,8 +104,9 @@ def set_rmsc_template(model, domain: str, relevance: str, k: int = 1) -> None:
     single = " ".join([cls_tok, *d, "$A", *r, sep_tok])
     pair = " ".join([cls_tok, *d, "$A", *r, sep_tok, "$B:1", f"{sep_tok}:1"])
     specials = [(t, tok.convert_tokens_to_ids(t)) for t in dict.fromkeys([cls_tok, sep_tok, *d, *r])]
-    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(single=single, pair=pair,
-                                                                         special_tokens=specials)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=specials
+    )
     tok._rmsc_combination = (domain, relevance)
 
 
@@ -116,7 +118,7 @@ def ict_pairs(texts: Sequence[str], rng: np.random.Generator, max_pairs: int) ->
         if len(sents) < 2:
             continue
         j = int(rng.integers(len(sents)))
-        out.append((sents[j], " ".join(sents[:j] + sents[j + 1:])))
+        out.append((sents[j], " ".join(sents[:j] + sents[j + 1 :])))
         if len(out) >= max_pairs:
             break
     return out
@@ -164,8 +166,11 @@ class RMSCTrainingData(RowsSource):
         self.group_of = np.concatenate([np.zeros(n_h, np.int64), np.ones(n_s, np.int64), np.full(n_t, 2, np.int64)])
         self.groups = ["source_human", "source_weak", "target_weak"]
         self.offsets = [0, n_h, n_h + n_s]
-        self.query_texts = list(human.query_texts) + [a for a, _ in self.weak["source_weak"]] + [
-            a for a, _ in self.weak["target_weak"]]
+        self.query_texts = (
+            list(human.query_texts)
+            + [a for a, _ in self.weak["source_weak"]]
+            + [a for a, _ in self.weak["target_weak"]]
+        )
         self.query_ids = [f"h{i}" for i in range(n_h)] + [f"w{i}" for i in range(n_s + n_t)]
         self.name = f"RMSC({human.name} + {n_s} source weak + {n_t} target weak)"
         self.negatives_source = f"{human.negatives_source} (human rows); in-batch (weak rows)"
@@ -200,8 +205,17 @@ class RMSCTrainingData(RowsSource):
 
     # the negatives refresh works on the human rows only
     def __getattr__(self, item):
-        if item in ("pos_ptr", "pos_idx", "neg_ptr", "neg_idx", "positives", "negatives", "clean_ranking",
-                    "install_negatives", "doc_texts"):
+        if item in (
+            "pos_ptr",
+            "pos_idx",
+            "neg_ptr",
+            "neg_idx",
+            "positives",
+            "negatives",
+            "clean_ranking",
+            "install_negatives",
+            "doc_texts",
+        ):
             return getattr(self.human, item)
         raise AttributeError(item)
 
@@ -216,8 +230,9 @@ class GroupedBatchSampler(torch.utils.data.Sampler):
     devices never cross combinations, and the rows of a step are those of one process with the global batch.
     """
 
-    def __init__(self, groups: np.ndarray, batch_size: int, drop_last: bool = True, seed: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, groups: np.ndarray, batch_size: int, drop_last: bool = True, seed: int = 0, world_size: int = 1
+    ):
         self.groups = np.asarray(groups)
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -235,12 +250,15 @@ class GroupedBatchSampler(torch.utils.data.Sampler):
         for g in np.unique(self.groups):
             rows = rng.permutation(np.nonzero(self.groups == g)[0])
             for s in range(0, len(rows), size):
-                b = rows[s:s + size]
+                b = rows[s : s + size]
                 if len(b) == size or (not self.drop_last and self.world_size == 1):
                     global_batches.append(b)
         order = rng.permutation(len(global_batches))
-        return [global_batches[i][r * self.batch_size:(r + 1) * self.batch_size].tolist()
-                for i in order for r in range(self.world_size)]
+        return [
+            global_batches[i][r * self.batch_size : (r + 1) * self.batch_size].tolist()
+            for i in order
+            for r in range(self.world_size)
+        ]
 
     def __iter__(self):
         return iter(self._batches())
@@ -317,8 +335,9 @@ class RMSC(Method):
         n_target = per_corpus or max(1, -(-n_source // len(self.target_corpora)))
         mode = self.config.rmsc_weak_mode
         source_weak = weak_pairs(data.corpus, mode, n_source, seed=self.seed)
-        target_weak = [p for i, c in enumerate(self.target_corpora)
-                       for p in weak_pairs(c, mode, n_target, seed=self.seed + 1 + i)]
+        target_weak = [
+            p for i, c in enumerate(self.target_corpora) for p in weak_pairs(c, mode, n_target, seed=self.seed + 1 + i)
+        ]
         return RMSCTrainingData(data, source_weak, target_weak)
 
     # ------------------------------------------------------------------------------------------ training
@@ -334,8 +353,9 @@ class RMSC(Method):
         groups = getattr(trainer.training_data, "group_of", None)
         if groups is None or len(dataset) != len(groups):
             return None
-        return GroupedBatchSampler(groups, batch_size, drop_last=True, seed=seed,
-                                   world_size=max(1, trainer.args.world_size))
+        return GroupedBatchSampler(
+            groups, batch_size, drop_last=True, seed=seed, world_size=max(1, trainer.args.world_size)
+        )
 
     def encode_query_rows(self, trainer, lo: int, hi: int, batch_size: int):
         """Each row encoded with its own combination's tokens, not whatever the last batch left in the tokenizer."""
@@ -349,8 +369,9 @@ class RMSC(Method):
         for a, b in zip(cuts[:-1], cuts[1:]):
             if b > a:
                 self.use_row_group(trainer, data.groups[int(g[a])])
-                parts.append(encode_texts(trainer.model, data.query_texts[lo + a:lo + b], kind="query",
-                                          batch_size=batch_size))
+                parts.append(
+                    encode_texts(trainer.model, data.query_texts[lo + a : lo + b], kind="query", batch_size=batch_size)
+                )
         return np.concatenate(parts) if parts else np.zeros((0, trainer.model.get_embedding_dimension()), np.float32)
 
     # ------------------------------------------------------------------------------------------ saved models
@@ -363,5 +384,7 @@ class RMSC(Method):
 
     def stage_info(self, args) -> dict[str, str]:
         c = self.config
-        return {"RMSC": f"{c.rmsc_k} token(s) per kind, weak pairs by {c.rmsc_weak_mode.upper()}, "
-                        f"{c.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]"}
+        return {
+            "RMSC": f"{c.rmsc_k} token(s) per kind, weak pairs by {c.rmsc_weak_mode.upper()}, "
+            f"{c.rmsc_weak_pairs or 'balanced'} per corpus; inference with [T] … [H]"
+        }

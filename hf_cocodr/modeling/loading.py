@@ -50,7 +50,6 @@ def check_model_source(path: str | os.PathLike, *, revision: str | None = None) 
         return True
     from huggingface_hub import constants, try_to_load_from_cache
 
-
     if not is_hub_id(name):
         raise FileNotFoundError(f"model {name!r} not found: no such directory, and it is not a Hub id (org/name).")
     if constants.is_offline_mode() and not any(
@@ -137,11 +136,20 @@ def load_encoder(
     logger.info(
         "%s has no modules.json: loading it as a raw transformers checkpoint with %s pooling and %s similarity%s, "
         "not sentence-transformers' mean-pooling fallback.",
-        name, pooling.upper() if pooling == "cls" else pooling, similarity, convention,
+        name,
+        pooling.upper() if pooling == "cls" else pooling,
+        similarity,
+        convention,
     )
     return build_sentence_transformer(
-        name, pooling=pooling, similarity=similarity, max_seq_length=max_seq_length,
-        trust_remote_code=trust_remote_code, revision=revision, token=token, device=device,
+        name,
+        pooling=pooling,
+        similarity=similarity,
+        max_seq_length=max_seq_length,
+        trust_remote_code=trust_remote_code,
+        revision=revision,
+        token=token,
+        device=device,
     )
 
 

@@ -24,7 +24,6 @@ ENCODE_PRECISIONS = ("fp32", "bf16", "int8")
 
 def check_encode_precision(precision: str, flag: str = "encode_precision") -> str:
     if precision not in ENCODE_PRECISIONS:
-
         raise ConfigError(f"{flag} must be one of {', '.join(ENCODE_PRECISIONS)}, got {precision!r}")
     return precision
 
@@ -35,13 +34,15 @@ def int8_copy(model):
 
     device = getattr(model, "device", torch.device("cpu"))
     if torch.device(device).type != "cpu":
-
-        raise ConfigError(f"encode_precision='int8' runs on CPU only (torch dynamic quantization); the model is on "
-                          f"{device}: use 'bf16' on GPUs")
+        raise ConfigError(
+            f"encode_precision='int8' runs on CPU only (torch dynamic quantization); the model is on "
+            f"{device}: use 'bf16' on GPUs"
+        )
     with warnings.catch_warnings():  # torch marks eager-mode quantization as moving to torchao; it still works
         warnings.simplefilter("ignore")
-        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model).eval(), {torch.nn.Linear},
-                                                      dtype=torch.qint8)
+        return torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(model).eval(), {torch.nn.Linear}, dtype=torch.qint8
+        )
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def interpolate_state_dicts(start: dict[str, torch.Tensor], adapted: dict[str, torch.Tensor],
-                            alpha: float) -> dict[str, torch.Tensor]:
+def interpolate_state_dicts(
+    start: dict[str, torch.Tensor], adapted: dict[str, torch.Tensor], alpha: float
+) -> dict[str, torch.Tensor]:
     """``(1 − α)·start + α·adapted`` for every floating-point tensor; other tensors (ids, counters) from ``adapted``.
 
     α = 0 and α = 1 return the respective tensors exactly (copied, not recomputed). The two state dicts must hold the
@@ -36,8 +37,10 @@ def interpolate_state_dicts(start: dict[str, torch.Tensor], adapted: dict[str, t
     for name, a in adapted.items():
         s = start[name]
         if s.shape != a.shape:
-            raise ValueError(f"cannot ensemble weights: {name} has shape {tuple(s.shape)} in the starting model and "
-                             f"{tuple(a.shape)} in the adapted one (was the vocabulary extended?)")
+            raise ValueError(
+                f"cannot ensemble weights: {name} has shape {tuple(s.shape)} in the starting model and "
+                f"{tuple(a.shape)} in the adapted one (was the vocabulary extended?)"
+            )
         if not a.is_floating_point() or alpha == 1.0:
             out[name] = a.detach().clone()
         elif alpha == 0.0:
@@ -70,8 +73,10 @@ def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str,
             raise ValueError(f"cannot average weights: model {i} differs from model 0 in parameters {missing[:5]}")
         for name, t in sd.items():
             if t.shape != first[name].shape:
-                raise ValueError(f"cannot average weights: {name} has shape {tuple(first[name].shape)} in model 0 "
-                                 f"and {tuple(t.shape)} in model {i}")
+                raise ValueError(
+                    f"cannot average weights: {name} has shape {tuple(first[name].shape)} in model 0 "
+                    f"and {tuple(t.shape)} in model {i}"
+                )
     out = {}
     for name, t in first.items():
         if not t.is_floating_point() or len(state_dicts) == 1:

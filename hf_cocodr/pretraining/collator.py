@@ -16,8 +16,16 @@ class SpanPairBuilder:
     (``2i`` and ``2i+1`` are the two spans of the i-th document), so a span's partner is ``i ^ 1``.
     """
 
-    def __init__(self, spans: SpanCorpus, tokenizer, *, mlm_probability: float = 0.15, max_length: int = 128,
-                 span_len: int = 64, mask: bool = True):
+    def __init__(
+        self,
+        spans: SpanCorpus,
+        tokenizer,
+        *,
+        mlm_probability: float = 0.15,
+        max_length: int = 128,
+        span_len: int = 64,
+        mask: bool = True,
+    ):
         self.spans = spans
         self.mask = mask  # False: plain spans and no ``labels`` (contrast-only pretraining computes no MLM)
         self.tok = tokenizer

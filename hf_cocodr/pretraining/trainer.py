@@ -78,40 +78,53 @@ class CocoPretrainer(TrainerMixin, Trainer):
             trainer.export("out/coco")  # sentence-transformers directory + condenser_head.safetensors
     """
 
-    def __init__(self, model, args: CocoPretrainingArguments, corpora=None, tokenizer=None, callbacks=None,
-                 eval_dataset=None, **kwargs):
+    def __init__(
+        self,
+        model,
+        args: CocoPretrainingArguments,
+        corpora=None,
+        tokenizer=None,
+        callbacks=None,
+        eval_dataset=None,
+        **kwargs,
+    ):
         import datasets
         from transformers import AutoTokenizer
 
         if not isinstance(args, CocoPretrainingArguments):
             raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
         if model is None:
-
-            raise ConfigError("CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None")
+            raise ConfigError(
+                "CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None"
+            )
         if corpora is None:
             raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
         self._hub_token = self._prepare_hub_args(args)
         if args.push_to_hub:  # offline or without a token the push would fail after training
-
             check_push_possible(args.hub_model_id, self._hub_token)
         if not isinstance(model, CondenserForPretraining):
-
             check_model_source(model)
         check_lengths(model, {"max_span_length": args.max_span_length})  # before a model is loaded
         if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
-
-            RunFolder.claim(args.output_dir, self._command, None, resume=True, overwrite=args.overwrite_output_dir,
-                            trainer=True, dry_run=True)
+            RunFolder.claim(
+                args.output_dir,
+                self._command,
+                None,
+                resume=True,
+                overwrite=args.overwrite_output_dir,
+                trainer=True,
+                dry_run=True,
+            )
         source = None
         if not isinstance(model, CondenserForPretraining):
             from transformers import set_seed
 
             set_seed(args.seed)  # reproducible initialisation of the fresh heads
             source = str(model)
-            model = CondenserForPretraining.from_pretrained(source, n_head_layers=args.n_head_layers,
-                                                            skip_from=args.skip_from)
+            model = CondenserForPretraining.from_pretrained(
+                source, n_head_layers=args.n_head_layers, skip_from=args.skip_from
+            )
         if tokenizer is None:
-
             name = source or model.lm.config._name_or_path
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
         if not args.backbone_dropout:
@@ -119,8 +132,10 @@ class CocoPretrainer(TrainerMixin, Trainer):
                 if isinstance(m, torch.nn.Dropout):
                     m.p = 0.0
         self.source_model = source
-        self._identity = {"model": fingerprint(source) if source else model_fingerprint(model.lm),
-                          "data": fingerprint(corpora)}
+        self._identity = {
+            "model": fingerprint(source) if source else model_fingerprint(model.lm),
+            "data": fingerprint(corpora),
+        }
         self.span_corpus = _span_corpus(corpora, tokenizer, args)
         self.builder = _pair_builder(self.span_corpus, tokenizer, args)
         self._eval_builder = None
@@ -134,8 +149,16 @@ class CocoPretrainer(TrainerMixin, Trainer):
             )
         args.remove_unused_columns = False
         rows = datasets.Dataset.from_dict({"doc": np.arange(n_docs, dtype=np.int64)})
-        super().__init__(model=model, args=args, train_dataset=rows, eval_dataset=eval_rows,
-                         data_collator=_DocIndexCollator(), processing_class=tokenizer, callbacks=callbacks, **kwargs)
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            eval_dataset=eval_rows,
+            data_collator=_DocIndexCollator(),
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            **kwargs,
+        )
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self.model_accepts_loss_kwargs = False
         self._acc = {k: 0.0 for k in COMPONENTS}
@@ -156,11 +179,19 @@ class CocoPretrainer(TrainerMixin, Trainer):
             "COCO pretraining: %d documents used, %d skipped (fewer than 2 spans) from %s; %.1f spans per document "
             "(%s); contrastive batch %d documents x 2 spans x %d devices = %d spans, %d negatives per span; "
             "gradient cache %s; loss weights head %.2g / mlm %.2g / contrastive %.2g",
-            st["documents_used"], st["documents_skipped"],
+            st["documents_used"],
+            st["documents_skipped"],
             ", ".join(f"{s['corpus']} ({s['documents'] - s['skipped']}/{s['documents']})" for s in st["sources"]),
-            per_doc, st["mode"], a.per_device_train_batch_size, world, 2 * docs, 2 * docs - 2,
+            per_doc,
+            st["mode"],
+            a.per_device_train_batch_size,
+            world,
+            2 * docs,
+            2 * docs - 2,
             f"chunks of {a.gradient_cache_chunk_size} documents" if a.gradient_cache_chunk_size else "off",
-            a.head_mlm_weight, a.mlm_weight, a.contrastive_weight,
+            a.head_mlm_weight,
+            a.mlm_weight,
+            a.contrastive_weight,
         )
 
     @property
@@ -249,7 +280,9 @@ class CocoPretrainer(TrainerMixin, Trainer):
         with torch.no_grad():
             for sl in slices:
                 states.append(RandContext(*batch.values()))  # CPU RNG + the RNG of the batch's devices
-                reps.append(model(**{k: v[sl] for k, v in batch.items() if k != "labels"}, pooling=a.pooling)["embedding"])
+                reps.append(
+                    model(**{k: v[sl] for k, v in batch.items() if k != "labels"}, pooling=a.pooling)["embedding"]
+                )
         local = torch.cat(reps).detach().requires_grad_()
         # the other ranks' spans are constants here, our own keep their gradient (all_gather keeps the local tensor)
         all_reps = all_gather(local) if world > 1 else local
@@ -266,12 +299,15 @@ class CocoPretrainer(TrainerMixin, Trainer):
             ctx = model.no_sync if (not last and hasattr(model, "no_sync")) else contextlib.nullcontext
             with ctx():
                 with states[i], self.compute_loss_context_manager():  # replays chunk i's dropout
-                    out = model(**{k: v[sl] for k, v in batch.items()}, pooling=a.pooling,
-                                detach_mlm_inputs=self._warming_up())
+                    out = model(
+                        **{k: v[sl] for k, v in batch.items()}, pooling=a.pooling, detach_mlm_inputs=self._warming_up()
+                    )
                 emb = out["embedding"]
                 max_diff = max(max_diff, float((emb.detach() - local[sl].detach()).abs().max()))
                 mlm, head = self._mlm_terms(out, n_global, world)
-                surrogate = a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * (grad[sl] * emb).sum()
+                surrogate = (
+                    a.mlm_weight * mlm + a.head_mlm_weight * head + a.contrastive_weight * (grad[sl] * emb).sum()
+                )
                 self.accelerator.backward(surrogate / ga)
             mlm_total += float(mlm.detach())
             head_total += float(head.detach())
@@ -320,8 +356,9 @@ class CocoPretrainer(TrainerMixin, Trainer):
         self._eval_n += len(docs)
         return loss.detach(), None, None
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix: str = "eval"):
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix: str = "eval"
+    ):
         self._eval_acc, self._eval_n = {k: 0.0 for k in COMPONENTS}, 0
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         sums = torch.tensor([self._eval_acc[k] for k in COMPONENTS] + [self._eval_n], dtype=torch.float64)
@@ -368,14 +405,17 @@ class CocoPretrainer(TrainerMixin, Trainer):
         self._mark_checkpoint_complete(trial)
 
     def _load_best_model(self) -> None:
-        logger.info("loading the best checkpoint %s (%s %s)", self.state.best_model_checkpoint,
-                    self.args.metric_for_best_model, self.state.best_metric)
+        logger.info(
+            "loading the best checkpoint %s (%s %s)",
+            self.state.best_model_checkpoint,
+            self.args.metric_for_best_model,
+            self.state.best_metric,
+        )
         self._load_from_checkpoint(self.state.best_model_checkpoint)
 
     def finalize(self) -> str:
         """Export the encoder + head + card into ``output_dir`` and write ``trainer_state.json`` (once per train())."""
         if not getattr(self, "_finalized", False):
-
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():
                 prev["base_model"] = self.source_model
@@ -395,16 +435,20 @@ class CocoPretrainer(TrainerMixin, Trainer):
     def stage_info(self) -> dict[str, Any]:
         a = self.args
         return {
-            "type": "coco", "method": "coco",
-            "title": "COCO continuous contrastive pretraining" + ("" if a.uses_mlm else " (span contrast only, no MLM)"),
-            "corpora": list(self.span_corpus.sources), "steps": self.state.global_step,
+            "type": "coco",
+            "method": "coco",
+            "title": "COCO continuous contrastive pretraining"
+            + ("" if a.uses_mlm else " (span contrast only, no MLM)"),
+            "corpora": list(self.span_corpus.sources),
+            "steps": self.state.global_step,
             "documents per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
             "documents used": self.span_corpus.stats["documents_used"],
-            "span mode": a.span_mode, "loss weights (head MLM / MLM / contrastive)":
-                f"{a.head_mlm_weight} / {a.mlm_weight} / {a.contrastive_weight}",
+            "span mode": a.span_mode,
+            "loss weights (head MLM / MLM / contrastive)": f"{a.head_mlm_weight} / {a.mlm_weight} / {a.contrastive_weight}",
             "contrastive similarity": f"{a.contrastive_similarity} / temperature {a.contrastive_temperature}",
             "Condenser head": f"{self.condenser.n_head_layers} layers from layer {self.condenser.skip_from}",
-            "learning rate": a.learning_rate, "seed": a.seed,
+            "learning rate": a.learning_rate,
+            "seed": a.seed,
         }
 
     def export(self, output_dir: str | os.PathLike, prev: dict[str, Any] | None = None) -> None:
@@ -415,20 +459,27 @@ class CocoPretrainer(TrainerMixin, Trainer):
         cond = self.condenser
         prev = dict(prev or {})
         stage = self.stage_info()
-        card = {"stages": list(prev.get("stages", [])) + [stage],
-                "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["coco"])),
-                "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
-                "base_model": prev.get("base_model") or (
-                    self.source_model if self.source_model and not Path(self.source_model).exists() else None)}
+        card = {
+            "stages": list(prev.get("stages", [])) + [stage],
+            "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["coco"])),
+            "datasets": list(dict.fromkeys(list(prev.get("datasets", [])) + stage["corpora"])),
+            "base_model": prev.get("base_model")
+            or (self.source_model if self.source_model and not Path(self.source_model).exists() else None),
+        }
         with staged_directory(output_dir) as tmp:  # beside output_dir: its file system, not $TMPDIR
             cond.encoder_model.save_pretrained(tmp)
             self.processing_class.save_pretrained(tmp)
             cond.save_head(tmp)
             export_sentence_transformer(
-                tmp, output_dir, pooling=self.args.pooling, similarity=self.args.contrastive_similarity,
-                max_seq_length=self._export_max_len(), card_data=card,
+                tmp,
+                output_dir,
+                pooling=self.args.pooling,
+                similarity=self.args.contrastive_similarity,
+                max_seq_length=self._export_max_len(),
+                card_data=card,
                 extra_files={HEAD_WEIGHTS: Path(tmp) / HEAD_WEIGHTS, HEAD_CONFIG: Path(tmp) / HEAD_CONFIG},
-                preserve=_checkpoint_dirs(output_dir), run_record=False,  # train() claimed output_dir
+                preserve=_checkpoint_dirs(output_dir),
+                run_record=False,  # train() claimed output_dir
             )
 
     def _export_max_len(self) -> int:
@@ -441,15 +492,28 @@ class CocoPretrainer(TrainerMixin, Trainer):
 
 def _span_corpus(corpora, tokenizer, args: CocoPretrainingArguments) -> SpanCorpus:
     return SpanCorpus.build(
-        corpora, tokenizer, mode=args.span_mode, span_max_tokens=args.span_max_tokens,
-        span_break_prob=args.span_break_prob, span_len=args.span_len, min_span_tokens=args.min_span_tokens,
-        sentence_splitter=args.sentence_splitter, seed=args.seed, text_column=args.text_column,
+        corpora,
+        tokenizer,
+        mode=args.span_mode,
+        span_max_tokens=args.span_max_tokens,
+        span_break_prob=args.span_break_prob,
+        span_len=args.span_len,
+        min_span_tokens=args.min_span_tokens,
+        sentence_splitter=args.sentence_splitter,
+        seed=args.seed,
+        text_column=args.text_column,
     )
 
 
 def _pair_builder(spans: SpanCorpus, tokenizer, args: CocoPretrainingArguments) -> SpanPairBuilder:
-    return SpanPairBuilder(spans, tokenizer, mlm_probability=args.mlm_probability, max_length=args.max_span_length,
-                           span_len=args.span_len, mask=args.uses_mlm)
+    return SpanPairBuilder(
+        spans,
+        tokenizer,
+        mlm_probability=args.mlm_probability,
+        max_length=args.max_span_length,
+        span_len=args.span_len,
+        mask=args.uses_mlm,
+    )
 
 
 def _declared_max_seq_length(source: str, tokenizer) -> int | None:
@@ -485,4 +549,6 @@ def _checkpoint_dirs(output_dir) -> list[str]:
     p = Path(output_dir)
     if not p.is_dir():
         return []
-    return [c.name for c in p.iterdir() if c.name.startswith("checkpoint-") or c.name in ("trainer_state.json", "runs")]
+    return [
+        c.name for c in p.iterdir() if c.name.startswith("checkpoint-") or c.name in ("trainer_state.json", "runs")
+    ]

@@ -44,10 +44,16 @@ class CocoPretrainingArguments(TrainingArguments):
             models, half the depth otherwise).
     """
 
-    overwrite_output_dir: bool = field(default=False, metadata={"help": (
-        "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
-        "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
-        "refused")})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "write into an output_dir that holds files hf_cocodr did not write (they stay untouched), and replace the "
+                "files of an earlier or different run recorded there (hf_cocodr_run.json); without it such a folder is "
+                "refused"
+            )
+        },
+    )
     learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (1e-4 base, 1e-5 large)"})
     warmup_steps: float = field(default=0.1, metadata={"help": "warm-up steps, or a ratio when < 1"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
@@ -69,7 +75,8 @@ class CocoPretrainingArguments(TrainingArguments):
     gradient_cache_chunk_size: int = field(default=0, metadata={"help": "documents per gradient-cache chunk (0: off)"})
     backbone_dropout: bool = field(default=True, metadata={"help": "keep backbone dropout on"})
     mlm_head_warmup_steps: int = field(
-        default=0, metadata={"help": "first N steps: MLM gradients stop at the encoder (warm up a fresh MLM head)"})
+        default=0, metadata={"help": "first N steps: MLM gradients stop at the encoder (warm up a fresh MLM head)"}
+    )
     n_head_layers: int = field(default=2, metadata={"help": "Condenser head layers"})
     skip_from: int | None = field(default=None, metadata={"help": "backbone layer feeding the head"})
     text_column: str = field(default="text", metadata={"help": "text column of dataset/JSONL corpora"})
@@ -93,8 +100,14 @@ class CocoPretrainingArguments(TrainingArguments):
             raise ConfigError(f"span_break_prob must be in [0, 1), got {self.span_break_prob}")
         check_max_steps(self)
         _check_number(self, "contrastive_temperature", positive=True)
-        for name in ("head_mlm_weight", "mlm_weight", "contrastive_weight", "learning_rate", "weight_decay",
-                     "warmup_steps"):
+        for name in (
+            "head_mlm_weight",
+            "mlm_weight",
+            "contrastive_weight",
+            "learning_rate",
+            "weight_decay",
+            "warmup_steps",
+        ):
             _check_number(self, name, positive=False)
         if self.gradient_cache_chunk_size < 0:
             raise ConfigError("gradient_cache_chunk_size must be >= 0")

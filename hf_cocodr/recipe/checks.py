@@ -41,16 +41,22 @@ def check_budget_floor(max_minutes: float, load_s: float, *, coco: bool, wise: b
     Raises:
         ConfigError: one line with the budget, the fixed costs and the least budget that leaves time for steps.
     """
-    if not (isinstance(max_minutes, (int, float)) and not isinstance(max_minutes, bool)
-            and math.isfinite(max_minutes) and max_minutes > 0):
+    if not (
+        isinstance(max_minutes, (int, float))
+        and not isinstance(max_minutes, bool)
+        and math.isfinite(max_minutes)
+        and max_minutes > 0
+    ):
         raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
     loads = ["the final model's"] + (["COCO's"] if coco else []) + (["WiSE-FT's"] if wise else [])
     fixed_s = load_s * len(loads)
     budget_s = float(max_minutes) * 60.0
     if budget_s <= fixed_s:
         what = f"{len(loads)} model load(s) and export(s) ({', '.join(loads)}, {load_s:g} s each)"
-        raise ConfigError(f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone "
-                          f"take {fixed_s:g} s; give more than {_minutes(fixed_s)} minutes")
+        raise ConfigError(
+            f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone "
+            f"take {fixed_s:g} s; give more than {_minutes(fixed_s)} minutes"
+        )
 
 
 def check_budget_buys_steps(plan: Mapping[str, Any], step_s: Mapping[str, float], *, load_s: float = 0.0) -> None:
@@ -79,8 +85,11 @@ def check_budget_buys_steps(plan: Mapping[str, Any], step_s: Mapping[str, float]
             raise ConfigError(
                 f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) cannot buy one step of the {stage} stage: "
                 f"its probed cost is {per_step}, and the fixed costs (model loads, exports, clustering, the time "
-                f"spent so far) take {fixed_s:.1f} s{before}; give at least {_minutes(needed)} minutes")
+                f"spent so far) take {fixed_s:.1f} s{before}; give at least {_minutes(needed)} minutes"
+            )
         spent += cost
-    raise ConfigError(f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) leaves no time to train: the fixed costs "
-                      f"(model loads, exports, clustering, the time spent so far) take {fixed_s:.1f} s; give at least "
-                      f"{_minutes(needed)} minutes")
+    raise ConfigError(
+        f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) leaves no time to train: the fixed costs "
+        f"(model loads, exports, clustering, the time spent so far) take {fixed_s:.1f} s; give at least "
+        f"{_minutes(needed)} minutes"
+    )

@@ -27,7 +27,9 @@ GOOD_QUERIES = [{"_id": "q1", "text": "alpha?"}, {"_id": "q2", "text": "beta?"}]
 
 
 def test_loads_valid_folder(tmp_path):
-    folder = write_beir(tmp_path / "ok", GOOD_DOCS, GOOD_QUERIES, {"test": "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n"})
+    folder = write_beir(
+        tmp_path / "ok", GOOD_DOCS, GOOD_QUERIES, {"test": "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n"}
+    )
     corpus, queries, qrels = load_beir(folder, "test")
     assert list(corpus["_id"]) == ["d1", "d2"]
     assert list(queries["_id"]) == ["q1", "q2"]
@@ -108,7 +110,9 @@ def test_qrels_errors(tmp_path, qrels_text, needle, line):
 
 
 def test_missing_split_lists_available(tmp_path):
-    folder = write_beir(tmp_path / "ok", GOOD_DOCS, GOOD_QUERIES, {"train": "q\td\ts\nq1\td1\t1\n", "dev": "q\td\ts\nq2\td2\t1\n"})
+    folder = write_beir(
+        tmp_path / "ok", GOOD_DOCS, GOOD_QUERIES, {"train": "q\td\ts\nq1\td1\t1\n", "dev": "q\td\ts\nq2\td2\t1\n"}
+    )
     with pytest.raises(BEIRFormatError, match=r"split 'test' not found; available splits: \['dev', 'train'\]"):
         load_beir(folder, "test")
 

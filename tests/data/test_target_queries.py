@@ -21,8 +21,9 @@ def test_dir_split_reads_the_judged_query_ids_and_never_the_labels(tiny_beir, tm
     shutil.copytree(tiny_beir, folder)
     qids = _split_qids(folder, "train")
     # the labels of the split are garbage that any qrels parser would refuse: only the id column may be read
-    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t<no such doc>\tnot-a-grade\n" for q in qids))
+    (folder / "qrels" / "train.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t<no such doc>\tnot-a-grade\n" for q in qids)
+    )
     src = read_target_queries(f"{folder}:train")
     texts = {json.loads(line)["_id"]: json.loads(line)["text"] for line in open(folder / "queries.jsonl")}
     assert src.ids == qids and src.texts == [texts[q] for q in qids] and src.name == "b:train"
@@ -54,9 +55,25 @@ def test_the_recipe_refuses_the_overlap_before_any_work(tiny_bert_dir, tiny_beir
     from hf_cocodr.cli import main
 
     out = tmp_path / "out"
-    rc = main(["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-               str(tiny_beir), "--output_dir", str(out), "--eval", f"{tiny_beir}:dev", "--method", "modir",
-               "--target-queries", f"{tiny_beir}:dev"])
+    rc = main(
+        [
+            "recipe",
+            "--model",
+            str(tiny_bert_dir),
+            "--target-corpus",
+            str(tiny_beir),
+            "--source-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(out),
+            "--eval",
+            f"{tiny_beir}:dev",
+            "--method",
+            "modir",
+            "--target-queries",
+            f"{tiny_beir}:dev",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and ":dev" in err[0] and "query 'q" in err[0]
     assert not out.exists()

@@ -74,8 +74,12 @@ def test_idro_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, tmp
         assert r0["steps"][step]["cluster_ids"] == single["steps"][step]["cluster_ids"]
         # ω is an exponential of a Gram-matrix sum (entries ~1e2 here): a float32 reduction-order difference of
         # ~1e-6 relative in the Gram shows up as ~1e-4 relative in ω. A missing gather would be off by far more.
-        torch.testing.assert_close(torch.tensor(r0["steps"][step]["weights"]),
-                                   torch.tensor(single["steps"][step]["weights"]), rtol=1e-3, atol=1e-6)
+        torch.testing.assert_close(
+            torch.tensor(r0["steps"][step]["weights"]),
+            torch.tensor(single["steps"][step]["weights"]),
+            rtol=1e-3,
+            atol=1e-6,
+        )
         g_ddp = torch.tensor(r0["steps"][step]["grad_gram"])
         g_one = torch.tensor(single["steps"][step]["grad_gram"])
         tol = 1e-4
@@ -99,8 +103,9 @@ def test_methods_two_ranks_equal_one_rank_doubled_batch(nodrop_model, ddp_beir, 
     assert r0["combinations"] == r1["combinations"] == single["combinations"]
     assert r0["modir_queue_rows"] == single["modir_queue_rows"] == [24, 24]  # 8 queries + 8 positives + 8 targets
     assert r0["modir_classifier"] == r1["modir_classifier"]
-    torch.testing.assert_close(torch.tensor(r0["modir_classifier"]), torch.tensor(single["modir_classifier"]),
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        torch.tensor(r0["modir_classifier"]), torch.tensor(single["modir_classifier"]), rtol=1e-4, atol=1e-6
+    )
     assert [h["loss"] for h in r0["log"]] == pytest.approx([h["loss"] for h in single["log"]], rel=1e-4)
     assert_params_close(p0, p1, rtol=0, atol=0)
     assert_params_close(p0, ps)

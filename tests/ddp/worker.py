@@ -1,7 +1,7 @@
 """Worker for the 2-process DDP tests: trains a tiny model for a few steps and dumps what must match.
 
-    torchrun --nproc_per_node 2 worker.py {idro|methods|coco} MODEL_DIR BEIR_DIR OUT_DIR PER_DEVICE_BATCH [extra]
-    python worker.py ... (single process with the doubled batch)
+torchrun --nproc_per_node 2 worker.py {idro|methods|coco} MODEL_DIR BEIR_DIR OUT_DIR PER_DEVICE_BATCH [extra]
+python worker.py ... (single process with the doubled batch)
 """
 
 import json
@@ -24,9 +24,22 @@ def main():
     rank = int(os.environ.get("RANK", 0))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    common = dict(output_dir=str(out / "run"), per_device_train_batch_size=batch, max_steps=2, use_cpu=True, seed=5,
-                  save_strategy="no", report_to="none", logging_steps=1, dataloader_drop_last=True, disable_tqdm=True,
-                  learning_rate=1e-2, warmup_steps=0, optim="sgd", weight_decay=0.0)
+    common = dict(
+        output_dir=str(out / "run"),
+        per_device_train_batch_size=batch,
+        max_steps=2,
+        use_cpu=True,
+        seed=5,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        optim="sgd",
+        weight_decay=0.0,
+    )
     # SGD: the update is lr x gradient, so equal updates mean equal gradients (Adam would amplify float noise
     # in near-zero gradients to +-lr)
     record = {"steps": {}}

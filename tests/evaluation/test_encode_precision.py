@@ -66,9 +66,18 @@ def test_negative_refresh_in_int8(tiny_st_dir, tiny_beir, tmp_path):
     from hf_cocodr.finetuning import IDROTrainer, IDROTrainingArguments
 
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
-    args = IDROTrainingArguments(output_dir=str(tmp_path / "ft"), max_steps=2, per_device_train_batch_size=8,
-                                 num_clusters=3, use_cpu=True, report_to="none", save_strategy="no",
-                                 refresh_negatives_every_steps=1, negatives_encode_precision="int8", seed=1)
+    args = IDROTrainingArguments(
+        output_dir=str(tmp_path / "ft"),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        num_clusters=3,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        refresh_negatives_every_steps=1,
+        negatives_encode_precision="int8",
+        seed=1,
+    )
     trainer = IDROTrainer(model=load_encoder(str(tiny_st_dir)), args=args, train_dataset=data)
     trainer.train()
     assert trainer.negatives_callback.encode_precision == "int8"

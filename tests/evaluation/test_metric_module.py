@@ -169,8 +169,16 @@ def test_evaluator_inside_sentence_transformer_trainer(tiny_st_dir, tiny_beir, t
     model = load_encoder(str(tiny_st_dir))
     evaluator = BEIRRetrievalEvaluator(tiny_beir, "dev", top_k=100, k_values=(10, 100))
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4, learning_rate=1e-3,
-        eval_strategy="steps", eval_steps=1, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        eval_strategy="steps",
+        eval_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
     )
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=dataset, loss=MultipleNegativesRankingLoss(model), evaluator=evaluator

@@ -111,8 +111,22 @@ def test_evaluate_cli_prints_json_last_line(tiny_st_dir, tiny_beir, tmp_path, ca
     from hf_cocodr.cli import main
 
     out = tmp_path / "res.json"
-    assert main(["evaluate", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--output", str(out),
-                 "--backend", "torch"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(tiny_st_dir),
+                str(tiny_beir),
+                "--split",
+                "dev",
+                "--output",
+                str(out),
+                "--backend",
+                "torch",
+            ]
+        )
+        == 0
+    )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     for key in ("ndcg@10", "recall@100", "mrr@10", "num_queries", "num_docs", "encode_seconds", "search_seconds"):
@@ -148,7 +162,9 @@ def test_evaluate_matches_brute_force(tiny_beir, tmp_path):
         pytest.fail("no tiny model with well-separated top scores in 20 seeds")
     res = evaluate_retrieval(model, data, "dev", return_run=True, show_progress_bar=False, backend="torch")
     ids = list(data.corpus["_id"])
-    errors = [abs(s - scores[i, ids.index(d)]) for i, q in enumerate(data.queries["_id"]) for d, s in res["run"][q].items()]
+    errors = [
+        abs(s - scores[i, ids.index(d)]) for i, q in enumerate(data.queries["_id"]) for d, s in res["run"][q].items()
+    ]
     top = -np.sort(-scores, axis=1)[:, :11]
     assert max(errors) < 1e-4 < np.abs(np.diff(top, axis=1)).min(), "scores must agree far closer than they differ"
     run = {q: {ids[j]: float(scores[i, j]) for j in np.argsort(-scores[i])} for i, q in enumerate(data.queries["_id"])}

@@ -58,10 +58,26 @@ def mteb_run(trained_dir, tiny_beir, tmp_path_factory):
     """One ``hf-cocodr mteb`` run on the dev split (the expensive part, shared by the tests below)."""
     out = tmp_path_factory.mktemp("mteb_out")
     with contextlib.redirect_stdout(io.StringIO()) as stdout:
-        code = main([
-            "-q", "mteb", str(trained_dir), str(tiny_beir), "--split", "dev", "--task-name", "toy-dev",
-            "--model-name", MODEL_NAME, "--revision", REVISION, "--output-folder", str(out), "--batch-size", "16",
-        ])
+        code = main(
+            [
+                "-q",
+                "mteb",
+                str(trained_dir),
+                str(tiny_beir),
+                "--split",
+                "dev",
+                "--task-name",
+                "toy-dev",
+                "--model-name",
+                MODEL_NAME,
+                "--revision",
+                REVISION,
+                "--output-folder",
+                str(out),
+                "--batch-size",
+                "16",
+            ]
+        )
     return code, out, stdout.getvalue()
 
 
@@ -144,8 +160,9 @@ def test_beir_task_structure(tiny_beir):
 
 
 def test_mteb_meta_prints_valid_python(trained_dir, capsys):
-    code, out, _ = _cli(capsys, ["-q", "mteb-meta", str(trained_dir), "--model-name", MODEL_NAME,
-                                 "--revision", REVISION])
+    code, out, _ = _cli(
+        capsys, ["-q", "mteb-meta", str(trained_dir), "--model-name", MODEL_NAME, "--revision", REVISION]
+    )
     assert code == 0
     lines = out.rstrip("\n").splitlines()
     info = json.loads(lines[-1])
@@ -169,8 +186,9 @@ def test_mteb_meta_prints_valid_python(trained_dir, capsys):
 def test_mteb_meta_raw_checkpoint_loader_is_cls_dot(tiny_bert_dir, capsys):
     from hf_cocodr.modeling.loading import pooling_mode
 
-    code, out, _ = _cli(capsys, ["-q", "mteb-meta", str(tiny_bert_dir), "--model-name", "test-org/tiny-raw",
-                                 "--revision", REVISION])
+    code, out, _ = _cli(
+        capsys, ["-q", "mteb-meta", str(tiny_bert_dir), "--model-name", "test-org/tiny-raw", "--revision", REVISION]
+    )
     assert code == 0
     namespace: dict = {}
     exec(compile("\n".join(out.splitlines()[:-1]), "raw_snippet.py", "exec"), namespace)
@@ -194,11 +212,22 @@ def test_model_name_without_org_is_refused(command, tiny_st_dir, tiny_beir, tmp_
 
 
 def test_missing_folders_are_clear_errors(tiny_st_dir, tmp_path, capsys):
-    code, _, err = _cli(capsys, ["mteb", str(tiny_st_dir), str(tmp_path / "nope"), "--model-name", MODEL_NAME,
-                                 "--output-folder", str(tmp_path / "out")])
+    code, _, err = _cli(
+        capsys,
+        [
+            "mteb",
+            str(tiny_st_dir),
+            str(tmp_path / "nope"),
+            "--model-name",
+            MODEL_NAME,
+            "--output-folder",
+            str(tmp_path / "out"),
+        ],
+    )
     assert code == 2 and "nope" in err and "not found" in err
-    code, _, err = _cli(capsys, ["mteb-meta", str(tmp_path / "no_model"), "--model-name", MODEL_NAME,
-                                 "--revision", REVISION])
+    code, _, err = _cli(
+        capsys, ["mteb-meta", str(tmp_path / "no_model"), "--model-name", MODEL_NAME, "--revision", REVISION]
+    )
     assert code == 2 and "no_model" in err and "not found" in err
     code, _, err = _cli(capsys, ["mteb", str(tiny_st_dir), "--model-name", MODEL_NAME])
     assert code == 2 and "--tasks" in err
@@ -226,7 +255,9 @@ def test_task_name_and_builtin_task_errors(tiny_st_dir, tiny_beir, tmp_path, mon
 
 def test_importing_the_mteb_package_does_not_import_mteb():
     """mteb takes about 9 s to import: the package (and the CLI) load it only when an MTEB function runs."""
-    code = ("import sys, hf_cocodr.cli_mteb, hf_cocodr.evaluation.mteb as m; m.check_model_name('a/b'); "
-            "print('mteb' in sys.modules)")
+    code = (
+        "import sys, hf_cocodr.cli_mteb, hf_cocodr.evaluation.mteb as m; m.check_model_name('a/b'); "
+        "print('mteb' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

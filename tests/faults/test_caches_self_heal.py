@@ -84,8 +84,22 @@ def test_pretrain_runs_on_a_damaged_span_cache(cache, tiny_bert_dir, tmp_path, c
     from hf_cocodr.cli import main
 
     corpus = write_corpus(tmp_path / "docs.jsonl", n=16)
-    args = ["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(corpus), "--max_steps", "1",
-            "--per_device_train_batch_size", "4", "--use_cpu", "--save_strategy", "no", "--report_to", "none"]
+    args = [
+        "pretrain",
+        "--model",
+        str(tiny_bert_dir),
+        "--corpus",
+        str(corpus),
+        "--max_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "4",
+        "--use_cpu",
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+    ]
     assert main([*args, "--output_dir", str(tmp_path / "a")]) == 0
     for p in (cache / "spans").glob("*.npz"):
         p.write_bytes(p.read_bytes()[:100])

@@ -40,23 +40,62 @@ def _commands(model, data, out) -> dict[str, tuple[list[str], str, str]]:
     over = str(LIMIT + 1)
     training = ["--output_dir", str(out), "--max_steps", "1", "--per_device_train_batch_size", "4", "--use_cpu"]
     return {
-        "evaluate-doc": (["evaluate", str(model), str(data), "--split", "dev", "--doc-max-length", "1024"],
-                         "--doc-max-length", "1024"),
-        "evaluate-query": (["evaluate", str(model), str(data), "--split", "dev", "--query-max-length", over],
-                           "--query-max-length", over),
+        "evaluate-doc": (
+            ["evaluate", str(model), str(data), "--split", "dev", "--doc-max-length", "1024"],
+            "--doc-max-length",
+            "1024",
+        ),
+        "evaluate-query": (
+            ["evaluate", str(model), str(data), "--split", "dev", "--query-max-length", over],
+            "--query-max-length",
+            over,
+        ),
         "export": (["export", str(model), str(out), "--max-seq-length", over], "--max-seq-length", over),
-        "finetune": (["finetune", "--model", str(model), "--train-data", str(data), "--num-clusters", "2",
-                      *training, "--max_length", over], "max_length", over),
-        "pretrain": (["pretrain", "--model", str(model), "--corpus", str(data), *training, "--max_span_length", over],
-                     "max_span_length", over),
-        "recipe": (["recipe", "--model", str(model), "--target-corpus", str(data), "--source-data", str(data),
-                    "--output_dir", str(out), "--train-max-length", "100000"], "train_max_length", "100000"),
+        "finetune": (
+            [
+                "finetune",
+                "--model",
+                str(model),
+                "--train-data",
+                str(data),
+                "--num-clusters",
+                "2",
+                *training,
+                "--max_length",
+                over,
+            ],
+            "max_length",
+            over,
+        ),
+        "pretrain": (
+            ["pretrain", "--model", str(model), "--corpus", str(data), *training, "--max_span_length", over],
+            "max_span_length",
+            over,
+        ),
+        "recipe": (
+            [
+                "recipe",
+                "--model",
+                str(model),
+                "--target-corpus",
+                str(data),
+                "--source-data",
+                str(data),
+                "--output_dir",
+                str(out),
+                "--train-max-length",
+                "100000",
+            ],
+            "train_max_length",
+            "100000",
+        ),
     }
 
 
 @pytest.mark.parametrize("case", ["evaluate-doc", "evaluate-query", "export", "finetune", "pretrain", "recipe"])
-def test_a_length_past_the_position_limit_is_refused_before_any_model_loads(case, tiny_bert_dir, tiny_beir, tmp_path,
-                                                                             capsys, no_model_loads):
+def test_a_length_past_the_position_limit_is_refused_before_any_model_loads(
+    case, tiny_bert_dir, tiny_beir, tmp_path, capsys, no_model_loads
+):
     argv, name, value = _commands(tiny_bert_dir, tiny_beir, tmp_path / "out")[case]
     assert main(argv) == 2
     line = _one_line_error(capsys, argv[0])
@@ -72,8 +111,13 @@ def test_the_same_rule_in_the_python_api(tiny_bert_dir, tiny_beir, tmp_path, no_
     with pytest.raises(ConfigError, match=f"document_length 500 .* give at most {LIMIT}"):
         export_sentence_transformer(str(tiny_bert_dir), tmp_path / "e", document_length=500)
     with pytest.raises(ConfigError, match=f"finetune.max_length 129 .* give at most {LIMIT}"):
-        run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "r",
-                   config=RecipeConfig(finetune={"max_length": 129}))
+        run_recipe(
+            str(tiny_bert_dir),
+            [str(tiny_beir)],
+            str(tiny_beir),
+            tmp_path / "r",
+            config=RecipeConfig(finetune={"max_length": 129}),
+        )
     with pytest.raises(ConfigError, match="must be a whole number of tokens >= 1, got 0"):
         export_sentence_transformer(str(tiny_bert_dir), tmp_path / "e", max_seq_length=0)
     assert not (tmp_path / "e").exists() and not (tmp_path / "r").exists()
@@ -96,28 +140,87 @@ def test_a_length_at_the_limit_works(tiny_bert_dir, tiny_beir, tmp_path, capsys)
     from hf_cocodr.recipe.checks import check_recipe_lengths
 
     at = str(LIMIT)
-    assert main(["evaluate", str(tiny_bert_dir), str(tiny_beir), "--split", "dev", "--doc-max-length", at,
-                 "--query-max-length", at]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(tiny_bert_dir),
+                str(tiny_beir),
+                "--split",
+                "dev",
+                "--doc-max-length",
+                at,
+                "--query-max-length",
+                at,
+            ]
+        )
+        == 0
+    )
     assert "ndcg@10" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main(["export", str(tiny_bert_dir), str(tmp_path / "e"), "--max-seq-length", at]) == 0
     assert load_encoder(str(tmp_path / "e")).max_seq_length == LIMIT
     training = ["--max_steps", "1", "--per_device_train_batch_size", "4", "--use_cpu", "--save_strategy", "no"]
-    assert main(["finetune", "--model", str(tiny_bert_dir), "--train-data", str(tiny_beir), "--num-clusters", "2",
-                 "--output_dir", str(tmp_path / "f"), *training, "--max_length", at]) == 0
-    assert main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir",
-                 str(tmp_path / "p"), *training, "--max_span_length", at]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(tiny_bert_dir),
+                "--train-data",
+                str(tiny_beir),
+                "--num-clusters",
+                "2",
+                "--output_dir",
+                str(tmp_path / "f"),
+                *training,
+                "--max_length",
+                at,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "pretrain",
+                "--model",
+                str(tiny_bert_dir),
+                "--corpus",
+                str(tiny_beir),
+                "--output_dir",
+                str(tmp_path / "p"),
+                *training,
+                "--max_span_length",
+                at,
+            ]
+        )
+        == 0
+    )
     # the recipe's default train_max_length is the tiny model's limit: tests/test_recipe.py runs it end to end
     assert RecipeConfig().train_max_length == LIMIT
-    check_recipe_lengths(str(tiny_bert_dir), RecipeConfig(finetune={"max_length": LIMIT},
-                                                          coco={"max_span_length": LIMIT}))
+    check_recipe_lengths(
+        str(tiny_bert_dir), RecipeConfig(finetune={"max_length": LIMIT}, coco={"max_span_length": LIMIT})
+    )
 
 
 # ----------------------------------------------------------------------------------------------------- budgets
-def test_a_budget_the_fixed_costs_use_up_is_refused_before_any_work(tiny_bert_dir, tiny_beir, tmp_path, capsys,
-                                                                    no_model_loads):
+def test_a_budget_the_fixed_costs_use_up_is_refused_before_any_work(
+    tiny_bert_dir, tiny_beir, tmp_path, capsys, no_model_loads
+):
     out = tmp_path / "out"
-    argv = ["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-            str(tiny_beir), "--output_dir", str(out), "--max-minutes", "0.01"]
+    argv = [
+        "recipe",
+        "--model",
+        str(tiny_bert_dir),
+        "--target-corpus",
+        str(tiny_beir),
+        "--source-data",
+        str(tiny_beir),
+        "--output_dir",
+        str(out),
+        "--max-minutes",
+        "0.01",
+    ]
     assert main(argv) == 2
     line = _one_line_error(capsys, "recipe")
     assert "max_minutes 0.01 (0.6 s) leaves no time to train" in line and "give more than" in line, line
@@ -128,9 +231,12 @@ def test_the_budget_must_exceed_the_fixed_loads_and_exports():
     """Hand-computed: 20 s per model load + export; the final model's always, COCO's and WiSE-FT's when they run."""
     from hf_cocodr.recipe.checks import check_budget_floor
 
-    with pytest.raises(ConfigError, match=r"max_minutes 1 \(60.0 s\) leaves no time to train: 3 model load\(s\) and "
-                                          r"export\(s\) \(the final model's, COCO's, WiSE-FT's, 20 s each\) alone take "
-                                          r"60 s; give more than 1 minutes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_minutes 1 \(60.0 s\) leaves no time to train: 3 model load\(s\) and "
+        r"export\(s\) \(the final model's, COCO's, WiSE-FT's, 20 s each\) alone take "
+        r"60 s; give more than 1 minutes",
+    ):
         check_budget_floor(1.0, 20.0, coco=True, wise=True)
     check_budget_floor(1.01, 20.0, coco=True, wise=True)
     check_budget_floor(0.34, 20.0, coco=False, wise=False)  # 20.4 s > 20 s
@@ -144,18 +250,23 @@ def test_the_budget_must_buy_one_step_of_each_stage():
 
     steps = {"coco": 30.0, "finetune": 20.0, "target": 15.0}
     check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, steps)  # exactly one step each
-    with pytest.raises(ConfigError, match=r"cannot buy one step of the target stage: its probed cost is 15.00 s per "
-                                          r"step.*take 40.0 s and one step of each stage before it \(50.0 s\); give "
-                                          r"at least 1.75 minutes"):
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot buy one step of the target stage: its probed cost is 15.00 s per "
+        r"step.*take 40.0 s and one step of each stage before it \(50.0 s\); give "
+        r"at least 1.75 minutes",
+    ):
         check_budget_buys_steps({"budget_seconds": 104.0, "fixed_seconds": 40.0}, steps)
-    with pytest.raises(ConfigError, match="cannot buy one step of the coco stage: its probed cost is 30.00 s per step "
-                                          "x 2 runs"):  # a soup of 2 runs: 2 steps and one more load (10 s)
+    with pytest.raises(
+        ConfigError, match="cannot buy one step of the coco stage: its probed cost is 30.00 s per step x 2 runs"
+    ):  # a soup of 2 runs: 2 steps and one more load (10 s)
         check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0, "coco_runs": 2}, steps, load_s=10.0)
 
 
 @pytest.mark.parametrize("stage", ["coco", "finetune", "target"])
-def test_a_budget_below_one_probed_step_is_refused_before_any_training(stage, tiny_bert_dir, tiny_beir, tmp_path,
-                                                                       monkeypatch):
+def test_a_budget_below_one_probed_step_is_refused_before_any_training(
+    stage, tiny_bert_dir, tiny_beir, tmp_path, monkeypatch
+):
     import hf_cocodr.finetuning as ft
     import hf_cocodr.pretraining as pt
     import hf_cocodr.recipe.planner as planner
@@ -166,22 +277,38 @@ def test_a_budget_below_one_probed_step_is_refused_before_any_training(stage, ti
 
     monkeypatch.setattr(pt, "CocoPretrainer", no_training)
     monkeypatch.setattr(ft, "IDROTrainer", no_training)
-    tp = {"coco_step_s": 1.0, "finetune_step_s": 1.0, "target_step_s": 1.0, "encode_doc_s": 0.001,
-          "encode_query_s": 0.001, f"{stage}_step_s": 400.0}  # one step of `stage` costs more than the 5 minutes
+    tp = {
+        "coco_step_s": 1.0,
+        "finetune_step_s": 1.0,
+        "target_step_s": 1.0,
+        "encode_doc_s": 0.001,
+        "encode_query_s": 0.001,
+        f"{stage}_step_s": 400.0,
+    }  # one step of `stage` costs more than the 5 minutes
     monkeypatch.setattr(planner, "measure_throughput", lambda *a, **k: dict(tp))
-    cfg = {"target_pairs": "title_body", "wise_alpha": None, "coco_runs": 1, "refreshes": 0, "corpus_pool": None,
-           "coco": {"per_device_train_batch_size": 8}, "finetune": {"per_device_train_batch_size": 8,
-                                                                    "num_clusters": 3},
-           "target": {"per_device_train_batch_size": 8}}
+    cfg = {
+        "target_pairs": "title_body",
+        "wise_alpha": None,
+        "coco_runs": 1,
+        "refreshes": 0,
+        "corpus_pool": None,
+        "coco": {"per_device_train_batch_size": 8},
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
+        "target": {"per_device_train_batch_size": 8},
+    }
     out = tmp_path / "run"
-    with pytest.raises(ConfigError, match=rf"max_minutes 5 \(300.0 s\) cannot buy one step of the {stage} stage: its "
-                                          r"probed cost is 400.00 s per step"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"max_minutes 5 \(300.0 s\) cannot buy one step of the {stage} stage: its "
+        r"probed cost is 400.00 s per step",
+    ):
         recipe.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
     assert not any((out / s).exists() for s in ("coco", "finetune", "target"))
 
 
-def test_convert_caps_its_defaults_and_refuses_a_given_length_past_the_limit(tiny_bert_dir, tmp_path, capsys,
-                                                                             no_model_loads):
+def test_convert_caps_its_defaults_and_refuses_a_given_length_past_the_limit(
+    tiny_bert_dir, tmp_path, capsys, no_model_loads
+):
     assert main(["convert", str(tiny_bert_dir), str(tmp_path / "c"), "--document-length", "256"]) == 2
     line = _one_line_error(capsys, "convert")
     assert "--document-length 256 " in line and f"give at most {LIMIT}" in line, line

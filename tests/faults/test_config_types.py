@@ -11,14 +11,18 @@ from hf_cocodr.cli import main
 from hf_cocodr.config_types import expected_type, matches_type
 
 
-@pytest.mark.parametrize("command, yaml_text, key, words", [
-    ("finetune", "logging_steps: [3]\n", "logging_steps", "a number"),
-    ("finetune", "seed: true\n", "seed", "a whole number"),
-    ("pretrain", "seed: true\n", "seed", "a whole number"),
-    ("pretrain", "do_train: [yes]\n", "do_train", "true or false"),
-])
-def test_a_config_value_of_the_wrong_type_names_key_and_type(command, yaml_text, key, words, tiny_st_dir, tiny_beir,
-                                                             tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize(
+    "command, yaml_text, key, words",
+    [
+        ("finetune", "logging_steps: [3]\n", "logging_steps", "a number"),
+        ("finetune", "seed: true\n", "seed", "a whole number"),
+        ("pretrain", "seed: true\n", "seed", "a whole number"),
+        ("pretrain", "do_train: [yes]\n", "do_train", "true or false"),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_names_key_and_type(
+    command, yaml_text, key, words, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch
+):
     import hf_cocodr.modeling.loading as loading
 
     def no_model_load(*a, **k):  # the check must come before any model is loaded
@@ -28,8 +32,9 @@ def test_a_config_value_of_the_wrong_type_names_key_and_type(command, yaml_text,
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml_text)
     data_flag = ["--train-data", str(tiny_beir)] if command == "finetune" else ["--corpus", str(tiny_beir)]
-    rc = main([command, "--model", str(tiny_st_dir), *data_flag, "--config", str(cfg),
-               "--output_dir", str(tmp_path / "out")])
+    rc = main(
+        [command, "--model", str(tiny_st_dir), *data_flag, "--config", str(cfg), "--output_dir", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err
     assert rc == 2, err
     line = err.strip().splitlines()[-1]

@@ -25,10 +25,13 @@ def test_a_gzipped_beir_folder_loads_as_the_plain_one(tiny_beir, tmp_path):
     assert gz.queries["text"] == plain.queries["text"] and gz.qrels == plain.qrels
 
 
-@pytest.mark.parametrize("record, words", [
-    ({"_id": "d2", "text": 12345}, "'text' must be a string, got int"),
-    ({"_id": "d2", "title": ["a"], "text": "x"}, "'title' must be a string, got list"),
-])
+@pytest.mark.parametrize(
+    "record, words",
+    [
+        ({"_id": "d2", "text": 12345}, "'text' must be a string, got int"),
+        ({"_id": "d2", "title": ["a"], "text": "x"}, "'title' must be a string, got list"),
+    ],
+)
 def test_a_beir_corpus_with_a_wrong_text_type_names_file_and_line(tiny_beir, tmp_path, record, words):
     folder = tmp_path / "bad"
     shutil.copytree(tiny_beir, folder)
@@ -80,8 +83,9 @@ def test_qrels_that_judge_nothing_relevant_are_named_in_a_warning(tiny_st_dir, t
 
 
 @pytest.mark.parametrize("command", ["evaluate", "finetune", "pretrain"])
-def test_a_datasets_folder_is_refused_with_the_way_to_convert_it_before_any_model_loads(command, tiny_st_dir,
-                                                                                      tmp_path, capsys, monkeypatch):
+def test_a_datasets_folder_is_refused_with_the_way_to_convert_it_before_any_model_loads(
+    command, tiny_st_dir, tmp_path, capsys, monkeypatch
+):
     import datasets
 
     import hf_cocodr.modeling.loading as loading
@@ -93,9 +97,11 @@ def test_a_datasets_folder_is_refused_with_the_way_to_convert_it_before_any_mode
     monkeypatch.setattr(loading, "load_encoder", no_model_load)
     folder = tmp_path / "saved"
     datasets.Dataset.from_dict({"_id": ["d1"], "title": [""], "text": ["a document"]}).save_to_disk(str(folder))
-    args = {"evaluate": ["evaluate", str(tiny_st_dir), str(folder), "--split", "test"],
-            "finetune": ["finetune", "--model", str(tiny_st_dir), "--train-data", str(folder)],
-            "pretrain": ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(folder)]}[command]
+    args = {
+        "evaluate": ["evaluate", str(tiny_st_dir), str(folder), "--split", "test"],
+        "finetune": ["finetune", "--model", str(tiny_st_dir), "--train-data", str(folder)],
+        "pretrain": ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(folder)],
+    }[command]
     if command != "evaluate":
         args += ["--output_dir", str(tmp_path / "out")]
     capsys.readouterr()  # datasets' own progress bar

@@ -67,18 +67,54 @@ def one_line(capsys) -> str:
 def command(kind: str, model: Path, data: Path, out: Path) -> list[str]:
     return {
         "export": ["export", str(model), str(out)],
-        "recipe": ["recipe", "--model", str(model), "--target-corpus", str(data), "--source-data", str(data),
-                   "--output_dir", str(out)],
-        "finetune": ["finetune", "--model", str(model), "--train-data", str(data), "--output_dir", str(out),
-                     "--num-clusters", "2", "--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu"],
-        "pretrain": ["pretrain", "--model", str(model), "--corpus", str(data), "--output_dir", str(out),
-                     "--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu"],
+        "recipe": [
+            "recipe",
+            "--model",
+            str(model),
+            "--target-corpus",
+            str(data),
+            "--source-data",
+            str(data),
+            "--output_dir",
+            str(out),
+        ],
+        "finetune": [
+            "finetune",
+            "--model",
+            str(model),
+            "--train-data",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--num-clusters",
+            "2",
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--use_cpu",
+        ],
+        "pretrain": [
+            "pretrain",
+            "--model",
+            str(model),
+            "--corpus",
+            str(data),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--per_device_train_batch_size",
+            "8",
+            "--use_cpu",
+        ],
     }[kind]
 
 
 @pytest.mark.parametrize("kind", ["export", "recipe"])
 def test_a_read_only_output_folder_is_refused_in_one_line_before_the_model_loads(
-        kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, restore_modes, no_model_loads):
+    kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, restore_modes, no_model_loads
+):
     out = read_only(tmp_path / "out", monkeypatch)
     assert main(command(kind, tiny_st_dir, tiny_beir, out)) == 2
     assert one_line(capsys) == f"hf-cocodr {kind}: error: the output folder {out} is not writable"
@@ -87,7 +123,8 @@ def test_a_read_only_output_folder_is_refused_in_one_line_before_the_model_loads
 
 @pytest.mark.parametrize("kind", ["pretrain", "finetune", "recipe"])
 def test_a_read_only_cache_folder_is_refused_in_one_line_before_the_model_loads(
-        kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, restore_modes, no_model_loads):
+    kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, restore_modes, no_model_loads
+):
     cache = read_only(tmp_path / "cache", monkeypatch)
     monkeypatch.setenv("HF_COCODR_CACHE", str(cache))
     assert main(command(kind, tiny_st_dir, tiny_beir, tmp_path / "out")) == 2
@@ -98,7 +135,8 @@ def test_a_read_only_cache_folder_is_refused_in_one_line_before_the_model_loads(
 
 @pytest.mark.parametrize("kind", ["export", "finetune", "pretrain", "recipe"])
 def test_too_little_free_space_is_refused_naming_the_folder_free_and_needed(
-        kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, no_model_loads):
+    kind, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch, no_model_loads
+):
     weights = (tiny_st_dir / "model.safetensors").stat().st_size
     monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 1000, 1000))
     out = tmp_path / "out"
@@ -117,8 +155,9 @@ def test_the_space_check_can_be_switched_off(tiny_st_dir, tmp_path, capsys, monk
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
-def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_folder(tiny_st_dir, tiny_beir, tmp_path, capsys,
-                                                                            monkeypatch):
+def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_folder(
+    tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch
+):
     import torch
 
     monkeypatch.setenv("HF_COCODR_NO_SPACE_CHECK", "1")  # the disk fills up during the run, not before
@@ -134,8 +173,9 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_naming_the_folder(tiny
     assert not list(out.glob("checkpoint-*"))  # the half-written checkpoint is gone (it was never complete)
 
 
-def test_a_full_disk_during_the_final_export_is_one_line_naming_the_folder(tiny_bert_dir, tiny_beir, tmp_path, capsys,
-                                                                           monkeypatch):
+def test_a_full_disk_during_the_final_export_is_one_line_naming_the_folder(
+    tiny_bert_dir, tiny_beir, tmp_path, capsys, monkeypatch
+):
     import hf_cocodr.export as export
 
     def full_disk(*args, **kwargs):
@@ -155,8 +195,9 @@ def test_serialiser_errors_of_the_disk_become_one_os_error_and_others_pass(tmp_p
 
     path = tmp_path / "model"
     with pytest.raises(OSError) as e, disk_faults(path):
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space '
-                              'left on device" })')
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
     assert e.value.errno == errno.ENOSPC and describe_os_error(e.value) == f"{path}: the disk is full"
     with pytest.raises(OSError) as e, disk_faults(path):  # torch's write failure with room left: not "full"
         raise RuntimeError(TORCH_FULL_DISK)

@@ -54,8 +54,11 @@ def test_the_next_export_sweeps_what_a_killed_export_left(tiny_st_dir, tmp_path)
     tmpdir.mkdir()
     ready = tmp_path / "ready"
     env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen([sys.executable, "-c", KILLED_EXPORT, str(tiny_st_dir), str(parent / "model"),
-                             str(ready)], env=env, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_EXPORT, str(tiny_st_dir), str(parent / "model"), str(ready)],
+        env=env,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.time() + 180
     while not ready.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -79,6 +82,7 @@ def test_an_export_failing_midway_leaves_nothing(tiny_st_dir, tmp_path, monkeypa
     monkeypatch.setattr(tempfile, "tempdir", str(tmpdir))
     out = tmp_path / "parent" / "model"
     export_sentence_transformer(str(tiny_st_dir), out)
+
     def model_files():  # the owner record is the claim's (rewritten when an export claims the folder)
         return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != RECORD}
 

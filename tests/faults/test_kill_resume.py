@@ -23,19 +23,63 @@ pytestmark = pytest.mark.slow
 
 def run(mode, step, cli_args):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, str(WORKER), mode, str(step), "--", *cli_args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(WORKER), mode, str(step), "--", *cli_args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def finetune_args(model, data, out):
-    return ["finetune", "--model", str(model), "--train-data", str(data), "--output_dir", str(out), "--num-clusters",
-            "3", "--max_steps", "6", "--save_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu",
-            "--seed", "3", "--cluster_every_steps", "2", "--refresh-negatives-every", "3", "--learning_rate", "1e-3"]
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--train-data",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--num-clusters",
+        "3",
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--use_cpu",
+        "--seed",
+        "3",
+        "--cluster_every_steps",
+        "2",
+        "--refresh-negatives-every",
+        "3",
+        "--learning_rate",
+        "1e-3",
+    ]
 
 
 def pretrain_args(model, data, out):
-    return ["pretrain", "--model", str(model), "--corpus", str(data), "--output_dir", str(out), "--max_steps", "6",
-            "--save_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu", "--seed", "3"]
+    return [
+        "pretrain",
+        "--model",
+        str(model),
+        "--corpus",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "8",
+        "--use_cpu",
+        "--seed",
+        "3",
+    ]
 
 
 def final_weights(out: Path) -> dict:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_cocodr import run_record
+from hf_cocodr import locks
 from hf_cocodr.run_record import LOCK, RunFolder, RunLockedError, acquire_lock, release_lock
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="pid start times are read from /proc (Linux)")
@@ -31,7 +31,7 @@ def _dead_pid() -> int:
 def _start_ticks(pid: int) -> int:
     """Field 22 of ``/proc/<pid>/stat``: when the process started, in clock ticks since boot."""
     stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat[stat.rindex(")") + 2:].split()[19])
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
 
 
 def _boot_id() -> str:
@@ -46,13 +46,13 @@ def _stale_lock(folder: Path) -> None:
 def _racer(folder: str, start, done, results) -> None:
     """One process of the race: wait for the others, try to take the lock, report, and stay alive (holding what it
     took) until every racer has tried."""
-    real = run_record._pid_alive
+    real = locks._pid_alive
 
     def slow_pid_alive(pid: int) -> bool:  # a liveness check that takes a while (a loaded machine)
         time.sleep(0.05)
         return real(pid)
 
-    run_record._pid_alive = slow_pid_alive
+    locks._pid_alive = slow_pid_alive
     logging.disable(logging.CRITICAL)
     start.wait()
     try:
@@ -98,12 +98,23 @@ def test_a_pid_now_held_by_an_unrelated_process_is_a_stale_lock(tmp_path, live_s
     out.mkdir()
     start = _start_ticks(live_stranger)
     # the writer that took this lock had the pid before the stranger: it started at another time
-    (out / LOCK).write_text(json.dumps({"pid": live_stranger, "host": socket.gethostname(), "started": "earlier",
-                                        "boot_id": _boot_id(), "pid_start": start - 1}))
+    (out / LOCK).write_text(
+        json.dumps(
+            {
+                "pid": live_stranger,
+                "host": socket.gethostname(),
+                "started": "earlier",
+                "boot_id": _boot_id(),
+                "pid_start": start - 1,
+            }
+        )
+    )
     with caplog.at_level(logging.WARNING, logger="hf_cocodr"):
         run = RunFolder.claim(out, "finetune", {"a": 1})
-    assert any("now belongs to another process" in r.getMessage() and str(out / LOCK) in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "now belongs to another process" in r.getMessage() and str(out / LOCK) in r.getMessage()
+        for r in caplog.records
+    )
     assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
     run.release()
     assert not (out / LOCK).exists()
@@ -114,8 +125,17 @@ def test_a_pid_now_held_by_an_unrelated_process_is_a_stale_lock(tmp_path, live_s
     assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
     release_lock(out)
     # a lock taken before this machine restarted is stale whatever runs under its pid now
-    (out / LOCK).write_text(json.dumps({"pid": live_stranger, "host": socket.gethostname(), "started": "earlier",
-                                        "boot_id": "an-earlier-boot", "pid_start": start}))
+    (out / LOCK).write_text(
+        json.dumps(
+            {
+                "pid": live_stranger,
+                "host": socket.gethostname(),
+                "started": "earlier",
+                "boot_id": "an-earlier-boot",
+                "pid_start": start,
+            }
+        )
+    )
     acquire_lock(out)
     assert json.loads((out / LOCK).read_text())["pid"] == os.getpid()
     release_lock(out)
@@ -124,8 +144,13 @@ def test_a_pid_now_held_by_an_unrelated_process_is_a_stale_lock(tmp_path, live_s
 def test_a_live_holder_is_refused_with_the_lock_file_and_its_pid(tmp_path, live_stranger):
     out = tmp_path / "out"
     out.mkdir()
-    lock = {"pid": live_stranger, "host": socket.gethostname(), "started": "now", "boot_id": _boot_id(),
-            "pid_start": _start_ticks(live_stranger)}
+    lock = {
+        "pid": live_stranger,
+        "host": socket.gethostname(),
+        "started": "now",
+        "boot_id": _boot_id(),
+        "pid_start": _start_ticks(live_stranger),
+    }
     (out / LOCK).write_text(json.dumps(lock))
     with pytest.raises(RunLockedError) as err:
         RunFolder.claim(out, "finetune", {"a": 1})

@@ -37,8 +37,9 @@ def expected(folder: Path, file_mode: int, dir_mode: int, skip: set[str] = froze
     return {k: dir_mode if (folder / k).is_dir() else file_mode for k in modes(folder, skip)}
 
 
-@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
-                                                        (0o027, 0o640, 0o750)])
+@pytest.mark.parametrize(
+    "mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o027, 0o640, 0o750)]
+)
 def test_atomic_writes_honour_the_umask(tmp_path, mask, file_mode, dir_mode):
     with umask(mask):
         atomic_write_text(tmp_path / "a.txt", "x")
@@ -64,9 +65,30 @@ def test_a_trained_model_honours_the_umask_and_a_users_file_keeps_its_mode(tiny_
     (out / "notes.txt").write_text("mine")
     os.chmod(out / "notes.txt", 0o600)
     with umask(0o022):
-        assert main(["finetune", "--model", str(tiny_st_dir), "--train-data", str(tiny_beir), "--output_dir", str(out),
-                     "--num-clusters", "2", "--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size",
-                     "8", "--use_cpu", "--overwrite_output_dir"]) == 0
+        assert (
+            main(
+                [
+                    "finetune",
+                    "--model",
+                    str(tiny_st_dir),
+                    "--train-data",
+                    str(tiny_beir),
+                    "--output_dir",
+                    str(out),
+                    "--num-clusters",
+                    "2",
+                    "--max_steps",
+                    "2",
+                    "--save_steps",
+                    "1",
+                    "--per_device_train_batch_size",
+                    "8",
+                    "--use_cpu",
+                    "--overwrite_output_dir",
+                ]
+            )
+            == 0
+        )
     got = modes(out, skip={"notes.txt"})
     assert {"model.safetensors", "README.md", "1_Pooling/config.json", "checkpoint-2/model.safetensors"} <= set(got)
     assert got == expected(out, 0o644, 0o755, skip={"notes.txt"})

@@ -9,27 +9,62 @@ from hf_cocodr.run_record import LOCK, RECORD, TRAINER_ENTRIES
 
 
 def _digest(folder):
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink()
+    }
 
 
 def _finetune(model, data, out, *extra):
-    return ["finetune", "--model", str(model), "--train-data", str(data), "--output_dir", str(out),
-            "--num-clusters", "3", "--max_steps", "2", "--save_steps", "1", "--per_device_train_batch_size", "8",
-            "--use_cpu", "--seed", "3", *extra]
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--train-data",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--num-clusters",
+        "3",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--per_device_train_batch_size",
+        "8",
+        "--use_cpu",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
-def test_a_users_readme_and_a_link_named_like_a_model_file_are_refused_even_with_overwrite(tiny_st_dir, tiny_beir,
-                                                                                             tmp_path, capsys):
+def test_a_users_readme_and_a_link_named_like_a_model_file_are_refused_even_with_overwrite(
+    tiny_st_dir, tiny_beir, tmp_path, capsys
+):
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere.json"
     out.mkdir()
     (out / "README.md").write_text("# my notes")
     elsewhere.write_text('{"precious": 1}')
     (out / "config.json").symlink_to(elsewhere)
     before = _digest(tmp_path)
-    for argv in (_finetune(tiny_st_dir, tiny_beir, out, "--overwrite_output_dir"),
-                 ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(tiny_beir), "--output_dir", str(out),
-                  "--max_steps", "1", "--use_cpu", "--overwrite_output_dir"]):
+    for argv in (
+        _finetune(tiny_st_dir, tiny_beir, out, "--overwrite_output_dir"),
+        [
+            "pretrain",
+            "--model",
+            str(tiny_st_dir),
+            "--corpus",
+            str(tiny_beir),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "1",
+            "--use_cpu",
+            "--overwrite_output_dir",
+        ],
+    ):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "README.md" in err and "config.json" in err and "would write" in err
@@ -40,12 +75,23 @@ def test_a_recipe_refuses_a_users_eval_json_even_with_overwrite(tiny_bert_dir, t
     out = tmp_path / "out"
     out.mkdir()
     (out / "eval.json").write_text('{"my": "results"}')
-    argv = ["recipe", "--model", str(tiny_bert_dir), "--target-corpus", str(tiny_beir), "--source-data",
-            str(tiny_beir), "--output_dir", str(out), "--overwrite_output_dir"]
+    argv = [
+        "recipe",
+        "--model",
+        str(tiny_bert_dir),
+        "--target-corpus",
+        str(tiny_beir),
+        "--source-data",
+        str(tiny_beir),
+        "--output_dir",
+        str(out),
+        "--overwrite_output_dir",
+    ]
     assert main(argv) == 2
     assert "eval.json" in capsys.readouterr().err
     assert (out / "eval.json").read_text() == '{"my": "results"}' and sorted(p.name for p in out.iterdir()) == [
-        "eval.json"]
+        "eval.json"
+    ]
 
 
 def test_every_entry_a_finetune_writes_is_named_in_the_list_the_refusal_checks(tiny_st_dir, tiny_beir, tmp_path):

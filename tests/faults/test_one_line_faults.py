@@ -10,8 +10,9 @@ import pytest
 from hf_cocodr.cli import main
 
 
-def test_evaluate_prints_its_metrics_before_a_full_disk_refuses_the_output(tiny_st_dir, tiny_beir, tmp_path, capsys,
-                                                                            monkeypatch):
+def test_evaluate_prints_its_metrics_before_a_full_disk_refuses_the_output(
+    tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch
+):
     import hf_cocodr.evaluation.retrieval as retrieval
 
     out = tmp_path / "result.json"
@@ -41,13 +42,22 @@ def test_an_existing_file_that_is_not_a_result_is_never_replaced_by_output(tiny_
     assert "run" in json.loads(result.read_text())
 
 
-@pytest.mark.parametrize("fault, code, words", [
-    (OSError(errno.EROFS, "Read-only file system", "/srv/out/model.safetensors"), 1,
-     "/srv/out/model.safetensors: the file system is read-only"),
-    (OSError(errno.EXDEV, "Invalid cross-device link", "/a/x", None, "/b/x"), 1,
-     "/a/x -> /b/x: source and destination are on different file systems"),
-    (KeyboardInterrupt(), 130, "interrupted"),
-])
+@pytest.mark.parametrize(
+    "fault, code, words",
+    [
+        (
+            OSError(errno.EROFS, "Read-only file system", "/srv/out/model.safetensors"),
+            1,
+            "/srv/out/model.safetensors: the file system is read-only",
+        ),
+        (
+            OSError(errno.EXDEV, "Invalid cross-device link", "/a/x", None, "/b/x"),
+            1,
+            "/a/x -> /b/x: source and destination are on different file systems",
+        ),
+        (KeyboardInterrupt(), 130, "interrupted"),
+    ],
+)
 def test_machine_faults_and_ctrl_c_end_in_one_line(fault, code, words, capsys, monkeypatch):
     import hf_cocodr.cli as cli
 

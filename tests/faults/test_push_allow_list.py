@@ -17,9 +17,18 @@ from hf_cocodr.model_card import write_model_card
 
 TOKEN = "hf_standinSECRETtoken0123456789abcdefXYZ"
 # what `hf-cocodr export` of the tiny BERT writes (a sentence-transformers save, the card and the provenance)
-MODEL_FILES = {"1_Pooling/config.json", "README.md", "config.json", "config_sentence_transformers.json",
-               "hf_cocodr_provenance.json", "model.safetensors", "modules.json", "sentence_bert_config.json",
-               "tokenizer.json", "tokenizer_config.json"}
+MODEL_FILES = {
+    "1_Pooling/config.json",
+    "README.md",
+    "config.json",
+    "config_sentence_transformers.json",
+    "hf_cocodr_provenance.json",
+    "model.safetensors",
+    "modules.json",
+    "sentence_bert_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+}
 MTEB_FILE = "mteb_results/results/acme__tiny/1/SciFact.json"
 
 
@@ -31,11 +40,24 @@ def hub():
 
 
 def push(model_dir, repo_id, url, home):
-    env = dict(os.environ, HF_ENDPOINT=url, HF_HUB_OFFLINE="0", HF_HOME=str(home), HF_TOKEN=TOKEN,
-               HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_XET="1", HF_HUB_ETAG_TIMEOUT="5")
+    env = dict(
+        os.environ,
+        HF_ENDPOINT=url,
+        HF_HUB_OFFLINE="0",
+        HF_HOME=str(home),
+        HF_TOKEN=TOKEN,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_ETAG_TIMEOUT="5",
+    )
     env.pop("HF_DATASETS_OFFLINE", None)
-    return subprocess.run([sys.executable, "-m", "hf_cocodr", "push", str(model_dir), repo_id], env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "hf_cocodr", "push", str(model_dir), repo_id],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_push_uploads_the_model_files_and_nothing_else(hub, tiny_st_dir, tiny_bert_dir, tmp_path):

@@ -17,15 +17,55 @@ from safetensors.torch import load_file
 
 
 def _finetune(model, data, out) -> list[str]:
-    return ["finetune", "--model", str(model), "--train-data", str(data), "--output_dir", str(out), "--num-clusters",
-            "3", "--max_steps", "3", "--save_steps", "3", "--per_device_train_batch_size", "4", "--use_cpu",
-            "--seed", "3", "--lr_scheduler_type", "constant", "--learning_rate", "1e-3"]
+    return [
+        "finetune",
+        "--model",
+        str(model),
+        "--train-data",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--num-clusters",
+        "3",
+        "--max_steps",
+        "3",
+        "--save_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+        "--use_cpu",
+        "--seed",
+        "3",
+        "--lr_scheduler_type",
+        "constant",
+        "--learning_rate",
+        "1e-3",
+    ]
 
 
 def _pretrain(model, data, out) -> list[str]:
-    return ["pretrain", "--model", str(model), "--corpus", str(data), "--output_dir", str(out), "--max_steps", "3",
-            "--save_steps", "3", "--per_device_train_batch_size", "4", "--use_cpu", "--seed", "3",
-            "--lr_scheduler_type", "constant", "--learning_rate", "1e-3"]
+    return [
+        "pretrain",
+        "--model",
+        str(model),
+        "--corpus",
+        str(data),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--save_steps",
+        "3",
+        "--per_device_train_batch_size",
+        "4",
+        "--use_cpu",
+        "--seed",
+        "3",
+        "--lr_scheduler_type",
+        "constant",
+        "--learning_rate",
+        "1e-3",
+    ]
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -67,18 +107,33 @@ def test_recipe_stage_resumed_at_its_end_trains_nothing(tiny_bert_dir, tiny_beir
     resumes each such stage from its checkpoint at ``max_steps`` and trains no step."""
     from hf_cocodr import recipe as R
 
-    cfg = dict(coco_steps=2, finetune_steps=3, target_steps=2, refreshes=0, corpus_pool=None,
-               target_pairs="title_body", wise_alpha=None, coco_runs=1,
-               coco={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"},
-               finetune={"per_device_train_batch_size": 4, "num_clusters": 3, "save_steps": 3,
-                         "lr_scheduler_type": "constant"},
-               target={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"})
+    cfg = dict(
+        coco_steps=2,
+        finetune_steps=3,
+        target_steps=2,
+        refreshes=0,
+        corpus_pool=None,
+        target_pairs="title_body",
+        wise_alpha=None,
+        coco_runs=1,
+        coco={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"},
+        finetune={
+            "per_device_train_batch_size": 4,
+            "num_clusters": 3,
+            "save_steps": 3,
+            "lr_scheduler_type": "constant",
+        },
+        target={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"},
+    )
     out = tmp_path / "run"
     stages = ("coco", "finetune", "target")
     R.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
     weights = {stage: _weights(out / stage) for stage in stages}
     planned = {"coco": 2, "finetune": 3, "target": 2}
-    for stage, steps in planned.items():  # as if killed after the stage's final checkpoint and model, before its marker
+    for (
+        stage,
+        steps,
+    ) in planned.items():  # as if killed after the stage's final checkpoint and model, before its marker
         (out / stage / "hf_cocodr_stage.json").unlink()
         R.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
         state = json.loads((out / stage / "trainer_state.json").read_text())

@@ -15,7 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 def main():
     mode, step = sys.argv[1], int(sys.argv[2])
-    args = sys.argv[sys.argv.index("--") + 1:]
+    args = sys.argv[sys.argv.index("--") + 1 :]
     from transformers import Trainer
 
     from hf_cocodr.finetuning.trainer import IDROTrainer

@@ -34,8 +34,7 @@ def test_the_loss_equals_the_hand_computed_value():
 
 
 def test_bad_settings_are_refused():
-    for kwargs in ({"temperature": 0}, {"teacher_temperature": -1.0}, {"in_batch_weight": -0.1},
-                   {"similarity": "l2"}):
+    for kwargs in ({"temperature": 0}, {"teacher_temperature": -1.0}, {"in_batch_weight": -0.1}, {"similarity": "l2"}):
         with pytest.raises(ValueError):
             HybridDistillLoss(_NoModel(), **kwargs)
 

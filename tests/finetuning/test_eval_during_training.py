@@ -19,9 +19,22 @@ from hf_cocodr.state import load_state
 
 
 def make_args(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=8, per_device_eval_batch_size=8, max_steps=4,
-                num_clusters=3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=7,
-                learning_rate=1e-3, dataloader_drop_last=True, idro_tau=50.0, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        max_steps=4,
+        num_clusters=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=7,
+        learning_rate=1e-3,
+        dataloader_drop_last=True,
+        idro_tau=50.0,
+        disable_tqdm=True,
+    )
     base.update(kw)
     return IDROTrainingArguments(**base)
 
@@ -34,11 +47,13 @@ def pairs(n: int = 6) -> datasets.Dataset:
 
     rng = random.Random(5)
     topics = sorted(tiny.TOPICS)
-    return datasets.Dataset.from_dict({
-        "query": [tiny.sentence(rng, topics[i % 8], 5) for i in range(n)],
-        "positive": [tiny.document(rng, topics[i % 8], 2) for i in range(n)],
-        "negative": [tiny.document(rng, topics[(i + 3) % 8], 2) for i in range(n)],
-    })
+    return datasets.Dataset.from_dict(
+        {
+            "query": [tiny.sentence(rng, topics[i % 8], 5) for i in range(n)],
+            "positive": [tiny.document(rng, topics[i % 8], 2) for i in range(n)],
+            "negative": [tiny.document(rng, topics[(i + 3) % 8], 2) for i in range(n)],
+        }
+    )
 
 
 def snapshot(trainer) -> dict:
@@ -91,15 +106,22 @@ def eval_data(tiny_beir):
 def test_eval_sets_in_both_forms_are_evaluated_during_training(tiny_bert_dir, train_data, eval_data, tmp_path):
     torch.manual_seed(0)
     args = make_args(tmp_path / "o", eval_strategy="steps", eval_steps=2)
-    trainer = IDROTrainer(model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data,
-                          eval_dataset={"beir": eval_data, "pairs": pairs(8)})
+    trainer = IDROTrainer(
+        model=load_encoder(str(tiny_bert_dir)),
+        args=args,
+        train_dataset=train_data,
+        eval_dataset={"beir": eval_data, "pairs": pairs(8)},
+    )
     trainer.train()
     evals = [h for h in trainer.state.log_history if any(k.startswith("eval_") for k in h)]
     for name in ("beir", "pairs"):
         steps = [h["step"] for h in evals if f"eval_{name}_loss" in h]
         assert steps == [2, 4], (name, evals)
-        assert all(np.isfinite(h[f"eval_{name}_loss"]) and h[f"eval_{name}_loss"] > 0
-                   for h in evals if f"eval_{name}_loss" in h)
+        assert all(
+            np.isfinite(h[f"eval_{name}_loss"]) and h[f"eval_{name}_loss"] > 0
+            for h in evals
+            if f"eval_{name}_loss" in h
+        )
     # the iDRO statistics and weight history are the training steps' only
     assert [h["step"] for h in trainer.weight_history] == [1, 2, 3, 4]
     assert not any("idro_weight_max" in h for h in evals)
@@ -109,8 +131,9 @@ def test_eval_sets_in_both_forms_are_evaluated_during_training(tiny_bert_dir, tr
 def test_evaluate_twice_changes_no_state(preset, tiny_bert_dir, train_data, eval_data, tmp_path):
     torch.manual_seed(0)
     args = make_args(tmp_path / "o", idro_preset=preset, cluster_every_steps=2, eval_strategy="steps", eval_steps=3)
-    trainer = IDROTrainer(model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data,
-                          eval_dataset=eval_data)
+    trainer = IDROTrainer(
+        model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data, eval_dataset=eval_data
+    )
     trainer.train()
     assert trainer.optimizer.state  # Adam moments exist: the comparison below covers them
     assert len(set(trainer.cluster_ids.tolist())) > 1
@@ -134,8 +157,9 @@ def test_a_run_with_evaluation_trains_as_the_run_without(tiny_bert_dir, train_da
     for strategy in ("no", "steps"):
         torch.manual_seed(0)
         args = make_args(tmp_path / strategy, max_steps=3, eval_strategy=strategy, eval_steps=1)
-        trainer = IDROTrainer(model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data,
-                              eval_dataset=eval_data)
+        trainer = IDROTrainer(
+            model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data, eval_dataset=eval_data
+        )
         trainer.train()
         runs[strategy] = snapshot(trainer)
     assert trainer.model[0].auto_model.config.hidden_dropout_prob > 0  # dropout draws from the torch RNG
@@ -186,11 +210,25 @@ def test_load_best_model_restores_weights_and_idro_state(tiny_bert_dir, train_da
 
     torch.manual_seed(0)
     evaluator = ScriptedEvaluator({2: 0.1, 4: 0.9, 6: 0.5})
-    args = make_args(tmp_path / "o", max_steps=6, cluster_every_steps=2, eval_strategy="steps", eval_steps=2,
-                     save_strategy="steps", save_steps=2, load_best_model_at_end=True,
-                     metric_for_best_model="eval_score", greater_is_better=True)
-    trainer = IDROTrainer(model=load_encoder(str(tiny_bert_dir)), args=args, train_dataset=train_data,
-                          eval_dataset=eval_data, evaluator=evaluator)
+    args = make_args(
+        tmp_path / "o",
+        max_steps=6,
+        cluster_every_steps=2,
+        eval_strategy="steps",
+        eval_steps=2,
+        save_strategy="steps",
+        save_steps=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="eval_score",
+        greater_is_better=True,
+    )
+    trainer = IDROTrainer(
+        model=load_encoder(str(tiny_bert_dir)),
+        args=args,
+        train_dataset=train_data,
+        eval_dataset=eval_data,
+        evaluator=evaluator,
+    )
     trainer.train()
     assert evaluator.calls == [2, 4, 6]
     best = tmp_path / "o" / "checkpoint-4"
@@ -216,10 +254,32 @@ def test_load_best_model_restores_weights_and_idro_state(tiny_bert_dir, train_da
 # ------------------------------------------------------------------------------------------------------ CLI
 def test_cli_eval_during_training(tiny_st_dir, tiny_beir, tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["finetune", "--model", str(tiny_st_dir), "--train-data", str(tiny_beir), "--num-clusters", "2",
-               "--eval-during-training", f"{tiny_beir}:dev", "--output_dir", str(out), "--max_steps", "2",
-               "--eval_steps", "1", "--per_device_train_batch_size", "4", "--save_strategy", "no", "--use_cpu",
-               "--disable_tqdm", "true"])
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_st_dir),
+            "--train-data",
+            str(tiny_beir),
+            "--num-clusters",
+            "2",
+            "--eval-during-training",
+            f"{tiny_beir}:dev",
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "1",
+            "--per_device_train_batch_size",
+            "4",
+            "--save_strategy",
+            "no",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert rc == 0
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     ndcg = [h for h in history if "eval_toy_dev_ndcg@10" in h]
@@ -228,10 +288,13 @@ def test_cli_eval_during_training(tiny_st_dir, tiny_beir, tmp_path, capsys):
     assert "output_dir" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("spec, needle", [
-    ("{beir}:nosuchsplit", "--eval-during-training '{beir}:nosuchsplit': split 'nosuchsplit' not found"),
-    ("{tmp}/missing:dev", "--eval-during-training '{tmp}/missing:dev': {tmp}/missing is not a directory"),
-])
+@pytest.mark.parametrize(
+    "spec, needle",
+    [
+        ("{beir}:nosuchsplit", "--eval-during-training '{beir}:nosuchsplit': split 'nosuchsplit' not found"),
+        ("{tmp}/missing:dev", "--eval-during-training '{tmp}/missing:dev': {tmp}/missing is not a directory"),
+    ],
+)
 def test_cli_bad_eval_during_training_spec(spec, needle, tiny_st_dir, tiny_beir, tmp_path, capsys, monkeypatch):
     import hf_cocodr.modeling.loading as loading
 
@@ -240,8 +303,20 @@ def test_cli_bad_eval_during_training_spec(spec, needle, tiny_st_dir, tiny_beir,
 
     monkeypatch.setattr(loading, "load_encoder", no_loading)
     spec = spec.format(beir=tiny_beir, tmp=tmp_path)
-    rc = main(["finetune", "--model", str(tiny_st_dir), "--train-data", str(tiny_beir), "--output_dir",
-               str(tmp_path / "o"), "--eval-during-training", spec, "--use_cpu"])
+    rc = main(
+        [
+            "finetune",
+            "--model",
+            str(tiny_st_dir),
+            "--train-data",
+            str(tiny_beir),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--eval-during-training",
+            spec,
+            "--use_cpu",
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert needle.format(beir=tiny_beir, tmp=tmp_path) in lines[-1], lines

@@ -169,7 +169,9 @@ def test_reference_update_hand_computed(st_model):
 
 def test_groupdro_update(st_model):
     loss = make_loss(st_model, preset="groupdro", groupdro_step_size=0.5)
-    coef = loss._update_and_coefficients(torch.tensor([0, 1]), torch.tensor([1.0, 3.0], dtype=torch.float64), None, None)
+    coef = loss._update_and_coefficients(
+        torch.tensor([0, 1]), torch.tensor([1.0, 3.0], dtype=torch.float64), None, None
+    )
     logw = torch.full((4,), -math.log(4), dtype=torch.float64)
     logw[0] += 0.5
     logw[1] += 1.5
@@ -201,14 +203,17 @@ def test_absent_clusters_keep_relative_weights(st_model):
     torch.testing.assert_close(w[2:], w[2].expand(4))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"tau": 0}, "tau must be > 0"),
-    ({"tau": -1.0}, "tau must be > 0"),
-    ({"beta": -0.1}, "beta must be"),
-    ({"preset": "nope"}, "preset must be one of"),
-    ({"grad_params": "last_blocks:99"}, "N must be in"),
-    ({"grad_params": ["not.a.param"]}, "unknown parameter names"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"tau": 0}, "tau must be > 0"),
+        ({"tau": -1.0}, "tau must be > 0"),
+        ({"beta": -0.1}, "beta must be"),
+        ({"preset": "nope"}, "preset must be one of"),
+        ({"grad_params": "last_blocks:99"}, "N must be in"),
+        ({"grad_params": ["not.a.param"]}, "unknown parameter names"),
+    ],
+)
 def test_bad_arguments(st_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
         IDROLoss(st_model, **kwargs)

@@ -21,9 +21,20 @@ def multi_beir(tmp_path_factory):
 
 
 def make_args(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=8, max_steps=6, num_clusters=4, logging_steps=1,
-                save_strategy="no", report_to="none", use_cpu=True, seed=7, learning_rate=1e-3,
-                dataloader_drop_last=True, idro_tau=50.0)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        max_steps=6,
+        num_clusters=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=7,
+        learning_rate=1e-3,
+        dataloader_drop_last=True,
+        idro_tau=50.0,
+    )
     base.update(kw)
     return IDROTrainingArguments(**base)
 
@@ -57,8 +68,11 @@ def test_trains_and_changes_every_trainable_parameter(tiny_bert_dir, multi_beir,
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
     assert "train_loss" in trainer.state.log_history[-1]
-    unchanged = [n for n, p in trainer.model.named_parameters()
-                 if p.requires_grad and "pooler" not in n and torch.equal(before[n], p.detach())]
+    unchanged = [
+        n
+        for n, p in trainer.model.named_parameters()
+        if p.requires_grad and "pooler" not in n and torch.equal(before[n], p.detach())
+    ]
     assert not unchanged, unchanged
     logged = trainer.state.log_history[0]
     for key in ("idro_clusters_present", "idro_weight_max", "idro_weight_min", "hard_negatives_per_query"):
@@ -91,8 +105,11 @@ def test_user_callback_is_not_duplicated(tiny_bert_dir, multi_beir, tmp_path):
 
 def test_refreshed_negatives_never_contain_positives(tiny_bert_dir, multi_beir, tmp_path):
     data = RetrievalTrainingData.from_beir(multi_beir, "train", negatives="bm25")
-    trainer, _ = build(tiny_bert_dir, data, make_args(tmp_path / "o", max_steps=5, refresh_negatives_every_steps=2,
-                                                      negatives_top_k=50))
+    trainer, _ = build(
+        tiny_bert_dir,
+        data,
+        make_args(tmp_path / "o", max_steps=5, refresh_negatives_every_steps=2, negatives_top_k=50),
+    )
     seen = []
     orig = data.sample
 
@@ -115,16 +132,24 @@ def test_refreshed_negatives_never_contain_positives(tiny_bert_dir, multi_beir, 
     assert reasons.count("negatives refresh at step 2") == 1 and reasons.count("negatives refresh at step 4") == 1
 
 
-@pytest.mark.parametrize("stop,max_steps,cluster_every", [(3, 6, 2), (5, 9, 0)],
-                         ids=["every-2-steps", "per-epoch-resumed-late-in-an-epoch"])
+@pytest.mark.parametrize(
+    "stop,max_steps,cluster_every", [(3, 6, 2), (5, 9, 0)], ids=["every-2-steps", "per-epoch-resumed-late-in-an-epoch"]
+)
 def test_resume_continues_the_same_trajectory(stop, max_steps, cluster_every, tiny_bert_dir, multi_beir, tmp_path):
     # 60 queries / 8 = 7 steps per epoch: the second case resumes at epoch progress 5/7 (> 0.5) and then crosses
     # the epoch boundary, where the per-epoch re-clustering must happen once, at step 7, as in the uninterrupted run
     def run(out, halt=None, resume=None):
         data = RetrievalTrainingData.from_beir(multi_beir, "train", negatives="bm25")
-        args = make_args(out, max_steps=max_steps, save_strategy="steps", save_steps=stop,
-                         cluster_every_steps=cluster_every, refresh_negatives_every_steps=3, negatives_top_k=30,
-                         recluster_on_refresh=bool(cluster_every))
+        args = make_args(
+            out,
+            max_steps=max_steps,
+            save_strategy="steps",
+            save_steps=stop,
+            cluster_every_steps=cluster_every,
+            refresh_negatives_every_steps=3,
+            negatives_top_k=30,
+            recluster_on_refresh=bool(cluster_every),
+        )
         trainer, spy = build(tiny_bert_dir, data, args, [stop_at(halt)] if halt else [])
         trainer.train(resume_from_checkpoint=resume)
         return trainer, spy
@@ -135,7 +160,8 @@ def test_resume_continues_the_same_trajectory(stop, max_steps, cluster_every, ti
     resumed, spy_res = run(tmp_path / "part", resume=True)
     assert resumed.state.global_step == max_steps
     assert [h["reason"] for h in resumed.kmeans_callback.history] == [
-        h["reason"] for h in full.kmeans_callback.history]
+        h["reason"] for h in full.kmeans_callback.history
+    ]
     torch.testing.assert_close(spy_res.weights[max_steps], spy_full.weights[max_steps], rtol=1e-6, atol=1e-9)
     assert np.array_equal(spy_res.assignments[max_steps], spy_full.assignments[max_steps])
     loss_full = [h["loss"] for h in full.state.log_history if "loss" in h and h["step"] > stop]
@@ -198,8 +224,9 @@ def test_plain_dataset_is_accepted(tiny_bert_dir, tmp_path):
 
     rng = random.Random(0)  # distinct texts (the tiny vocabulary has no digits: "topic 3" would be "topic [UNK]")
     topics = [sorted(tiny.TOPICS)[i % len(tiny.TOPICS)] for i in range(16)]
-    ds = Dataset.from_dict({"anchor": [tiny.sentence(rng, t, 5) for t in topics],
-                            "positive": [tiny.document(rng, t, 2) for t in topics]})
+    ds = Dataset.from_dict(
+        {"anchor": [tiny.sentence(rng, t, 5) for t in topics], "positive": [tiny.document(rng, t, 2) for t in topics]}
+    )
     trainer, _ = build(tiny_bert_dir, ds, make_args(tmp_path / "o", max_steps=2, num_clusters=2))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
@@ -219,8 +246,7 @@ def test_bad_inputs(tiny_bert_dir, tmp_path):
     with pytest.raises(ValueError, match="at least two text columns"):
         IDROTrainer(model=model, args=make_args(tmp_path), train_dataset=Dataset.from_dict({"q": ["a"]}))
     with pytest.raises(ValueError, match="empty"):
-        IDROTrainer(model=model, args=make_args(tmp_path),
-                    train_dataset=Dataset.from_dict({"q": [], "p": []}))
+        IDROTrainer(model=model, args=make_args(tmp_path), train_dataset=Dataset.from_dict({"q": [], "p": []}))
     with pytest.raises(ValueError, match="idro_tau must be > 0"):
         make_args(tmp_path, idro_tau=0.0)
     with pytest.raises(ValueError, match="idro_beta must be >= 0"):
@@ -241,5 +267,7 @@ def test_missing_positives_error_lists_examples(tmp_path):
     lines = (folder / "corpus.jsonl").read_text().splitlines()
     blank = [json.dumps({**json.loads(x), "title": "", "text": ""}) for x in lines]
     (folder / "corpus.jsonl").write_text("\n".join(blank + [json.dumps({"_id": "extra", "text": "x"})]) + "\n")
-    with pytest.raises(BEIRFormatError, match=r"none of the 2 judged queries has a positive document with text.*e\.g\. \['q"):
+    with pytest.raises(
+        BEIRFormatError, match=r"none of the 2 judged queries has a positive document with text.*e\.g\. \['q"
+    ):
         RetrievalTrainingData.from_beir(folder, "train", negatives="none")

@@ -21,9 +21,20 @@ from hf_cocodr.methods import (
 
 
 def args_for(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=8, max_steps=3, num_clusters=3, logging_steps=1,
-                save_strategy="no", report_to="none", use_cpu=True, seed=5, learning_rate=1e-3, idro_tau=50.0,
-                dataloader_drop_last=True)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        max_steps=3,
+        num_clusters=3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=5,
+        learning_rate=1e-3,
+        idro_tau=50.0,
+        dataloader_drop_last=True,
+    )
     base.update(kw)
     return IDROTrainingArguments(**base)
 
@@ -117,8 +128,13 @@ def test_berm_trains_and_handles_single_unit_passages(tiny_st_dir, tiny_beir, tm
     berm = trainer.idro_loss.auxiliary[0]
     q = torch.randn(1, 32)
     ids = berm.tokenizer(["one sentence only"], return_tensors="pt")["input_ids"]
-    out = berm(q, q, {"token_embeddings": torch.randn(1, ids.shape[1], 32), "input_ids": ids},
-               ["query"], ["one sentence only"])
+    out = berm(
+        q,
+        q,
+        {"token_embeddings": torch.randn(1, ids.shape[1], 32), "input_ids": ids},
+        ["query"],
+        ["one sentence only"],
+    )
     assert float(out["berm_balance_loss"]) == 0.0 and berm.last_stats["single_unit_passages"] == 1
 
 
@@ -175,7 +191,9 @@ def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_
     tok = model.tokenizer
     long_text = "cardiac artery " * 200  # far longer than the max length: the tokens must survive
     ids = tok(long_text, truncation=True, max_length=32)["input_ids"]
-    assert len(ids) == 32 and ids[1] == tok.convert_tokens_to_ids("[T]") and ids[-2] == tok.convert_tokens_to_ids("[H]")
+    assert (
+        len(ids) == 32 and ids[1] == tok.convert_tokens_to_ids("[T]") and ids[-2] == tok.convert_tokens_to_ids("[H]")
+    )
     # encode() alone gives the [T] ... [H] embedding
     feats = model.preprocess(["pulse and blood pressure"])
     assert feats["input_ids"][0, 1] == tok.convert_tokens_to_ids("[T]")
@@ -189,8 +207,9 @@ def test_rmsc_rows_are_clustered_with_their_own_tokens_and_checkpoints_encode_t_
     from hf_cocodr.evaluation.retrieval import encode_texts
     from hf_cocodr.methods.rmsc import COMBINATIONS, set_rmsc_template
 
-    trainer, _ = train_with(["rmsc"], tiny_st_dir, tiny_beir, tmp_path, max_steps=2, save_strategy="steps",
-                            save_steps=1)
+    trainer, _ = train_with(
+        ["rmsc"], tiny_st_dir, tiny_beir, tmp_path, max_steps=2, save_strategy="steps", save_steps=1
+    )
     data = trainer.training_data
     start = data.offsets[2]  # the first target-weak row
     lo, hi = start - 2, start + 2  # two source-weak rows, two target-weak rows
@@ -215,12 +234,48 @@ def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path,
     from hf_cocodr.cli import main
 
     common = ["--max_steps", "2", "--per_device_train_batch_size", "8", "--use_cpu"]
-    assert main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--output_dir",
-                 str(tmp_path / "coco"), *common]) == 0
-    assert main(["finetune", "--model", str(tmp_path / "coco"), "--train-data", str(tiny_beir), "--output_dir",
-                 str(tmp_path / "ft"), "--num-clusters", "2", "--method", "berm", "--method", "modir",
-                 "--target-corpus", str(tiny_beir), "--target-queries", str(tiny_beir), "--modir_lambda", "0.25",
-                 *common]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--model",
+                str(tiny_bert_dir),
+                "--corpus",
+                str(tiny_beir),
+                "--output_dir",
+                str(tmp_path / "coco"),
+                *common,
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "finetune",
+                "--model",
+                str(tmp_path / "coco"),
+                "--train-data",
+                str(tiny_beir),
+                "--output_dir",
+                str(tmp_path / "ft"),
+                "--num-clusters",
+                "2",
+                "--method",
+                "berm",
+                "--method",
+                "modir",
+                "--target-corpus",
+                str(tiny_beir),
+                "--target-queries",
+                str(tiny_beir),
+                "--modir_lambda",
+                "0.25",
+                *common,
+            ]
+        )
+        == 0
+    )
     info = json.loads((tmp_path / "ft" / "hf_cocodr_provenance.json").read_text())
     assert {"coco", "idro", "berm", "modir"} <= set(info["methods"])
     card = (tmp_path / "ft" / "README.md").read_text()
@@ -228,8 +283,17 @@ def test_combination_cli_coco_then_idro_berm(tiny_bert_dir, tiny_beir, tmp_path,
     assert "λ₀=0.25" in card and "MoDIR also read the **queries**" in card
 
 
-@pytest.mark.parametrize("bad", [dict(modir_queue_batches=0), dict(modir_classifier_lr=0.0), dict(berm_alpha=-1.0),
-                                 dict(rmsc_weak_mode="cloze"), dict(rmsc_k=0), dict(rmsc_weak_pairs=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(modir_queue_batches=0),
+        dict(modir_classifier_lr=0.0),
+        dict(berm_alpha=-1.0),
+        dict(rmsc_weak_mode="cloze"),
+        dict(rmsc_k=0),
+        dict(rmsc_weak_pairs=0),
+    ],
+)
 def test_bad_method_settings_are_refused_by_name(bad, tmp_path):
     from hf_cocodr.errors import ConfigError
 
@@ -251,8 +315,14 @@ def test_resumed_run_equals_uninterrupted(method, tiny_st_dir, tiny_beir, tmp_pa
     def later(trainer, key):
         return [h[key] for h in trainer.state.log_history if key in h and h["step"] > 3]
 
-    for key in ("loss", *{"modir": ["confusion_loss", "domain_classifier_accuracy"],
-                          "berm": ["berm_extract_loss", "berm_balance_loss"], "rmsc": []}[method]):
+    for key in (
+        "loss",
+        *{
+            "modir": ["confusion_loss", "domain_classifier_accuracy"],
+            "berm": ["berm_extract_loss", "berm_balance_loss"],
+            "rmsc": [],
+        }[method],
+    ):
         assert later(resumed, key) == pytest.approx(later(full, key), rel=1e-5), key
     for (n, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=n)
@@ -264,10 +334,20 @@ def test_resumed_run_equals_uninterrupted(method, tiny_st_dir, tiny_beir, tmp_pa
 
 
 def test_method_settings_reach_the_objectives_and_the_card(tiny_st_dir, tiny_beir, tmp_path):
-    trainer, _ = train_with(["modir", "berm"], tiny_st_dir, tiny_beir, tmp_path, max_steps=1, modir_lambda=0.5,
-                            queries=[str(tiny_beir)],
-                            modir_half_life=100.0, modir_queue_batches=7, modir_classifier_lr=0.05, berm_alpha=0.2,
-                            berm_beta=0.0)
+    trainer, _ = train_with(
+        ["modir", "berm"],
+        tiny_st_dir,
+        tiny_beir,
+        tmp_path,
+        max_steps=1,
+        modir_lambda=0.5,
+        queries=[str(tiny_beir)],
+        modir_half_life=100.0,
+        modir_queue_batches=7,
+        modir_classifier_lr=0.05,
+        berm_alpha=0.2,
+        berm_beta=0.0,
+    )
     modir, berm = trainer.idro_loss.auxiliary
     assert (modir.lambda0, modir.half_life, modir.queue_batches, modir.classifier_lr) == (0.5, 100.0, 7, 0.05)
     assert (berm.alpha, berm.beta) == (0.2, 0.0)
@@ -291,11 +371,19 @@ def test_target_queries_need_modir_and_must_exist(tiny_st_dir, tiny_beir, tmp_pa
     model = load_encoder(str(tiny_st_dir))
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="none")
     with pytest.raises(ConfigError, match="only read by MoDIR"):
-        configure_methods(["berm"], model, args_for(tmp_path), data, None, [str(tiny_beir)],
-                          target_queries=[str(tiny_beir)])
+        configure_methods(
+            ["berm"], model, args_for(tmp_path), data, None, [str(tiny_beir)], target_queries=[str(tiny_beir)]
+        )
     with pytest.raises(ConfigError, match="no such BEIR folder or JSONL file"):
-        configure_methods(["modir"], model, args_for(tmp_path), data, None, [str(tiny_beir)],
-                          target_queries=[str(tmp_path / "missing")])
+        configure_methods(
+            ["modir"],
+            model,
+            args_for(tmp_path),
+            data,
+            None,
+            [str(tiny_beir)],
+            target_queries=[str(tmp_path / "missing")],
+        )
 
 
 def test_modir_classifier_learns_a_separable_queue_and_then_drives_the_confusion_loss():

@@ -73,8 +73,10 @@ def test_the_schedule_rule_picks_mlm_head_for_splade_tiny_and_no_mlm_head_for_mi
     from hf_cocodr.modeling.condenser import checkpoint_has_mlm_head
     from hf_cocodr.recipe import RecipeConfig, choose_schedule
 
-    kinds = {name: choose_schedule(RecipeConfig(), checkpoint_has_mlm_head(bundled_model_path(name)))[1]["kind"]
-             for name in ("splade-tiny", "all-MiniLM-L6-v2")}
+    kinds = {
+        name: choose_schedule(RecipeConfig(), checkpoint_has_mlm_head(bundled_model_path(name)))[1]["kind"]
+        for name in ("splade-tiny", "all-MiniLM-L6-v2")
+    }
     assert kinds == {"splade-tiny": "mlm_head", "all-MiniLM-L6-v2": "no_mlm_head"}
 
 

@@ -19,8 +19,17 @@ def tiny_bert_nodrop(tmp_path_factory):
 
 
 def coco_args(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=8, max_steps=2, logging_steps=1, save_strategy="no",
-                report_to="none", use_cpu=True, seed=11, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=11,
+        disable_tqdm=True,
+    )
     base.update(kw)
     return CocoPretrainingArguments(**base)
 
@@ -28,7 +37,11 @@ def coco_args(out, **kw):
 def test_sentence_splitter_and_grouping():
     text = "Dr. Smith et al. measured 3.5 mg. The result was clear! Was it? Yes. See Fig. 2 for details."
     assert split_sentences_regex(text) == [
-        "Dr. Smith et al. measured 3.5 mg.", "The result was clear!", "Was it?", "Yes.", "See Fig. 2 for details."
+        "Dr. Smith et al. measured 3.5 mg.",
+        "The result was clear!",
+        "Was it?",
+        "Yes.",
+        "See Fig. 2 for details.",
     ]
     rng = np.random.default_rng(0)
     assert group_sentences([10, 10, 15, 40, 5], 30, 0.0, rng) == [(0, 2), (2, 3), (3, 4), (4, 5)]
@@ -95,21 +108,30 @@ def test_random_crops_do_not_overlap(tiny_bert_dir, tiny_beir):
     for _ in range(20):
         a, b = spans.sample_pair(0, rng, 8)
         assert len(a) == len(b) == 8
-        ia = next(i for i in range(len(toks)) if np.array_equal(toks[i:i + 8], a))
-        ib = next(i for i in range(len(toks)) if np.array_equal(toks[i:i + 8], b))
+        ia = next(i for i in range(len(toks)) if np.array_equal(toks[i : i + 8], a))
+        ib = next(i for i in range(len(toks)) if np.array_equal(toks[i : i + 8], b))
         assert abs(ia - ib) >= 8
 
 
 def grads_after_step(model_dir, corpus, out, chunk, accumulation=1, batch=8):
     torch.manual_seed(0)
-    args = coco_args(out, gradient_cache_chunk_size=chunk, per_device_train_batch_size=batch, max_steps=1,
-                     gradient_accumulation_steps=accumulation, learning_rate=0.0, warmup_steps=0, max_grad_norm=1e9)
+    args = coco_args(
+        out,
+        gradient_cache_chunk_size=chunk,
+        per_device_train_batch_size=batch,
+        max_steps=1,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=0.0,
+        warmup_steps=0,
+        max_grad_norm=1e9,
+    )
     trainer = CocoPretrainer(str(model_dir), args, corpora=[corpus])
     grads = {}
 
     def keep(n):
         def hook(g):
             grads[n] = grads.get(n, 0) + g.detach().clone()
+
         return hook
 
     for n, p in trainer.model.named_parameters():
@@ -236,7 +258,9 @@ def test_bad_corpora(tiny_bert_dir, tmp_path):
     with pytest.raises(ValueError, match="is empty"):
         CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[tmp_path / "empty.jsonl"])
     with pytest.raises(ValueError, match="has no 'text' column"):
-        CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[Dataset.from_dict({"body": ["a b c"]})])
+        CocoPretrainer(
+            str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[Dataset.from_dict({"body": ["a b c"]})]
+        )
     short = Dataset.from_dict({"text": ["One short sentence only."] * 20})
     with pytest.raises(ValueError, match="no document yields two spans"):
         CocoPretrainer(str(tiny_bert_dir), coco_args(tmp_path / "out"), corpora=[short])

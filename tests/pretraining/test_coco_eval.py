@@ -18,8 +18,18 @@ KEYS = ("eval_loss", "eval_contrastive_loss", "eval_mlm_loss", "eval_head_mlm_lo
 
 
 def coco_args(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=8, per_device_eval_batch_size=4, max_steps=2,
-                logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=11, disable_tqdm=True)
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=4,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=11,
+        disable_tqdm=True,
+    )
     base.update(kw)
     return CocoPretrainingArguments(**base)
 
@@ -34,8 +44,9 @@ def held_out_texts(n: int = 8) -> list[str]:
 @pytest.fixture(scope="module")
 def held_out_jsonl(tmp_path_factory):
     path = tmp_path_factory.mktemp("held_out") / "docs.jsonl"
-    path.write_text("".join(json.dumps({"title": f"doc {i}", "text": t}) + "\n"
-                            for i, t in enumerate(held_out_texts())))
+    path.write_text(
+        "".join(json.dumps({"title": f"doc {i}", "text": t}) + "\n" for i, t in enumerate(held_out_texts()))
+    )
     return path
 
 
@@ -46,8 +57,9 @@ def held_out_beir(tmp_path_factory):
     return tiny.make_beir(tmp_path_factory.mktemp("held_out_beir") / "dev", n_docs=8, seed=4)
 
 
-def test_eval_losses_during_training_and_for_every_corpus_form(tiny_bert_dir, tiny_beir, held_out_beir,
-                                                               held_out_jsonl, tmp_path):
+def test_eval_losses_during_training_and_for_every_corpus_form(
+    tiny_bert_dir, tiny_beir, held_out_beir, held_out_jsonl, tmp_path
+):
     args = coco_args(tmp_path / "o", max_steps=2, eval_strategy="steps", eval_steps=1)
     trainer = CocoPretrainer(str(tiny_bert_dir), args, corpora=[tiny_beir], eval_dataset=held_out_beir)
     trainer.train()
@@ -57,8 +69,11 @@ def test_eval_losses_during_training_and_for_every_corpus_form(tiny_bert_dir, ti
     for h in evals:
         assert all(k in h for k in KEYS), h
         assert h["eval_contrastive_loss"] > 0 and h["eval_mlm_loss"] > 0 and h["eval_head_mlm_loss"] > 0
-        weighted = (a.mlm_weight * h["eval_mlm_loss"] + a.head_mlm_weight * h["eval_head_mlm_loss"]
-                    + a.contrastive_weight * h["eval_contrastive_loss"])
+        weighted = (
+            a.mlm_weight * h["eval_mlm_loss"]
+            + a.head_mlm_weight * h["eval_head_mlm_loss"]
+            + a.contrastive_weight * h["eval_contrastive_loss"]
+        )
         assert h["eval_loss"] == pytest.approx(weighted, rel=1e-4)
     # the training log keeps its own components
     assert any("contrastive_loss" in h and "eval_loss" not in h for h in trainer.state.log_history)
@@ -94,9 +109,30 @@ def test_evaluate_twice_changes_nothing(tiny_bert_dir, tiny_beir, held_out_jsonl
 
 def test_cli_eval_corpus(tiny_bert_dir, tiny_beir, held_out_jsonl, tmp_path, capsys):
     out = tmp_path / "o"
-    rc = main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--eval-corpus",
-               str(held_out_jsonl), "--output_dir", str(out), "--max_steps", "2", "--eval_steps", "1",
-               "--per_device_train_batch_size", "8", "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"])
+    rc = main(
+        [
+            "pretrain",
+            "--model",
+            str(tiny_bert_dir),
+            "--corpus",
+            str(tiny_beir),
+            "--eval-corpus",
+            str(held_out_jsonl),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "1",
+            "--per_device_train_batch_size",
+            "8",
+            "--save_strategy",
+            "no",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert rc == 0
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     evals = [h for h in history if "eval_contrastive_loss" in h]
@@ -111,8 +147,20 @@ def test_cli_eval_corpus_missing_is_one_line(tiny_bert_dir, tiny_beir, tmp_path,
         raise AssertionError("a model was loaded before --eval-corpus was checked")
 
     monkeypatch.setattr(condenser.CondenserForPretraining, "from_pretrained", no_loading)
-    rc = main(["pretrain", "--model", str(tiny_bert_dir), "--corpus", str(tiny_beir), "--eval-corpus",
-               str(tmp_path / "missing.jsonl"), "--output_dir", str(tmp_path / "o"), "--use_cpu"])
+    rc = main(
+        [
+            "pretrain",
+            "--model",
+            str(tiny_bert_dir),
+            "--corpus",
+            str(tiny_beir),
+            "--eval-corpus",
+            str(tmp_path / "missing.jsonl"),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--use_cpu",
+        ]
+    )
     lines = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert f"--eval-corpus {tmp_path / 'missing.jsonl'}: no such file or folder" in lines[-1], lines

@@ -130,8 +130,9 @@ def _measure(model) -> dict[str, Any]:
     }
 
 
-def _base_model(path: Path | None, model_name: str, adapted_from: str | None, info: dict[str, Any],
-                card: dict[str, Any]) -> str | None:
+def _base_model(
+    path: Path | None, model_name: str, adapted_from: str | None, info: dict[str, Any], card: dict[str, Any]
+) -> str | None:
     """The Hub model this one was adapted from: given, recorded in the provenance or the card, or (for an untrained
     local copy of a Hub model) the Hub id the folder resolves to; None when it is the model itself."""
     base = adapted_from or _hub_id(info.get("base_model")) or _hub_id(card.get("base_model"))
@@ -140,8 +141,16 @@ def _base_model(path: Path | None, model_name: str, adapted_from: str | None, in
     return None if base == model_name else base
 
 
-def _known_model_fields(known, changed: dict[str, Any], facts: dict[str, Any], path: Path | None, *, trained: bool,
-                        ours: set[str] | None, opts: dict[str, Any]) -> dict[str, Any]:
+def _known_model_fields(
+    known,
+    changed: dict[str, Any],
+    facts: dict[str, Any],
+    path: Path | None,
+    *,
+    trained: bool,
+    ours: set[str] | None,
+    opts: dict[str, Any],
+) -> dict[str, Any]:
     """The registry's meta of a known model with only what adaptation changed replaced."""
     from mteb.models.model_meta import ScoringFunction  # heavy: imported on first use only
 
@@ -151,8 +160,12 @@ def _known_model_fields(known, changed: dict[str, Any], facts: dict[str, Any], p
         fields["release_date"] = opts["release_date"] or _release_date(path)
     if ours is not None or known.training_datasets is not None:
         fields["training_datasets"] = set(known.training_datasets or set()) | (ours or set())
-    measured = {"similarity_fn_name": ScoringFunction(facts["similarity"]), "max_tokens": facts["max_tokens"],
-                "embed_dim": facts["embed_dim"], "n_parameters": facts["n_parameters"]}
+    measured = {
+        "similarity_fn_name": ScoringFunction(facts["similarity"]),
+        "max_tokens": facts["max_tokens"],
+        "embed_dim": facts["embed_dim"],
+        "n_parameters": facts["n_parameters"],
+    }
     fields.update({k: v for k, v in measured.items() if fields.get(k) != v})
     if fields["n_parameters"] != known.n_parameters:
         fields.update(memory_usage_mb=facts["memory_usage_mb"], n_embedding_parameters=facts["n_embedding_parameters"])
@@ -177,15 +190,24 @@ def _known_model_fields(known, changed: dict[str, Any], facts: dict[str, Any], p
     return fields
 
 
-def _new_model_fields(model, changed: dict[str, Any], facts: dict[str, Any], path: Path | None, *,
-                      ours: set[str] | None, card: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+def _new_model_fields(
+    model,
+    changed: dict[str, Any],
+    facts: dict[str, Any],
+    path: Path | None,
+    *,
+    ours: set[str] | None,
+    card: dict[str, Any],
+    opts: dict[str, Any],
+) -> dict[str, Any]:
     """mteb's own ``ModelMeta.from_sentence_transformer_model`` (no Hub access), completed from the model, the
     directory and the card."""
     from mteb.models.model_meta import ModelMeta, ScoringFunction  # heavy: imported on first use only
 
     with warnings_quiet():  # fill_missing=None: its default (False) only raises a deprecation warning
-        meta = ModelMeta.from_sentence_transformer_model(model, revision=changed["revision"], fill_missing=None,
-                                                         fetch_from_hf=False)
+        meta = ModelMeta.from_sentence_transformer_model(
+            model, revision=changed["revision"], fill_missing=None, fetch_from_hf=False
+        )
     framework = list(dict.fromkeys([*meta.framework, "Sentence Transformers", "PyTorch"]))
     if path is not None and any(path.glob("*.safetensors")):
         framework.append("safetensors")
@@ -195,7 +217,8 @@ def _new_model_fields(model, changed: dict[str, Any], facts: dict[str, Any], pat
         release_date=opts["release_date"] or _release_date(path),
         languages=list(opts["languages"]),
         n_parameters=facts["n_parameters"],
-        n_embedding_parameters=facts["n_embedding_parameters"] if facts["n_embedding_parameters"] is not None
+        n_embedding_parameters=facts["n_embedding_parameters"]
+        if facts["n_embedding_parameters"] is not None
         else meta.n_embedding_parameters,
         memory_usage_mb=facts["memory_usage_mb"],
         max_tokens=facts["max_tokens"],
@@ -308,12 +331,20 @@ def model_meta_for(
         "revision": revision,
         "loader": cocodr_sentence_transformer_loader if raw_checkpoint else _sentence_transformers_loader(),
         "loader_kwargs": {"pooling_mode": facts["pooling"], "similarity_fn_name": facts["similarity"]}
-        if raw_checkpoint else {},
+        if raw_checkpoint
+        else {},
         "adapted_from": base,
     }
-    opts = {"languages": languages, "license": license, "release_date": release_date, "reference": reference,
-            "public_training_code": public_training_code, "public_training_data": public_training_data,
-            "citation": citation, "contacts": contacts}
+    opts = {
+        "languages": languages,
+        "license": license,
+        "release_date": release_date,
+        "reference": reference,
+        "public_training_code": public_training_code,
+        "public_training_data": public_training_data,
+        "citation": citation,
+        "contacts": contacts,
+    }
     if known is not None:
         fields = _known_model_fields(known, changed, facts, path, trained=trained, ours=ours, opts=opts)
     else:

@@ -51,7 +51,10 @@ def cocodr_sentence_transformer_loader(
 
     hub = {"revision": revision} if revision else {}
     transformer = Transformer(
-        model_name, max_seq_length=max_seq_length, model_kwargs=dict(hub), processor_kwargs=dict(hub),
+        model_name,
+        max_seq_length=max_seq_length,
+        model_kwargs=dict(hub),
+        processor_kwargs=dict(hub),
         config_kwargs=dict(hub),
     )
     pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling_mode)

@@ -37,8 +37,12 @@ def _summarise(task_result) -> dict[str, Any]:
     return out
 
 
-def results_submission_steps(model_name: str, revision: str, output_folder: str | os.PathLike = "mteb_results",
-                             tasks: Sequence[str] = ("SciFact", "NFCorpus")) -> list[str]:
+def results_submission_steps(
+    model_name: str,
+    revision: str,
+    output_folder: str | os.PathLike = "mteb_results",
+    tasks: Sequence[str] = ("SciFact", "NFCorpus"),
+) -> list[str]:
     """Numbered steps to publish MTEB results for ``model_name`` at ``revision``."""
     rel = f"results/{model_name.replace('/', '__')}/{revision}"
     org_file = re.sub(r"\W+", "_", model_name.split("/", 1)[0]).lower() + "_models.py"

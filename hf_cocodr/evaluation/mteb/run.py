@@ -27,7 +27,11 @@ def _is_offline_error(exc: BaseException) -> bool:
     while exc is not None and seen < 10:
         name = type(exc).__name__
         if isinstance(exc, ConnectionError) or name in {
-            "OfflineModeIsEnabled", "LocalEntryNotFoundError", "DatasetNotFoundError", "ConnectionError", "ConnectError",
+            "OfflineModeIsEnabled",
+            "LocalEntryNotFoundError",
+            "DatasetNotFoundError",
+            "ConnectionError",
+            "ConnectError",
             "ConnectTimeout",
         }:
             return True
@@ -47,8 +51,14 @@ def _data_unavailable(task, error: BaseException) -> MTEBDataUnavailableError:
     )
 
 
-def _load_with_meta(model, model_name: str, revision: str | None, languages: Sequence[str], device: str | None,
-                    meta_kwargs: dict[str, Any]):
+def _load_with_meta(
+    model,
+    model_name: str,
+    revision: str | None,
+    languages: Sequence[str],
+    device: str | None,
+    meta_kwargs: dict[str, Any],
+):
     """The loaded model (from a directory, a Hub id or as given) and its :func:`model_meta_for`."""
     model_dir = None
     meta_kwargs = dict(meta_kwargs)
@@ -125,7 +135,9 @@ def run_mteb(
     if batch_size is None or batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if folder is None and not tasks:
-        raise ValueError("nothing to evaluate: give a BEIR folder (DATA_DIR) or MTEB task names (--tasks SciFact,...).")
+        raise ValueError(
+            "nothing to evaluate: give a BEIR folder (DATA_DIR) or MTEB task names (--tasks SciFact,...)."
+        )
     local_tasks = [beir_task(folder, split, task_name, languages=languages)] if folder is not None else []
     task_objects = [t for t in tasks or [] if not isinstance(t, str)]
     builtin_names = [t for t in tasks or [] if isinstance(t, str)]
@@ -141,9 +153,15 @@ def run_mteb(
         try:
             with warnings_quiet():
                 result = mteb.evaluate(
-                    encoder, task, cache=cache, encode_kwargs=dict(encode_kwargs),
-                    overwrite_strategy="always" if overwrite else "only-missing", co2_tracker=co2_tracker,
-                    show_progress_bar=False, prediction_folder=prediction_folder, raise_error=True,
+                    encoder,
+                    task,
+                    cache=cache,
+                    encode_kwargs=dict(encode_kwargs),
+                    overwrite_strategy="always" if overwrite else "only-missing",
+                    co2_tracker=co2_tracker,
+                    show_progress_bar=False,
+                    prediction_folder=prediction_folder,
+                    raise_error=True,
                 )
         except Exception as e:
             if task in builtin and _is_offline_error(e):

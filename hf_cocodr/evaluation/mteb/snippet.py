@@ -34,8 +34,10 @@ def _notes(meta, model) -> list[str]:
     else:
         own = sorted(d for d in meta.training_datasets if normalize_task_name(d) not in mteb_task_names())
         if own:
-            notes.append(f"training_datasets also names data sets MTEB does not have ({', '.join(own)}), "
-                         "as hf_cocodr recorded them.")
+            notes.append(
+                f"training_datasets also names data sets MTEB does not have ({', '.join(own)}), "
+                "as hf_cocodr recorded them."
+            )
     return notes
 
 
@@ -47,7 +49,13 @@ def _header(meta, model) -> list[str]:
     header[-1] += '"""'
     header += ["", "from __future__ import annotations", ""]
     if meta.loader is cocodr_sentence_transformer_loader:
-        header += ["from typing import Any", "", "from mteb.models.model_meta import ModelMeta, ScoringFunction", "", ""]
+        header += [
+            "from typing import Any",
+            "",
+            "from mteb.models.model_meta import ModelMeta, ScoringFunction",
+            "",
+            "",
+        ]
         header += inspect.getsource(cocodr_sentence_transformer_loader).splitlines() + ["", ""]
     else:
         header += [
@@ -98,6 +106,12 @@ def mteb_meta_snippet(
     body[0] = f"{_python_identifier(meta.name)} = {body[0]}"
     footer = ["", "", "# Submitting results to the MTEB leaderboard:"]
     for i, step in enumerate(results_submission_steps(meta.name, meta.revision, output_folder), 1):
-        footer += textwrap.wrap(f"{i}. {step}", 116, initial_indent="# ", subsequent_indent="#    ",
-                                break_long_words=False, break_on_hyphens=False)
+        footer += textwrap.wrap(
+            f"{i}. {step}",
+            116,
+            initial_indent="# ",
+            subsequent_indent="#    ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return "\n".join(_header(meta, model) + body + footer) + "\n"

@@ -32,7 +32,11 @@ def _hash_files(paths: Iterable[Path], root: Path | None = None, prefix: str = "
 def beir_revision(folder: str | os.PathLike, split: str) -> str:
     """A content hash of a BEIR split (corpus, queries and ``qrels/<split>.tsv``): the task's dataset revision."""
     folder = Path(folder)
-    files = [jsonl_file(folder, "corpus.jsonl"), jsonl_file(folder, "queries.jsonl"), folder / "qrels" / f"{split}.tsv"]
+    files = [
+        jsonl_file(folder, "corpus.jsonl"),
+        jsonl_file(folder, "queries.jsonl"),
+        folder / "qrels" / f"{split}.tsv",
+    ]
     return _hash_files([p for p in files if p.is_file()], folder)
 
 
@@ -162,4 +166,3 @@ def _builtin_tasks(names: Sequence[str], languages: Sequence[str] | None = None)
             raise ValueError(f"MTEB task {name!r} has no subset in the languages {list(languages or [])}.")
         tasks.extend(found)
     return tasks
-

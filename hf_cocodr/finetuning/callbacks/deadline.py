@@ -39,6 +39,11 @@ class WallClockDeadline(TrainerCallback):
         if bool(late[0]) and state.global_step < state.max_steps:
             control.should_training_stop = True
             self.stopped_at_step = state.global_step
-            logger.warning("%s: stopped at step %d of %d, its share of the time budget is spent (steps ran slower "
-                           "than the planner measured)", self.name, state.global_step, state.max_steps)
+            logger.warning(
+                "%s: stopped at step %d of %d, its share of the time budget is spent (steps ran slower "
+                "than the planner measured)",
+                self.name,
+                state.global_step,
+                state.max_steps,
+            )
         return control

@@ -46,9 +46,17 @@ class KMeansClusteringCallback(TrainerCallback):
             (without faiss: scikit-learn's KMeans); see :func:`hf_cocodr.index.kmeans`.
     """
 
-    def __init__(self, num_clusters: int | None = None, every_steps: int = 0, max_points_per_centroid: int | None = None,
-                 niter: int = 20, seed: int | None = None, carry: str = "match", backend: str = "auto",
-                 batch_size: int = 64):
+    def __init__(
+        self,
+        num_clusters: int | None = None,
+        every_steps: int = 0,
+        max_points_per_centroid: int | None = None,
+        niter: int = 20,
+        seed: int | None = None,
+        carry: str = "match",
+        backend: str = "auto",
+        batch_size: int = 64,
+    ):
         if carry not in ("match", "reset"):
             raise ValueError(f"carry must be 'match' or 'reset', got {carry!r}")
         self.num_clusters = num_clusters
@@ -117,10 +125,19 @@ class KMeansClusteringCallback(TrainerCallback):
             k = n
         seed = (self.seed if self.seed is not None else trainer.args.seed) + self.count
         if D.is_main():
-            centroids, assign = kmeans(x, k, niter=self.niter, seed=seed,
-                                       max_points_per_centroid=self.max_points_per_centroid, backend=self.backend)
-            mapping = (match_centroids(self.centroids, centroids)
-                       if self.carry == "match" and self.centroids is not None else None)
+            centroids, assign = kmeans(
+                x,
+                k,
+                niter=self.niter,
+                seed=seed,
+                max_points_per_centroid=self.max_points_per_centroid,
+                backend=self.backend,
+            )
+            mapping = (
+                match_centroids(self.centroids, centroids)
+                if self.carry == "match" and self.centroids is not None
+                else None
+            )
         else:
             centroids = assign = mapping = None
         centroids = D.broadcast_array(centroids)
@@ -139,13 +156,24 @@ class KMeansClusteringCallback(TrainerCallback):
         sizes = np.bincount(assign, minlength=k)
         step = trainer.state.global_step if trainer.state is not None else 0
         self.history.append({"step": int(step), "sizes": sizes.tolist(), "reason": reason})
-        carry = "first clustering" if self.count == 1 else (
-            "weights carried over by centroid matching" if mapping is not None else "weights reset")
+        carry = (
+            "first clustering"
+            if self.count == 1
+            else ("weights carried over by centroid matching" if mapping is not None else "weights reset")
+        )
         logger.info(
             "K-Means (%s): %d queries into %d clusters in %.1fs (sizes min %d / median %d / max %d; all %d points "
             "used for training: %s); %s",
-            reason, n, k, time.perf_counter() - t0, sizes.min(), int(np.median(sizes)), sizes.max(),
-            n, self.max_points_per_centroid is None, carry,
+            reason,
+            n,
+            k,
+            time.perf_counter() - t0,
+            sizes.min(),
+            int(np.median(sizes)),
+            sizes.max(),
+            n,
+            self.max_points_per_centroid is None,
+            carry,
         )
 
     # -------------------------------------------------------------------------------------------- state

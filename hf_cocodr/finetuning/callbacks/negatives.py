@@ -25,9 +25,17 @@ class HardNegativeRefreshCallback(TrainerCallback):
     Rank 0 mines and broadcasts the table, so every rank samples from the same negatives.
     """
 
-    def __init__(self, every_steps: int, top_k: int = 100, skip_top: int = 0, recluster: bool = True,
-                 batch_size: int = 64, max_length: int | None = None, query_chunk: int = 65536,
-                 encode_precision: str = "fp32"):
+    def __init__(
+        self,
+        every_steps: int,
+        top_k: int = 100,
+        skip_top: int = 0,
+        recluster: bool = True,
+        batch_size: int = 64,
+        max_length: int | None = None,
+        query_chunk: int = 65536,
+        encode_precision: str = "fp32",
+    ):
         if every_steps <= 0:
             raise ValueError(f"every_steps must be > 0, got {every_steps}")
         if top_k <= skip_top:
@@ -64,13 +72,23 @@ class HardNegativeRefreshCallback(TrainerCallback):
         try:
             if D.is_main():
                 with encoding_precision(model, self.encode_precision) as encoder:
-                    index, order = build_index(encoder, data.corpus, batch_size=self.batch_size, show_progress_bar=False,
-                                               max_length=self.max_length)
+                    index, order = build_index(
+                        encoder,
+                        data.corpus,
+                        batch_size=self.batch_size,
+                        show_progress_bar=False,
+                        max_length=self.max_length,
+                    )
                     k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
                     blocks, q_parts = [], []
                     for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
-                        q = encode_texts(encoder, data.query_texts[s:s + self.query_chunk], kind="query",
-                                         batch_size=self.batch_size, max_length=self.max_length)
+                        q = encode_texts(
+                            encoder,
+                            data.query_texts[s : s + self.query_chunk],
+                            kind="query",
+                            batch_size=self.batch_size,
+                            max_length=self.max_length,
+                        )
                         _, idx = index.search(q, k)
                         ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
                         blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
@@ -93,12 +111,20 @@ class HardNegativeRefreshCallback(TrainerCallback):
         self.count += 1
         sizes = np.diff(data.neg_ptr)
         self.history.append({"step": int(trainer.state.global_step), "mean_candidates": float(sizes.mean())})
-        logger.info("negatives refreshed at step %d in %.1fs: %.1f candidates per query from ranks [%d, %d)",
-                    trainer.state.global_step, time.perf_counter() - t0, sizes.mean(), self.skip_top, self.top_k)
+        logger.info(
+            "negatives refreshed at step %d in %.1fs: %.1f candidates per query from ranks [%d, %d)",
+            trainer.state.global_step,
+            time.perf_counter() - t0,
+            sizes.mean(),
+            self.skip_top,
+            self.top_k,
+        )
         if self.recluster and trainer.kmeans_callback is not None:
             same_rows = data is trainer.training_data  # else K-Means clusters rows the refresh did not encode
-            trainer.kmeans_callback.cluster(reason=f"negatives refresh at step {trainer.state.global_step}",
-                                            embeddings=q_all if same_rows else None)
+            trainer.kmeans_callback.cluster(
+                reason=f"negatives refresh at step {trainer.state.global_step}",
+                embeddings=q_all if same_rows else None,
+            )
 
     def state_meta(self) -> dict:
         return {"count": self.count, "history": self.history}

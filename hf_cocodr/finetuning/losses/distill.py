@@ -34,8 +34,14 @@ class HybridDistillLoss(nn.Module):
         similarity: ``"cosine"`` or ``"dot"``; default: the model's own ``similarity_fn_name``.
     """
 
-    def __init__(self, model, temperature: float = 1.0, teacher_temperature: float = 1.0,
-                 in_batch_weight: float = 1.0, similarity: str | None = None):
+    def __init__(
+        self,
+        model,
+        temperature: float = 1.0,
+        teacher_temperature: float = 1.0,
+        in_batch_weight: float = 1.0,
+        similarity: str | None = None,
+    ):
         super().__init__()
         from sentence_transformers import util
         from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
@@ -55,8 +61,12 @@ class HybridDistillLoss(nn.Module):
         self.in_batch_weight = float(in_batch_weight)
         pairwise = util.pairwise_cos_sim if similarity == "cosine" else util.pairwise_dot_score
         matrix = util.cos_sim if similarity == "cosine" else util.dot_score
-        self.kl = DistillKLDivLoss(model, similarity_fct=pairwise, student_temperature=self.temperature,
-                                   teacher_temperature=self.teacher_temperature)
+        self.kl = DistillKLDivLoss(
+            model,
+            similarity_fct=pairwise,
+            student_temperature=self.temperature,
+            teacher_temperature=self.teacher_temperature,
+        )
         self.in_batch = MultipleNegativesRankingLoss(model, scale=1.0 / self.temperature, similarity_fct=matrix)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
@@ -75,5 +85,9 @@ class HybridDistillLoss(nn.Module):
         return self.kl.citation
 
     def get_config_dict(self) -> dict:
-        return {"temperature": self.temperature, "teacher_temperature": self.teacher_temperature,
-                "in_batch_weight": self.in_batch_weight, "similarity": self.similarity}
+        return {
+            "temperature": self.temperature,
+            "teacher_temperature": self.teacher_temperature,
+            "in_batch_weight": self.in_batch_weight,
+            "similarity": self.similarity,
+        }

@@ -97,9 +97,11 @@ class ParamSubset:
             if s == "auto":
                 s = "last_layer" if self.pooling == "cls" and _is_bert_like(blocks[-1]) else "last_norm"
             if s == "last_layer":
-                names = [last + p for p in _POSITIONWISE if last + p in named] if _is_bert_like(blocks[-1]) else [
-                    n for n in named if n.startswith(last)
-                ]
+                names = (
+                    [last + p for p in _POSITIONWISE if last + p in named]
+                    if _is_bert_like(blocks[-1])
+                    else [n for n in named if n.startswith(last)]
+                )
             elif s == "last_norm":
                 names = [n for n in named if n.startswith(last) and re.search(r"output\.LayerNorm\.(weight|bias)$", n)]
                 if not names:  # non-BERT naming: the last LayerNorm-like parameters of the last block
@@ -136,7 +138,7 @@ class ParamSubset:
         self.fast = (
             self.pooling == "cls"
             and _is_bert_like(blocks[-1])
-            and all(n.startswith(last) and n[len(last):] in _POSITIONWISE for n in names)
+            and all(n.startswith(last) and n[len(last) :] in _POSITIONWISE for n in names)
             and _only_pooling_after(st)
         )
 
@@ -220,8 +222,12 @@ class PooledPositionProbe:
         return torch.cat([torch.ones_like(x) if m is None else m for m, x in zip(masks, like)])
 
     def tensors(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        return (torch.cat(self.ctx), torch.cat(self.res), self._cat_masks(self.mask1, self.ctx),
-                self._cat_masks(self.mask2, self.ctx))
+        return (
+            torch.cat(self.ctx),
+            torch.cat(self.res),
+            self._cat_masks(self.mask1, self.ctx),
+            self._cat_masks(self.mask2, self.ctx),
+        )
 
 
 def _linear_gram(x: Tensor, g: Tensor) -> Tensor:
@@ -236,9 +242,7 @@ def _linear_gram(x: Tensor, g: Tensor) -> Tensor:
     return w @ w.T
 
 
-def gram_pooled_position(
-    subset: ParamSubset, probe: PooledPositionProbe, cot: Tensor, normalize: bool
-) -> Tensor:
+def gram_pooled_position(subset: ParamSubset, probe: PooledPositionProbe, cot: Tensor, normalize: bool) -> Tensor:
     """The P×P Gram through the pooled-position re-computation. ``cot``: P×T×d cotangents at the embeddings."""
     blk = subset.last_block
     ao, inter, out = blk.attention.output, blk.intermediate, blk.output
@@ -259,7 +263,7 @@ def gram_pooled_position(
         rel = subset.last_prefix
         linears = {"attention.output.dense": (ctx, y1), "intermediate.dense": (h1, y2), "output.dense": (z, y3)}
         norms = {"attention.output.LayerNorm": ao.LayerNorm, "output.LayerNorm": out.LayerNorm}
-        wanted = {n[len(rel):] for n in subset.names}
+        wanted = {n[len(rel) :] for n in subset.names}
         lin_keys = [k for k in linears if f"{k}.weight" in wanted or f"{k}.bias" in wanted]
         norm_params = [(k, attr) for k in norms for attr in ("weight", "bias") if f"{k}.{attr}" in wanted]
         inputs = [linears[k][1] for k in lin_keys] + [getattr(norms[k], a) for k, a in norm_params]
@@ -274,7 +278,7 @@ def gram_pooled_position(
             gram += _linear_gram(x_all, g_all).double()
         if f"{k}.bias" in wanted:
             small.append(g.sum(1))
-    small += [g.reshape(P, -1) for g in grads[len(lin_keys):]]
+    small += [g.reshape(P, -1) for g in grads[len(lin_keys) :]]
     if small:
         v = D.all_reduce_sum(torch.cat(small, dim=1))
         gram += (v @ v.T).double()
@@ -288,8 +292,10 @@ def _batched_vjp(output: Tensor, inputs: list[Tensor], cot: Tensor) -> list[Tens
     except RuntimeError:  # an op without a batching rule
         per = [torch.autograd.grad(output, inputs, grad_outputs=c, retain_graph=True, allow_unused=True) for c in cot]
         grads = tuple(torch.stack(gs) if gs[0] is not None else None for gs in zip(*per))
-    return [torch.zeros((cot.shape[0], *x.shape), dtype=cot.dtype, device=cot.device) if g is None else g
-            for g, x in zip(grads, inputs)]
+    return [
+        torch.zeros((cot.shape[0], *x.shape), dtype=cot.dtype, device=cot.device) if g is None else g
+        for g, x in zip(grads, inputs)
+    ]
 
 
 def gram_autograd(subset: ParamSubset, embeddings: Tensor, cot: Tensor) -> Tensor:
@@ -297,6 +303,8 @@ def gram_autograd(subset: ParamSubset, embeddings: Tensor, cot: Tensor) -> Tenso
     rows = []
     for c in cot:
         gs = torch.autograd.grad(embeddings, subset.params, grad_outputs=c, retain_graph=True, allow_unused=True)
-        rows.append(torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, subset.params)]))
+        rows.append(
+            torch.cat([(torch.zeros_like(p) if g is None else g).reshape(-1) for g, p in zip(gs, subset.params)])
+        )
     v = D.all_reduce_sum(torch.stack(rows))
-    return (v.double() @ v.double().T)
+    return v.double() @ v.double().T

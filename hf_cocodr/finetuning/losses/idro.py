@@ -199,7 +199,9 @@ class IDROLoss(nn.Module):
         if self.subset is not None:
             logger.info(
                 "iDRO gradient similarity over %d parameters (%s, %s engine): %s",
-                self.subset.num_elements, self.subset.resolved, "pooled-position" if self.subset.fast else "autograd",
+                self.subset.num_elements,
+                self.subset.resolved,
+                "pooled-position" if self.subset.fast else "autograd",
                 ", ".join(self.subset.names),
             )
 
@@ -277,7 +279,7 @@ class IDROLoss(nn.Module):
             cands = all_gather_with_grad(cands)
             layout, row_rank = BatchLayout(B, M, world, doc_flat, pos_all), rank
         else:
-            local = BatchLayout(B, M, 1, doc_flat.reshape(world, -1)[rank], pos_all[rank * B:(rank + 1) * B])
+            local = BatchLayout(B, M, 1, doc_flat.reshape(world, -1)[rank], pos_all[rank * B : (rank + 1) * B])
             layout, row_rank = local, 0
         allowed, targets = layout.mask_and_targets(
             torch.full_like(rows, row_rank), rows, self.in_batch_negatives, cross_rank=True
@@ -286,8 +288,14 @@ class IDROLoss(nn.Module):
         return ell, (B, M, doc_flat, pos_all, world, rank)
 
     # ------------------------------------------------------------------------------------------ forward
-    def forward(self, sentence_features, labels: Tensor, doc_keys: Tensor | None = None,
-                pos_keys: Tensor | None = None, context: dict | None = None) -> Tensor | dict[str, Tensor]:
+    def forward(
+        self,
+        sentence_features,
+        labels: Tensor,
+        doc_keys: Tensor | None = None,
+        pos_keys: Tensor | None = None,
+        context: dict | None = None,
+    ) -> Tensor | dict[str, Tensor]:
         loss, embeddings, outputs = self._retrieval_forward(sentence_features, labels, doc_keys, pos_keys)
         if not len(self.auxiliary):
             return loss
@@ -317,7 +325,8 @@ class IDROLoss(nn.Module):
         ell, (B, M, doc_flat, pos_all, world, rank) = self._local_losses(features, embeddings, doc_keys, pos_keys)
         labels = self._checked_labels(labels, B, ell.device)
         q_all, c_all, present, inverse, sizes, cluster_losses, ell_all = self._global_cluster_losses(
-            embeddings, labels, BatchLayout(B, M, world, doc_flat, pos_all))
+            embeddings, labels, BatchLayout(B, M, world, doc_flat, pos_all)
+        )
         finite = bool(torch.isfinite(ell_all.detach()).all())
         stats: dict[str, Any] = {
             "cluster_ids": present.detach(),
@@ -341,13 +350,17 @@ class IDROLoss(nn.Module):
         ell_c = cluster_losses.detach().double()
         alpha = self._alpha(ell_c)
         coef = self._update_and_coefficients(present, ell_c, alpha, gram)
-        stats.update(alpha=alpha.float(), weights=self.weights[present].detach().float(),
-                     coefficients=coef.float(), all_weights=self.weights.detach().float())
+        stats.update(
+            alpha=alpha.float(),
+            weights=self.weights[present].detach().float(),
+            coefficients=coef.float(),
+            all_weights=self.weights.detach().float(),
+        )
         self.last_stats = stats
         if self.preset == "uniform":
             return ell.mean(), embeddings, outputs
         # Each local row carries its cluster's coefficient / cluster size; ×world undoes DDP gradient averaging.
-        local_inv = inverse[rank * B:(rank + 1) * B]
+        local_inv = inverse[rank * B : (rank + 1) * B]
         row_w = (coef / sizes.double())[local_inv].to(ell.dtype)
         return world * (row_w * ell).sum(), embeddings, outputs
 
@@ -380,21 +393,26 @@ class IDROLoss(nn.Module):
             present, inverse = torch.unique(cl_all, sorted=True, return_inverse=True)
             P = present.numel()
             sizes = torch.bincount(inverse, minlength=P).to(ell_all.dtype)
-            cluster_losses = torch.zeros(P, dtype=ell_all.dtype, device=labels.device).index_add(
-                0, inverse, ell_all) / sizes
+            cluster_losses = (
+                torch.zeros(P, dtype=ell_all.dtype, device=labels.device).index_add(0, inverse, ell_all) / sizes
+            )
         return q_all, c_all, present, inverse, sizes, cluster_losses, ell_all
 
-    def _cluster_gram(self, cluster_losses: Tensor, q_all: Tensor, c_all: Tensor, embeddings, probe, B: int, M: int,
-                      rank: int) -> Tensor:
+    def _cluster_gram(
+        self, cluster_losses: Tensor, q_all: Tensor, c_all: Tensor, embeddings, probe, B: int, M: int, rank: int
+    ) -> Tensor:
         """The Gram matrix of the per-cluster loss gradients w.r.t. the selected parameters: one batched backward
         to the embeddings (one row per cluster), then this rank's rows through the encoder's tail."""
         P = cluster_losses.numel()
         cot_q, cot_c = torch.autograd.grad(
-            cluster_losses, [q_all, c_all], grad_outputs=torch.eye(P, dtype=cluster_losses.dtype,
-                                                                   device=cluster_losses.device),
+            cluster_losses,
+            [q_all, c_all],
+            grad_outputs=torch.eye(P, dtype=cluster_losses.dtype, device=cluster_losses.device),
             is_grads_batched=True,
         )
-        local_cot = torch.cat([cot_q[:, rank * B:(rank + 1) * B], cot_c[:, rank * B * M:(rank + 1) * B * M]], dim=1)
+        local_cot = torch.cat(
+            [cot_q[:, rank * B : (rank + 1) * B], cot_c[:, rank * B * M : (rank + 1) * B * M]], dim=1
+        )
         if probe is not None:
             return gram_pooled_position(self.subset, probe, local_cot.detach(), has_normalize(self.model))
         return gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot.detach())
@@ -407,7 +425,7 @@ class IDROLoss(nn.Module):
     def _update_and_coefficients(self, present: Tensor, ell_c: Tensor, alpha: Tensor, gram: Tensor | None) -> Tensor:
         lw = self.log_weights
         if self.preset == "paper":
-            scaled = (ell_c.clamp(min=0) ** self.beta)
+            scaled = ell_c.clamp(min=0) ** self.beta
             g = gram.double()
             if self.gram_normalization == "diag":
                 d = g.diagonal().clamp(min=0).mean()
@@ -425,7 +443,7 @@ class IDROLoss(nn.Module):
             d = gram.double().diagonal().clamp(min=0).sqrt()
             denom = d[:, None] * d[None, :]
             cos = torch.where(denom > 0, gram.double() / denom.clamp(min=1e-300), torch.zeros_like(denom))
-            scaled = (ell_c.clamp(min=0) ** self.beta)
+            scaled = ell_c.clamp(min=0) ** self.beta
             e = self.rho * (scaled[:, None] * scaled[None, :] * cos).sum(1) / self.num_clusters
             w = torch.zeros_like(lw)
             w[present] = self.weights[present] ** self.omega_power * torch.exp(e)
@@ -472,10 +490,12 @@ class IDROLoss(nn.Module):
             self.reset_weights(num_clusters)
             return
         old = self.log_weights
-        new = torch.full((num_clusters,), float(torch.logsumexp(old, 0) - math.log(max(1, old.numel()))),
-                         dtype=torch.float64, device=old.device)
+        new = torch.full(
+            (num_clusters,),
+            float(torch.logsumexp(old, 0) - math.log(max(1, old.numel()))),
+            dtype=torch.float64,
+            device=old.device,
+        )
         valid = mapping >= 0
         new[valid] = old[mapping[valid]]
         self.set_log_weights(new)
-
-

@@ -71,7 +71,9 @@ def similarity_matrix(q: Tensor, c: Tensor, similarity: str, scale: float) -> Te
     return scale * (q @ c.T)
 
 
-def per_sample_infonce(q: Tensor, c: Tensor, allowed: Tensor, targets: Tensor, similarity: str, scale: float) -> Tensor:
+def per_sample_infonce(
+    q: Tensor, c: Tensor, allowed: Tensor, targets: Tensor, similarity: str, scale: float
+) -> Tensor:
     """ℓ_b = −log softmax over the allowed candidates of row b, at its positive."""
     logits = similarity_matrix(q, c, similarity, scale)
     logits = logits.masked_fill(~allowed, float("-inf"))
