@@ -261,6 +261,20 @@ ARMS.update(
             },
             "iDRO on SQuAD alone, the Gram normalised by its mean diagonal, tau 500",
         ),
+        # levers of the measured mlm_head schedule (COCO, then the plain fine-tune): COCO's share of the budget and
+        # its corpus
+        "no-idro-share0.2": (
+            {**PAPER_STAGES, **UNIFORM, "coco_share": 0.2, "finetune_share": 0.8},
+            "COCO with 20% of the budget (instead of 40%), then a plain fine-tune on SQuAD",
+        ),
+        "no-idro-share0.6": (
+            {**PAPER_STAGES, **UNIFORM, "coco_share": 0.6, "finetune_share": 0.4},
+            "COCO with 60% of the budget (instead of 40%), then a plain fine-tune on SQuAD",
+        ),
+        "no-idro-targets-only": (
+            {**PAPER_STAGES, **UNIFORM, "include_source_corpus": False},
+            "COCO on the target corpora only (no SQuAD passages), then a plain fine-tune on SQuAD",
+        ),
         # the paper's COCO learning rate for base models (1e-4, DESIGN.md section 3) instead of the recipe's 2e-5
         "no-idro-lr1e-4": (
             {**PAPER_STAGES, **UNIFORM, "coco_learning_rate": 1e-4},
