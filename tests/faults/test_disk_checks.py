@@ -46,7 +46,7 @@ def restore_modes(tmp_path):
 def no_model_loads(monkeypatch):
     """Any model load (or, for the recipe, any stage) fails the test."""
     import hf_cocodr.export as export
-    import hf_cocodr.recipe as recipe
+    import hf_cocodr.recipe.runner as runner
     from hf_cocodr.modeling import condenser, loading
 
     def loaded(*args, **kwargs):
@@ -55,7 +55,7 @@ def no_model_loads(monkeypatch):
     monkeypatch.setattr(export, "load_encoder", loaded)
     monkeypatch.setattr(loading, "load_encoder", loaded)
     monkeypatch.setattr(condenser.CondenserForPretraining, "from_pretrained", loaded)
-    monkeypatch.setattr(recipe, "_run_stages", loaded)
+    monkeypatch.setattr(runner, "load_data", loaded)
 
 
 def one_line(capsys) -> str:
