@@ -187,6 +187,15 @@ class CocoStage(Stage):
         return {"steps": trainer.state.global_step, "seed": seed, **stopped(guard)}
 
 
+def refresh_interval(steps: int, refreshes: int) -> int:
+    """The ``refresh_negatives_every_steps`` that gives at most ``refreshes`` refreshes in ``steps`` steps, evenly
+    spaced (0: none). The refresh runs after every multiple of the interval below ``steps``, so the interval is
+    rounded up: rounded down, 467 steps with one planned refresh would refresh at steps 233 and 466."""
+    if not refreshes or steps < 2:
+        return 0
+    return max(1, -(-steps // (refreshes + 1)))
+
+
 def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
     """The recipe's fine-tuning arguments (before the user's ``finetune`` / ``target`` options)."""
     cfg, similarity = run.cfg, run.similarity
@@ -316,7 +325,7 @@ class FinetuneStage(Stage):
         from ..finetuning import IDROTrainingArguments
 
         cfg, steps, refreshes = run.cfg, run.plan.steps_of(self.name), run.plan.refreshes
-        every = max(1, steps // (refreshes + 1)) if refreshes else 0
+        every = refresh_interval(steps, refreshes)
         args = IDROTrainingArguments(
             **{
                 "refresh_negatives_every_steps": every,

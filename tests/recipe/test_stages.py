@@ -114,3 +114,18 @@ def test_the_plan_dict_round_trips():
         "identity",
         "source_queries",
     } <= set(saved)
+
+
+def test_the_fine_tune_refreshes_its_negatives_as_often_as_planned_and_never_more():
+    from hf_cocodr.recipe.stages import refresh_interval
+
+    def refreshes_run(steps: int, every: int) -> int:  # the negatives callback: after each multiple below max_steps
+        return sum(1 for step in range(1, steps + 1) if every and step % every == 0 and step < steps)
+
+    assert refresh_interval(467, 1) == 234 and refreshes_run(467, 234) == 1  # rounded down (233): a second at 466
+    assert refresh_interval(560, 1) == 280 and refreshes_run(560, 280) == 1
+    assert refresh_interval(10, 3) == 3 and refreshes_run(10, 3) == 3
+    assert refresh_interval(100, 0) == 0 and refresh_interval(1, 2) == 0
+    for steps in range(2, 300):
+        for planned in range(1, 6):
+            assert refreshes_run(steps, refresh_interval(steps, planned)) <= planned
