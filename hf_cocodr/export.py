@@ -27,7 +27,13 @@ from .modeling.loading import (
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
 from .run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
 from .storage import EXPORT_SPACE_FACTOR, carry_over, check_before_work, staged_directory
-from .utils import atomic_directory, atomic_write_json, check_model_output_dir, check_not_source, honour_umask
+from .utils import (
+    atomic_directory,
+    atomic_write_json,
+    check_not_precious,
+    check_not_source,
+    honour_umask,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -151,8 +157,9 @@ def export_sentence_transformer(
         RunFolder.claim(out_dir, **claim, dry_run=True)
         # the destination's folder is where everything is staged: writable, with room for the model's weights
         check_before_work(out_dir, source, factor=EXPORT_SPACE_FACTOR, cache=False, staged_beside=True)
-    else:
-        check_model_output_dir(out_dir, source)  # before any model is loaded
+    else:  # a trainer's export into the folder it claimed: the claim decided which entries are the user's
+        check_not_precious(out_dir)
+        check_not_source(out_dir, source)
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     origin = str(source) if source is not None else start_path(src)

@@ -101,3 +101,16 @@ def test_every_entry_a_finetune_writes_is_named_in_the_list_the_refusal_checks(t
     assert main(_finetune(tiny_st_dir, tiny_beir, out)) == 0
     written = {p.name for p in out.iterdir()} - {RECORD, LOCK}
     assert written and not {n for n in written if n not in TRAINER_ENTRIES and not n.startswith("checkpoint-")}
+
+
+def test_pretrain_with_overwrite_writes_the_model_beside_a_users_file(tiny_st_dir, tiny_beir, tmp_path, capsys):
+    """A user's file whose name pretrain does not write: the run trains, exports beside it and leaves it as it was
+    (before, the final export refused the folder after the training had run)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    argv = ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(tiny_beir), "--output_dir", str(out)]
+    argv += ["--max_steps", "1", "--per_device_train_batch_size", "8", "--use_cpu", "--overwrite_output_dir"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    assert (out / "modules.json").is_file() and (out / "model.safetensors").is_file()
