@@ -25,7 +25,7 @@ LAYERS = {
     "cli_mteb": 0,
     "__main__": 0,
     # the recipe drives the training API; inside it: runner -> planner -> inputs, probe, schedules -> stages ->
-    # stage -> context -> plan, outputs, config (the command line imports the config alone)
+    # distill -> stage -> context -> plan, outputs, config (the command line imports the config alone)
     "recipe": 0.5,
     "recipe.runner": 0.5,
     "recipe.planner": 0.6,
@@ -33,6 +33,7 @@ LAYERS = {
     "recipe.probe": 0.7,
     "recipe.schedules": 0.7,
     "recipe.stages": 0.8,
+    "recipe.distill": 0.81,
     "recipe.stage": 0.82,
     "recipe.context": 0.85,
     "recipe.plan": 0.9,

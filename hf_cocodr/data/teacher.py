@@ -8,12 +8,27 @@ and ``label`` their ``k`` teacher scores, the layout ``HybridDistillLoss`` and s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..fusion import FusionConfig
+from ..hybrid import HybridRetriever, _corpus_ids_texts, corpus_fingerprint
+from ..run_record import digest
+from ..storage import cache_dir
+from ..utils import atomic_write_text
+from .beir import CORPUS_FILE, jsonl_file
+from .target_queries import TargetQueries, read_target_queries
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["teacher_rows"]
+__all__ = ["distill_dataset", "route_queries", "teacher_rankings", "teacher_rows"]
 
 
 def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], k: int, *, batch_size: int = 1024):
@@ -54,3 +69,143 @@ def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], 
     if not columns["query"]:
         raise ValueError(f"distillation: no query got {k} teacher candidates; lower k or check the corpus")
     return Dataset.from_dict(columns)
+
+
+# ------------------------------------------------------------------------------------------ the recipe's teacher
+def _corpus_file(corpus) -> Path | None:
+    """The corpus file a target corpus or a query source's BEIR folder reads, links resolved (None: a dataset)."""
+
+    if not isinstance(corpus, (str, os.PathLike)):
+        return None
+    path = Path(corpus).expanduser()
+    if path.is_dir():
+        path = jsonl_file(path, CORPUS_FILE)
+    return path.resolve()
+
+
+def route_queries(query_specs: Sequence[str], target_corpora: Sequence) -> list[tuple[Any, TargetQueries]]:
+    """Each ``--target-queries`` source with the target corpus its teacher ranks: the corpus whose corpus file is
+    the source folder's (links resolved), else the only target corpus. A source that matches none of several target
+    corpora (a JSONL search log) is refused by name, before any work."""
+
+    if not target_corpora:
+        raise ConfigError("distillation needs a target corpus for the teacher to rank (--target-corpus)")
+    files = [_corpus_file(c) for c in target_corpora]
+    routed = []
+    for spec in query_specs:
+        src = read_target_queries(spec)
+        own = _corpus_file(src.folder) if src.folder is not None else None
+        match = [c for c, f in zip(target_corpora, files) if own is not None and f == own]
+        if match:
+            routed.append((match[0], src))
+        elif len(target_corpora) == 1:
+            routed.append((target_corpora[0], src))
+        else:
+            raise ConfigError(
+                f"--target-queries {spec}: which target corpus are these queries for? Their source shares no corpus "
+                f"file with the target corpora {[str(c) for c in target_corpora]}; give them as DIR:SPLIT of the "
+                "corpus's BEIR folder, or distil one target corpus per run"
+            )
+    return routed
+
+
+def _as_fusion(fusion):
+
+    return fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
+
+
+def teacher_cache_path(
+    model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str], queries: Sequence[str], k: int, fusion=None
+) -> Path:
+    """Where :func:`teacher_rankings` caches the rankings of this teacher (model, corpus content, fusion) for these
+    queries and ``k``."""
+
+    key = digest(
+        {
+            "teacher": 1,
+            "model": model_key,
+            "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts)),
+            "queries": hashlib.sha256("\x1e".join(queries).encode("utf-8", "surrogatepass")).hexdigest(),
+            "k": k,
+            "fusion": asdict(_as_fusion(fusion)),
+        }
+    )
+    return cache_dir("teacher") / f"{key}.json"
+
+
+def teacher_rankings(
+    model,
+    model_key: Any,
+    corpus,
+    queries: Sequence[str],
+    k: int,
+    *,
+    fusion=None,
+    batch_size: int = 64,
+    cache: bool = True,
+) -> tuple[list[list[str]], list[list[float]], list[str], list[str], bool]:
+    """The hybrid teacher's top-``k`` over ``corpus`` for each query: ``(ids, scores, doc_ids, doc_texts, cached)``.
+
+    The teacher is :class:`~hf_cocodr.hybrid.HybridRetriever` of ``model`` (at its own document length) and BM25
+    over ``corpus``, fused with ``fusion``. Its rankings are cached in ``<cache>/teacher`` under a digest of
+    ``model_key`` (what identifies the model's weights), the corpus's content, the queries, ``k`` and the fusion,
+    so a run with the same teacher (a resumed or repeated run, another seed) does not encode the corpus again."""
+
+    fusion = _as_fusion(fusion)
+    doc_ids, doc_texts = _corpus_ids_texts(corpus)
+    path = teacher_cache_path(model_key, doc_ids, doc_texts, queries, k, fusion) if cache else None
+    if path is not None and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            return saved["ids"], saved["scores"], doc_ids, doc_texts, True
+        except (ValueError, KeyError):
+            logger.warning("teacher cache %s is unreadable: ranking again", path)
+    hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
+    ids, scores = [], []
+    for start in range(0, len(queries), 1024):
+        i, s = hybrid.search(list(queries[start : start + 1024]), k)
+        ids += i
+        scores += s
+    if path is not None:
+        atomic_write_text(path, json.dumps({"ids": ids, "scores": scores}, ensure_ascii=False))
+    return ids, scores, doc_ids, doc_texts, False
+
+
+class _Ranked:
+    """A teacher whose rankings are already known (``search`` returns them in query order)."""
+
+    def __init__(self, ids, scores):
+        self.ids, self.scores, self.at = ids, scores, 0
+
+    def search(self, queries, k):
+        n = len(queries)
+        out = self.ids[self.at : self.at + n], self.scores[self.at : self.at + n]
+        self.at += n
+        return out
+
+
+def distill_dataset(
+    model,
+    model_key: Any,
+    target_corpora: Sequence,
+    query_specs: Sequence[str],
+    k: int,
+    *,
+    fusion=None,
+    batch_size: int = 64,
+    cache: bool = True,
+):
+    """The distillation rows of the recipe: each ``--target-queries`` source routed to its target corpus
+    (:func:`route_queries`), ranked by the hybrid teacher (:func:`teacher_rankings`), as :func:`teacher_rows`.
+    Returns ``(dataset, info)``: ``info`` names each source, its corpus, its queries and whether the teacher was
+    cached."""
+    from datasets import concatenate_datasets
+
+    parts, info = [], []
+    for corpus, src in route_queries(query_specs, target_corpora):
+        ids, scores, doc_ids, doc_texts, cached = teacher_rankings(
+            model, model_key, corpus, src.texts, k, fusion=fusion, batch_size=batch_size, cache=cache
+        )
+        parts.append(teacher_rows(_Ranked(ids, scores), src.texts, dict(zip(doc_ids, doc_texts)), k))
+        info.append({"queries": src.name, "corpus": str(corpus), "num_queries": len(src.texts), "cached": cached})
+    return concatenate_datasets(parts) if len(parts) > 1 else parts[0], info

@@ -45,6 +45,10 @@ class RowsSource:
 
     negatives_group: str | None = None  # the row group of negatives_table()'s rows (see Method.use_row_group)
 
+    def row_labels(self, rows) -> np.ndarray | None:
+        """Per-row targets the loss reads (a distillation teacher's scores), or None: the rows carry none."""
+        return None
+
     def negatives_table(self) -> RetrievalTrainingData | None:
         """The rows whose negatives come from a corpus (sampled per row, refreshed by self-mining), or None."""
         return None
@@ -359,6 +363,12 @@ class StaticRows(RowsSource):
                 raise ValueError(f"column {c!r} must hold text, got {feat}")
         self.dataset = dataset.select_columns(cols)
         self.columns = cols
+        # a "label" column of per-row scores (a teacher's, for distillation) is handed to the loss
+        self.labels = (
+            np.asarray(dataset["label"], dtype=np.float32)
+            if "label" in dataset.column_names and isinstance(dataset[0]["label"], list)
+            else None
+        )
         self.query_texts = list(dataset[cols[0]])
         self.query_ids = [str(i) for i in range(len(dataset))]
         self.name = name or "dataset"
@@ -369,6 +379,9 @@ class StaticRows(RowsSource):
 
     def __len__(self) -> int:
         return len(self.dataset)
+
+    def row_labels(self, rows) -> np.ndarray | None:
+        return None if self.labels is None else self.labels[np.asarray(rows, dtype=np.int64)]
 
     def sample(self, rows, *, step: int, seed: int, num_negatives: int):
         b = self.dataset[[int(r) for r in rows]]

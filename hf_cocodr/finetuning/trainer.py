@@ -353,7 +353,10 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
                     self.track_loss_components(loss)
                 loss = torch.stack(list(loss.values())).sum()
         else:
-            loss = loss_fn(features, None)
+            targets = self.training_data.row_labels(inputs[ROW_COLUMN].detach().cpu().numpy())
+            if targets is not None:  # per-row scores (a distillation teacher's) for the loss
+                targets = torch.as_tensor(targets, device=features[0]["input_ids"].device)
+            loss = loss_fn(features, targets)
             if isinstance(loss, dict):
                 self.track_loss_components(loss)
                 loss = torch.stack(list(loss.values())).sum()

@@ -11,7 +11,12 @@ from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 
 # The stage-option fields that are token lengths (``coco:`` / ``finetune:`` / ``target:`` mappings of the config).
-STAGE_LENGTH_FIELDS = {"coco": ("max_span_length",), "finetune": ("max_length",), "target": ("max_length",)}
+STAGE_LENGTH_FIELDS = {
+    "coco": ("max_span_length",),
+    "finetune": ("max_length",),
+    "target": ("max_length",),
+    "distill": ("max_length",),
+}
 
 
 def check_recipe_lengths(model: Any, cfg: Any) -> None:

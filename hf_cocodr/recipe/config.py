@@ -39,7 +39,7 @@ class Auto(str, Enum):
 AUTO = Auto.AUTO
 # the losses of the source fine-tune (hf_cocodr.finetuning.losses.PRESETS, named here to keep this module torch-free)
 FINETUNE_PRESETS = ("paper", "reference", "groupdro", "uniform")
-STAGE_OPTIONS = ("coco", "finetune", "target")  # the mappings of training arguments, one per training stage
+STAGE_OPTIONS = ("coco", "finetune", "target", "distill")  # the mappings of training arguments, one per training stage
 
 
 def _opt(
@@ -134,6 +134,23 @@ class RecipeConfig:
         "auto: by the starting model. A finetune: {idro_preset: ...} in --config sets it too",
         choices=("auto", *FINETUNE_PRESETS),
     )
+    skip_distill: bool | Auto = _opt(
+        AUTO,
+        "leave the distill stage out (true), run it when --target-queries are given (false), or as the schedule "
+        "says (auto)",
+    )
+    distill_steps: int | None = _opt(None, "steps of the distillation (default: planned, or 500)")
+    distill_share: float | Auto = _opt(AUTO, "the distillation's share of the training budget")
+    distill_k: int = _opt(8, "distillation: the teacher's candidates per query (its top-k)")
+    distill_teacher_weight: float = _opt(
+        0.5, "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone)"
+    )
+    distill_teacher_temperature: float = _opt(
+        1.0, "distillation: temperature of the teacher's (z-normalised, fused) scores"
+    )
+    distill_in_batch_weight: float = _opt(
+        1.0, "distillation: weight of the in-batch contrastive term on the teacher's first candidate (0: off)"
+    )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
     )
@@ -165,7 +182,10 @@ class RecipeConfig:
         default_factory=list,
     )
     target_queries: list[str] = _opt(
-        help="unlabelled target queries for MoDIR (BEIR folder or JSONL file); repeatable", default_factory=list
+        help="unlabelled target queries (DIR:SPLIT: the split's queries, its labels unread; a BEIR folder; a "
+        "JSONL file) for the distillation stage and MoDIR; repeatable",
+        metavar="DIR:SPLIT|DIR|FILE",
+        default_factory=list,
     )
     coco: dict[str, Any] = _opt(
         help="CocoPretrainingArguments fields of the COCO stage", cli=False, default_factory=dict
@@ -175,6 +195,9 @@ class RecipeConfig:
     )
     target: dict[str, Any] = _opt(
         help="IDROTrainingArguments fields of the target pseudo pairs", cli=False, default_factory=dict
+    )
+    distill: dict[str, Any] = _opt(
+        help="IDROTrainingArguments fields of the distillation", cli=False, default_factory=dict
     )
 
     def __post_init__(self) -> None:
@@ -219,7 +242,10 @@ class RecipeConfig:
         number("coco_mlm_weight", 0, 100)
         number("coco_learning_rate", 1e-8, 1)
         number("wise_alpha", 0, 1, allow_none=True)
-        for share in ("coco_share", "finetune_share", "target_share"):
+        number("distill_teacher_weight", 0, 1, allow_auto=False)
+        number("distill_teacher_temperature", 1e-3, 100, allow_auto=False)
+        number("distill_in_batch_weight", 0, 100, allow_auto=False)
+        for share in ("coco_share", "finetune_share", "target_share", "distill_share"):
             number(share, 0, 1)
 
         def whole(name, lo, allow_none=True, hint=""):
@@ -236,9 +262,11 @@ class RecipeConfig:
             ("coco_steps", "skip_coco: true"),
             ("finetune_steps", "skip_finetune: true"),
             ("target_steps", "target_pairs: none"),
+            ("distill_steps", "skip_distill: true"),
         ):
             whole(steps, 1, hint=f"; to leave the stage out set {switch}")
         whole("refreshes", 0)
+        whole("distill_k", 2, allow_none=False)
         whole("coco_run_steps", 1, allow_none=False)
         if self.coco_runs not in (Auto.AUTO, Auto.BUDGET):
             whole("coco_runs", 1, allow_none=False, hint=" (or auto / budget)")
@@ -273,9 +301,14 @@ class RecipeConfig:
         number("joint_weight", 0, 100, allow_auto=False)
         if self.schedule not in ("auto", "paper"):
             raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
-        for flag in ("skip_coco", "skip_finetune"):
+        for flag in ("skip_coco", "skip_finetune", "skip_distill"):
             if getattr(self, flag) not in (True, False, AUTO):
                 raise ConfigError(f"recipe option {flag} must be true, false or auto, got {getattr(self, flag)!r}")
+        if self.skip_distill is False and not self.target_queries:
+            raise ConfigError(
+                "recipe option skip_distill is false but no target queries are given: the distillation trains on "
+                "unlabelled target queries (--target-queries DIR:SPLIT, a BEIR folder or a JSONL file)"
+            )
         if not isinstance(self.train_max_length, int) or self.train_max_length < 8:
             raise ConfigError(
                 f"recipe option train_max_length must be a whole number >= 8, got {self.train_max_length!r}"
@@ -307,6 +340,7 @@ class RecipeConfig:
             ("coco", CocoPretrainingArguments),
             ("finetune", IDROTrainingArguments),
             ("target", IDROTrainingArguments),
+            ("distill", IDROTrainingArguments),
         ):
             sub = getattr(self, stage)
             if not isinstance(sub, dict):

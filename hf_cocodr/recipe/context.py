@@ -65,6 +65,7 @@ class RecipeRun:
     coco_corpora: list = field(default_factory=list)
     current: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)  # what a stage keeps for itself between its hooks
 
     def __post_init__(self) -> None:
         self.current = self.current or self.model

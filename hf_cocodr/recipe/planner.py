@@ -254,6 +254,7 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
         overhead = (time.perf_counter() - run.t_start) + STAGE_LOAD_SECONDS * (
             1 + sum(s.load_exports(cfg) for s in stages)
         )
+        overhead += sum(s.fixed_seconds(tp, cfg) for s in stages if s.enabled(cfg))  # e.g. the teacher's rankings
         data, sized = run.train_data, {}
         idro = kw["finetune"].get("idro_preset", "paper") != "uniform"
         pool_docs, n_queries = (len(data.corpus), len(data)) if data is not None else (0, 0)
@@ -298,8 +299,8 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
         )
         logger.info(
             "recipe plan for %.0f minutes of training: measured %s; COCO %d run(s) of %d steps, source "
-            "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps; %.0f%% of the budget "
-            "planned for optimizer steps (evaluation not included)",
+            "fine-tuning %d steps with %d negative refresh(es), target pairs %d steps, distillation %d steps; "
+            "%.0f%% of the budget planned for optimizer steps (evaluation not included)",
             run.max_minutes,
             plan.throughput,
             plan.coco_runs,
@@ -307,6 +308,7 @@ def make_plan(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> None:
             plan.steps_of("finetune"),
             plan.refreshes,
             plan.steps_of("target"),
+            plan.steps_of("distill"),
             100 * (plan.planned_optimizer_share or 0),
         )
         atomic_write_json(run.out / "plan.json", plan.to_dict())

@@ -122,7 +122,10 @@ def run_recipe(
     if not target_corpora:
         if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
             raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
+        if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
+            raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
         cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+        cfg.skip_distill = True
         if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
             cfg.skip_finetune, cfg.finetune_share = False, 1.0
             choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
@@ -136,7 +139,16 @@ def run_recipe(
     check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
     if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
         check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, coco=not cfg.skip_coco, wise=uses_wise(cfg))
-    methods = validate_methods(cfg.methods, target_corpora, cfg.target_queries)  # fail before any stage runs
+    # the stages that read the target queries (distillation) take them whatever the methods are
+    readers = [s.name for s in stages if s.reads_target_queries and s.enabled(cfg)]
+    if cfg.target_queries and not readers and not any(m.lower() == "modir" for m in cfg.methods):
+        raise ConfigError(
+            "target queries are given but nothing reads them: the distill stage is off here (skip_distill: "
+            f"{cfg.skip_distill}) and MoDIR is not asked for; set skip_distill false, add --method modir, or drop "
+            "--target-queries"
+        )
+    # fail before any stage runs
+    methods = validate_methods(cfg.methods, target_corpora, () if readers else cfg.target_queries)
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",

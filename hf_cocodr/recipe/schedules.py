@@ -24,13 +24,25 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     finetune_share=0.6,
     target_share=0.0,
     finetune_preset="paper",
+    skip_distill=True,
+    distill_share=0.0,
 )
 
 # By the kind of starting model. A value the user sets explicitly always wins over these.
 SCHEDULES: dict[str, dict[str, Any]] = {
     # No MLM head (an already trained retriever such as all-MiniLM-L6-v2): COCO alone, spent as a soup of runs of
     # about 76 steps (MLM through a fresh Condenser head warmed up first), no source fine-tuning.
-    "no_mlm_head": dict(PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0),
+    # With unlabelled target queries (--target-queries), the hybrid teacher's ranking is distilled into the model
+    # after COCO, with an equal share of the budget.
+    "no_mlm_head": dict(
+        PAPER_SCHEDULE,
+        coco_runs=Auto.BUDGET,
+        skip_finetune=True,
+        coco_share=1.0,
+        finetune_share=0.0,
+        skip_distill=False,
+        distill_share=1.0,
+    ),
     # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): COCO, then the plain contrastive fine-tune (the
     # paper-setting ablation's best arm; docs/adaptation.md).
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),

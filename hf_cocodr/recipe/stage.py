@@ -39,11 +39,13 @@ class Stage:
         trains: whether the stage trains optimizer steps the budget pays for (WiSE-FT does not: it only writes).
         share_option: the :class:`~hf_cocodr.recipe.RecipeConfig` field holding its share of the budget (None: a
             share of 1).
+        reads_target_queries: whether the stage trains on the unlabelled ``target_queries`` when it runs.
     """
 
     name: ClassVar[str] = ""
     trains: ClassVar[bool] = True
     share_option: ClassVar[str | None] = None
+    reads_target_queries: ClassVar[bool] = False
 
     # -------------------------------------------------------------------------------------------- the switch
     def enabled(self, cfg: RecipeConfig) -> bool:
@@ -75,6 +77,11 @@ class Stage:
         """Measured seconds this stage adds to the throughput (``<name>_step_s``); the built-in stages are timed
         together by :func:`~hf_cocodr.recipe.measure_throughput`, which loads the model once."""
         return {}
+
+    def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
+        """Seconds the stage spends beyond its steps (building its data, say), from the measured ``throughput``;
+        charged before the budget is split between the stages' steps, and part of the stage's deadline."""
+        return 0.0
 
     def unbudgeted_steps(self, cfg: RecipeConfig) -> int:
         """The stage's steps in a run without a budget: the fixed steps, or :data:`UNBUDGETED_STEPS` (0: off)."""

@@ -1,5 +1,5 @@
-"""The recipe's stages: COCO (one run or a soup of runs), fine-tuning on the source task, target pseudo pairs and
-WiSE-FT, and :data:`STAGES`, their order.
+"""The recipe's stages: COCO (one run or a soup of runs), fine-tuning on the source task, target pseudo pairs,
+distillation of the hybrid teacher (:mod:`hf_cocodr.recipe.distill`) and WiSE-FT, and :data:`STAGES`, their order.
 
 The runner goes through the stages in order; each starts from the model the stage before it wrote (``run.current``)
 and writes into ``OUT/<name>``, with a completion marker (``hf_cocodr_stage.json``) once it finished. A new stage is
@@ -18,6 +18,7 @@ from ..modeling.loading import load_encoder
 from ..run_record import digest
 from .config import Auto, RecipeConfig, is_joint, no_gpu, uses_wise
 from .context import RecipeRun
+from .distill import DistillStage
 from .outputs import read_marker, save_weight_history, stopped, write_marker, write_soup, write_wise
 from .plan import Plan
 from .stage import UNBUDGETED_STEPS, Stage, settings, source_identity
@@ -449,7 +450,7 @@ class WiseStage(Stage):
 
 
 # The recipe's stages, in order. A new stage: a Stage subclass and one line here.
-STAGES: tuple[Stage, ...] = (CocoStage(), FinetuneStage(), TargetPairsStage(), WiseStage())
+STAGES: tuple[Stage, ...] = (CocoStage(), FinetuneStage(), TargetPairsStage(), DistillStage(), WiseStage())
 
 
 def stage_switches(cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES) -> dict[str, tuple[bool, int | None]]:

@@ -11,6 +11,7 @@ import pytest
 
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe.config import (
+    STAGE_OPTIONS,
     Auto,
     RecipeArguments,
     RecipeConfig,
@@ -73,7 +74,7 @@ def test_every_flag_of_the_recipe_command_is_kept_and_every_field_has_one():
     dests = {a.dest for a in options.values()}
     for f in fields(RecipeConfig):
         assert f.metadata["help"], f.name
-        assert (f.name in dests) is (f.name not in ("coco", "finetune", "target")), f.name
+        assert (f.name in dests) is (f.name not in STAGE_OPTIONS), f.name
 
 
 def test_flags_parse_to_the_config_values_and_unset_flags_leave_the_defaults():

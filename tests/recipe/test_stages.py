@@ -77,7 +77,7 @@ def test_a_toy_stage_with_a_share_gets_its_part_of_the_budget_and_a_deadline():
     )
     tp = {"coco_step_s": 4.0, "toy_step_s": 2.0}
     plan = budget_plan(300.0, tp, cfg, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False, stages=stages)
-    assert plan.steps == {"coco": 25, "finetune": 0, "target": 0, "toy": 100}
+    assert plan.steps == {"coco": 25, "finetune": 0, "target": 0, "distill": 0, "toy": 100}
     assert plan.planned_optimizer_seconds == 300.0
     plan.throughput = tp
     assert STAGE_LOAD_SECONDS == 20.0

@@ -1,0 +1,208 @@
+"""The recipe's distillation stage (:class:`DistillStage`): the hybrid teacher's ranking distilled into the dense
+model on unlabelled target queries.
+
+The teacher is :class:`~hf_cocodr.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
+the queries belong to (:func:`~hf_cocodr.data.teacher.route_queries`); for each query its top ``distill_k``
+documents and fused scores are the training row, and the student (the model the stages before left behind) learns
+the teacher's score distribution over them with :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` (listwise
+KL, plus the in-batch contrast on the teacher's first candidate). The query labels are never read. The teacher's
+rankings are cached (``<cache>/teacher``), so a resumed or repeated run does not rank again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from ..data.target_queries import read_target_queries
+from ..data.teacher import distill_dataset, route_queries, teacher_cache_path
+from ..fusion import FusionConfig
+from ..hybrid import _corpus_ids_texts
+from ..modeling.loading import load_encoder
+from .config import RecipeConfig, no_gpu
+from .context import RecipeRun
+from .outputs import stopped
+from .plan import Plan
+from .stage import Stage, settings
+
+logger = logging.getLogger(__name__)
+
+
+class DistillStage(Stage):
+    """Distillation of the hybrid teacher (the starting model + BM25) on the ``target_queries``: runs when target
+    queries are given and ``skip_distill`` is false (the schedule's choice under ``auto``)."""
+
+    name = "distill"
+    share_option = "distill_share"
+    reads_target_queries = True
+
+    def enabled(self, cfg: RecipeConfig) -> bool:
+        return cfg.skip_distill is False and bool(cfg.target_queries)
+
+    def fixed_steps(self, cfg: RecipeConfig) -> int | None:
+        return cfg.distill_steps
+
+    def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
+        return throughput.get("distill_teacher_s", 0.0)  # ranking the queries (0 when the rankings are cached)
+
+    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
+        return plan.steps_of(self.name) * step_s + (plan.throughput or {}).get("distill_teacher_s", 0.0)
+
+    def arguments(self, run: RecipeRun) -> dict[str, Any]:
+        cfg = run.cfg
+        defaults = dict(
+            output_dir=str(run.dir(self.name)),
+            seed=cfg.seed,
+            report_to="none",
+            logging_steps=5,
+            logging_first_step=True,
+            save_strategy="steps",
+            save_steps=50,
+            save_total_limit=1,
+            per_device_train_batch_size=16,
+            learning_rate=2e-5,
+            warmup_steps=0.1,
+            use_cpu=no_gpu(),
+            disable_tqdm=True,
+            idro_preset="uniform",
+            dataloader_drop_last=True,
+            max_length=cfg.train_max_length,
+        )
+        return {**defaults, **cfg.distill}
+
+    def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
+        cfg = run.cfg
+        return {
+            "stage": self.name,
+            "start": start,
+            "teacher": {
+                "model": run.fps["model"],
+                "targets": run.fps["targets"],
+                "dense_weight": cfg.distill_teacher_weight,
+                "k": cfg.distill_k,
+            },
+            "queries": self._queries_digest(run),
+            "loss": {"teacher_temperature": cfg.distill_teacher_temperature, "in_batch": cfg.distill_in_batch_weight},
+            "settings": settings(run.arguments[self.name]),
+            "steps": run.plan.steps_of(self.name),
+        }
+
+    def probe(self, run: RecipeRun) -> dict[str, float]:
+        """Seconds of one distillation step (a batch of the stage's shape on target documents) and of ranking the
+        queries with the teacher (0 when its rankings are cached)."""
+        import torch
+
+        from ..finetuning.losses.distill import HybridDistillLoss
+
+        cfg, kw = run.cfg, run.arguments[self.name]
+        routed = route_queries(cfg.target_queries, run.target_corpora)
+        docs, teacher_docs, teacher_queries = [], 0, 0
+        for corpus, src in routed:
+            doc_ids, texts = _corpus_ids_texts(corpus)
+            docs += texts
+            path = teacher_cache_path(run.fps["model"], doc_ids, texts, src.texts, cfg.distill_k, self._fusion(cfg))
+            if not path.is_file():
+                teacher_docs += len(texts)
+                teacher_queries += len(src.texts)
+        st = load_encoder(run.model)
+        gen = np.random.default_rng(0)
+        batch, k = int(kw["per_device_train_batch_size"]), int(cfg.distill_k)
+        sample = [docs[i] for i in gen.choice(len(docs), batch * (k + 1), replace=len(docs) < batch * (k + 1))]
+        out: dict[str, float] = {}
+        if teacher_docs:  # the teacher encodes at the model's own length
+            t0 = time.perf_counter()
+            st.encode_document(sample[:64], batch_size=64)
+            per_doc = (time.perf_counter() - t0) / min(64, len(sample))
+            out["distill_teacher_s"] = round(per_doc * (teacher_docs + teacher_queries), 2)
+        loss = HybridDistillLoss(st, **self._loss_options(cfg, run.similarity))
+        opt = torch.optim.AdamW([p for p in st.parameters() if p.requires_grad], lr=1e-8)
+        labels = torch.as_tensor(gen.standard_normal((batch, k)), dtype=torch.float32)
+        columns = [sample[:batch]] + [sample[batch * j : batch * (j + 1)] for j in range(1, k + 1)]
+        st.train()
+
+        def step() -> None:
+            feats = [st.preprocess(c, max_length=kw["max_length"]) for c in columns]
+            loss(feats, labels).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        step()  # warm-up, then the median of 3 timed steps (as the other stages are probed)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        out["distill_step_s"] = float(np.median(times))
+        st.eval()
+        return out
+
+    def train(self, run: RecipeRun) -> dict[str, Any] | None:
+        from ..finetuning import IDROTrainingArguments
+        from ..finetuning.losses.distill import HybridDistillLoss
+        from ..training_api import build_idro_trainer
+
+        cfg, steps = run.cfg, run.plan.steps_of(self.name)
+        t0 = time.perf_counter()
+        rows, info = distill_dataset(
+            run.model,
+            run.fps["model"],
+            run.target_corpora,
+            cfg.target_queries,
+            cfg.distill_k,
+            fusion=self._fusion(cfg),
+            batch_size=cfg.eval_batch_size,
+        )
+        logger.info(
+            "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
+            len(rows),
+            "; ".join(f"{i['queries']} -> {i['corpus']}{' (cached)' if i['cached'] else ''}" for i in info),
+            time.perf_counter() - t0,
+        )
+        model = load_encoder(run.current)
+        args = IDROTrainingArguments(
+            **{
+                **run.arguments[self.name],
+                "refresh_negatives_every_steps": 0,
+                "max_steps": steps,
+                "overwrite_output_dir": True,
+            }
+        )
+        loss = HybridDistillLoss(model, **self._loss_options(cfg, run.similarity))
+        trainer = build_idro_trainer(model, args, rows, loss=loss, negatives_label="the hybrid teacher's candidates")
+        trainer.extra_methods.append("hybrid-teacher distillation")
+        trainer.target_queries_read += [i["queries"] for i in info]
+        trainer.target_corpora_read += [i["corpus"] for i in info]
+        guard = run.deadline(trainer, self.name)
+        trainer.train(resume_from_checkpoint=True if run.resume else None)
+        trainer.finalize()
+        return {"steps": trainer.state.global_step, "teacher": info, **stopped(guard)}
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def _fusion(cfg: RecipeConfig):
+
+        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight))
+
+    @staticmethod
+    def _loss_options(cfg: RecipeConfig, similarity: str) -> dict[str, Any]:
+        return {
+            # the student's own scale: a cosine model was trained at temperature 0.05 (scale 20)
+            "temperature": 0.05 if similarity == "cosine" else 1.0,
+            "teacher_temperature": float(cfg.distill_teacher_temperature),
+            "in_batch_weight": float(cfg.distill_in_batch_weight),
+            "similarity": similarity,
+        }
+
+    def _queries_digest(self, run: RecipeRun) -> str:
+        """A digest of the target queries' texts (read once per run)."""
+        if "distill_queries" not in run.extras:
+            h = hashlib.sha256()
+            for spec in run.cfg.target_queries:
+                for text in read_target_queries(spec).texts:
+                    h.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
+            run.extras["distill_queries"] = h.hexdigest()[:16]
+        return run.extras["distill_queries"]

@@ -1,0 +1,250 @@
+"""The distillation study: does distilling the hybrid teacher (the starting model + the corpus's BM25) into
+all-MiniLM-L6-v2 on unlabelled target queries make the dense model better on SciFact and NFCorpus?
+
+Dev splits only, no test set is read:
+
+- **NFCorpus**: the unlabelled pool is the ``train`` split's queries (4 whose text is also a ``dev`` query are left
+  out of the pool), evaluated on ``dev``.
+- **SciFact**: its ``train`` claims are split into two fixed halves by a documented rule: a claim whose id is an even
+  number is in the pool, an odd one in the dev half (415 pool / 394 dev claims). The start is measured on the same
+  dev half.
+
+The split is written as two BEIR folders under ``--work``/``data`` (links to the shared ``corpus.jsonl`` and
+``queries.jsonl``, plus ``qrels/pool.tsv`` and ``qrels/dev.tsv``), so the recipe reads the pool as
+``--target-queries DIR:pool`` (query ids only, as for any user) and refuses any overlap with the dev split itself.
+The target corpora are the same two folders; the source task is SQuAD, as in the adaptation study.
+
+Every arm is :func:`hf_cocodr.run_recipe` at the same wall-clock budget, evaluated at the model's own 256 tokens;
+seeds after the first train the steps the first seed's plan bought. Each arm is cached and resumable under
+``--work`` (default ``outputs/distill_study``); ``reports/distill_study.md`` / ``.json`` are rewritten after every
+row.
+
+    python scripts/distill_study.py --arms start,default,distill --budget-minutes 15
+    python scripts/distill_study.py --arms distill --seeds 43,44 --budget-minutes 15
+    python scripts/distill_study.py --report-only --budget-minutes 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import adaptation_study as A  # noqa: E402  (the adaptation study's runner, cache and evaluation)
+
+EVALS = [("scifact", "dev", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev")]
+POOL = ["scifact:pool", "nfcorpus:pool"]  # relative to the study's data folder
+BASE = {"max_queries": 1000, "corpus_pool": 2, "save_hybrid": False}
+# the recipe's schedule for a head-less model before distillation existed (the COCO soup), spelled out
+SOUP = dict(A.SOUP)
+NO_DISTILL = {"skip_distill": True}
+DISTILL_ONLY = {"skip_coco": True, "skip_finetune": True, **A.NO_EXTRAS}
+ARMS: dict[str, tuple[dict, str]] = {
+    "soup": ({**SOUP, **NO_DISTILL}, "the COCO soup alone, no target queries read (the default before this study)"),
+    "default": ({}, "the recipe's automatic schedule with the target queries given"),
+    "distill": ({**DISTILL_ONLY}, "hybrid-teacher distillation alone (k 8, teacher T 1, lr 2e-5, in-batch 1)"),
+    "distill-k4": ({**DISTILL_ONLY, "distill_k": 4}, "distillation, 4 candidates per query"),
+    "distill-k16": ({**DISTILL_ONLY, "distill_k": 16}, "distillation, 16 candidates per query"),
+    "distill-T0.5": ({**DISTILL_ONLY, "distill_teacher_temperature": 0.5}, "distillation, teacher temperature 0.5"),
+    "distill-T2": ({**DISTILL_ONLY, "distill_teacher_temperature": 2.0}, "distillation, teacher temperature 2"),
+    "distill-lr5e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 5e-5}}, "distillation, learning rate 5e-5"),
+    "distill-lr1e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 1e-5}}, "distillation, learning rate 1e-5"),
+    "distill-kl-only": ({**DISTILL_ONLY, "distill_in_batch_weight": 0.0}, "distillation, no in-batch term"),
+    "distill-pseudo": (
+        {**DISTILL_ONLY, "target_queries": ["@pseudo"]},
+        "distillation on pseudo queries (each document's title or first sentence) instead of real ones",
+    ),
+    "soup+distill": ({**SOUP, "skip_distill": False}, "the COCO soup, then distillation"),
+}
+
+
+def prepare_data(work: Path, root: Path) -> Path:
+    """The study's data folder (see the module docstring); returns it. Idempotent."""
+    from hf_cocodr.data.target_queries import _norm, judged_query_ids
+
+    data = work / "data"
+    for name in ("scifact", "nfcorpus"):
+        (data / name / "qrels").mkdir(parents=True, exist_ok=True)
+        for f in ("corpus.jsonl", "queries.jsonl"):
+            link = data / name / f
+            if not link.exists():
+                link.symlink_to((root / name / f).resolve())
+    if not (data / "squad-v1.1").exists():
+        (data / "squad-v1.1").symlink_to((root / "squad-v1.1").resolve())
+
+    def rows(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines()[1:] if line.strip()]
+
+    def write(path: Path, lines: list[str]) -> None:
+        if not path.is_file():
+            path.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{x}\n" for x in lines))
+
+    sci = rows(root / "scifact" / "qrels" / "train.tsv")
+    write(data / "scifact" / "qrels" / "pool.tsv", [r for r in sci if int(r.split("\t")[0]) % 2 == 0])
+    write(data / "scifact" / "qrels" / "dev.tsv", [r for r in sci if int(r.split("\t")[0]) % 2 == 1])
+    texts = {}
+    for line in (root / "nfcorpus" / "queries.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        texts[rec["_id"]] = rec["text"]
+    dev_texts = {_norm(texts[q]) for q in judged_query_ids(root / "nfcorpus", "dev")}
+    nf = rows(root / "nfcorpus" / "qrels" / "train.tsv")
+    write(data / "nfcorpus" / "qrels" / "pool.tsv", [r for r in nf if _norm(texts[r.split("\t")[0]]) not in dev_texts])
+    write(data / "nfcorpus" / "qrels" / "dev.tsv", rows(root / "nfcorpus" / "qrels" / "dev.tsv"))
+    if not (data / "nfcorpus-pseudo" / "queries.jsonl").is_file():
+        write_pseudo_queries(data)
+    return data
+
+
+def write_pseudo_queries(data: Path) -> None:
+    """Pseudo queries for the ``@pseudo`` arm, one BEIR folder per corpus (``NAME-pseudo``: a link to the corpus and
+    its own ``queries.jsonl``): each document's title, or its first sentence when it has none, for one in 4
+    documents (as many queries as the real pools hold, within a factor of 2)."""
+    for name in ("scifact", "nfcorpus"):
+        folder = data / f"{name}-pseudo"
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / "corpus.jsonl").exists():
+            (folder / "corpus.jsonl").symlink_to((data / name / "corpus.jsonl").resolve())
+        out = []
+        for i, line in enumerate((data / name / "corpus.jsonl").read_text().splitlines()):
+            rec = json.loads(line)
+            text = (rec.get("title") or "").strip() or rec.get("text", "").split(". ")[0].strip()
+            if i % 4 == 0 and text:
+                out.append(json.dumps({"_id": f"pseudo-{rec['_id']}", "text": text}) + "\n")
+        (folder / "queries.jsonl").write_text("".join(out))
+
+
+def planned_steps(ns, base: str, seed: int) -> dict:
+    """The steps seed ``--plan-from-seed`` of ``base`` trained (each stage), for a further seed."""
+    ref = A.arm_dir(Path(ns.work), ns.budget_minutes, base, ns.plan_from_seed) / "run"
+    if not (ref / "recipe.json").is_file():
+        sys.exit(f"{base} seed {seed}: run seed {ns.plan_from_seed} first ({ref / 'recipe.json'} not found)")
+    plan = json.loads((ref / "plan.json").read_text())
+    trained = json.loads((ref / "recipe.json").read_text()).get("steps_trained", {})
+    plan = {**plan, **{f"{stage}_steps": n for stage, n in trained.items()}}
+    out = {"refreshes": plan["refreshes"]}
+    if plan.get("coco_steps", 0) > 0:
+        out["coco_runs"] = int(plan.get("coco_runs", 1))
+    for key in ("coco_steps", "finetune_steps", "target_steps", "distill_steps"):
+        if plan.get(key, 0) > 0:
+            out[key] = plan[key]
+    return out
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", default="start,distill", help="comma-separated arm names: " + ", ".join(ARMS))
+    ap.add_argument("--seeds", default="42")
+    ap.add_argument("--budget-minutes", type=float, default=15.0)
+    ap.add_argument("--work", default="outputs/distill_study")
+    ap.add_argument("--report", default="reports/distill_study")
+    ap.add_argument("--findings", default="reports/distill_study_findings.md")
+    ap.add_argument("--plan-from-seed", type=int, default=42)
+    ap.add_argument("--report-only", action="store_true")
+    ns = ap.parse_args()
+    ns.start, ns.doc_max_length = "all-MiniLM-L6-v2", 256
+    return ns
+
+
+def summary_rows(ns, data: Path, model: str) -> dict:
+    """{arm: {seed: row}} of every finished row under ``--work`` for this budget."""
+    rows = {}
+    for arm in ["start", *ARMS]:
+        folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm
+        seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if A.eval_file(p, 256).is_file())
+        if seeds:
+            rows[arm] = {seed: A.run_arm(arm, seed, ns, data, model) for seed in seeds}
+    return rows
+
+
+def write_report(ns, rows: dict) -> None:
+    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+
+    summary = A.summarize(rows)
+    start = summary.get("start")
+    lines = [
+        "# Distillation from the hybrid teacher: all-MiniLM-L6-v2 on unlabelled target queries",
+        "",
+    ]
+    findings = Path(ns.findings)
+    if findings.is_file():
+        lines += [findings.read_text().strip(), ""]
+    lines += [
+        f"Budget {ns.budget_minutes:g} minutes of training per arm (one core, `taskset -c N`, `OMP_NUM_THREADS=1`); "
+        "nDCG@10 on the dev splits at 256 tokens: SciFact's odd-id half of the `train` claims, NFCorpus `dev`. "
+        "Mean ± half-range over seeds; Δ against the start.",
+        "",
+        "| arm | seeds | SciFact dev | Δ | NFCorpus dev | Δ | steps | train min | what |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, s in summary.items():
+        cells = []
+        for label in ("SciFact dev", "NFCorpus dev"):
+            m = s[f"{label} ndcg@10"]
+            cells.append(f"{m['mean']:.4f} ± {m['half_range']:.4f}")
+            cells.append(f"{m['mean'] - start[f'{label} ndcg@10']['mean']:+.4f}" if start and arm != "start" else "")
+        steps = s.get("steps") or {}
+        steps_txt = ", ".join(f"{k.removesuffix('_steps')} {v}" for k, v in steps.items() if v and k != "refreshes")
+        what = "the starting model" if arm == "start" else ARMS[arm][1]
+        lines.append(
+            f"| {arm} | {','.join(map(str, s['seeds']))} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | "
+            f"{steps_txt} | {A.train_min(s)} | {what} |"
+        )
+    lines += [
+        "",
+        f"Command: `taskset -c 0 python scripts/distill_study.py --arms ARM --seeds SEEDS --budget-minutes "
+        f"{ns.budget_minutes:g}`; the data split is made by `prepare_data` in the script.",
+    ]
+    atomic_write_text(Path(f"{ns.report}.md"), "\n".join(lines) + "\n")
+    atomic_write_json(
+        Path(f"{ns.report}.json"),
+        {
+            "budget_minutes": ns.budget_minutes,
+            "doc_max_length": 256,
+            "summary": summary,
+            "runs": {a: {str(k): v for k, v in r.items()} for a, r in rows.items()},
+        },
+    )
+
+
+def main() -> int:
+    ns = parse()
+    from hf_cocodr.modeling.bundled import bundled_model_path
+    from hf_cocodr.utils import get_data_root, setup_logging
+
+    setup_logging()
+    data = prepare_data(Path(ns.work).absolute(), get_data_root())
+    model = bundled_model_path(ns.start)
+    # the adaptation study's runner with this study's splits, arms and queries
+    A.EVALS[:] = EVALS
+    pool = [str(data / p) for p in POOL]
+    A.ARMS.clear()
+    for name, (cfg, what) in ARMS.items():
+        pseudo = [str(data / "scifact-pseudo"), str(data / "nfcorpus-pseudo")]
+        queries = pseudo if cfg.get("target_queries") == ["@pseudo"] else pool
+        A.ARMS[name] = ({**cfg, "target_queries": queries}, what)
+    A.STARTS[ns.start] = {**A.STARTS[ns.start], "base": BASE}
+    A.planned_steps = planned_steps
+    if ns.plan_from_seed is not None and ns.plan_from_seed < 0:
+        ns.plan_from_seed = None
+    if not ns.report_only:
+        for arm in ns.arms.split(","):
+            for seed in [0] if arm == "start" else [int(s) for s in ns.seeds.split(",")]:
+                t0 = time.time()
+                row = A.run_arm(arm, seed, ns, data, model)
+                print(f"{arm} seed {seed}: {row['metrics']} ({(time.time() - t0) / 60:.1f} min)", flush=True)
+                write_report(ns, summary_rows(ns, data, model))
+    write_report(ns, summary_rows(ns, data, model))
+    print(Path(f"{ns.report}.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The recipe's distillation stage: the hybrid teacher (the starting model + BM25) ranks unlabelled target queries and
+the dense model learns its ranking; planned, resumable, skipped when finished, its rankings cached."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+from hf_cocodr.errors import ConfigError
+from hf_cocodr.recipe import RecipeConfig, run_recipe
+from hf_cocodr.recipe.distill import DistillStage
+from hf_cocodr.recipe.plan import Plan
+
+CFG = dict(
+    skip_coco=True,
+    target_pairs="none",
+    wise_alpha=None,
+    distill_steps=4,
+    distill_k=3,
+    distill={"per_device_train_batch_size": 4, "save_steps": 2},
+)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+
+
+def _weights(folder):
+    files = sorted(folder.glob("**/model.safetensors"))
+    assert files, folder
+    return load_file(str(files[0]))
+
+
+def test_distillation_trains_on_the_target_queries_and_is_skipped_once_finished(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, caplog
+):
+    out = tmp_path / "run"
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    res = run_recipe(
+        str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[f"{tiny_beir}:dev"], config=cfg
+    )
+    record = json.loads((out / "recipe.json").read_text())
+    # the schedule of a model without MLM head switches distillation on when target queries are given
+    assert record["schedule"]["chosen"]["skip_distill"] is False
+    assert record["steps_trained"] == {"distill": 4}
+    marker = json.loads((out / "distill" / "hf_cocodr_stage.json").read_text())
+    assert marker["teacher"][0]["queries"] == "toy:train" and marker["teacher"][0]["num_queries"] == 20
+    assert "hybrid-teacher distillation" in (out / "model" / "README.md").read_text()
+    assert {"ndcg@10", "bm25", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
+
+    # a re-run trains nothing (no trainer is built) and gives the same result
+    import hf_cocodr.finetuning as ft
+
+    def boom(*a, **k):
+        raise AssertionError("a finished stage was run again")
+
+    monkeypatch.setattr(ft, "IDROTrainer", boom)
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+        again = run_recipe(
+            str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[f"{tiny_beir}:dev"], config=cfg
+        )
+    assert again == res
+    assert any("stage distill: already finished" in r.getMessage() for r in caplog.records)
+
+
+def test_the_teacher_is_the_hybrid_of_the_starting_model_and_its_rankings_are_cached(tiny_bert_nomlm_dir, tiny_beir):
+    from hf_cocodr.data.target_queries import read_target_queries
+    from hf_cocodr.data.teacher import teacher_rankings
+    from hf_cocodr.fusion import FusionConfig
+    from hf_cocodr.hybrid import HybridRetriever
+
+    queries = read_target_queries(f"{tiny_beir}:train").texts
+    fusion = FusionConfig(dense_weight=0.3)
+    first = teacher_rankings(str(tiny_bert_nomlm_dir), "key", tiny_beir, queries, 5, fusion=fusion)
+    cached = teacher_rankings(str(tiny_bert_nomlm_dir), "key", tiny_beir, queries, 5, fusion=fusion)
+    assert (first[-1], cached[-1]) == (False, True)
+    assert cached[:2] == first[:2]  # cached == uncached
+    ids, scores = HybridRetriever.build(str(tiny_bert_nomlm_dir), tiny_beir, fusion=fusion).search(queries, 5)
+    assert first[0] == ids
+    assert np.allclose(np.array(first[1]), np.array(scores), atol=1e-6)
+    # another fusion is another teacher: not read from the cache
+    assert teacher_rankings(str(tiny_bert_nomlm_dir), "key", tiny_beir, queries, 5)[-1] is False
+
+
+def test_an_interrupted_distillation_resumes_to_the_uninterrupted_weights(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
+):
+    from hf_cocodr.finetuning import IDROTrainer
+
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
+    run_recipe(*args, tmp_path / "whole", config=cfg)
+    original = IDROTrainer.training_step
+
+    def crash_at_step_3(self, *a, **k):
+        if self.state.global_step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(IDROTrainer, "training_step", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_recipe(*args, tmp_path / "cut", config=cfg)
+    assert (tmp_path / "cut" / "distill" / "checkpoint-2").is_dir()
+    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    run_recipe(*args, tmp_path / "cut", config=cfg)
+    whole, cut = _weights(tmp_path / "whole" / "model"), _weights(tmp_path / "cut" / "model")
+    assert whole.keys() == cut.keys()
+    for name in whole:
+        assert (whole[name] - cut[name]).abs().max().item() <= 1e-6, name
+
+
+def test_queries_are_routed_to_the_corpus_they_belong_to(tiny_beir, tmp_path):
+    from hf_cocodr.data.teacher import route_queries
+    from tests.tiny import make_beir
+
+    other = make_beir(tmp_path / "other", seed=3)
+    linked = tmp_path / "linked"  # a folder of links to toy's files (as the distillation study builds its splits)
+    (linked / "qrels").mkdir(parents=True)
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/train.tsv"):
+        (linked / name).symlink_to(tiny_beir / name)
+    routed = route_queries([f"{other}:train", f"{linked}:train"], [str(tiny_beir), str(other)])
+    assert [str(c) for c, _ in routed] == [str(other), str(tiny_beir)]
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"text": "a query from a search log"}\n')
+    assert [str(c) for c, _ in route_queries([str(log)], [str(other)])] == [str(other)]  # one corpus: it
+    with pytest.raises(ConfigError, match=r"log\.jsonl: which target corpus"):
+        route_queries([str(log)], [str(tiny_beir), str(other)])
+
+
+def test_distillation_needs_target_queries_and_checks_its_settings():
+    with pytest.raises(ConfigError, match="skip_distill is false but no target queries"):
+        RecipeConfig(skip_distill=False).validate()
+    with pytest.raises(ConfigError, match="distill_k must be a whole number >= 2"):
+        RecipeConfig(distill_k=1).validate()
+    with pytest.raises(ConfigError, match=r"distill_teacher_weight must be a number in \[0, 1\]"):
+        RecipeConfig(distill_teacher_weight=1.5).validate()
+    with pytest.raises(ConfigError, match="distill: unknown field"):
+        RecipeConfig(distill={"learning_rat": 1e-5}).validate()
+    assert not DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=[]))
+    assert DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=["q.jsonl"]))
+
+
+def test_the_teacher_seconds_are_part_of_the_stage_plan():
+    """Hand-computed: 10 steps at 2 s and 30 s of teacher rankings are 50 s of the stage; the teacher's seconds are
+    charged as a fixed cost, not as steps."""
+    plan = Plan(steps={"distill": 10}, throughput={"distill_step_s": 2.0, "distill_teacher_s": 30.0})
+    stage, cfg = DistillStage(), RecipeConfig(skip_distill=False, target_queries=["q.jsonl"])
+    assert stage.planned_seconds(plan, 2.0, 20.0) == 50.0
+    assert stage.fixed_seconds(plan.throughput, cfg) == 30.0
+    assert stage.step_seconds(plan.throughput, cfg) == 2.0
