@@ -8,21 +8,17 @@ and ``label`` their ``k`` teacher scores, the layout ``HybridDistillLoss`` and s
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
 from ..fusion import FusionConfig
-from ..hybrid import HybridRetriever, _corpus_ids_texts, corpus_fingerprint
+from ..hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 from ..run_record import digest
 from ..storage import cache_dir
-from ..utils import atomic_write_text
 from .beir import CORPUS_FILE, jsonl_file
 from .target_queries import TargetQueries, read_target_queries
 
@@ -114,23 +110,12 @@ def _as_fusion(fusion):
     return fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
 
 
-def teacher_cache_path(
-    model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str], queries: Sequence[str], k: int, fusion=None
-) -> Path:
-    """Where :func:`teacher_rankings` caches the rankings of this teacher (model, corpus content, fusion) for these
-    queries and ``k``."""
-
-    key = digest(
-        {
-            "teacher": 1,
-            "model": model_key,
-            "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts)),
-            "queries": hashlib.sha256("\x1e".join(queries).encode("utf-8", "surrogatepass")).hexdigest(),
-            "k": k,
-            "fusion": asdict(_as_fusion(fusion)),
-        }
-    )
-    return cache_dir("teacher") / f"{key}.json"
+def teacher_cache_path(model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str]) -> Path:
+    """Where :func:`teacher_rankings` keeps the teacher's indexes of a corpus (a saved
+    :class:`~hf_cocodr.hybrid.HybridRetriever`): by the model (``model_key``, what identifies its weights) and the
+    corpus's content."""
+    key = digest({"teacher": 2, "model": model_key, "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts))})
+    return cache_dir("teacher") / f"hybrid-{key}"
 
 
 def teacher_rankings(
@@ -147,28 +132,32 @@ def teacher_rankings(
     """The hybrid teacher's top-``k`` over ``corpus`` for each query: ``(ids, scores, doc_ids, doc_texts, cached)``.
 
     The teacher is :class:`~hf_cocodr.hybrid.HybridRetriever` of ``model`` (at its own document length) and BM25
-    over ``corpus``, fused with ``fusion``. Its rankings are cached in ``<cache>/teacher`` under a digest of
-    ``model_key`` (what identifies the model's weights), the corpus's content, the queries, ``k`` and the fusion,
-    so a run with the same teacher (a resumed or repeated run, another seed) does not encode the corpus again."""
-
+    over ``corpus``, fused with ``fusion``. With ``cache``, its indexes are kept in ``<cache>/teacher`` (see
+    :func:`teacher_cache_path`; ``cached`` says whether they were there), so a resumed or repeated run, another
+    seed or other settings of the stage encode only the queries, not the corpus again."""
     fusion = _as_fusion(fusion)
     doc_ids, doc_texts = _corpus_ids_texts(corpus)
-    path = teacher_cache_path(model_key, doc_ids, doc_texts, queries, k, fusion) if cache else None
-    if path is not None and path.is_file():
+    path = teacher_cache_path(model_key, doc_ids, doc_texts) if cache else None
+    hybrid, cached = None, False
+    if path is not None and (path / HYBRID_FILE).is_file():
         try:
-            saved = json.loads(path.read_text(encoding="utf-8"))
-            return saved["ids"], saved["scores"], doc_ids, doc_texts, True
-        except (ValueError, KeyError):
-            logger.warning("teacher cache %s is unreadable: ranking again", path)
-    hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
+            hybrid, cached = (
+                HybridRetriever.load(path, model if not isinstance(model, (str, os.PathLike)) else None),
+                True,
+            )
+        except (ConfigError, OSError, ValueError, KeyError) as e:
+            logger.warning("teacher cache %s cannot be used (%s): building it again", path, e)
+    if hybrid is None:
+        hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
+        if path is not None:
+            hybrid.save(path)
+    hybrid.fusion = fusion
     ids, scores = [], []
     for start in range(0, len(queries), 1024):
         i, s = hybrid.search(list(queries[start : start + 1024]), k)
         ids += i
         scores += s
-    if path is not None:
-        atomic_write_text(path, json.dumps({"ids": ids, "scores": scores}, ensure_ascii=False))
-    return ids, scores, doc_ids, doc_texts, False
+    return ids, scores, doc_ids, doc_texts, cached
 
 
 class _Ranked:

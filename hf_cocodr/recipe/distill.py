@@ -21,7 +21,7 @@ import numpy as np
 from ..data.target_queries import read_target_queries
 from ..data.teacher import distill_dataset, route_queries, teacher_cache_path
 from ..fusion import FusionConfig
-from ..hybrid import _corpus_ids_texts
+from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
 from .config import RecipeConfig, no_gpu
 from .context import RecipeRun
@@ -104,20 +104,20 @@ class DistillStage(Stage):
         for corpus, src in routed:
             doc_ids, texts = _corpus_ids_texts(corpus)
             docs += texts
-            path = teacher_cache_path(run.fps["model"], doc_ids, texts, src.texts, cfg.distill_k, self._fusion(cfg))
-            if not path.is_file():
-                teacher_docs += len(texts)
-                teacher_queries += len(src.texts)
+            teacher_queries += len(src.texts)
+            if not (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
+                teacher_docs += len(texts)  # the teacher's indexes of this corpus are to be built
         st = load_encoder(run.model)
         gen = np.random.default_rng(0)
         batch, k = int(kw["per_device_train_batch_size"]), int(cfg.distill_k)
         sample = [docs[i] for i in gen.choice(len(docs), batch * (k + 1), replace=len(docs) < batch * (k + 1))]
         out: dict[str, float] = {}
-        if teacher_docs:  # the teacher encodes at the model's own length
-            t0 = time.perf_counter()
-            st.encode_document(sample[:64], batch_size=64)
-            per_doc = (time.perf_counter() - t0) / min(64, len(sample))
-            out["distill_teacher_s"] = round(per_doc * (teacher_docs + teacher_queries), 2)
+        # the teacher encodes the queries, and the documents of a corpus it has no cached indexes of, at the
+        # model's own length
+        t0 = time.perf_counter()
+        st.encode_document(sample[:64], batch_size=64)
+        per_text = (time.perf_counter() - t0) / min(64, len(sample))
+        out["distill_teacher_s"] = round(per_text * teacher_docs + 0.25 * per_text * teacher_queries, 2)
         loss = HybridDistillLoss(st, **self._loss_options(cfg, run.similarity))
         opt = torch.optim.AdamW([p for p in st.parameters() if p.requires_grad], lr=1e-8)
         labels = torch.as_tensor(gen.standard_normal((batch, k)), dtype=torch.float32)

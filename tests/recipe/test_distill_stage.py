@@ -83,8 +83,12 @@ def test_the_teacher_is_the_hybrid_of_the_starting_model_and_its_rankings_are_ca
     ids, scores = HybridRetriever.build(str(tiny_bert_nomlm_dir), tiny_beir, fusion=fusion).search(queries, 5)
     assert first[0] == ids
     assert np.allclose(np.array(first[1]), np.array(scores), atol=1e-6)
-    # another fusion is another teacher: not read from the cache
-    assert teacher_rankings(str(tiny_bert_nomlm_dir), "key", tiny_beir, queries, 5)[-1] is False
+    # another fusion ranks from the same cached indexes, as a teacher built afresh with it does
+    ids, scores, *_, was_cached = teacher_rankings(str(tiny_bert_nomlm_dir), "key", tiny_beir, queries, 4)
+    fresh = HybridRetriever.build(str(tiny_bert_nomlm_dir), tiny_beir).search(queries, 4)
+    assert was_cached and ids == fresh[0] and np.allclose(np.array(scores), np.array(fresh[1]), atol=1e-6)
+    # another model (key) is another teacher
+    assert teacher_rankings(str(tiny_bert_nomlm_dir), "other", tiny_beir, queries, 4)[-1] is False
 
 
 def test_an_interrupted_distillation_resumes_to_the_uninterrupted_weights(
