@@ -253,6 +253,8 @@ def main() -> int:
     for name, (cfg, what) in ARMS.items():
         pseudo = [str(data / "scifact-pseudo"), str(data / "nfcorpus-pseudo")]
         queries = pseudo if cfg.get("target_queries") == ["@pseudo"] else pool
+        if cfg.get("skip_distill") is True:  # an arm that reads no target queries is given none
+            queries = []
         A.ARMS[name] = ({**cfg, "target_queries": queries}, what)
     A.STARTS[ns.start] = {**A.STARTS[ns.start], "base": BASE}
     A.planned_steps = planned_steps
