@@ -249,8 +249,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    _load_more_commands()
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Given the ``argv`` it will parse, a command defined in this module (``evaluate``,
+    ``bm25``, ``export``) skips importing the other commands' modules (0.3-0.6 s of a short evaluation)."""
+    command = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    if command not in COMMANDS:
+        _load_more_commands()
     from . import __version__
 
     parser = _Parser(
@@ -273,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(argv)
 
     command = "hf-cocodr"
     first_command = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))

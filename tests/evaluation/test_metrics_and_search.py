@@ -185,3 +185,26 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert main(["bm25", str(tmp_path / "nope"), "--split", "dev"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "BEIR folder not found" in err[0]
+
+
+def test_a_short_evaluate_command_imports_no_other_commands_modules():
+    """``hf-cocodr evaluate`` builds its parser without importing the training, Hub and MTEB commands' modules (a
+    fixed cost of every short evaluation); ``--help`` and those commands still load them."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys; from hf_cocodr.cli import build_parser; build_parser({argv}); "
+        "print(sorted(m for m in ('hf_cocodr.cli_training', 'hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb') "
+        "if m in sys.modules))"
+    )
+
+    def loaded(argv):
+        out = subprocess.run(
+            [sys.executable, "-c", probe.format(argv=argv)], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+
+    assert loaded(["-q", "evaluate", "M", "D"]) == "[]"
+    assert loaded(["recipe"]) == "['hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb', 'hf_cocodr.cli_training']"
+    assert loaded(["--help"]) == "['hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb', 'hf_cocodr.cli_training']"
