@@ -157,3 +157,23 @@ def test_the_teacher_seconds_are_part_of_the_stage_plan():
     assert stage.planned_seconds(plan, 2.0, 20.0) == 50.0
     assert stage.fixed_seconds(plan.throughput, cfg) == 30.0
     assert stage.step_seconds(plan.throughput, cfg) == 2.0
+
+
+def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_the_steps(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, caplog
+):
+    """The probe times a distillation step and the teacher's ranking; the ranking is a fixed cost of the plan (less
+    once the teacher's indexes are cached) and the stage gets a deadline."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
+    plans = []
+    for out in ("first", "cached"):
+        with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+            run_recipe(*args, tmp_path / out, config=cfg, max_minutes=30.0)
+        plans.append(json.loads((tmp_path / out / "recipe.json").read_text())["plan"])
+    first, cached = (p["throughput"] for p in plans)
+    assert first["distill_step_s"] > 0 and cached["distill_step_s"] > 0
+    # uncached: 80 documents + 20 queries to encode; cached: the queries alone
+    assert first["distill_teacher_s"] > 4 * cached["distill_teacher_s"] > 0
+    assert plans[0]["fixed_seconds"] >= first["distill_teacher_s"]
+    assert any("stage distill: must end within" in r.getMessage() for r in caplog.records)
