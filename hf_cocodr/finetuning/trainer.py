@@ -236,8 +236,9 @@ class IDROTrainer(TrainerMixin, SentenceTransformerTrainer):
         per_step = a.per_device_train_batch_size * max(1, a.world_size)
         in_batch = (per_step * (1 + m) - 1 - m) if getattr(self.idro_loss, "in_batch_negatives", True) else 0
         logger.info(
-            "iDRO fine-tuning on %s: %d queries; %d queries per step (%d per device x %d devices x %d accumulation); "
+            "%s on %s: %d queries; %d queries per step (%d per device x %d devices x %d accumulation); "
             "%d hard negatives (%s) + %d in-batch negatives per query; loss %s",
+            "iDRO fine-tuning" if self.idro_loss is not None else "fine-tuning",
             self.training_data.name,
             len(self.training_data),
             per_step * a.gradient_accumulation_steps,
