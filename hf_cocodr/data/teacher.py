@@ -63,7 +63,9 @@ def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], 
             k,
         )
     if not columns["query"]:
-        raise ValueError(f"distillation: no query got {k} teacher candidates; lower k or check the corpus")
+        raise ValueError(
+            f"distillation: none of the {len(queries)} queries got {k} teacher candidates; lower k or check the corpus"
+        )
     return Dataset.from_dict(columns)
 
 
@@ -94,13 +96,19 @@ def route_queries(query_specs: Sequence[str], target_corpora: Sequence) -> list[
         match = [c for c, f in zip(target_corpora, files) if own is not None and f == own]
         if match:
             routed.append((match[0], src))
-        elif len(target_corpora) == 1:
+        elif src.folder is None and len(target_corpora) == 1:  # a search log: the one target corpus
             routed.append((target_corpora[0], src))
+        elif src.folder is not None:
+            raise ConfigError(
+                f"--target-queries {spec}: these queries belong to the corpus of {src.folder}, which is not a target "
+                f"corpus ({', '.join(str(c) for c in target_corpora)}); the teacher ranks them over their own "
+                "corpus: add it with --target-corpus"
+            )
         else:
             raise ConfigError(
-                f"--target-queries {spec}: which target corpus are these queries for? Their source shares no corpus "
-                f"file with the target corpora {[str(c) for c in target_corpora]}; give them as DIR:SPLIT of the "
-                "corpus's BEIR folder, or distil one target corpus per run"
+                f"--target-queries {spec}: which target corpus are these queries for? A JSONL file names none and "
+                f"there are {len(target_corpora)} target corpora ({', '.join(str(c) for c in target_corpora)}); "
+                "give them as DIR:SPLIT of the corpus's BEIR folder, or distil one target corpus per run"
             )
     return routed
 
@@ -150,7 +158,10 @@ def teacher_rankings(
     if hybrid is None:
         hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
         if path is not None:
-            hybrid.save(path)
+            try:
+                hybrid.save(path)
+            except OSError as e:  # the cache only saves time: a run goes on without it
+                logger.warning("the teacher's indexes could not be cached in %s (%s); going on without", path, e)
     hybrid.fusion = fusion
     ids, scores = [], []
     for start in range(0, len(queries), 1024):

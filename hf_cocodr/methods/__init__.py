@@ -78,6 +78,14 @@ def _and(names: list[str]) -> str:
     return " and ".join(names)
 
 
+def method_target_queries(methods, target_queries) -> list:
+    """The target queries the named ``methods`` read: all of them when one of the methods reads target queries,
+    none otherwise (they may be given for another reader, such as the recipe's distillation stage)."""
+    known = registered_methods()
+    reads = any(known[m].reads_target_queries for m in (str(x).lower() for x in methods) if m in known)
+    return list(target_queries) if reads else []
+
+
 def validate_methods(methods, target_corpora=(), target_queries=()) -> list[str]:
     """The method names, lower-cased; a ConfigError for an unknown name, a method that reads a target stream
     without one, or target queries without a method that reads them."""

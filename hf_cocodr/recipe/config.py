@@ -267,6 +267,8 @@ class RecipeConfig:
             whole(steps, 1, hint=f"; to leave the stage out set {switch}")
         whole("refreshes", 0)
         whole("distill_k", 2, allow_none=False)
+        if self.distill_k > 64:  # the candidates are the rows' document columns (negative_1 ... negative_63)
+            raise ConfigError(f"recipe option distill_k must be at most 64, got {self.distill_k!r}")
         whole("coco_run_steps", 1, allow_none=False)
         if self.coco_runs not in (Auto.AUTO, Auto.BUDGET):
             whole("coco_runs", 1, allow_none=False, hint=" (or auto / budget)")

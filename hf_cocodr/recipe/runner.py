@@ -106,7 +106,7 @@ def run_recipe(
         stages: the stages in order (default :data:`~hf_cocodr.recipe.stages.STAGES`); a new stage is a
             :class:`~hf_cocodr.recipe.stages.Stage` subclass added to this list.
     """
-    from ..methods import validate_methods
+    from ..methods import method_target_queries, validate_methods
     from ..modeling.condenser import checkpoint_has_mlm_head
 
     t_start = time.perf_counter()
@@ -125,7 +125,8 @@ def run_recipe(
         if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
             raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
         cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
-        cfg.skip_distill = True
+        if cfg.skip_distill is False and "skip_distill" in choice["chosen"]:
+            cfg.skip_distill = choice["chosen"]["skip_distill"] = True
         if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
             cfg.skip_finetune, cfg.finetune_share = False, 1.0
             choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
@@ -141,14 +142,18 @@ def run_recipe(
         check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, coco=not cfg.skip_coco, wise=uses_wise(cfg))
     # the stages that read the target queries (distillation) take them whatever the methods are
     readers = [s.name for s in stages if s.reads_target_queries and s.enabled(cfg)]
-    if cfg.target_queries and not readers and not any(m.lower() == "modir" for m in cfg.methods):
+    if cfg.target_queries and not readers and not method_target_queries(cfg.methods, cfg.target_queries):
         raise ConfigError(
-            "target queries are given but nothing reads them: the distill stage is off here (skip_distill: "
-            f"{cfg.skip_distill}) and MoDIR is not asked for; set skip_distill false, add --method modir, or drop "
-            "--target-queries"
+            "target queries are given but nothing reads them: "
+            + (
+                "the distill stage needs a target corpus (--target-corpus) for its teacher to rank"
+                if not target_corpora
+                else f"the distill stage is off here (skip_distill: {cfg.skip_distill}) and MoDIR is not asked "
+                "for; set skip_distill false, add --method modir, or drop --target-queries"
+            )
         )
-    # fail before any stage runs
-    methods = validate_methods(cfg.methods, target_corpora, () if readers else cfg.target_queries)
+    # fail before any stage runs; the fine-tuning methods get the target queries only when one of them reads them
+    methods = validate_methods(cfg.methods, target_corpora, method_target_queries(cfg.methods, cfg.target_queries))
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",

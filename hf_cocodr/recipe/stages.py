@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..methods import method_target_queries
 from ..modeling.loading import load_encoder
 from ..run_record import digest
 from .config import Auto, RecipeConfig, is_joint, no_gpu, uses_wise
@@ -318,7 +319,7 @@ class FinetuneStage(Stage):
             "refreshes": run.plan.refreshes,
             "methods": list(cfg.methods),
             "targets": fps["targets"] if cfg.methods else None,
-            "target_queries": list(cfg.target_queries),
+            "target_queries": method_target_queries(cfg.methods, cfg.target_queries),
             "joint": joint,
         }
 
@@ -358,7 +359,7 @@ class FinetuneStage(Stage):
             methods=run.methods,
             target_corpora=list(run.target_corpora),
             negatives_label="bm25",
-            target_queries=list(cfg.target_queries),
+            target_queries=method_target_queries(cfg.methods, cfg.target_queries),
             joint=joint,
             deadline=lambda t: run.deadline(t, self.name),
         )

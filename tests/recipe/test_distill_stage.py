@@ -134,6 +134,9 @@ def test_queries_are_routed_to_the_corpus_they_belong_to(tiny_beir, tmp_path):
     assert [str(c) for c, _ in route_queries([str(log)], [str(other)])] == [str(other)]  # one corpus: it
     with pytest.raises(ConfigError, match=r"log\.jsonl: which target corpus"):
         route_queries([str(log)], [str(tiny_beir), str(other)])
+    # queries of a BEIR folder whose corpus is not a target corpus are not ranked over another corpus
+    with pytest.raises(ConfigError, match=r"other:train: these queries belong to the corpus of .*add it with"):
+        route_queries([f"{other}:train"], [str(tiny_beir)])
 
 
 def test_distillation_needs_target_queries_and_checks_its_settings():
@@ -149,14 +152,25 @@ def test_distillation_needs_target_queries_and_checks_its_settings():
     assert DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=["q.jsonl"]))
 
 
-def test_the_teacher_seconds_are_part_of_the_stage_plan():
-    """Hand-computed: 10 steps at 2 s and 30 s of teacher rankings are 50 s of the stage; the teacher's seconds are
-    charged as a fixed cost, not as steps."""
-    plan = Plan(steps={"distill": 10}, throughput={"distill_step_s": 2.0, "distill_teacher_s": 30.0})
-    stage, cfg = DistillStage(), RecipeConfig(skip_distill=False, target_queries=["q.jsonl"])
-    assert stage.planned_seconds(plan, 2.0, 20.0) == 50.0
-    assert stage.fixed_seconds(plan.throughput, cfg) == 30.0
-    assert stage.step_seconds(plan.throughput, cfg) == 2.0
+def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
+    """Hand-computed: a 300 s budget, COCO 10 steps at 4 s then distillation 10 steps at 2 s with 30 s of teacher
+    ranking. The distillation ends when the budget less the final export (20 s) does, at 280 s; COCO must end 50 s
+    before (its 20 s of steps and the teacher's 30 s), at 230 s. The teacher's seconds are charged as a fixed cost."""
+    from hf_cocodr.recipe.planner import stage_deadlines
+
+    cfg = RecipeConfig(
+        skip_coco=False,
+        skip_finetune=True,
+        target_pairs="none",
+        wise_alpha=None,
+        coco_runs=1,
+        skip_distill=False,
+        target_queries=["q.jsonl"],
+    )
+    tp = {"coco_step_s": 4.0, "distill_step_s": 2.0, "distill_teacher_s": 30.0}
+    plan = Plan(steps={"coco": 10, "finetune": 0, "target": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
+    assert stage_deadlines(plan, cfg, 0.0) == {"distill": 280.0, "coco": 230.0}
+    assert DistillStage().fixed_seconds(tp, cfg) == 30.0
 
 
 def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_the_steps(
@@ -177,3 +191,28 @@ def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_th
     assert first["distill_teacher_s"] > 4 * cached["distill_teacher_s"] > 0
     assert plans[0]["fixed_seconds"] >= first["distill_teacher_s"]
     assert any("stage distill: must end within" in r.getMessage() for r in caplog.records)
+
+
+def test_target_queries_switch_distillation_on_without_disturbing_the_fine_tuning_methods(
+    tiny_bert_dir, tiny_beir, tmp_path, caplog
+):
+    """A fine-tune with a method that reads no target queries (BERM) finishes; adding target queries for the
+    distillation leaves it finished (its inputs are unchanged) and only the distillation trains."""
+    out = tmp_path / "run"
+    base = {
+        **CFG,
+        "skip_finetune": False,
+        "finetune_steps": 2,
+        "methods": ["berm"],
+        "finetune": {"per_device_train_batch_size": 4, "num_clusters": 2},
+    }
+    args = (str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out)
+    run_recipe(*args, config=base)
+    assert json.loads((out / "recipe.json").read_text())["steps_trained"] == {"finetune": 2}
+    with caplog.at_level(logging.INFO, logger="hf_cocodr"):
+        run_recipe(*args, config={**base, "skip_distill": False, "target_queries": [f"{tiny_beir}:train"]})
+    assert any("stage finetune: already finished" in r.getMessage() for r in caplog.records)
+    assert json.loads((out / "recipe.json").read_text())["steps_trained"] == {"finetune": 2, "distill": 4}
+    # without a reader the target queries are refused by name, before any work
+    with pytest.raises(ConfigError, match="nothing reads them: the distill stage is off"):
+        run_recipe(*args, config={**base, "target_queries": [f"{tiny_beir}:train"]})
