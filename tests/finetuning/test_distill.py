@@ -33,6 +33,21 @@ def test_the_loss_equals_the_hand_computed_value():
     assert got.item() == pytest.approx(expected, rel=1e-6)
 
 
+def test_a_low_student_temperature_does_not_shrink_the_kl_term():
+    """At the scale a cosine student was trained with (T_s below 1) the KL is the plain KL of the two softmaxes,
+    hand-computed here at T_s = 0.5: not multiplied by T_s² (0.25), which would let the in-batch term train alone."""
+    loss = HybridDistillLoss(_NoModel(), temperature=0.5, teacher_temperature=1.0, in_batch_weight=0.0)
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c1 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c2 = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    labels = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])
+    p_student = [math.e**2 / (math.e**2 + 1), 1 / (math.e**2 + 1)]  # scores [1, 0] / 0.5
+    kl_1 = sum(0.5 * math.log(0.5 / s) for s in p_student)
+    kl_2 = 0.75 * math.log(0.75 / p_student[0]) + 0.25 * math.log(0.25 / p_student[1])
+    got = loss.compute_loss_from_embeddings([q, c1, c2], labels)
+    assert got.item() == pytest.approx((kl_1 + kl_2) / 2, rel=1e-6)
+
+
 def test_bad_settings_are_refused():
     for kwargs in ({"temperature": 0}, {"teacher_temperature": -1.0}, {"in_batch_weight": -0.1}, {"similarity": "l2"}):
         with pytest.raises(ValueError):

@@ -3,10 +3,14 @@
 Each training row is ``(query, candidate_1, ..., candidate_k)`` with ``label`` = the teacher's ``k`` scores (for
 the recipe: the fused scores of the starting model + BM25 hybrid, best first). The loss is
 
-    KL( softmax(t / T_t) ‖ softmax(s / T_s) ) · T_s²  +  λ · InfoNCE(query, candidate_1; in-batch candidates)
+    KL( softmax(t / T_t) ‖ softmax(s / T_s) )  +  λ · InfoNCE(query, candidate_1; in-batch candidates)
 
 with ``s`` the student's similarity of the query to each candidate (the model's own similarity: dot product or
-cosine). The KL term is sentence-transformers' ``DistillKLDivLoss``; the in-batch term is its
+cosine). The KL term is sentence-transformers' ``DistillKLDivLoss`` without its ``T_s²`` factor: that factor keeps
+gradients comparable for temperatures of 1 and above, but a cosine student at ``T_s = 0.05`` (its trained scale of
+20) would have its KL gradient shrunk 400-fold against the in-batch term, which would then train alone. Unscaled, the
+KL's gradient on the student's similarities is ``(p_student − p_teacher) / T_s``, the same scale as the in-batch
+term's. The in-batch term is its
 ``MultipleNegativesRankingLoss`` on the teacher's first candidate, so the student keeps the in-batch contrast it was
 trained with. With ``in_batch_weight=0`` and a teacher whose scores are the student's own (same temperatures), the
 loss is at its minimum, 0, and so is its gradient.
@@ -75,7 +79,8 @@ class HybridDistillLoss(nn.Module):
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         """The loss of ``[queries, candidates_1, ..., candidates_k]`` embeddings and the teacher's ``(B, k)`` scores."""
-        loss = self.kl.compute_loss_from_embeddings(embeddings, labels.to(embeddings[0].dtype))
+        # DistillKLDivLoss multiplies the KL by T_s²; undone (see the module docstring)
+        loss = self.kl.compute_loss_from_embeddings(embeddings, labels.to(embeddings[0].dtype)) / self.temperature**2
         if self.in_batch_weight:
             loss = loss + self.in_batch_weight * self.in_batch.compute_loss_from_embeddings(embeddings[:2], None)
         return loss
