@@ -50,6 +50,11 @@ ARMS: dict[str, tuple[dict, str]] = {
     "soup": ({**SOUP, **NO_DISTILL}, "the COCO soup alone, no target queries read (the default before this study)"),
     "default": ({}, "the recipe's automatic schedule with the target queries given"),
     "distill": ({**DISTILL_ONLY}, "hybrid-teacher distillation alone (k 8, teacher T 1, lr 2e-5, in-batch 1)"),
+    "distill-v0": (
+        {**DISTILL_ONLY},
+        "as distill, run at commit 8079eaa, whose loss multiplied the KL term by T_s² = 0.0025 (in effect the in-batch "
+        "contrast on the teacher's first candidate alone)",
+    ),
     "distill-k4": ({**DISTILL_ONLY, "distill_k": 4}, "distillation, 4 candidates per query (about twice the steps)"),
     "distill-k16": ({**DISTILL_ONLY, "distill_k": 16}, "distillation, 16 candidates per query"),
     "distill-T0.5": ({**DISTILL_ONLY, "distill_teacher_temperature": 0.5}, "distillation, teacher temperature 0.5"),
