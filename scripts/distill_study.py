@@ -196,7 +196,8 @@ def summary_rows(ns, data: Path, model: str) -> dict:
 def write_report(ns, rows: dict) -> None:
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
 
-    summary = A.summarize(rows)
+    # (the adaptation study's summary knows the steps of its own stages only: the steps are written below)
+    summary = A.summarize({a: {k: {**r, "steps_trained": None} for k, r in rs.items()} for a, rs in rows.items()})
     start = summary.get("start")
     lines = [
         "# Distillation from the hybrid teacher: all-MiniLM-L6-v2 on unlabelled target queries",
@@ -219,8 +220,19 @@ def write_report(ns, rows: dict) -> None:
             m = s[f"{label} ndcg@10"]
             cells.append(f"{m['mean']:.4f} ± {m['half_range']:.4f}")
             cells.append(f"{m['mean'] - start[f'{label} ndcg@10']['mean']:+.4f}" if start and arm != "start" else "")
-        steps = s.get("steps") or {}
-        steps_txt = ", ".join(f"{k.removesuffix('_steps')} {v}" for k, v in steps.items() if v and k != "refreshes")
+        steps_txt = ""
+        first = next(iter(rows[arm].values()))
+        if "plan" in first:  # the steps each stage trained (of the planned ones); a soup: runs x steps
+            plan, trained = first["plan"], first.get("steps_trained") or {}
+            parts = []
+            for key, planned in plan.items():
+                stage = key.removesuffix("_steps")
+                if key.endswith("_steps") and planned:
+                    done = trained.get(stage, planned)
+                    runs = int(plan.get("coco_runs", 1)) if stage == "coco" else 1
+                    txt = f"{done}" if done == planned else f"{done} of {planned}"
+                    parts.append(f"{stage} {runs} × {txt}" if runs > 1 else f"{stage} {txt}")
+            steps_txt = ", ".join(parts)
         what = "the starting model" if arm == "start" else ARMS[arm][1]
         lines.append(
             f"| {arm} | {','.join(map(str, s['seeds']))} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | "
