@@ -48,7 +48,11 @@ NO_DISTILL = {"skip_distill": True}
 DISTILL_ONLY = {"skip_coco": True, "skip_finetune": True, **A.NO_EXTRAS}
 ARMS: dict[str, tuple[dict, str]] = {
     "soup": ({**SOUP, **NO_DISTILL}, "the COCO soup alone, no target queries read (the default before this study)"),
-    "default": ({}, "the recipe's automatic schedule with the target queries given"),
+    "default": (
+        {},
+        "the recipe's automatic schedule with the target queries given (since this study: the distillation alone, "
+        "as the distill arm)",
+    ),
     "distill": ({**DISTILL_ONLY}, "hybrid-teacher distillation alone (k 8, teacher T 1, lr 2e-5, in-batch 1)"),
     "distill-v0": (
         {**DISTILL_ONLY},
@@ -66,7 +70,11 @@ ARMS: dict[str, tuple[dict, str]] = {
         {**DISTILL_ONLY, "target_queries": ["@pseudo"]},
         "distillation on pseudo queries (each document's title or first sentence) instead of real ones",
     ),
-    "soup+distill": ({**SOUP, "skip_distill": False}, "the COCO soup, then distillation"),
+    "soup+distill": (
+        {**SOUP, "skip_coco": False, "skip_distill": False, "coco_share": 1.0, "distill_share": 1.0},
+        "the COCO soup, then distillation, half the budget each (its seed 42 was run as the default before the "
+        "study set it)",
+    ),
 }
 
 

@@ -122,6 +122,19 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
     assert "30%" in choose_schedule(RecipeConfig(), None)[1]["mlm_head"]  # a Hub id cannot be inspected: warmed up
     assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
+
+
+def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillation_alone():
+    queries = ["data/scifact:train"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
+    assert record["kind"] == "no_mlm_head_queries" and "target queries" in record["why"]
+    assert (cfg.skip_coco, cfg.skip_finetune, cfg.skip_distill, cfg.distill_share) == (True, True, False, 1.0)
+    assert "mlm_head" not in record  # no COCO: no fresh head to warm up
+    # COCO asked for beside it gets an equal share; a model with an MLM head keeps its schedule (no distillation)
+    both, record = choose_schedule(RecipeConfig(target_queries=queries, skip_coco=False), False)
+    assert (both.skip_coco, both.coco_share, both.distill_share) == (False, 1.0, 1.0) and "mlm_head" in record
+    head, record = choose_schedule(RecipeConfig(target_queries=queries), True)
+    assert record["kind"] == "mlm_head" and head.skip_distill is True and head.skip_coco is False
     # a setting given by the user wins and is recorded as theirs
     cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
     assert cfg.wise_alpha is None and cfg.coco_mlm_weight == 0.3

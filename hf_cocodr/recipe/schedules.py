@@ -32,21 +32,16 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
 SCHEDULES: dict[str, dict[str, Any]] = {
     # No MLM head (an already trained retriever such as all-MiniLM-L6-v2): COCO alone, spent as a soup of runs of
     # about 76 steps (MLM through a fresh Condenser head warmed up first), no source fine-tuning.
-    # With unlabelled target queries (--target-queries), the hybrid teacher's ranking is distilled into the model
-    # after COCO, with an equal share of the budget.
-    "no_mlm_head": dict(
-        PAPER_SCHEDULE,
-        coco_runs=Auto.BUDGET,
-        skip_finetune=True,
-        coco_share=1.0,
-        finetune_share=0.0,
-        skip_distill=False,
-        distill_share=1.0,
-    ),
+    "no_mlm_head": dict(PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0),
     # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): COCO, then the plain contrastive fine-tune (the
     # paper-setting ablation's best arm; docs/adaptation.md).
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
+# No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
+# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md, reports/distill_study.md).
+SCHEDULES["no_mlm_head_queries"] = dict(
+    SCHEDULES["no_mlm_head"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
+)
 
 
 def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
@@ -54,7 +49,8 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
 
     Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
     the user) for the log, ``recipe.json`` and the model card. ``schedule="paper"`` resolves "auto" to COCO-DR's
-    stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT).
+    stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT, no distillation). A model without an
+    MLM head given unlabelled target queries gets ``no_mlm_head_queries``: the distillation alone.
     """
     kind = "mlm_head" if has_mlm_head else "no_mlm_head"
     why = (
@@ -64,6 +60,8 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         if has_mlm_head is False
         else "the starting model's MLM head could not be inspected (treated as absent)"
     )
+    if kind == "no_mlm_head" and cfg.target_queries:
+        kind, why = "no_mlm_head_queries", f"{why}, and unlabelled target queries are given"
     preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
     chosen, user = {}, {}
     values = asdict(cfg)
@@ -78,7 +76,7 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     resolved = RecipeConfig(**values)
     _share_switched_on_stages(resolved, chosen)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
-    if has_mlm_head is not True:  # absent, or not inspectable (a Hub id): treated as absent, so warmed up
+    if has_mlm_head is not True and not resolved.skip_coco:  # absent or not inspectable: a fresh head, warmed up
         record["mlm_head"] = (
             f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"
         )
