@@ -145,3 +145,32 @@ def test_the_cli_prints_the_hybrid_with_dense_and_bm25_beside_it(tiny_st_dir, ti
         == 2
     )
     assert "dense_weight" in capsys.readouterr().err
+
+
+def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_st_dir, tiny_beir, monkeypatch):
+    """The recipe evaluates its final model, then builds its hybrid over the same corpus: inside
+    ``reuse_corpus_encodings`` the documents are encoded once, and the retriever equals one built afresh (cached ==
+    uncached); changed weights are a new model, encoded again."""
+    import numpy as np
+    import torch
+
+    from hf_cocodr import HybridRetriever, evaluate_retrieval, load_encoder
+    from hf_cocodr.evaluation import retrieval
+
+    model = load_encoder(str(tiny_st_dir))
+    fresh = HybridRetriever.build(model, tiny_beir)
+    calls = []
+    real = retrieval.encode_texts
+    monkeypatch.setattr(
+        retrieval, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
+    )
+    with retrieval.reuse_corpus_encodings():
+        evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False)
+        reused = HybridRetriever.build(model, tiny_beir)
+        assert calls.count("document") == 1
+        with torch.no_grad():
+            next(model.parameters()).add_(0.01)
+        HybridRetriever.build(model, tiny_beir)
+        assert calls.count("document") == 2
+    assert reused.doc_ids == fresh.doc_ids and np.array_equal(reused.embeddings, fresh.embeddings)
+    assert retrieval._REUSE is None  # nothing is kept after the block

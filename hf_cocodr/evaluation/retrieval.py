@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -75,6 +76,35 @@ def length_sorted_order(corpus) -> np.ndarray:
     return np.argsort(-lengths, kind="stable")
 
 
+# Corpus encodings kept while :func:`reuse_corpus_encodings` is active: (model weights, corpus, settings) -> the index
+_REUSE: dict[tuple, tuple[DenseIndex, np.ndarray]] | None = None
+REUSE_MAX_BYTES = 1 << 30  # what the kept indexes may hold in all
+
+
+@contextlib.contextmanager
+def reuse_corpus_encodings():
+    """Within the block, :func:`build_index` encodes a corpus once per model: a second call with the same weights
+    (their SHA-256), the same corpus dataset and the same settings returns the index the first built (up to
+    :data:`REUSE_MAX_BYTES` of vectors in all). The recipe evaluates its final model and then builds that model's
+    hybrid retrievers over the target corpora, which are often the evaluation corpora too."""
+    global _REUSE
+    outer, _REUSE = _REUSE, {} if _REUSE is None else _REUSE
+    try:
+        yield
+    finally:
+        if outer is None:
+            _REUSE = None
+
+
+def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
+    fp = getattr(corpus, "_fingerprint", None)
+    if _REUSE is None or fp is None:
+        return None
+    from ..run_record import model_fingerprint
+
+    return (model_fingerprint(model)["weights_sha256"], fp, len(corpus), max_length, backend, normalize)
+
+
 def build_index(
     model,
     corpus,
@@ -93,10 +123,14 @@ def build_index(
     """
     from tqdm.auto import tqdm
 
+    normalize = model_similarity(model) == "cosine"
+    key = _reuse_key(model, corpus, max_length, backend, normalize)
+    if key is not None and key in _REUSE:
+        logger.info("corpus of %d documents: its encoding by this model is reused", len(corpus))
+        return _REUSE[key]
     order = length_sorted_order(corpus)
     dim = model.get_embedding_dimension()
     index = DenseIndex(dim, backend=backend, capacity=len(order))
-    normalize = model_similarity(model) == "cosine"
     bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
     for s in range(0, len(order), chunk_docs):
         rows = order[s : s + chunk_docs]
@@ -112,6 +146,8 @@ def build_index(
         if on_chunk is not None:
             on_chunk(s + len(rows))
     bar.close()
+    if key is not None and 4 * dim * (len(order) + sum(len(o) for _, o in _REUSE.values())) <= REUSE_MAX_BYTES:
+        _REUSE[key] = (index, order)
     return index, order
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from ..data.beir import BEIRFormatError, parse_eval_spec
 from ..data.target_queries import refuse_eval_overlap
 from ..errors import ConfigError
+from ..evaluation.retrieval import reuse_corpus_encodings
 from ..export import export_sentence_transformer
 from ..hybrid import HybridRetriever
 from ..model_card import write_model_card
@@ -328,9 +329,14 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
     t0 = time.perf_counter()
     final = load_encoder(str(final_dir))
-    results = evaluate_all(final, run.evals, final_dir, batch_size=cfg.eval_batch_size, hybrid=True)
-    summary = {spec: split_hybrid(r) for spec, r in results.items()}
-    seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+    with reuse_corpus_encodings():  # a target corpus that is also evaluated is encoded once by the final model
+        results = evaluate_all(final, run.evals, final_dir, batch_size=cfg.eval_batch_size, hybrid=True)
+        summary = {spec: split_hybrid(r) for spec, r in results.items()}
+        seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+        if cfg.save_hybrid and run.target_corpora:
+            t0 = time.perf_counter()
+            _save_hybrids(run, final)
+            seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     if run.evals and cfg.evaluate_start:
         t0 = time.perf_counter()
         for spec, start in _run_start_eval(run.model, run.evals, run.out, cfg.eval_batch_size).items():
@@ -343,10 +349,6 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
                 summary[spec]["ndcg@10"] - start["ndcg@10"],
             )
         seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
-    if cfg.save_hybrid and run.target_corpora:
-        t0 = time.perf_counter()
-        _save_hybrids(run, final)
-        seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     _write_records(run, stages, summary, train_seconds, final_dir)
     logger.info(
         "recipe finished: training %.1f minutes%s, evaluation %.1f minutes",
