@@ -370,7 +370,8 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
 
 register(
     "recipe",
-    "COCO on target corpora -> iDRO on source labels -> export, card, evaluation (resumable)",
+    "COCO on target corpora -> fine-tuning on source labels -> distillation on unlabelled target queries -> export, "
+    "card, evaluation (resumable)",
     _add_recipe,
     _run_recipe,
     passthrough=True,
