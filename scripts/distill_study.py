@@ -66,6 +66,10 @@ ARMS: dict[str, tuple[dict, str]] = {
     "distill-lr5e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 5e-5}}, "distillation, learning rate 5e-5"),
     "distill-lr1e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 1e-5}}, "distillation, learning rate 1e-5"),
     "distill-kl-only": ({**DISTILL_ONLY, "distill_in_batch_weight": 0.0}, "distillation, no in-batch term"),
+    "distill-ib3": (
+        {**DISTILL_ONLY, "distill_in_batch_weight": 3.0},
+        "distillation, in-batch term weighted 3 (between distill-v0, in effect the in-batch term alone, and distill)",
+    ),
     "distill-pseudo": (
         {**DISTILL_ONLY, "target_queries": ["@pseudo"]},
         "distillation on pseudo queries (each document's title or first sentence) instead of real ones",
