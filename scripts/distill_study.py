@@ -53,7 +53,10 @@ ARMS: dict[str, tuple[dict, str]] = {
         "the recipe's automatic schedule with the target queries given (since this study: the distillation alone, "
         "as the distill arm)",
     ),
-    "distill": ({**DISTILL_ONLY}, "hybrid-teacher distillation alone (k 8, teacher T 1, lr 2e-5, in-batch 1)"),
+    "distill": (
+        {**DISTILL_ONLY, "distill": {"learning_rate": 2e-5}},
+        "hybrid-teacher distillation alone (k 8, teacher T 1, lr 2e-5, in-batch 1)",
+    ),
     "distill-v0": (
         {**DISTILL_ONLY},
         "as distill, run at commit 8079eaa, whose loss multiplied the KL term by T_s² = 0.0025 (in effect the in-batch "
