@@ -100,11 +100,11 @@ class DistillStage(Stage):
 
         cfg, kw = run.cfg, run.arguments[self.name]
         routed = route_queries(cfg.target_queries, run.target_corpora)
-        docs, teacher_docs, teacher_queries = [], 0, 0
+        docs, teacher_docs, queries = [], 0, []
         for corpus, src in routed:
             doc_ids, texts = _corpus_ids_texts(corpus)
             docs += texts
-            teacher_queries += len(src.texts)
+            queries += src.texts
             if not (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
                 teacher_docs += len(texts)  # the teacher's indexes of this corpus are to be built
         st = load_encoder(run.model)
@@ -117,8 +117,12 @@ class DistillStage(Stage):
         st.encode_document(sample[:8], batch_size=8)  # warm-up
         t0 = time.perf_counter()
         st.encode_document(sample[:64], batch_size=64)
-        per_text = (time.perf_counter() - t0) / min(64, len(sample))
-        out["distill_teacher_s"] = round(per_text * teacher_docs + 0.25 * per_text * teacher_queries, 2)
+        per_doc = (time.perf_counter() - t0) / min(64, len(sample))
+        asked = [queries[i] for i in gen.choice(len(queries), min(64, len(queries)), replace=False)]
+        t0 = time.perf_counter()
+        st.encode_query(asked, batch_size=64)
+        per_query = (time.perf_counter() - t0) / len(asked)
+        out["distill_teacher_s"] = round(per_doc * teacher_docs + per_query * len(queries), 2)
         loss = HybridDistillLoss(st, **self._loss_options(cfg, run.similarity))
         opt = torch.optim.AdamW([p for p in st.parameters() if p.requires_grad], lr=1e-8)
         labels = torch.as_tensor(gen.standard_normal((batch, k)), dtype=torch.float32)
