@@ -21,6 +21,7 @@ from ..index import BM25Index, DenseIndex
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
+from ..run_record import model_fingerprint
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
 
@@ -100,8 +101,6 @@ def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
     fp = getattr(corpus, "_fingerprint", None)
     if _REUSE is None or fp is None:
         return None
-    from ..run_record import model_fingerprint
-
     return (model_fingerprint(model)["weights_sha256"], fp, len(corpus), max_length, backend, normalize)
 
 

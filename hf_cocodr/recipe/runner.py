@@ -22,10 +22,12 @@ from typing import Any
 from ..data.beir import BEIRFormatError, parse_eval_spec
 from ..data.target_queries import refuse_eval_overlap
 from ..errors import ConfigError
-from ..evaluation.retrieval import reuse_corpus_encodings
+from ..evaluation.retrieval import evaluate_retrieval, reuse_corpus_encodings
 from ..export import export_sentence_transformer
 from ..hybrid import HybridRetriever
+from ..methods import method_target_queries, validate_methods
 from ..model_card import write_model_card
+from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
 from ..run_record import RunFolder, fingerprint
 from ..storage import check_before_work
@@ -107,9 +109,6 @@ def run_recipe(
         stages: the stages in order (default :data:`~hf_cocodr.recipe.stages.STAGES`); a new stage is a
             :class:`~hf_cocodr.recipe.stages.Stage` subclass added to this list.
     """
-    from ..methods import method_target_queries, validate_methods
-    from ..modeling.condenser import checkpoint_has_mlm_head
-
     t_start = time.perf_counter()
     stages = STAGES if stages is None else tuple(stages)
     cfg = config if isinstance(config, RecipeConfig) else RecipeConfig.from_dict(dict(config or {}))
@@ -295,8 +294,6 @@ def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
 
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
     """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
-    from ..evaluation.retrieval import evaluate_retrieval
-
     path = out / "start_eval.json"
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if cached.get("model") != model:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..methods import method_target_queries
+from ..methods.joint import TargetPairsObjective
 from ..modeling.loading import load_encoder
 from ..run_record import digest
 from .config import Auto, RecipeConfig, is_joint, no_gpu, uses_wise
@@ -338,8 +339,6 @@ class FinetuneStage(Stage):
         )
         joint = None
         if is_joint(cfg):
-            from ..methods.joint import TargetPairsObjective
-
             kw = run.arguments["target"]
             joint = TargetPairsObjective(
                 run.target_data,

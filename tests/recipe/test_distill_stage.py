@@ -188,7 +188,7 @@ def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_th
     first, cached = (p["throughput"] for p in plans)
     assert first["distill_step_s"] > 0 and cached["distill_step_s"] > 0
     # uncached: 80 documents and 20 queries to encode; cached: the queries alone
-    assert first["distill_teacher_s"] > cached["distill_teacher_s"] > 0
+    assert first["distill_teacher_s"] > cached["distill_teacher_s"] >= 0
     assert plans[0]["fixed_seconds"] >= first["distill_teacher_s"]
     assert any("stage distill: must end within" in r.getMessage() for r in caplog.records)
 
