@@ -66,7 +66,10 @@ ARMS: dict[str, tuple[dict, str]] = {
     "distill-k16": ({**DISTILL_ONLY, "distill_k": 16}, "distillation, 16 candidates per query"),
     "distill-T0.5": ({**DISTILL_ONLY, "distill_teacher_temperature": 0.5}, "distillation, teacher temperature 0.5"),
     "distill-T2": ({**DISTILL_ONLY, "distill_teacher_temperature": 2.0}, "distillation, teacher temperature 2"),
-    "distill-lr5e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 5e-5}}, "distillation, learning rate 5e-5"),
+    "distill-lr5e-5": (
+        {**DISTILL_ONLY, "distill": {"learning_rate": 5e-5}},
+        "distillation, learning rate 5e-5 (the recipe's default since this study)",
+    ),
     "distill-lr1e-5": ({**DISTILL_ONLY, "distill": {"learning_rate": 1e-5}}, "distillation, learning rate 1e-5"),
     "distill-kl-only": ({**DISTILL_ONLY, "distill_in_batch_weight": 0.0}, "distillation, no in-batch term"),
     "distill-ib3": (
