@@ -6,7 +6,8 @@ the queries belong to (:func:`~hf_cocodr.data.teacher.route_queries`); for each 
 documents and fused scores are the training row, and the student (the model the stages before left behind) learns
 the teacher's score distribution over them with :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` (listwise
 KL, plus the in-batch contrast on the teacher's first candidate). The query labels are never read. The teacher's
-rankings are cached (``<cache>/teacher``), so a resumed or repeated run does not rank again.
+indexes are cached per model and corpus (``<cache>/teacher``), so a resumed or repeated run encodes only the
+queries again.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class DistillStage(Stage):
         return cfg.distill_steps
 
     def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        return throughput.get("distill_teacher_s", 0.0)  # ranking the queries (0 when the rankings are cached)
+        # encoding the corpus (unless the teacher's indexes of it are cached) and ranking the queries
+        return throughput.get("distill_teacher_s", 0.0)
 
     def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
         return plan.steps_of(self.name) * step_s + (plan.throughput or {}).get("distill_teacher_s", 0.0)
