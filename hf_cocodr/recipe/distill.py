@@ -95,7 +95,7 @@ class DistillStage(Stage):
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
         """Seconds of one distillation step (a batch of the stage's shape on target documents) and of ranking the
-        queries with the teacher (0 when its rankings are cached)."""
+        queries with the teacher (the corpus too when its indexes are not cached)."""
         import torch
 
         from ..finetuning.losses.distill import HybridDistillLoss
