@@ -24,11 +24,11 @@ from ..data.teacher import distill_dataset, route_queries, teacher_cache_path
 from ..fusion import FusionConfig
 from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
-from .config import RecipeConfig, no_gpu
+from .config import RecipeConfig
 from .context import RecipeRun
 from .outputs import stopped
 from .plan import Plan
-from .stage import Stage, settings
+from .stage import Stage, run_arguments, settings
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +57,10 @@ class DistillStage(Stage):
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         cfg = run.cfg
         defaults = dict(
-            output_dir=str(run.dir(self.name)),
-            seed=cfg.seed,
-            report_to="none",
-            logging_steps=5,
-            logging_first_step=True,
-            save_strategy="steps",
-            save_steps=50,
-            save_total_limit=1,
+            **run_arguments(run, self.name, logging_steps=5, save_steps=50),
             per_device_train_batch_size=16,
             learning_rate=5e-5,  # at 2e-5 NFCorpus kept less of its gain (reports/distill_study.md)
             warmup_steps=0.1,
-            use_cpu=no_gpu(),
-            disable_tqdm=True,
             idro_preset="uniform",
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from .config import RecipeConfig
+from .config import RecipeConfig, no_gpu
 from .context import RecipeRun
 from .plan import Plan
 
@@ -124,6 +124,24 @@ class Stage:
         """Train from ``run.current`` into ``run.dir(self.name)``; returns the completion marker's content (steps
         trained, the step a deadline stopped it at, ...), or None when the stage wrote its marker itself."""
         raise NotImplementedError
+
+
+def run_arguments(run: RecipeRun, name: str, *, logging_steps: int, save_steps: int) -> dict[str, Any]:
+    """The training arguments every stage's trainer takes from the run: its folder ``OUT/<name>``, the seed,
+    logging and checkpointing every ``logging_steps`` / ``save_steps`` steps (the latest checkpoint kept), no
+    reporting, no progress bar, and the CPU where there is no GPU."""
+    return dict(
+        output_dir=str(run.dir(name)),
+        seed=run.cfg.seed,
+        report_to="none",
+        logging_steps=logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=save_steps,
+        save_total_limit=1,
+        use_cpu=no_gpu(),
+        disable_tqdm=True,
+    )
 
 
 def settings(kw: dict[str, Any]) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from ..methods import method_target_queries
 from ..methods.joint import TargetPairsObjective
 from ..modeling.loading import load_encoder
 from ..run_record import digest
-from .config import Auto, RecipeConfig, is_joint, no_gpu, uses_wise
+from .config import Auto, RecipeConfig, is_joint, uses_wise
 from .context import RecipeRun
 from .distill import DistillStage
 from .outputs import read_marker, save_weight_history, stopped, write_marker, write_soup, write_wise
 from .plan import Plan
-from .stage import UNBUDGETED_STEPS, Stage, settings, source_identity
+from .stage import UNBUDGETED_STEPS, Stage, run_arguments, settings, source_identity
 
 logger = logging.getLogger(__name__)
 
@@ -86,14 +86,7 @@ class CocoStage(Stage):
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         cfg, similarity = run.cfg, run.similarity
         coco = dict(
-            output_dir=str(run.dir(self.name)),
-            seed=cfg.seed,
-            report_to="none",
-            logging_steps=10,
-            logging_first_step=True,
-            save_strategy="steps",
-            save_steps=100,
-            save_total_limit=1,
+            **run_arguments(run, self.name, logging_steps=10, save_steps=100),
             per_device_train_batch_size=32,
             pooling=run.pooling,
             contrastive_similarity=similarity,
@@ -101,8 +94,6 @@ class CocoStage(Stage):
             learning_rate=float(cfg.coco_learning_rate),
             mlm_weight=float(cfg.coco_mlm_weight),
             head_mlm_weight=float(cfg.coco_mlm_weight),
-            use_cpu=no_gpu(),
-            disable_tqdm=True,
             max_span_length=min(64, cfg.train_max_length),
         )
         return {**coco, **cfg.coco}
@@ -203,19 +194,10 @@ def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
     """The recipe's fine-tuning arguments (before the user's ``finetune`` / ``target`` options)."""
     cfg, similarity = run.cfg, run.similarity
     return dict(
-        output_dir=str(run.dir("finetune")),
-        seed=cfg.seed,
-        report_to="none",
-        logging_steps=5,
-        logging_first_step=True,
-        save_strategy="steps",
-        save_steps=50,
-        save_total_limit=1,
+        **run_arguments(run, "finetune", logging_steps=5, save_steps=50),
         per_device_train_batch_size=32,
         num_clusters=50,
         learning_rate=2e-5,
-        use_cpu=no_gpu(),
-        disable_tqdm=True,
         idro_scale=20.0 if similarity == "cosine" else 1.0,
         num_negatives=1,
         dataloader_drop_last=True,
