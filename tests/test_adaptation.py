@@ -8,6 +8,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+from tiny import crash_at
 
 from hf_cocodr.data.pseudo_pairs import target_pseudo_pairs
 from hf_cocodr.modeling.wise import interpolate_state_dicts, wise_ensemble
@@ -438,17 +439,10 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
     model = str(tiny_bert_nomlm_dir)
     whole = study.run_arm("title-body", 0, ns(tmp_path / "a"), root, model)
 
-    original = IDROTrainer.training_step
-
-    def crash(self, *a, **k):
-        if self.state.global_step == 2:
-            raise RuntimeError("killed")
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(IDROTrainer, "training_step", crash)
+    undo = crash_at(monkeypatch, IDROTrainer, 2, "killed")
     with pytest.raises(RuntimeError, match="killed"):
         study.run_arm("title-body", 0, ns(tmp_path / "b"), root, model)
-    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    undo()
     import logging
 
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):

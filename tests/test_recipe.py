@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from tiny import crash_at
 
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.runner import _precision_choice
@@ -63,20 +64,13 @@ def test_recipe_resumes_an_interrupted_stage(tiny_bert_dir, tiny_beir, tmp_path,
     from hf_cocodr.finetuning import IDROTrainer
 
     out = tmp_path / "run"
-    original = IDROTrainer.training_step
-
-    def crash_at_step_3(self, *a, **k):
-        if self.state.global_step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(IDROTrainer, "training_step", crash_at_step_3)
+    undo = crash_at(monkeypatch, IDROTrainer, 3)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=CFG)
     assert (out / "coco" / "hf_cocodr_stage.json").is_file()
     assert not (out / "finetune" / "hf_cocodr_stage.json").exists()
     assert (out / "finetune" / "checkpoint-2").is_dir()
-    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    undo()
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
         run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=CFG)
     messages = [r.getMessage() for r in caplog.records]

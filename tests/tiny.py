@@ -149,3 +149,17 @@ def stop_at(step: int):
                 control.should_training_stop = True
 
     return StopAt()
+
+
+def crash_at(monkeypatch, trainer_cls, step: int, message: str = "simulated crash"):
+    """Make ``trainer_cls`` raise ``RuntimeError(message)`` when it starts optimizer step ``step + 1`` (a killed run
+    whose latest checkpoint is the one saved before). Returns a function that undoes it."""
+    original = trainer_cls.training_step
+
+    def crash(self, *a, **k):
+        if self.state.global_step == step:
+            raise RuntimeError(message)
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(trainer_cls, "training_step", crash)
+    return lambda: monkeypatch.setattr(trainer_cls, "training_step", original)

@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 from safetensors.torch import load_file
+from tiny import crash_at
 
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import RecipeConfig, run_recipe
@@ -99,18 +100,11 @@ def test_an_interrupted_distillation_resumes_to_the_uninterrupted_weights(
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "whole", config=cfg)
-    original = IDROTrainer.training_step
-
-    def crash_at_step_3(self, *a, **k):
-        if self.state.global_step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, *a, **k)
-
-    monkeypatch.setattr(IDROTrainer, "training_step", crash_at_step_3)
+    undo = crash_at(monkeypatch, IDROTrainer, 3)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_recipe(*args, tmp_path / "cut", config=cfg)
     assert (tmp_path / "cut" / "distill" / "checkpoint-2").is_dir()
-    monkeypatch.setattr(IDROTrainer, "training_step", original)
+    undo()
     run_recipe(*args, tmp_path / "cut", config=cfg)
     whole, cut = _weights(tmp_path / "whole" / "model"), _weights(tmp_path / "cut" / "model")
     assert whole.keys() == cut.keys()
@@ -119,8 +113,9 @@ def test_an_interrupted_distillation_resumes_to_the_uninterrupted_weights(
 
 
 def test_queries_are_routed_to_the_corpus_they_belong_to(tiny_beir, tmp_path):
+    from tiny import make_beir
+
     from hf_cocodr.data.teacher import route_queries
-    from tests.tiny import make_beir
 
     other = make_beir(tmp_path / "other", seed=3)
     linked = tmp_path / "linked"  # a folder of links to toy's files (as the distillation study builds its splits)
