@@ -503,7 +503,9 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     if getattr(ns, "fixed_steps", None):  # a step budget instead of a wall-clock one (tests, exact comparisons)
         cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps, target_steps=ns.fixed_steps)
         max_minutes = None
-    elif getattr(ns, "plan_from_seed", None) is not None and seed != ns.plan_from_seed:
+    elif getattr(ns, "plan_from_seed", None) is not None and (
+        seed != ns.plan_from_seed or base in getattr(ns, "steps_from", {})
+    ):  # a further seed, or an arm that trains the steps another arm's plan bought
         cfg.update(planned_steps(ns, base, seed))
         max_minutes = None
     if not (out / "run" / "recipe.json").is_file():

@@ -80,11 +80,67 @@ ARMS: dict[str, tuple[dict, str]] = {
         {**DISTILL_ONLY, "target_queries": ["@pseudo"]},
         "distillation on pseudo queries (each document's title or first sentence) instead of real ones",
     ),
+    "distill-pseudo42": (
+        {**DISTILL_ONLY, "target_queries": ["@pseudo"]},
+        "distillation on pseudo queries (each document's title or first sentence) instead of real ones, the steps of "
+        "distill-lr5e-5",
+    ),
+    "distill-T2-42": (
+        {**DISTILL_ONLY, "distill_teacher_temperature": 2.0},
+        "distillation, teacher temperature 2 (a flatter teacher), the steps of distill-lr5e-5",
+    ),
+    "distill-T0.5-42": (
+        {**DISTILL_ONLY, "distill_teacher_temperature": 0.5},
+        "distillation, teacher temperature 0.5 (a sharper teacher), the steps of distill-lr5e-5",
+    ),
+    "distill-tw0.3-42": (
+        {**DISTILL_ONLY, "distill_teacher_weight": 0.3},
+        "distillation, teacher fusion weight 0.3 (more BM25), the steps of distill-lr5e-5",
+    ),
+    "distill-tw0.7-42": (
+        {**DISTILL_ONLY, "distill_teacher_weight": 0.7},
+        "distillation, teacher fusion weight 0.7 (more of the starting model), the steps of distill-lr5e-5",
+    ),
+    "distill-bf16-42": (
+        {**DISTILL_ONLY, "distill": {"bf16": True}},
+        "distillation under bf16 autocast, the steps of distill-lr5e-5 (does bf16 itself cost quality?)",
+    ),
+    "distill-steps4x": (
+        {**DISTILL_ONLY},
+        "distillation, 168 steps (4 × distill-lr5e-5's 42: about an hour on one core; what more steps give)",
+    ),
+    # budgeted arms run on the AMD EPYC machine of this project that has native bf16 (avx512_bf16, no AMX): compared
+    # with distill-epyc, the same settings as distill-lr5e-5 budgeted on that machine
+    "distill-epyc": (
+        {**DISTILL_ONLY},
+        "as distill-lr5e-5, budgeted on an AMD EPYC with avx512_bf16 (the reference of the budgeted arms below)",
+    ),
+    "distill-bf16": (
+        {**DISTILL_ONLY, "distill": {"bf16": True}},
+        "distillation under bf16 autocast, budgeted on the AMD EPYC (the steps bf16 buys)",
+    ),
+    "distill-nodocgrad": (
+        {**DISTILL_ONLY, "distill_document_gradients": False},
+        "distillation, the candidates encoded without back-propagation (forward only), budgeted on the AMD EPYC",
+    ),
+    "distill-bf16-nodocgrad": (
+        {**DISTILL_ONLY, "distill_document_gradients": False, "distill": {"bf16": True}},
+        "distillation under bf16, the candidates forward only, budgeted on the AMD EPYC",
+    ),
     "soup+distill": (
         {**SOUP, "skip_coco": False, "skip_distill": False, "coco_share": 1.0, "distill_share": 1.0},
         "the COCO soup, then distillation, half the budget each (its seed 42 was run as the default before the "
         "study set it)",
     ),
+}
+
+
+# arms that train the steps another arm's seed-42 plan bought (whatever this machine's speed): a lever that leaves
+# the cost of a step as it is is compared at the same steps
+# (and the number of times as many steps)
+STEPS_FROM = {
+    **{arm: ("distill-lr5e-5", 1) for arm in ARMS if arm.endswith("-42") or arm == "distill-pseudo42"},
+    "distill-steps4x": ("distill-lr5e-5", 4),
 }
 
 
@@ -144,19 +200,26 @@ def write_pseudo_queries(data: Path) -> None:
 
 
 def planned_steps(ns, base: str, seed: int) -> dict:
-    """The steps seed ``--plan-from-seed`` of ``base`` trained (each stage), for a further seed."""
-    ref = A.arm_dir(Path(ns.work), ns.budget_minutes, base, ns.plan_from_seed) / "run"
-    if not (ref / "recipe.json").is_file():
-        sys.exit(f"{base} seed {seed}: run seed {ns.plan_from_seed} first ({ref / 'recipe.json'} not found)")
-    plan = json.loads((ref / "plan.json").read_text())
-    trained = json.loads((ref / "recipe.json").read_text()).get("steps_trained", {})
+    """The steps seed ``--plan-from-seed`` of ``base`` trained (each stage), for a further seed; for an arm of
+    :data:`STEPS_FROM`, the steps its reference arm's seed ``--plan-from-seed`` trained. From the cached run, or,
+    where the cache is gone (a fresh checkout), from the report's record of it."""
+    ref_arm, times = STEPS_FROM.get(base, (base, 1))
+    ref = A.arm_dir(Path(ns.work), ns.budget_minutes, ref_arm, ns.plan_from_seed) / "run"
+    kept = recorded_rows(ns).get(ref_arm, {}).get(ns.plan_from_seed, {})
+    if (ref / "recipe.json").is_file():
+        plan = json.loads((ref / "plan.json").read_text())
+        trained = json.loads((ref / "recipe.json").read_text()).get("steps_trained", {})
+    elif "plan" in kept:
+        plan, trained = kept["plan"], kept.get("steps_trained") or {}
+    else:
+        sys.exit(f"{base} seed {seed}: run {ref_arm} seed {ns.plan_from_seed} first ({ref / 'recipe.json'} not found)")
     plan = {**plan, **{f"{stage}_steps": n for stage, n in trained.items()}}
     out = {"refreshes": plan["refreshes"]}
     if plan.get("coco_steps", 0) > 0:
         out["coco_runs"] = int(plan.get("coco_runs", 1))
     for key in ("coco_steps", "finetune_steps", "target_steps", "distill_steps"):
         if plan.get(key, 0) > 0:
-            out[key] = plan[key]
+            out[key] = plan[key] * times
     return out
 
 
@@ -192,22 +255,50 @@ def parse() -> argparse.Namespace:
     return ns
 
 
+def recorded_rows(ns) -> dict:
+    """``{arm: {seed: row}}`` of the committed report (``--report``.json) for this budget: they stand in for rows
+    whose cache under ``--work`` is gone (``outputs/`` is not committed); the start's row is kept for every budget."""
+    path = Path(f"{ns.report}.json")
+    if not path.is_file():
+        return {}
+    report = json.loads(path.read_text())
+    same = report.get("budget_minutes") == ns.budget_minutes and report.get("doc_max_length") == 256
+    return {
+        arm: {int(seed): row for seed, row in runs.items()}
+        for arm, runs in report.get("runs", {}).items()
+        if same or arm == "start"
+    }
+
+
+def cached(ns, arm: str, seed: int) -> bool:
+    budget = 15 if arm == "start" else ns.budget_minutes
+    return A.eval_file(A.arm_dir(Path(ns.work), budget, arm, seed), 256).is_file()
+
+
 def run_arm(arm: str, seed: int, ns, data: Path, model: str) -> dict:
-    """One row; the start is evaluated once for every budget (kept under ``budget15``)."""
+    """One row; the start is evaluated once for every budget (kept under ``budget15``). A row the report records
+    whose cache is gone is taken from the report, not trained again."""
+    kept = recorded_rows(ns).get(arm, {}).get(seed)
+    if kept is not None and not cached(ns, arm, seed):
+        return kept
     if arm == "start":
         ns = argparse.Namespace(**{**vars(ns), "budget_minutes": 15.0})
+    ns = argparse.Namespace(**{**vars(ns), "steps_from": STEPS_FROM})
     return A.run_arm(arm, seed, ns, data, model)
 
 
 def summary_rows(ns, data: Path, model: str) -> dict:
-    """{arm: {seed: row}} of every finished row under ``--work`` for this budget."""
-    rows = {}
+    """{arm: {seed: row}} of every finished row under ``--work`` for this budget, and the report's recorded rows whose
+    cache is gone (a row computed here replaces the recorded one)."""
+    rows, kept = {}, recorded_rows(ns)
     for arm in ["start", *ARMS]:
         budget = 15 if arm == "start" else ns.budget_minutes
         folder = Path(ns.work) / f"budget{budget:g}" / arm
         seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if A.eval_file(p, 256).is_file())
-        if seeds:
-            rows[arm] = {seed: run_arm(arm, seed, ns, data, model) for seed in seeds}
+        per_seed = dict(kept.get(arm, {}))
+        per_seed.update({seed: run_arm(arm, seed, ns, data, model) for seed in seeds})
+        if per_seed:
+            rows[arm] = dict(sorted(per_seed.items()))
     return rows
 
 

@@ -151,6 +151,11 @@ class RecipeConfig:
     distill_in_batch_weight: float = _opt(
         1.0, "distillation: weight of the in-batch contrastive term on the teacher's first candidate (0: off)"
     )
+    distill_document_gradients: bool = _opt(
+        True,
+        "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
+        "steps; the queries' side of the loss trains the model)",
+    )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
     )
@@ -278,7 +283,7 @@ class RecipeConfig:
         whole("seed", 0, allow_none=False)
         if not isinstance(self.source_split, str) or not self.source_split:
             raise ConfigError(f"recipe option source_split must be a split name, got {self.source_split!r}")
-        for flag in ("include_source_corpus", "evaluate_start", "save_hybrid"):
+        for flag in ("include_source_corpus", "evaluate_start", "save_hybrid", "distill_document_gradients"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"recipe option {flag} must be true or false, got {getattr(self, flag)!r}")
         for name in ("methods", "target_queries"):

@@ -24,6 +24,7 @@ from ..data.teacher import distill_dataset, route_queries, teacher_cache_path
 from ..fusion import FusionConfig
 from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
+from ..modeling.precision import encoding_precision
 from .config import RecipeConfig
 from .context import RecipeRun
 from .outputs import stopped
@@ -79,7 +80,11 @@ class DistillStage(Stage):
                 "k": cfg.distill_k,
             },
             "queries": self._queries_digest(run),
-            "loss": {"teacher_temperature": cfg.distill_teacher_temperature, "in_batch": cfg.distill_in_batch_weight},
+            "loss": {
+                "teacher_temperature": cfg.distill_teacher_temperature,
+                "in_batch": cfg.distill_in_batch_weight,
+                **({} if cfg.distill_document_gradients else {"document_gradients": False}),
+            },
             "settings": settings(run.arguments[self.name]),
             "steps": run.plan.steps_of(self.name),
         }
@@ -124,7 +129,10 @@ class DistillStage(Stage):
 
         def step() -> None:
             feats = [st.preprocess(c, max_length=kw["max_length"]) for c in columns]
-            loss(feats, labels).backward()
+            # in the precision the stage's Trainer runs its forward in, as the other stages are probed
+            with encoding_precision(st, "bf16" if kw.get("bf16") else "fp32"):
+                value = loss(feats, labels)
+            value.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
 
@@ -193,6 +201,7 @@ class DistillStage(Stage):
             "teacher_temperature": float(cfg.distill_teacher_temperature),
             "in_batch_weight": float(cfg.distill_in_batch_weight),
             "similarity": similarity,
+            "document_gradients": bool(cfg.distill_document_gradients),
         }
 
     def _queries_digest(self, run: RecipeRun) -> str:

@@ -98,3 +98,38 @@ def _doc_texts(corpus) -> dict[str, str]:
     from hf_cocodr.data.beir import corpus_texts
 
     return {i: t for ids, texts in corpus_texts(corpus) for i, t in zip(ids, texts, strict=True)}
+
+
+def test_without_document_gradients_the_value_is_the_same_and_only_the_queries_side_trains(tiny_st_dir, tiny_beir):
+    """document_gradients=False equals the full loss with the candidates' embeddings detached: same value, same
+    gradient as that hand-built graph, and a different gradient from the full loss (the candidates' side is gone)."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.data.beir import load_beir
+    from hf_cocodr.hybrid import HybridRetriever
+
+    model = SentenceTransformer(str(tiny_st_dir), device="cpu")
+    model.eval()  # no dropout: the three passes see the same embeddings
+    data = load_beir(tiny_beir, "dev")
+    queries = list(data.queries["text"])[:8]
+    hybrid = HybridRetriever.build(model, data.corpus, fusion=FusionConfig(dense_weight=0.5))
+    feats, labels = _batch(model, teacher_rows(hybrid, queries, _doc_texts(data.corpus), k=3))
+    options = dict(temperature=0.5, teacher_temperature=1.0, in_batch_weight=1.0)
+
+    def grads(value) -> list[torch.Tensor]:
+        model.zero_grad()
+        value.backward()
+        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+    full = HybridDistillLoss(model, **options)
+    queries_only = HybridDistillLoss(model, document_gradients=False, **options)
+    v_full, v_q = full(feats, labels), queries_only(feats, labels)
+    assert v_q.item() == pytest.approx(v_full.item(), rel=1e-6)
+    g_full, g_q = grads(v_full), grads(v_q)
+    embeddings = [model(feats[0])["sentence_embedding"]] + [model(f)["sentence_embedding"].detach() for f in feats[1:]]
+    g_detached = grads(full.compute_loss_from_embeddings(embeddings, labels))
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(g_q, g_detached, strict=True))
+    assert max((a - b).abs().max().item() for a, b in zip(g_q, g_full, strict=True)) > 1e-6
+    assert queries_only.get_config_dict()["document_gradients"] is False
+    with pytest.raises(ValueError, match="document_gradients"):
+        HybridDistillLoss(model, document_gradients="no")
