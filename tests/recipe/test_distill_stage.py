@@ -211,3 +211,21 @@ def test_target_queries_switch_distillation_on_without_disturbing_the_fine_tunin
     # without a reader the target queries are refused by name, before any work
     with pytest.raises(ConfigError, match="nothing reads them: the distill stage is off"):
         run_recipe(*args, config={**base, "target_queries": [f"{tiny_beir}:train"]})
+
+
+def test_the_probe_times_the_step_in_the_precision_the_stage_trains_in(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
+):
+    """A distillation asked to train under bf16 is probed under bf16 (so the plan buys the steps bf16 affords), and
+    the stage's training arguments carry it."""
+    import hf_cocodr.recipe.distill as distill_module
+
+    seen, real = [], distill_module.encoding_precision
+    monkeypatch.setattr(distill_module, "encoding_precision", lambda st, p: seen.append(p) or real(st, p))
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill": {**CFG["distill"], "bf16": True}}
+    run_recipe(
+        str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out", config=cfg, max_minutes=30
+    )
+    assert seen and set(seen) == {"bf16"}
+    record = json.loads((tmp_path / "out" / "recipe.json").read_text())
+    assert record["precision"]["training"] == "bf16 (distill)"
