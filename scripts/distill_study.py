@@ -291,7 +291,12 @@ def summary_rows(ns, data: Path, model: str) -> dict:
     """{arm: {seed: row}} of every finished row under ``--work`` for this budget, and the report's recorded rows whose
     cache is gone (a row computed here replaces the recorded one)."""
     rows, kept = {}, recorded_rows(ns)
-    for arm in ["start", *ARMS]:
+    wise = sorted(
+        p.name
+        for p in (Path(ns.work) / f"budget{ns.budget_minutes:g}").glob("*+wise*")
+        if A.split_arm(p.name)[0] in ARMS
+    )
+    for arm in ["start", *ARMS, *wise, *(a for a in kept if "+wise" in a and a not in wise)]:
         budget = 15 if arm == "start" else ns.budget_minutes
         folder = Path(ns.work) / f"budget{budget:g}" / arm
         seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if A.eval_file(p, 256).is_file())
@@ -300,6 +305,13 @@ def summary_rows(ns, data: Path, model: str) -> dict:
         if per_seed:
             rows[arm] = dict(sorted(per_seed.items()))
     return rows
+
+
+def describe(arm: str) -> str:
+    base, _, wise = A.split_arm(arm)
+    if wise:
+        return f"WiSE-FT of {base}: (1 − {wise}) × the start + {wise} × its model (one interpolation, no training)"
+    return ARMS[base][1]
 
 
 def write_report(ns, rows: dict) -> None:
@@ -342,7 +354,7 @@ def write_report(ns, rows: dict) -> None:
                     txt = f"{done}" if done == planned else f"{done} of {planned}"
                     parts.append(f"{stage} {runs} × {txt}" if runs > 1 else f"{stage} {txt}")
             steps_txt = ", ".join(parts)
-        what = "the starting model" if arm == "start" else ARMS[arm][1]
+        what = "the starting model" if arm == "start" else describe(arm)
         lines.append(
             f"| {arm} | {','.join(map(str, s['seeds']))} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} | "
             f"{steps_txt} | {A.train_min(s)} | {what} |"
