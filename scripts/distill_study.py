@@ -101,6 +101,14 @@ ARMS: dict[str, tuple[dict, str]] = {
         {**DISTILL_ONLY, "distill_teacher_weight": 0.7},
         "distillation, teacher fusion weight 0.7 (more of the starting model), the steps of distill-lr5e-5",
     ),
+    "distill-lr1e-4-42": (
+        {**DISTILL_ONLY, "distill": {"learning_rate": 1e-4}},
+        "distillation, learning rate 1e-4, the steps of distill-lr5e-5",
+    ),
+    "distill-T0.25-42": (
+        {**DISTILL_ONLY, "distill_teacher_temperature": 0.25},
+        "distillation, teacher temperature 0.25 (sharper still), the steps of distill-lr5e-5",
+    ),
     "distill-bf16-42": (
         {**DISTILL_ONLY, "distill": {"bf16": True}},
         "distillation under bf16 autocast, the steps of distill-lr5e-5 (does bf16 itself cost quality?)",
