@@ -291,20 +291,47 @@ def run_arm(arm: str, seed: int, ns, data: Path, model: str) -> dict:
         return kept
     if arm == "start":
         ns = argparse.Namespace(**{**vars(ns), "budget_minutes": 15.0})
+    if arm.endswith(SOUP_SUFFIX):
+        return soup_row(arm, seed, ns, data, model)
     ns = argparse.Namespace(**{**vars(ns), "steps_from": STEPS_FROM})
     return A.run_arm(arm, seed, ns, data, model)
+
+
+SOUP_SUFFIX = "+soup"
+
+
+def soup_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
+    """``ARM+soup``: the uniform weight average of the models of every trained seed of ``ARM`` (at least 2), as one
+    row under the first seed's number: no training, one evaluation; it costs the seeds' budgets together."""
+    from hf_cocodr import load_encoder
+    from hf_cocodr.modeling.wise import soup
+
+    base = arm.removesuffix(SOUP_SUFFIX)
+    out = A.arm_dir(Path(ns.work), ns.budget_minutes, arm, seed)
+    folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / base
+    seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if (p / "run" / "model" / "modules.json").is_file())
+    if len(seeds) < 2 or seeds[0] != seed:
+        sys.exit(f"{arm} seed {seed}: needs at least 2 trained seeds of {base} starting with {seed}, found {seeds}")
+    rows = [
+        A.run_arm(base, s, argparse.Namespace(**{**vars(ns), "steps_from": STEPS_FROM}), data, model) for s in seeds
+    ]
+    if A.eval_file(out, ns.doc_max_length).is_file():
+        metrics = A.evaluate(None, out, data, ns.doc_max_length)
+    else:
+        metrics = A.evaluate(soup([load_encoder(r["model_dir"]) for r in rows]), out, data, ns.doc_max_length)
+    return {**rows[0], "metrics": metrics, "soup_of_seeds": seeds}
 
 
 def summary_rows(ns, data: Path, model: str) -> dict:
     """{arm: {seed: row}} of every finished row under ``--work`` for this budget, and the report's recorded rows whose
     cache is gone (a row computed here replaces the recorded one)."""
     rows, kept = {}, recorded_rows(ns)
-    wise = sorted(
+    derived = sorted(  # WiSE-FT and soup rows of trained arms
         p.name
-        for p in (Path(ns.work) / f"budget{ns.budget_minutes:g}").glob("*+wise*")
-        if A.split_arm(p.name)[0] in ARMS
+        for p in (Path(ns.work) / f"budget{ns.budget_minutes:g}").glob("*+*")
+        if A.split_arm(p.name.removesuffix(SOUP_SUFFIX))[0] in ARMS
     )
-    for arm in ["start", *ARMS, *wise, *(a for a in kept if "+wise" in a and a not in wise)]:
+    for arm in ["start", *ARMS, *derived, *(a for a in kept if "+" in a and a not in derived)]:
         budget = 15 if arm == "start" else ns.budget_minutes
         folder = Path(ns.work) / f"budget{budget:g}" / arm
         seeds = sorted(int(p.name[4:]) for p in folder.glob("seed*") if A.eval_file(p, 256).is_file())
@@ -316,6 +343,9 @@ def summary_rows(ns, data: Path, model: str) -> dict:
 
 
 def describe(arm: str) -> str:
+    if arm.endswith(SOUP_SUFFIX):
+        base = arm.removesuffix(SOUP_SUFFIX)
+        return f"the uniform weight soup of {base}'s seeds (no training; the seeds' budgets together)"
     base, _, wise = A.split_arm(arm)
     if wise:
         return f"WiSE-FT of {base}: (1 − {wise}) × the start + {wise} × its model (one interpolation, no training)"
