@@ -215,7 +215,7 @@ def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     run.plan_id = plan_identity(run, asdict(cfg))
     run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, run.plan_id)
     run.ids = stage_ids(run, stages) if run.plan else {}
-    run.precision = _precision_choice(cfg)
+    run.precision = _precision_choice(cfg, run.arguments, stages)
     logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])
     load_data(run, stages)
     make_plan(run, stages)
@@ -254,23 +254,42 @@ def _stage_seconds(stage_dir: Path, t0: float) -> float:
     return float(marker["seconds"])
 
 
-def _precision_choice(cfg: RecipeConfig) -> dict[str, Any]:
-    """The training precision of the stages and why (logged and kept in ``recipe.json``). bf16 is only ever the
-    user's choice (``bf16: true`` in a stage's options): where this machine has no native bf16 kernels it is many
-    times slower (docs/precision.md), and where it has them no measurement here has yet shown the >= 1.2x speed-up
-    without quality loss that a default would need."""
-    asked = sorted(stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16"))
+def _precision_choice(
+    cfg: RecipeConfig, arguments: dict[str, dict[str, Any]] | None = None, stages: tuple[Stage, ...] = ()
+) -> dict[str, Any]:
+    """The training precision of the stages and why (logged and kept in ``recipe.json``): bf16 for a stage whose
+    options set ``bf16: true``, and for a switched-on stage of ``stages`` whose own default is bf16 (``arguments``:
+    each stage's training arguments; the distillation's default where this machine has native bf16 kernels, see
+    docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
     native = native_bf16()
-    if asked:
-        why = (
-            "set in the options of "
-            + ", ".join(asked)
-            + ("" if native else "; this machine has no native bf16: expect it slower")
-        )
-        return {"training": "bf16 (" + ", ".join(asked) + ")", "native_bf16": native, "why": why}
+    asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16")]
+    defaulted = [
+        s.name
+        for s in stages
+        if s.name not in asked
+        and s.enabled(cfg)
+        and "bf16" not in (getattr(cfg, s.name) if s.name in STAGE_OPTIONS else {})
+        and (arguments or {}).get(s.name, {}).get("bf16")
+    ]
+    if asked or defaulted:
+        why = []
+        if asked:
+            why.append(
+                "set in the options of "
+                + ", ".join(asked)
+                + ("" if native else "; this machine has no native bf16: expect it slower")
+            )
+        if defaulted:
+            why.append(
+                ", ".join(defaulted) + ": the stage's default on a machine with native bf16 (bf16: false in its "
+                "options turns it off)"
+            )
+        on = [stage for stage in STAGE_OPTIONS if stage in asked or stage in defaulted]
+        on += [name for name in defaulted if name not in on]
+        return {"training": "bf16 (" + ", ".join(on) + ")", "native_bf16": native, "why": "; ".join(why)}
     why = (
-        "this machine has native bf16, but it is not measured here to pay: set bf16: true in a stage's options to "
-        "use it"
+        "this machine has native bf16, but the stages that run here train in fp32 unless their options set "
+        "bf16: true (the distillation's default is bf16 on such a machine)"
         if native
         else "this machine has no native bf16 kernels, where bf16 runs many times slower"
     )

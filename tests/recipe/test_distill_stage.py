@@ -213,19 +213,34 @@ def test_target_queries_switch_distillation_on_without_disturbing_the_fine_tunin
         run_recipe(*args, config={**base, "target_queries": [f"{tiny_beir}:train"]})
 
 
-def test_the_probe_times_the_step_in_the_precision_the_stage_trains_in(
-    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("native", "option", "expected"),
+    [(True, None, "bf16"), (False, None, "fp32"), (True, False, "fp32"), (False, True, "bf16")],
+)
+def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, native, option, expected
 ):
-    """A distillation asked to train under bf16 is probed under bf16 (so the plan buys the steps bf16 affords), and
-    the stage's training arguments carry it."""
+    """By default the distillation trains under bf16 where the machine has native bf16 kernels and in fp32
+    elsewhere; ``distill: {bf16: ...}`` decides instead. The probe times the step in that precision (so the plan buys
+    the steps it affords), the trainer runs in it, and the record and log say which and why."""
     import hf_cocodr.recipe.distill as distill_module
+    import hf_cocodr.recipe.runner as runner_module
+    import hf_cocodr.training_api as api
 
+    for module in (distill_module, runner_module):
+        monkeypatch.setattr(module, "native_bf16", lambda: native)
     seen, real = [], distill_module.encoding_precision
     monkeypatch.setattr(distill_module, "encoding_precision", lambda st, p: seen.append(p) or real(st, p))
-    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill": {**CFG["distill"], "bf16": True}}
-    run_recipe(
-        str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out", config=cfg, max_minutes=30
+    trained_in, build = [], api.build_idro_trainer
+    monkeypatch.setattr(
+        api, "build_idro_trainer", lambda m, args, *a, **k: trained_in.append(args.bf16) or build(m, args, *a, **k)
     )
-    assert seen and set(seen) == {"bf16"}
-    record = json.loads((tmp_path / "out" / "recipe.json").read_text())
-    assert record["precision"]["training"] == "bf16 (distill)"
+    options = {**CFG["distill"], **({} if option is None else {"bf16": option})}
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill": options}
+    out = tmp_path / "out"
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=30)
+    assert seen and set(seen) == {expected}
+    precision = json.loads((out / "recipe.json").read_text())["precision"]
+    assert precision["training"] == ("bf16 (distill)" if expected == "bf16" else "fp32")
+    assert ("default" in precision["why"]) is (option is None and native)
+    assert trained_in == [expected == "bf16"]
