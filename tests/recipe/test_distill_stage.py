@@ -242,5 +242,5 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
     assert seen and set(seen) == {expected}
     precision = json.loads((out / "recipe.json").read_text())["precision"]
     assert precision["training"] == ("bf16 (distill)" if expected == "bf16" else "fp32")
-    assert ("default" in precision["why"]) is (option is None and native)
+    assert ("distill: the stage's default" in precision["why"]) is (option is None and native)
     assert trained_in == [expected == "bf16"]
