@@ -135,6 +135,11 @@ ARMS: dict[str, tuple[dict, str]] = {
         {**DISTILL_ONLY, "distill_document_gradients": False, "distill": {"bf16": True}},
         "distillation under bf16, the candidates forward only, budgeted on the AMD EPYC",
     ),
+    "distill-bf16-third": (
+        {**DISTILL_ONLY, "distill": {"bf16": True}},
+        "distillation under bf16, a third of distill-bf16's steps: its +soup row is a soup of three runs within one "
+        "budget",
+    ),
     "soup+distill": (
         {**SOUP, "skip_coco": False, "skip_distill": False, "coco_share": 1.0, "distill_share": 1.0},
         "the COCO soup, then distillation, half the budget each (its seed 42 was run as the default before the "
@@ -155,6 +160,7 @@ for _name, (_cfg, _what) in ARMS.items():
 STEPS_FROM = {
     **{arm: ("distill-lr5e-5", 1) for arm in ARMS if arm.endswith("-42") or arm == "distill-pseudo42"},
     "distill-steps4x": ("distill-lr5e-5", 4),
+    "distill-bf16-third": ("distill-bf16", 1 / 3),
 }
 
 
@@ -233,7 +239,7 @@ def planned_steps(ns, base: str, seed: int) -> dict:
         out["coco_runs"] = int(plan.get("coco_runs", 1))
     for key in ("coco_steps", "finetune_steps", "target_steps", "distill_steps"):
         if plan.get(key, 0) > 0:
-            out[key] = plan[key] * times
+            out[key] = max(1, round(plan[key] * times))
     return out
 
 
