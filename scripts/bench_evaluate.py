@@ -61,6 +61,11 @@ def ours(model, data, batch_size, top_k):
     return evaluate_retrieval(model, data, batch_size=batch_size, top_k=top_k, show_progress_bar=False)["ndcg@10"]
 
 
+def count_lines(path: Path) -> int:
+    with open(path) as f:
+        return sum(1 for _ in f)
+
+
 def short_passages(n: int) -> Path:
     """A BEIR folder of the first ``n`` SQuAD passages and the train questions they answer (at most ``n // 5``)."""
     root = Path(os.environ.get("HF_COCODR_DATA", "../shared/data")) / "squad-v1.1"
@@ -167,14 +172,14 @@ def whole_process(args) -> None:
     for name in routes:  # warm-up (the OS file cache)
         run(name)
     rows = []
-    for r in range(args.repeats):  # each round in another order, so no route always follows the same one
+    for r in range(args.repeats):  # even rounds rotate the routes, odd rounds run them reversed: no fixed order
         for name in routes[r % len(routes) :] + routes[: r % len(routes)] if r % 2 == 0 else routes[::-1]:
             rows.append(run(name))
             print(json.dumps(rows[-1]), flush=True)
     best = {n: min(x["seconds"] for x in rows if x["route"] == n) for n in routes}
     summary = {
         "dataset": f"{Path(args.data).name}:{args.split}",
-        "num_docs": sum(1 for _ in open(Path(args.data) / "corpus.jsonl")),
+        "num_docs": count_lines(Path(args.data) / "corpus.jsonl"),
         "mode": "whole process (best of the alternating runs)",
         "seconds": best,
         "time_ratio_ours_over_plain": round(best["ours"] / best["plain"], 3),
@@ -222,6 +227,8 @@ def main():
         help="with --whole-process: also time `hf-cocodr evaluate --hybrid` (BM25 fused in), reported as its extra cost",
     )
     args = ap.parse_args()
+    if args.hybrid and not args.whole_process:
+        raise SystemExit("--hybrid times the `hf-cocodr evaluate --hybrid` command: it needs --whole-process")
     if args.short_passages:
         args.data, args.split = str(short_passages(args.short_passages)), "dev"
     if args.whole_process:

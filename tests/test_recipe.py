@@ -278,3 +278,38 @@ def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
         asked = _precision_choice(RecipeConfig(finetune={"bf16": True}, target={"bf16": True}))
         assert asked["training"] == "bf16 (finetune, target)"
         assert ("expect it slower" in asked["why"]) is (not native)
+
+
+def test_the_precision_record_names_only_stages_that_train(monkeypatch):
+    """A stage switched off trains in no precision, whatever its options say; the distillation's own bf16 default
+    (native machines) is named as such, and a user's fp16 leaves it off."""
+    import hf_cocodr.recipe.distill as distill_module
+    import hf_cocodr.recipe.runner as recipe
+    from hf_cocodr.recipe.distill import bf16_by_default
+    from hf_cocodr.recipe.stages import STAGES
+
+    for module in (recipe, distill_module):
+        monkeypatch.setattr(module, "native_bf16", lambda: True)
+    off = RecipeConfig(skip_finetune=True, finetune={"bf16": True})
+    assert _precision_choice(off, {"finetune": {"bf16": True}}, STAGES)["training"] == "fp32"
+    queries = RecipeConfig(skip_distill=False, target_queries=["q.jsonl"])
+    choice = _precision_choice(queries, {"distill": {"bf16": True}}, STAGES)
+    assert choice["training"] == "bf16 (distill)" and "distill: the stage's default" in choice["why"]
+    no_queries = RecipeConfig(skip_distill=False, target_queries=[])  # the stage is off
+    assert _precision_choice(no_queries, {"distill": {"bf16": True}}, STAGES)["training"] == "fp32"
+    assert bf16_by_default(queries)
+    assert not bf16_by_default(RecipeConfig(distill={"fp16": True}))
+    assert not bf16_by_default(RecipeConfig(distill={"bf16": False}))
+    monkeypatch.setattr(distill_module, "native_bf16", lambda: False)
+    assert not bf16_by_default(queries)
+
+
+def test_native_bf16_does_not_count_a_gpu_that_only_emulates_it(monkeypatch):
+    """A CUDA card before Ampere (T4, V100) can hold bf16 tensors but computes them by emulation: not native."""
+    from hf_cocodr.utils import native_bf16
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    assert native_bf16() is False
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert native_bf16() is True

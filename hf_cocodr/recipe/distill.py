@@ -35,11 +35,17 @@ from .stage import Stage, run_arguments, settings
 logger = logging.getLogger(__name__)
 
 
+def bf16_by_default(cfg: RecipeConfig) -> bool:
+    """Whether the distillation trains under bf16 without being told: where the machine has native bf16 kernels
+    (:func:`~hf_cocodr.utils.native_bf16`) and its options set neither ``bf16`` nor ``fp16``."""
+    return native_bf16() and "bf16" not in cfg.distill and not cfg.distill.get("fp16")
+
+
 class DistillStage(Stage):
     """Distillation of the hybrid teacher (the starting model + BM25) on the ``target_queries``: runs when target
     queries are given and ``skip_distill`` is false (the schedule's choice under ``auto``). It trains under bf16
-    autocast where the machine has native bf16 kernels (:func:`~hf_cocodr.utils.native_bf16`), in fp32 elsewhere;
-    ``distill: {bf16: ...}`` decides instead."""
+    autocast where the machine has native bf16 kernels (:func:`bf16_by_default`), in fp32 elsewhere;
+    ``distill: {bf16: ...}`` (or ``fp16: true``) decides instead."""
 
     name = "distill"
     share_option = "distill_share"
@@ -64,14 +70,13 @@ class DistillStage(Stage):
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
             per_device_train_batch_size=16,
             learning_rate=5e-5,  # at 2e-5 NFCorpus kept less of its gain (reports/distill_study.md)
-            # bf16 where the machine computes it natively: the same result at the same steps, steps about 1.7x
-            # faster on a CPU with AVX-512 BF16 (reports/distill_study.md); fp32 elsewhere
-            bf16=native_bf16(),
             warmup_steps=0.1,
             idro_preset="uniform",
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
         )
+        if bf16_by_default(cfg):  # where the machine computes bf16 natively (docs/precision.md)
+            defaults["bf16"] = True
         return {**defaults, **cfg.distill}
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:

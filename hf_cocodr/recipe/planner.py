@@ -198,9 +198,14 @@ def stage_deadlines(
     return out
 
 
+# Settings added after plans were first written, with their defaults: at the default they are left out of the plan's
+# identity, so a run folder planned before they existed keeps its plan (and its finished stages) on a re-run.
+ADDED_LATER = {"distill_document_gradients": True}
+
+
 def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:
     """The digest of what a plan depends on: the inputs, the budget and the settings (not the ones only the end of
-    the run reads)."""
+    the run reads; not the :data:`ADDED_LATER` ones at their defaults)."""
     return digest(
         {
             "inputs": run.fps,
@@ -209,6 +214,7 @@ def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:
                 k: v
                 for k, v in cfg_values.items()
                 if k not in ("wise_alpha", "evaluate_start", "eval_batch_size", "save_hybrid")
+                and not (k in ADDED_LATER and v == ADDED_LATER[k])
             },
         }
     )

@@ -262,7 +262,8 @@ def _precision_choice(
     each stage's training arguments; the distillation's default where this machine has native bf16 kernels, see
     docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
     native = native_bf16()
-    asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16")]
+    off = {s.name for s in stages if not s.enabled(cfg)}  # a stage switched off trains in no precision
+    asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16") and stage not in off]
     defaulted = [
         s.name
         for s in stages

@@ -145,6 +145,50 @@ def test_distillation_needs_target_queries_and_checks_its_settings():
         RecipeConfig(distill={"learning_rat": 1e-5}).validate()
     assert not DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=[]))
     assert DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=["q.jsonl"]))
+    with pytest.raises(ConfigError, match="distill_document_gradients must be true or false"):
+        RecipeConfig(distill_document_gradients="no").validate()
+
+
+def test_the_distillation_without_document_gradients_reaches_the_probe_and_the_trainer_and_its_identity(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
+):
+    """``distill_document_gradients: false`` builds the loss of the probe and of the training without them, and a
+    run with it is another stage (its identity differs)."""
+    import hf_cocodr.finetuning.losses.distill as loss_module
+
+    built, real = [], loss_module.HybridDistillLoss
+
+    class Spy(real):
+        def __init__(self, *a, **k):
+            built.append(k.get("document_gradients"))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(loss_module, "HybridDistillLoss", Spy)
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_document_gradients": False}
+    args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
+    run_recipe(*args, tmp_path / "off", config=cfg, max_minutes=30)
+    assert built and set(built) == {False} and len(built) == 2  # the probe's loss and the trainer's
+    built.clear()
+    run_recipe(*args, tmp_path / "on", config={**cfg, "distill_document_gradients": True})
+    assert built == [True]
+    marker = "distill/hf_cocodr_stage.json"
+    ids = [json.loads((tmp_path / out / marker).read_text())["identity"] for out in ("off", "on")]
+    assert ids[0] != ids[1]
+
+
+def test_a_setting_added_later_leaves_the_plan_of_an_older_run_at_its_default():
+    """A run folder planned before ``distill_document_gradients`` existed keeps its plan on a re-run: at its default
+    the setting is not part of the plan's identity; set otherwise, it is."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from hf_cocodr.recipe.planner import plan_identity
+
+    run = SimpleNamespace(fps={"model": "m", "targets": ["t"]}, max_minutes=15.0)
+    now = asdict(RecipeConfig())
+    before = {k: v for k, v in now.items() if k != "distill_document_gradients"}
+    assert plan_identity(run, now) == plan_identity(run, before)
+    assert plan_identity(run, {**now, "distill_document_gradients": False}) != plan_identity(run, before)
 
 
 def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
@@ -222,7 +266,7 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
 ):
     """By default the distillation trains under bf16 where the machine has native bf16 kernels and in fp32
     elsewhere; ``distill: {bf16: ...}`` decides instead. The probe times the step in that precision (so the plan buys
-    the steps it affords), the trainer runs in it, and the record and log say which and why."""
+    the steps it affords), the trainer runs in it, and the run's record says which and why."""
     import hf_cocodr.recipe.distill as distill_module
     import hf_cocodr.recipe.runner as runner_module
     import hf_cocodr.training_api as api
