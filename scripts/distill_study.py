@@ -109,6 +109,10 @@ ARMS: dict[str, tuple[dict, str]] = {
         {**DISTILL_ONLY, "distill_teacher_temperature": 0.25},
         "distillation, teacher temperature 0.25 (sharper still), the steps of distill-lr5e-5",
     ),
+    "distill-kl-only-42": (
+        {**DISTILL_ONLY, "distill_in_batch_weight": 0.0},
+        "distillation, the listwise KL alone (no in-batch term), the steps of distill-lr5e-5",
+    ),
     "distill-bf16-42": (
         {**DISTILL_ONLY, "distill": {"bf16": True}},
         "distillation under bf16 autocast, the steps of distill-lr5e-5 (does bf16 itself cost quality?)",
