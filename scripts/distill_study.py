@@ -179,7 +179,7 @@ def prepare_data(work: Path, root: Path) -> Path:
             link = data / name / f
             if not link.exists():
                 link.symlink_to((root / name / f).resolve())
-    if not (data / "squad-v1.1").exists():
+    if not (data / "squad-v1.1").is_symlink() and not (data / "squad-v1.1").exists():
         (data / "squad-v1.1").symlink_to((root / "squad-v1.1").resolve())
 
     def rows(path: Path) -> list[str]:
