@@ -60,6 +60,7 @@ def run_one(seed: int, steps: int, precision: str, ns, data: Path) -> dict:
         "seed": seed,
         "evaluate_start": False,
         "distill_steps": steps,
+        "distill_max_passes": None,  # the steps asked for, not the recipe's cap of 3 passes
         "refreshes": 1,
     }
     out = Path(ns.work) / key(seed, steps, precision)

@@ -42,6 +42,10 @@ FINETUNE_PRESETS = ("paper", "reference", "groupdro", "uniform")
 STAGE_OPTIONS = ("coco", "finetune", "target", "distill")  # the mappings of training arguments, one per training stage
 
 
+# the distillation's default cap on passes over the target queries: the most measured (reports/distill_gpu.md)
+DISTILL_MAX_PASSES = 3.0
+
+
 def _opt(
     default: Any = MISSING,
     help: str = "",
@@ -156,6 +160,11 @@ class RecipeConfig:
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
         "steps; the queries' side of the loss trains the model)",
     )
+    distill_max_passes: float | None = _opt(
+        DISTILL_MAX_PASSES,
+        "distillation: at most this many passes over the target queries, however many steps the budget buys (3: "
+        "the most measured, reports/distill_gpu.md; null in --config: no cap)",
+    )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
     )
@@ -250,6 +259,7 @@ class RecipeConfig:
         number("distill_teacher_weight", 0, 1, allow_auto=False)
         number("distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         number("distill_in_batch_weight", 0, 100, allow_auto=False)
+        number("distill_max_passes", 0.01, 1000, allow_auto=False, allow_none=True)
         for share in ("coco_share", "finetune_share", "target_share", "distill_share"):
             number(share, 0, 1)
 

@@ -26,13 +26,21 @@ from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
 from ..modeling.precision import encoding_precision
 from ..utils import native_bf16
-from .config import RecipeConfig
+from .config import DISTILL_MAX_PASSES, RecipeConfig
 from .context import RecipeRun
 from .outputs import stopped
 from .plan import Plan
 from .stage import Stage, run_arguments, settings
 
 logger = logging.getLogger(__name__)
+
+
+def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
+    """The most steps ``passes`` passes over ``rows`` training rows take at ``per_step`` rows a step (a last
+    incomplete batch is dropped, as the stage's trainer does; at least 1); None when ``passes`` is None."""
+    if passes is None:
+        return None
+    return max(1, int(passes * (rows // per_step)))
 
 
 def bf16_by_default(cfg: RecipeConfig) -> bool:
@@ -96,6 +104,8 @@ class DistillStage(Stage):
                 "in_batch": cfg.distill_in_batch_weight,
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
             },
+            # at its default, left out: a stage finished before the setting existed keeps its identity
+            **({} if cfg.distill_max_passes == DISTILL_MAX_PASSES else {"max_passes": cfg.distill_max_passes}),
             "settings": settings(run.arguments[self.name]),
             "steps": run.plan.steps_of(self.name),
         }
@@ -180,14 +190,19 @@ class DistillStage(Stage):
             time.perf_counter() - t0,
         )
         model = load_encoder(run.current)
-        args = IDROTrainingArguments(
-            **{
-                **run.arguments[self.name],
-                "refresh_negatives_every_steps": 0,
-                "max_steps": steps,
-                "overwrite_output_dir": True,
-            }
-        )
+        kw = {**run.arguments[self.name], "refresh_negatives_every_steps": 0, "overwrite_output_dir": True}
+        args = IDROTrainingArguments(**{**kw, "max_steps": steps})
+        per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+        cap = pass_cap(len(rows), per_step, cfg.distill_max_passes)
+        if cap is not None and cap < steps:
+            logger.info(
+                "distillation: %d steps, not the %d planned: %g passes over the %d queries (distill_max_passes)",
+                cap,
+                steps,
+                cfg.distill_max_passes,
+                len(rows),
+            )
+            args = IDROTrainingArguments(**{**kw, "max_steps": cap})
         loss = HybridDistillLoss(model, **self._loss_options(cfg, run.similarity))
         trainer = build_idro_trainer(model, args, rows, loss=loss, negatives_label="the hybrid teacher's candidates")
         trainer.extra_methods.append("hybrid-teacher distillation")
@@ -196,7 +211,8 @@ class DistillStage(Stage):
         guard = run.deadline(trainer, self.name)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
         trainer.finalize()
-        return {"steps": trainer.state.global_step, "teacher": info, **stopped(guard)}
+        capped = {"capped_at_passes": cfg.distill_max_passes} if cap is not None and cap < steps else {}
+        return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **stopped(guard)}
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod

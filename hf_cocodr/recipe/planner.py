@@ -19,7 +19,7 @@ from typing import Any
 from ..run_record import digest
 from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
-from .config import Auto, RecipeConfig
+from .config import DISTILL_MAX_PASSES, Auto, RecipeConfig
 from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source, span_corpus
 from .plan import Plan
@@ -200,7 +200,7 @@ def stage_deadlines(
 
 # Settings added after plans were first written, with their defaults: at the default they are left out of the plan's
 # identity, so a run folder planned before they existed keeps its plan (and its finished stages) on a re-run.
-ADDED_LATER = {"distill_document_gradients": True}
+ADDED_LATER = {"distill_document_gradients": True, "distill_max_passes": DISTILL_MAX_PASSES}
 
 
 def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:

@@ -394,8 +394,8 @@ def _save_hybrids(run: RecipeRun, model) -> None:
 
 
 def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
-    """The steps each training stage ran (from its completion marker) and, where a wall-clock deadline ended a
-    stage before its planned steps, the step it stopped at."""
+    """The steps each training stage ran (from its completion marker); where a wall-clock deadline ended a stage
+    before its planned steps, the step it stopped at; where a cap on passes over its data did, the cap."""
     markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages if s.trains and s.name in run.ids}
     markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
     return {
@@ -403,6 +403,7 @@ def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         "stopped_by_deadline": {
             s: m["stopped_by_deadline_at_step"] for s, m in markers.items() if "stopped_by_deadline_at_step" in m
         },
+        "capped_at_passes": {s: m["capped_at_passes"] for s, m in markers.items() if "capped_at_passes" in m},
     }
 
 

@@ -147,6 +147,22 @@ def test_distillation_needs_target_queries_and_checks_its_settings():
     assert DistillStage().enabled(RecipeConfig(skip_distill=False, target_queries=["q.jsonl"]))
     with pytest.raises(ConfigError, match="distill_document_gradients must be true or false"):
         RecipeConfig(distill_document_gradients="no").validate()
+    with pytest.raises(ConfigError, match=r"distill_max_passes must be a number in \[0.01, 1000\]"):
+        RecipeConfig(distill_max_passes=0).validate()
+    RecipeConfig(distill_max_passes=None).validate()  # no cap
+
+
+def test_the_distillation_stops_at_its_cap_on_passes_over_the_queries(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """20 queries in batches of 4 are 5 steps a pass: at most 1.5 passes train 7 of 12 planned steps, and the record
+    says why; with no cap the 12 steps are trained."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_steps": 12, "distill_max_passes": 1.5}
+    args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
+    run_recipe(*args, tmp_path / "capped", config=cfg)
+    record = json.loads((tmp_path / "capped" / "recipe.json").read_text())
+    assert record["steps_trained"] == {"distill": 7} and record["capped_at_passes"] == {"distill": 1.5}
+    run_recipe(*args, tmp_path / "free", config={**cfg, "distill_max_passes": None})
+    record = json.loads((tmp_path / "free" / "recipe.json").read_text())
+    assert record["steps_trained"] == {"distill": 12} and record["capped_at_passes"] == {}
 
 
 def test_the_distillation_without_document_gradients_reaches_the_probe_and_the_trainer_and_its_identity(
@@ -177,8 +193,8 @@ def test_the_distillation_without_document_gradients_reaches_the_probe_and_the_t
 
 
 def test_a_setting_added_later_leaves_the_plan_of_an_older_run_at_its_default():
-    """A run folder planned before ``distill_document_gradients`` existed keeps its plan on a re-run: at its default
-    the setting is not part of the plan's identity; set otherwise, it is."""
+    """A run folder planned before ``distill_document_gradients`` and ``distill_max_passes`` existed keeps its plan
+    on a re-run: at their defaults the settings are not part of the plan's identity; set otherwise, they are."""
     from dataclasses import asdict
     from types import SimpleNamespace
 
@@ -186,9 +202,10 @@ def test_a_setting_added_later_leaves_the_plan_of_an_older_run_at_its_default():
 
     run = SimpleNamespace(fps={"model": "m", "targets": ["t"]}, max_minutes=15.0)
     now = asdict(RecipeConfig())
-    before = {k: v for k, v in now.items() if k != "distill_document_gradients"}
+    before = {k: v for k, v in now.items() if k not in ("distill_document_gradients", "distill_max_passes")}
     assert plan_identity(run, now) == plan_identity(run, before)
     assert plan_identity(run, {**now, "distill_document_gradients": False}) != plan_identity(run, before)
+    assert plan_identity(run, {**now, "distill_max_passes": None}) != plan_identity(run, before)
 
 
 def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
