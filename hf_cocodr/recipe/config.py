@@ -42,7 +42,7 @@ FINETUNE_PRESETS = ("paper", "reference", "groupdro", "uniform")
 STAGE_OPTIONS = ("coco", "finetune", "target", "distill")  # the mappings of training arguments, one per training stage
 
 
-# the distillation's default cap on passes over the target queries: the most measured (reports/distill_gpu.md)
+# the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
 
 
@@ -162,8 +162,8 @@ class RecipeConfig:
     )
     distill_max_passes: float | None = _opt(
         DISTILL_MAX_PASSES,
-        "distillation: at most this many passes over the target queries, however many steps the budget buys (3: "
-        "the most measured, reports/distill_gpu.md; null in --config: no cap)",
+        "distillation: at most this many passes over the target queries, however many steps the budget buys "
+        "(null in --config: no cap)",
     )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"

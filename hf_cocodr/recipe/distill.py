@@ -77,7 +77,7 @@ class DistillStage(Stage):
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
             per_device_train_batch_size=16,
-            learning_rate=5e-5,  # at 2e-5 NFCorpus kept less of its gain (reports/distill_study.md)
+            learning_rate=5e-5,  # docs/adaptation.md says why
             warmup_steps=0.1,
             idro_preset="uniform",
             dataloader_drop_last=True,

@@ -38,7 +38,7 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
 # No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
-# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md, reports/distill_study.md).
+# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md says why).
 SCHEDULES["no_mlm_head_queries"] = dict(
     SCHEDULES["no_mlm_head"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
 )
