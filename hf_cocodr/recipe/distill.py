@@ -53,7 +53,8 @@ class DistillStage(Stage):
     """Distillation of the hybrid teacher (the starting model + BM25) on the ``target_queries``: runs when target
     queries are given and ``skip_distill`` is false (the schedule's choice under ``auto``). It trains under bf16
     autocast where the machine has native bf16 kernels (:func:`bf16_by_default`), in fp32 elsewhere;
-    ``distill: {bf16: ...}`` (or ``fp16: true``) decides instead."""
+    ``distill: {bf16: ...}`` (or ``fp16: true``) decides instead. It trains the steps the plan gives it, but at most
+    ``distill_max_passes`` passes over the queries (:func:`pass_cap`)."""
 
     name = "distill"
     share_option = "distill_share"
