@@ -293,6 +293,10 @@ def test_invalid_pretrain_arguments(extra, needle, tiny_bert_dir, tmp_path, caps
             ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--wise-alpha", "half"],
             "--wise-alpha must be a number",
         ),
+        (
+            ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--distill-max-passes", "lots"],
+            "--distill-max-passes must be a number or 'none', got 'lots'",
+        ),
         (["finetune", "--model", "m", "--train-data", "d"], "--output_dir is required"),
         (["evaluate", "no/such-model-xyz", "data", "--split", "dev"], "not found"),
         (["export", "missing-dir-xyz", "out"], "not found"),

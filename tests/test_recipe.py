@@ -313,3 +313,15 @@ def test_native_bf16_does_not_count_a_gpu_that_only_emulates_it(monkeypatch):
     assert native_bf16() is False
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert native_bf16() is True
+
+
+def test_the_cap_on_passes_reads_a_number_or_none_from_the_command_line():
+    import argparse
+
+    from hf_cocodr.recipe.config import add_config_arguments, config_from_flags
+
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    assert config_from_flags(parser.parse_args(["--distill-max-passes", "none"]))["distill_max_passes"] is None
+    assert config_from_flags(parser.parse_args(["--distill-max-passes", "1.5"]))["distill_max_passes"] == 1.5
+    assert "distill_max_passes" not in config_from_flags(parser.parse_args([]))  # the default stands

@@ -163,7 +163,7 @@ class RecipeConfig:
     distill_max_passes: float | None = _opt(
         DISTILL_MAX_PASSES,
         "distillation: at most this many passes over the target queries, however many steps the budget buys "
-        "(null in --config: no cap)",
+        "('none': no cap; --distill-steps fixes the steps instead)",
     )
     wise_alpha: float | Auto | None = _opt(
         AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
@@ -460,7 +460,12 @@ def no_gpu() -> bool:
 
 # --------------------------------------------------------------------------------------------- command-line flags
 _HINTS = {cls: typing.get_type_hints(cls) for cls in (RecipeConfig, RecipeArguments)}
-_NUMBER_OR_WORD = {float | Auto: "X|auto", float | Auto | None: "A|none", int | Auto: "N|budget"}
+_NUMBER_OR_WORD = {
+    float | Auto: "X|auto",
+    float | Auto | None: "A|none",
+    int | Auto: "N|budget",
+    float | None: "X|none",
+}
 
 
 def _flag(f: Field, hint: Any) -> str:
@@ -499,10 +504,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RecipeConf
             kw.update(choices=list(f.metadata["choices"]))
         elif hint in (int, int | None):
             kw.update(type=int)
-        elif hint in (float, float | None):
+        elif hint is float:
             kw.update(type=float)
         elif hint in _NUMBER_OR_WORD:  # a number or a word: read by config_from_flags, which names the flag
-            kw.update(metavar=_NUMBER_OR_WORD[hint])
+            kw.update(metavar=f.metadata.get("metavar") or _NUMBER_OR_WORD[hint])
         if hint is not bool and f.default not in (MISSING, None, AUTO):
             kw["help"] = f"{helptext} (default {f.default})"
         parser.add_argument(_flag(f, hint), *f.metadata.get("aliases", ()), **kw)
@@ -528,8 +533,13 @@ def config_from_flags(ns: argparse.Namespace, cls: type = RecipeConfig) -> dict[
 
 def _number_or_word(value: str, flag: str, hint: Any) -> Any:
     text = value.strip().lower()
-    if hint == float | Auto | None and text in ("none", "off"):
+    if hint in (float | Auto | None, float | None) and text in ("none", "off"):
         return None
+    if hint == float | None:
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"{flag} must be a number or 'none', got {value!r}") from None
     if text == Auto.AUTO or (hint == int | Auto and text == Auto.BUDGET):
         return Auto(text)
     try:

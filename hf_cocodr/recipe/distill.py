@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
 from ..modeling.precision import encoding_precision
 from ..utils import native_bf16
-from .config import DISTILL_MAX_PASSES, RecipeConfig
+from .config import RecipeConfig
 from .context import RecipeRun
 from .outputs import stopped
 from .plan import Plan
@@ -40,7 +41,7 @@ def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
     incomplete batch is dropped, as the stage's trainer does; at least 1); None when ``passes`` is None."""
     if passes is None:
         return None
-    return max(1, int(passes * (rows // per_step)))
+    return max(1, math.floor(passes * (rows // per_step) + 1e-9))
 
 
 def bf16_by_default(cfg: RecipeConfig) -> bool:
@@ -54,7 +55,7 @@ class DistillStage(Stage):
     queries are given and ``skip_distill`` is false (the schedule's choice under ``auto``). It trains under bf16
     autocast where the machine has native bf16 kernels (:func:`bf16_by_default`), in fp32 elsewhere;
     ``distill: {bf16: ...}`` (or ``fp16: true``) decides instead. It trains the steps the plan gives it, but at most
-    ``distill_max_passes`` passes over the queries (:func:`pass_cap`)."""
+    ``distill_max_passes`` passes over the queries (:meth:`steps`)."""
 
     name = "distill"
     share_option = "distill_share"
@@ -105,10 +106,8 @@ class DistillStage(Stage):
                 "in_batch": cfg.distill_in_batch_weight,
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
             },
-            # at its default, left out: a stage finished before the setting existed keeps its identity
-            **({} if cfg.distill_max_passes == DISTILL_MAX_PASSES else {"max_passes": cfg.distill_max_passes}),
             "settings": settings(run.arguments[self.name]),
-            "steps": run.plan.steps_of(self.name),
+            "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
@@ -173,7 +172,7 @@ class DistillStage(Stage):
         from ..finetuning.losses.distill import HybridDistillLoss
         from ..training_api import build_idro_trainer
 
-        cfg, steps = run.cfg, run.plan.steps_of(self.name)
+        cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
         rows, info = distill_dataset(
             run.model,
@@ -191,19 +190,23 @@ class DistillStage(Stage):
             time.perf_counter() - t0,
         )
         model = load_encoder(run.current)
-        kw = {**run.arguments[self.name], "refresh_negatives_every_steps": 0, "overwrite_output_dir": True}
-        args = IDROTrainingArguments(**{**kw, "max_steps": steps})
-        per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
-        cap = pass_cap(len(rows), per_step, cfg.distill_max_passes)
-        if cap is not None and cap < steps:
+        args = IDROTrainingArguments(
+            **{
+                **run.arguments[self.name],
+                "refresh_negatives_every_steps": 0,
+                "max_steps": steps,
+                "overwrite_output_dir": True,
+            }
+        )
+        if steps < planned:
             logger.info(
-                "distillation: %d steps, not the %d planned: %g passes over the %d queries (distill_max_passes)",
-                cap,
+                "distillation: %d steps, not the %d planned: at most %g passes over the %d target queries "
+                "(distill_max_passes)",
                 steps,
+                planned,
                 cfg.distill_max_passes,
-                len(rows),
+                run.extras["distill_num_queries"],
             )
-            args = IDROTrainingArguments(**{**kw, "max_steps": cap})
         loss = HybridDistillLoss(model, **self._loss_options(cfg, run.similarity))
         trainer = build_idro_trainer(model, args, rows, loss=loss, negatives_label="the hybrid teacher's candidates")
         trainer.extra_methods.append("hybrid-teacher distillation")
@@ -212,8 +215,17 @@ class DistillStage(Stage):
         guard = run.deadline(trainer, self.name)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
         trainer.finalize()
-        capped = {"capped_at_passes": cfg.distill_max_passes} if cap is not None and cap < steps else {}
-        return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **stopped(guard)}
+        ended = stopped(guard)
+        # the cap ended the stage: it had fewer steps than planned, and no deadline stopped it before them
+        capped = {"capped_at_passes": cfg.distill_max_passes} if steps < planned and not ended else {}
+        if trainer.state.global_step > steps:
+            logger.warning(
+                "distillation: resumed from a checkpoint at step %d, past the %d steps this run trains (it was "
+                "started with other settings)",
+                trainer.state.global_step,
+                steps,
+            )
+        return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -234,10 +246,34 @@ class DistillStage(Stage):
 
     def _queries_digest(self, run: RecipeRun) -> str:
         """A digest of the target queries' texts (read once per run)."""
+        self._read_queries(run)
+        return run.extras["distill_queries"]
+
+    def _read_queries(self, run: RecipeRun) -> None:
         if "distill_queries" not in run.extras:
-            h = hashlib.sha256()
+            h, n = hashlib.sha256(), 0
             for spec in run.cfg.target_queries:
                 for text in read_target_queries(spec).texts:
                     h.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
-            run.extras["distill_queries"] = h.hexdigest()[:16]
-        return run.extras["distill_queries"]
+                    n += 1
+            run.extras["distill_queries"], run.extras["distill_num_queries"] = h.hexdigest()[:16], n
+
+    def steps(self, run: RecipeRun) -> int:
+        """The steps the stage trains: the plan's, but at most ``distill_max_passes`` passes over the target queries
+        (:func:`pass_cap`) unless ``distill_steps`` fixes them."""
+        planned = run.plan.steps_of(self.name)
+        return planned if self._cap(run) is None else min(planned, self._cap(run))
+
+    def _cap(self, run: RecipeRun) -> int | None:
+        if run.cfg.distill_steps is not None or run.cfg.distill_max_passes is None:  # fixed steps are yours
+            return None
+        if "distill_per_step" not in run.extras:  # queries a step: on every rank, every accumulated batch
+            from ..finetuning import IDROTrainingArguments
+
+            args = IDROTrainingArguments(**{**run.arguments[self.name], "max_steps": 1})
+            run.extras["distill_per_step"] = (
+                args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
+            )
+        self._read_queries(run)
+        n = run.extras["distill_num_queries"]
+        return pass_cap(n, run.extras["distill_per_step"], run.cfg.distill_max_passes)

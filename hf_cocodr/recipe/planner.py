@@ -9,10 +9,11 @@ steps run slower than measured. Without a budget the steps are the ones given (o
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,16 @@ def fixed_plan(cfg: RecipeConfig, stages: tuple[Stage, ...] = STAGES) -> Plan:
     )
 
 
-def saved_plan(out: Path, plan_id: str) -> Plan | None:
-    """``OUT/plan.json`` if it was made for these inputs (a resumed run keeps the plan it started with)."""
+def saved_plan(out: Path, plan_id: str | Sequence[str]) -> Plan | None:
+    """``OUT/plan.json`` if it was made for these inputs (a resumed run keeps the plan it started with); ``plan_id``:
+    the identity, or the identities, such a plan may hold (:func:`plan_identities`)."""
     path = out / "plan.json"
     try:
         plan = json.loads(path.read_text()) if path.is_file() else None
     except ValueError:
         return None
-    if plan is not None and plan.get("identity") != plan_id:
+    accepted = {plan_id} if isinstance(plan_id, str) else set(plan_id)
+    if plan is not None and plan.get("identity") not in accepted:
         logger.info("the inputs or the budget changed since %s was made: planning again", path)
         return None
     return None if plan is None else Plan.from_dict(plan)
@@ -203,9 +206,10 @@ def stage_deadlines(
 ADDED_LATER = {"distill_document_gradients": True, "distill_max_passes": DISTILL_MAX_PASSES}
 
 
-def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:
+def plan_identity(run: RecipeRun, cfg_values: dict[str, Any], keep: Iterable[str] = ()) -> str:
     """The digest of what a plan depends on: the inputs, the budget and the settings (not the ones only the end of
-    the run reads; not the :data:`ADDED_LATER` ones at their defaults)."""
+    the run reads; not the :data:`ADDED_LATER` ones at their defaults, unless named in ``keep``)."""
+    kept = set(keep)
     return digest(
         {
             "inputs": run.fps,
@@ -214,10 +218,18 @@ def plan_identity(run: RecipeRun, cfg_values: dict[str, Any]) -> str:
                 k: v
                 for k, v in cfg_values.items()
                 if k not in ("wise_alpha", "evaluate_start", "eval_batch_size", "save_hybrid")
-                and not (k in ADDED_LATER and v == ADDED_LATER[k])
+                and not (k in ADDED_LATER and v == ADDED_LATER[k] and k not in kept)
             },
         }
     )
+
+
+def plan_identities(run: RecipeRun, cfg_values: dict[str, Any]) -> list[str]:
+    """The identities a saved plan for these inputs may hold: :func:`plan_identity`'s first, then those of versions
+    that wrote some :data:`ADDED_LATER` settings at their defaults into the digest (any subset of them)."""
+    present = [k for k in ADDED_LATER if k in cfg_values]
+    subsets = itertools.chain.from_iterable(itertools.combinations(present, n) for n in range(1, len(present) + 1))
+    return [plan_identity(run, cfg_values), *(plan_identity(run, cfg_values, keep=sub) for sub in subsets)]
 
 
 def stage_ids(run: RecipeRun, stages: tuple[Stage, ...] = STAGES) -> dict[str, str]:

@@ -38,7 +38,7 @@ from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, uses_wise
 from .context import RecipeRun
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
-from .planner import fixed_plan, make_plan, plan_identity, saved_plan, stage_ids
+from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .schedules import choose_schedule
 from .stage import Stage
 from .stages import STAGES, stage_switches
@@ -212,8 +212,9 @@ def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     run.arguments = {s.name: s.arguments(run) for s in stages}
     # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
     # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
-    run.plan_id = plan_identity(run, asdict(cfg))
-    run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, run.plan_id)
+    ids = plan_identities(run, asdict(cfg))
+    run.plan_id = ids[0]
+    run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, ids)
     run.ids = stage_ids(run, stages) if run.plan else {}
     run.precision = _precision_choice(cfg, run.arguments, stages)
     logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])

@@ -153,16 +153,50 @@ def test_distillation_needs_target_queries_and_checks_its_settings():
 
 
 def test_the_distillation_stops_at_its_cap_on_passes_over_the_queries(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
-    """20 queries in batches of 4 are 5 steps a pass: at most 1.5 passes train 7 of 12 planned steps, and the record
-    says why; with no cap the 12 steps are trained."""
-    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_steps": 12, "distill_max_passes": 1.5}
+    """20 queries in batches of 4 are 5 steps a pass: the plan's steps (500 without a budget) stop at 1.5 passes, 7
+    steps, and the record says why; steps fixed by ``distill_steps`` are trained as given."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_max_passes": 1.5}
+    del cfg["distill_steps"]
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "capped", config=cfg)
     record = json.loads((tmp_path / "capped" / "recipe.json").read_text())
+    assert record["plan"]["distill_steps"] == 500
     assert record["steps_trained"] == {"distill": 7} and record["capped_at_passes"] == {"distill": 1.5}
-    run_recipe(*args, tmp_path / "free", config={**cfg, "distill_max_passes": None})
-    record = json.loads((tmp_path / "free" / "recipe.json").read_text())
-    assert record["steps_trained"] == {"distill": 12} and record["capped_at_passes"] == {}
+    run_recipe(*args, tmp_path / "fixed", config={**cfg, "distill_steps": 9})
+    record = json.loads((tmp_path / "fixed" / "recipe.json").read_text())
+    assert record["steps_trained"] == {"distill": 9} and record["capped_at_passes"] == {}
+
+
+def test_the_cap_on_passes_counts_every_rank_and_accumulated_batch_and_is_the_stage_identity(monkeypatch):
+    """The queries a step takes are per-device batch x ranks x accumulation; the stage's identity holds the steps it
+    trains (the cap, where it ends the stage first), so a stage finished before the cap existed keeps its identity
+    unless it trained past the cap."""
+    from types import SimpleNamespace
+
+    from hf_cocodr.finetuning import IDROTrainingArguments
+    from hf_cocodr.recipe.distill import pass_cap
+    from hf_cocodr.recipe.plan import Plan
+
+    assert pass_cap(100, 16, 3.0) == 18 and pass_cap(100, 1, 0.29) == 29  # 0.29 x 100 is 28.999... in floats
+    assert pass_cap(3, 16, 3.0) == 1 and pass_cap(100, 16, None) is None
+    monkeypatch.setattr(IDROTrainingArguments, "world_size", property(lambda self: 2))
+    stage = DistillStage()
+
+    def run(plan_steps, **cfg):
+        kw = {"output_dir": "unused", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 3}
+        return SimpleNamespace(
+            cfg=RecipeConfig(skip_distill=False, target_queries=["q"], **cfg),
+            plan=Plan(steps={"distill": plan_steps}),
+            arguments={"distill": kw},
+            extras={"distill_queries": "digest", "distill_num_queries": 240},
+        )
+
+    # 240 queries at 4 x 2 ranks x 3 accumulated = 24 a step: 10 steps a pass
+    assert stage.steps(run(100)) == 30  # 3 passes, the default
+    assert stage.steps(run(100, distill_max_passes=0.5)) == 5
+    assert stage.steps(run(20)) == 20  # the plan's steps, under the cap
+    assert stage.steps(run(100, distill_max_passes=None)) == 100
+    assert stage.steps(run(100, distill_steps=100)) == 100  # fixed steps are the user's
 
 
 def test_the_distillation_without_document_gradients_reaches_the_probe_and_the_trainer_and_its_identity(
@@ -206,6 +240,24 @@ def test_a_setting_added_later_leaves_the_plan_of_an_older_run_at_its_default():
     assert plan_identity(run, now) == plan_identity(run, before)
     assert plan_identity(run, {**now, "distill_document_gradients": False}) != plan_identity(run, before)
     assert plan_identity(run, {**now, "distill_max_passes": None}) != plan_identity(run, before)
+
+
+def test_a_plan_written_with_a_later_setting_at_its_default_is_kept(tmp_path):
+    """Versions that wrote ``distill_document_gradients: true`` into the plan's digest: their plan.json is accepted
+    as well (and one made for other settings is not)."""
+    from dataclasses import asdict
+    from types import SimpleNamespace
+
+    from hf_cocodr.recipe.plan import Plan
+    from hf_cocodr.recipe.planner import plan_identities, plan_identity, saved_plan
+
+    run = SimpleNamespace(fps={"model": "m", "targets": ["t"]}, max_minutes=15.0)
+    now = asdict(RecipeConfig())
+    written = plan_identity(run, now, keep=("distill_document_gradients",))
+    assert written != plan_identity(run, now) and written in plan_identities(run, now)
+    (tmp_path / "plan.json").write_text(json.dumps({**Plan(steps={"distill": 33}).to_dict(), "identity": written}))
+    assert saved_plan(tmp_path, plan_identities(run, now)).steps_of("distill") == 33
+    assert saved_plan(tmp_path, plan_identities(run, {**now, "distill_k": 4})) is None
 
 
 def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
