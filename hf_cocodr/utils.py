@@ -320,8 +320,8 @@ def faiss_available() -> bool:
 
 def native_bf16() -> bool:
     """Whether this machine computes bf16 natively: a CUDA device with bf16 kernels (not emulated), or a CPU for which
-    oneDNN has bf16 kernels (AVX-512 BF16 / AMX). Elsewhere bf16 autocast falls back to slow reference kernels: on a CPU that exposes
-    only AVX2, a MiniLM encode ran 6-7x slower under bf16 than in fp32 (``scripts/bench_precision.py``)."""
+    oneDNN has bf16 kernels (AVX-512 BF16 / AMX). Elsewhere bf16 autocast falls back to slow reference kernels
+    (docs/precision.md)."""
     import torch
 
     if torch.cuda.is_available():  # compute capability 8 (Ampere) and later; earlier cards only emulate bf16
