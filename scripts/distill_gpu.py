@@ -4,7 +4,7 @@ The same starting model (all-MiniLM-L6-v2), unlabelled query pools, teacher and 
 ``scripts/distill_study.py`` (its ``prepare_data`` makes them), the recipe's distillation stage alone at its
 defaults (lr 5e-5, k 8, teacher temperature 1, in-batch weight 1; bf16 where the device computes it natively) for a
 fixed number of steps: 42 (what 15 minutes bought on one CPU core), about one pass over the 3,001 pooled queries
-(188 steps of 16) and three passes (563). Each row is one ``run_recipe`` call, evaluated on SciFact's dev half and
+(188 steps of 16) and three passes (564). Each row is one ``run_recipe`` call, evaluated on SciFact's dev half and
 NFCorpus ``dev`` at 256 tokens, and written to ``--out`` (JSON, then a Markdown table) as soon as it is done, so a run
 cut short keeps its rows; a row already in ``--out`` is not run again::
 
