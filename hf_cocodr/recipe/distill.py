@@ -261,8 +261,8 @@ class DistillStage(Stage):
     def steps(self, run: RecipeRun) -> int:
         """The steps the stage trains: the plan's, but at most ``distill_max_passes`` passes over the target queries
         (:func:`pass_cap`) unless ``distill_steps`` fixes them."""
-        planned = run.plan.steps_of(self.name)
-        return planned if self._cap(run) is None else min(planned, self._cap(run))
+        planned, cap = run.plan.steps_of(self.name), self._cap(run)
+        return planned if cap is None else min(planned, cap)
 
     def _cap(self, run: RecipeRun) -> int | None:
         if run.cfg.distill_steps is not None or run.cfg.distill_max_passes is None:  # fixed steps are yours
