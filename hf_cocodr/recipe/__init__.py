@@ -1,14 +1,18 @@
 """The adaptation recipe in one call: COCO on the target corpora, fine-tuning on the source labels, target pseudo
-pairs, WiSE-FT, then export, card and evaluation of the adapted and the starting model.
+pairs, distillation of the hybrid teacher on unlabelled target queries, WiSE-FT, then export, card and evaluation of
+the adapted and the starting model.
 
-- :mod:`~hf_cocodr.recipe.config`: :class:`RecipeConfig` (torch-free: the command line builds its flags from it).
+- :mod:`~hf_cocodr.recipe.config`: :class:`RecipeConfig` (torch-free: the command line builds its flags from it),
+  which inherits each stage's settings; :mod:`~hf_cocodr.recipe.settings`: what settings are made of.
 - :mod:`~hf_cocodr.recipe.schedules`: what ``"auto"`` settings resolve to for each kind of starting model.
-- :mod:`~hf_cocodr.recipe.stage`: the :class:`Stage` interface; :mod:`~hf_cocodr.recipe.stages`: one stage per
-  step (COCO and its soup, fine-tuning, target pairs, WiSE-FT) and :data:`STAGES`, their order.
+- :mod:`~hf_cocodr.recipe.stage`: the :class:`Stage` interface (settings, trainer, cost, probe, identity);
+  :mod:`~hf_cocodr.recipe.stages`: one module per stage (``coco``, ``finetune``, ``target``, ``distill``, ``wise``)
+  and :data:`STAGES`, their order.
 - :mod:`~hf_cocodr.recipe.plan` / :mod:`~hf_cocodr.recipe.planner` / :mod:`~hf_cocodr.recipe.probe`: the
-  :class:`Plan`, how a time budget is spent on each stage's steps and deadlines, and the step-time probe.
+  :class:`Plan`, how a time budget is spent on each stage's steps and deadlines, and the step-time probe (the
+  stage's own trainer, timed by a callback).
 - :mod:`~hf_cocodr.recipe.context`: :class:`RecipeRun`, the state the stages share; :mod:`~hf_cocodr.recipe.inputs`
-  / :mod:`~hf_cocodr.recipe.outputs`: the data a run reads and what it writes besides trainer output.
+  / :mod:`~hf_cocodr.recipe.outputs`: the data the stages share and what a run writes besides trainer output.
 - :mod:`~hf_cocodr.recipe.runner`: :func:`run_recipe`, which runs the stages in order and writes the records.
 
 Names are imported lazily, so ``hf_cocodr.recipe.config`` loads without the training stack.
@@ -31,22 +35,24 @@ _LAZY = {
     "MLM_HEAD_WARMUP_SHARE": "stages",
     "STAGES": "stages",
     "Stage": "stage",
+    "Cost": "stage",
     "CocoStage": "stages",
+    "DistillStage": "stages",
     "FinetuneStage": "stages",
     "TargetPairsStage": "stages",
     "WiseStage": "stages",
+    "STAGE_SETTINGS": "stages",
     "stage_switches": "stages",
     "stage_step_seconds": "stages",
     "Plan": "plan",
     "STAGE_LOAD_SECONDS": "planner",
     "NO_BUDGET_COCO_RUNS": "planner",
     "budget_plan": "planner",
-    "plan_budget": "planner",
     "size_source_queries": "planner",
-    "coco_runs_for": "planner",
     "stage_deadlines": "planner",
     "SIZE_PROBE_QUERIES": "inputs",
-    "measure_throughput": "probe",
+    "StepTimer": "probe",
+    "time_trainer_steps": "probe",
     "STAGE_MARKER": "outputs",
     "RecipeRun": "context",
     "RECIPE_ENTRIES": "runner",

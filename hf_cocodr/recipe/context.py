@@ -16,8 +16,9 @@ logger = logging.getLogger("hf_cocodr.recipe")
 
 @dataclass
 class RecipeRun:
-    """What the stages of one recipe run read and update: its inputs and settings, the plan, the data drawn, each
-    stage's training arguments and identity, the deadlines, and the model the next stage starts from (``current``).
+    """What the stages of one recipe run share: its inputs and settings, the plan, the data drawn, each stage's
+    training arguments and identity, the deadlines, and the model the next stage starts from (``current``). What
+    only one stage needs lives on that stage (stages are instantiated per run).
 
     Args:
         model: the starting model.
@@ -57,15 +58,12 @@ class RecipeRun:
     arguments: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> its training arguments
     ids: dict[str, str] = field(default_factory=dict)  # stage -> identity of its inputs (skipped when unchanged)
     deadlines: dict[str, float] = field(default_factory=dict)  # stage -> perf_counter reading it must end by
-    coco_run_seconds: float = 0.0  # planned seconds of one COCO run of a soup (its share of COCO's deadline)
     stage_seconds: dict[str, float] = field(default_factory=dict)
-    train_data: Any = None
-    target_data: Any = None
-    spans: Any = None
+    train_data: Any = None  # the source task draw (the fine-tuning's data, and COCO's source corpus)
+    target_data: Any = None  # the target pseudo pairs (their stage's data, or the joint term's)
     coco_corpora: list = field(default_factory=list)
     current: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)  # what a stage keeps for itself between its hooks
 
     def __post_init__(self) -> None:
         self.current = self.current or self.model

@@ -1,12 +1,11 @@
-"""The data a recipe run reads: the source task draw, the target pseudo pairs and COCO's span corpus, loaded only
-for the stages that still have to run."""
+"""The data a recipe run's stages share: the source task draw and the target pseudo pairs, loaded only for the
+stages that still have to run, and COCO's corpora."""
 
 from __future__ import annotations
 
 import time
 
 from ..data.pseudo_pairs import target_pseudo_pairs
-from ..data.spans import SpanCorpus
 from ..data.training import RetrievalTrainingData
 from .context import RecipeRun
 from .stage import Stage
@@ -63,24 +62,6 @@ def draw_source(run: RecipeRun, max_queries: int | None) -> RetrievalTrainingDat
         max_queries=max_queries,
         seed=cfg.seed,
         corpus_pool=cfg.corpus_pool,
-    )
-
-
-def span_corpus(run: RecipeRun) -> SpanCorpus:
-    """COCO's span corpus over ``run.coco_corpora``, split as the COCO stage's arguments say."""
-    from transformers import AutoTokenizer
-
-    from ..modeling.condenser import _transformer_dir
-    from ..pretraining import CocoPretrainingArguments
-
-    probe = CocoPretrainingArguments(**{**run.arguments["coco"], "max_steps": 1})
-    return SpanCorpus.build(
-        run.coco_corpora,
-        AutoTokenizer.from_pretrained(_transformer_dir(run.model)),
-        mode=probe.span_mode,
-        span_max_tokens=probe.span_max_tokens,
-        span_break_prob=probe.span_break_prob,
-        seed=run.cfg.seed,
     )
 
 

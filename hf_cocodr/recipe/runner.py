@@ -34,14 +34,14 @@ from ..storage import check_before_work
 from ..utils import atomic_write_json, native_bf16
 from . import planner
 from .checks import check_budget_floor, check_recipe_lengths
-from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, uses_wise
+from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class, uses_wise
 from .context import RecipeRun
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .schedules import choose_schedule
 from .stage import Stage
-from .stages import STAGES, stage_switches
+from .stages import STAGES, instantiate, stage_switches
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ RUN_ENTRIES = (
 )
 
 
-def recipe_entries(stages: Sequence[Stage] = STAGES) -> tuple[str, ...]:
+def recipe_entries(stages: Sequence[Stage | type[Stage]] = STAGES) -> tuple[str, ...]:
     """The entries a recipe with ``stages`` writes into its output folder (each stage's folder and the run's)."""
     return tuple(dict.fromkeys([*(s.name for s in stages), *RUN_ENTRIES]))
 
@@ -78,7 +78,7 @@ def run_recipe(
     max_minutes: float | None = None,
     resume: bool = True,
     overwrite_output_dir: bool = False,
-    stages: Sequence[Stage] | None = None,
+    stages: Sequence[Stage | type[Stage]] | None = None,
 ) -> dict[str, Any]:
     """Run COCO → source fine-tuning → target pseudo pairs → WiSE-FT → export → card → evaluation.
 
@@ -107,11 +107,17 @@ def run_recipe(
             and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
             record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
         stages: the stages in order (default :data:`~hf_cocodr.recipe.stages.STAGES`); a new stage is a
-            :class:`~hf_cocodr.recipe.stages.Stage` subclass added to this list.
+            :class:`~hf_cocodr.recipe.Stage` subclass (or an instance of one) added to this list, and its
+            ``settings`` are then recipe options of this call's ``config``. Classes are instantiated for this run.
     """
     t_start = time.perf_counter()
-    stages = STAGES if stages is None else tuple(stages)
-    cfg = config if isinstance(config, RecipeConfig) else RecipeConfig.from_dict(dict(config or {}))
+    stages = instantiate(stages)
+    cls = config_class([s.settings for s in stages])
+    if isinstance(config, cls):
+        cfg = config
+    else:
+        given = asdict(config) if isinstance(config, RecipeConfig) else dict(config or {})
+        cfg = cls.from_dict(given)
     cfg.validate()
     evals = list(evals)
     for spec in evals:
@@ -262,7 +268,7 @@ def _precision_choice(
     options set ``bf16: true``, and for a switched-on stage of ``stages`` whose own default is bf16 (``arguments``:
     each stage's training arguments; the distillation's default where this machine has native bf16 kernels, see
     docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
-    native = native_bf16()
+    native, stages = native_bf16(), instantiate(stages)
     off = {s.name for s in stages if not s.enabled(cfg)}  # a stage switched off trains in no precision
     asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16") and stage not in off]
     defaulted = [

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import AUTO, Auto, RecipeConfig
-from .stages import MLM_HEAD_WARMUP_SHARE, STAGES
+from .stages import MLM_HEAD_WARMUP_SHARE, instantiate
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
 PAPER_SCHEDULE: dict[str, Any] = dict(
@@ -96,7 +96,9 @@ def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None
     share of 0 gets the mean of the other running stages' shares (1 when it runs alone); the value is recorded as
     chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
     planned = [
-        s.share_option for s in STAGES if s.trains and s.share_option and s.enabled(cfg) and s.fixed_steps(cfg) is None
+        s.share_option
+        for s in instantiate()
+        if s.trains and s.share_option and s.enabled(cfg) and s.fixed_steps(cfg) is None
     ]
     for key in planned:
         if float(getattr(cfg, key)) == 0.0 and key not in chosen:

@@ -1,0 +1,142 @@
+"""What every stage's settings are built from: :class:`Auto`, the field helper :func:`option` (a field with its
+command-line flag and help) and the range checks the settings run on themselves.
+
+A stage's settings are a dataclass of such fields with a ``check`` method (``hf_cocodr/recipe/stages/<name>.py``);
+:class:`~hf_cocodr.recipe.RecipeConfig` inherits every stage's settings, so each field is a recipe option and a flag
+of ``hf-cocodr recipe``. This module imports neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from dataclasses import MISSING, field
+from enum import Enum
+from typing import Any
+
+from ..errors import ConfigError
+
+
+class Auto(str, Enum):
+    """A setting the recipe resolves itself: ``AUTO`` by the schedule of the starting model (see
+    :func:`~hf_cocodr.recipe.choose_schedule`), ``BUDGET`` (``coco_runs`` only) by the time budget. Members equal,
+    print and serialise as their strings (``Auto.AUTO == "auto"``), so configs and records read as before."""
+
+    AUTO = "auto"
+    BUDGET = "budget"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+AUTO = Auto.AUTO
+
+
+def option(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    cli: bool = True,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    default_factory: Any = MISSING,
+) -> Any:
+    """A field with its command-line flag: ``help`` for ``--help``; ``flag`` the flag's name when it is not
+    ``--field-name`` (``aliases``: more names); ``cli=False`` for a field only a ``--config`` file sets;
+    ``choices`` the names a string field takes."""
+    metadata = {"help": help, "flag": flag, "aliases": aliases, "cli": cli, "choices": choices, "metavar": metavar}
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def check_number(obj: Any, name: str, lo: float, hi: float, *, allow_auto: bool = True, allow_none: bool = False):
+    """Refuse ``obj.<name>`` unless it is a finite number in ``[lo, hi]`` (or ``auto`` / None where allowed)."""
+    v = getattr(obj, name)
+    if (allow_auto and v == AUTO) or (allow_none and v is None):
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ConfigError(
+            f"recipe option {name} must be a number in [{lo}, {hi}]{' or auto' if allow_auto else ''}, got {v!r}"
+        )
+
+
+def check_whole(obj: Any, name: str, lo: int, *, allow_none: bool = True, hint: str = "") -> None:
+    """Refuse ``obj.<name>`` unless it is a whole number ``>= lo`` (or None where allowed)."""
+    v = getattr(obj, name)
+    if (v is None and not allow_none) or (v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < lo)):
+        raise ConfigError(
+            f"recipe option {name} must be a whole number >= {lo}{' (or unset)' if allow_none else ''}, got {v!r}"
+            f"{hint}"
+        )
+
+
+def check_flag(obj: Any, name: str) -> None:
+    """Refuse ``obj.<name>`` unless it is true or false."""
+    if not isinstance(getattr(obj, name), bool):
+        raise ConfigError(f"recipe option {name} must be true or false, got {getattr(obj, name)!r}")
+
+
+def check_switch(obj: Any, name: str) -> None:
+    """Refuse ``obj.<name>`` unless it is true, false or auto."""
+    if getattr(obj, name) not in (True, False, AUTO):
+        raise ConfigError(f"recipe option {name} must be true, false or auto, got {getattr(obj, name)!r}")
+
+
+def check_choice(obj: Any, name: str, choices: tuple[str, ...], wording: str) -> None:
+    """Refuse ``obj.<name>`` unless it is one of ``choices`` (``wording``: how the message lists them)."""
+    if getattr(obj, name) not in choices:
+        raise ConfigError(f"recipe option {name} must be {wording}, got {getattr(obj, name)!r}")
+
+
+def no_gpu() -> bool:
+    """Whether this machine has no CUDA device (the stages then train with ``use_cpu``)."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint in (int, float):
+        return isinstance(value, int if hint is int else int | float) and not isinstance(value, bool)
+    if hint in (str, list, dict) or origin in (list, dict):
+        return isinstance(value, origin or hint)
+    return True  # enums, callables, ...: left to the class
+
+
+def check_training_arguments(option_name: str, sub: Any, cls: type) -> None:
+    """A stage's mapping of training arguments (``coco: {...}`` in a ``--config``): known fields of ``cls``, values
+    of their types, and ``cls``'s own range checks (run by building it), before any model is loaded."""
+    if not isinstance(sub, dict):
+        raise ConfigError(f"recipe option {option_name!r} must be a mapping of training arguments, got {sub!r}")
+    if "max_steps" in sub:
+        raise ConfigError(
+            f"recipe option {option_name}.max_steps: the recipe sets each stage's steps; use {option_name}_steps "
+            "instead"
+        )
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(k for k in sub if k not in hints)
+    if unknown:
+        raise ConfigError(f"recipe option {option_name}: unknown field(s) {unknown}, not {cls.__name__} fields")
+    for key, value in sub.items():
+        if not _fits(value, hints[key]):
+            expected = getattr(hints[key], "__name__", str(hints[key]))
+            raise ConfigError(f"recipe option {option_name}.{key} must be of type {expected}, got {value!r}")
+    try:
+        # on the device the stage will use (bf16 on a CPU is refused unless use_cpu is set)
+        cls(**{"output_dir": "unused", "report_to": "none", "use_cpu": no_gpu(), **sub, "max_steps": 1})
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"recipe option {option_name}: {' '.join(str(e).split())}") from None

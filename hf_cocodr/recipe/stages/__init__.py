@@ -1,0 +1,66 @@
+"""The recipe's stages, one module each (its settings, its trainer, its cost and its probe): COCO (one run or a soup
+of runs, :mod:`.coco`), fine-tuning on the source task (:mod:`.finetune`), target pseudo pairs (:mod:`.target`),
+distillation of the hybrid teacher (:mod:`.distill`) and WiSE-FT (:mod:`.wise`); :data:`STAGES`, their order.
+
+The runner goes through the stages in order; each starts from the model the stage before it wrote (``run.current``)
+and writes into ``OUT/<name>``, with a completion marker (``hf_cocodr_stage.json``) once it finished. A new stage is
+a :class:`~hf_cocodr.recipe.stage.Stage` subclass plus one entry in :data:`STAGES` (or in the ``stages`` argument
+of :func:`~hf_cocodr.recipe.run_recipe`). Stages are instantiated per run (:func:`instantiate`).
+
+These modules import neither torch nor transformers until a stage trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..stage import Stage
+from .coco import MLM_HEAD_WARMUP_SHARE, CocoSettings, CocoStage
+from .distill import DISTILL_MAX_PASSES, DistillSettings, DistillStage
+from .finetune import FINETUNE_PRESETS, FinetuneSettings, FinetuneStage, refresh_interval
+from .target import PSEUDO_PAIR_MODES, TargetPairsStage, TargetSettings
+from .wise import WiseSettings, WiseStage
+
+if TYPE_CHECKING:
+    from ..config import RecipeConfig
+
+# The recipe's stages, in order. A new stage: a Stage subclass and one line here.
+STAGES: tuple[type[Stage], ...] = (CocoStage, FinetuneStage, TargetPairsStage, DistillStage, WiseStage)
+# The settings of the built-in stages, which RecipeConfig inherits.
+STAGE_SETTINGS = (CocoSettings, FinetuneSettings, TargetSettings, DistillSettings, WiseSettings)
+
+__all__ = [
+    "DISTILL_MAX_PASSES",
+    "FINETUNE_PRESETS",
+    "MLM_HEAD_WARMUP_SHARE",
+    "PSEUDO_PAIR_MODES",
+    "STAGES",
+    "STAGE_SETTINGS",
+    "CocoStage",
+    "DistillStage",
+    "FinetuneStage",
+    "TargetPairsStage",
+    "WiseStage",
+    "instantiate",
+    "refresh_interval",
+    "stage_step_seconds",
+    "stage_switches",
+]
+
+
+def instantiate(stages: Iterable[Stage | type[Stage]] | None = None) -> tuple[Stage, ...]:
+    """The stages of one run: each class instantiated (a stage keeps its state on itself), instances as given."""
+    return tuple(s() if isinstance(s, type) else s for s in (STAGES if stages is None else stages))
+
+
+def stage_switches(cfg: RecipeConfig, stages=None) -> dict[str, tuple[bool, int | None]]:
+    """Whether each training stage runs, and its fixed step count (None: planned from the budget). In the joint
+    schedule the target pairs train inside the source steps, so the target stage does not run on its own."""
+    return {s.name: (s.enabled(cfg), s.fixed_steps(cfg)) for s in instantiate(stages) if s.trains}
+
+
+def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig, stages=None) -> dict[str, float]:
+    """Measured seconds of one optimizer step of each training stage. In the joint schedule the target pairs are a
+    term of every source step, so their cost goes to that stage (and the target stage has no steps of its own)."""
+    return {s.name: s.step_seconds(tp, cfg) for s in instantiate(stages) if s.trains}

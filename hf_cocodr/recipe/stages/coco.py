@@ -1,0 +1,227 @@
+"""The COCO stage: continuous contrastive pretraining on the target corpora (and the source corpus), one run or a
+soup of runs whose weights are averaged. Its settings (:class:`CocoSettings`) are recipe options."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
+from ..stage import UNBUDGETED_STEPS, Stage, run_arguments, source_identity, trajectory
+
+if TYPE_CHECKING:
+    from ..config import RecipeConfig
+    from ..context import RecipeRun
+    from ..plan import Plan
+
+logger = logging.getLogger("hf_cocodr.recipe")
+
+# The share of COCO's steps a fresh MLM head (a model without one) trains before MLM gradients reach the encoder.
+MLM_HEAD_WARMUP_SHARE = 0.3
+
+
+@dataclass
+class CocoSettings:
+    """The COCO stage's options (``coco_*``, ``skip_coco``, ``include_source_corpus`` and the ``coco`` mapping of
+    ``CocoPretrainingArguments`` fields)."""
+
+    training_options: ClassVar[str] = "coco"
+
+    include_source_corpus: bool = option(True, "do not also train COCO on the (restricted) source corpus")
+    coco_steps: int | None = option(None, "steps of each COCO run (default: planned from --max-minutes, or 500)")
+    coco_mlm_weight: float | Auto = option(AUTO, "weight of COCO's MLM terms; 0 = contrast-only (no MLM forward)")
+    coco_learning_rate: float | Auto = option(AUTO, "COCO learning rate", flag="--coco-lr")
+    coco_runs: int | Auto = option(
+        AUTO,
+        "COCO runs (seeds seed, seed+1, ...) averaged into one encoder, a model soup; "
+        "'budget': as many runs of about --coco-run-steps steps as the budget affords",
+    )
+    coco_run_steps: int = option(76, "with --coco-runs budget: the length of one run")
+    coco_share: float | Auto = option(
+        AUTO, "COCO's share of the training budget (renormalised over the stages that run)"
+    )
+    skip_coco: bool | Auto = option(
+        AUTO, "leave the coco stage out (true), run it (false), or as the schedule says (auto)"
+    )
+    coco: dict[str, Any] = option(
+        help="CocoPretrainingArguments fields of the COCO stage", cli=False, default_factory=dict
+    )
+
+    @staticmethod
+    def arguments_class() -> type:
+        from ...pretraining import CocoPretrainingArguments
+
+        return CocoPretrainingArguments
+
+    def check(self) -> None:
+        """Refuse out-of-range COCO options by name."""
+        check_number(self, "coco_mlm_weight", 0, 100)
+        check_number(self, "coco_learning_rate", 1e-8, 1)
+        check_number(self, "coco_share", 0, 1)
+        check_whole(self, "coco_steps", 1, hint="; to leave the stage out set skip_coco: true")
+        check_whole(self, "coco_run_steps", 1, allow_none=False)
+        if self.coco_runs not in (Auto.AUTO, Auto.BUDGET):
+            check_whole(self, "coco_runs", 1, allow_none=False, hint=" (or auto / budget)")
+        check_flag(self, "include_source_corpus")
+        check_switch(self, "skip_coco")
+
+
+class CocoStage(Stage):
+    """COCO continuous contrastive pretraining on the target corpora (and the source corpus), one run or a soup of
+    ``coco_runs`` runs with seeds ``seed``, ``seed + 1``, ... whose weights are averaged (``OUT/coco-runs``)."""
+
+    name = "coco"
+    settings = CocoSettings
+    share_option = "coco_share"
+
+    def __init__(self) -> None:
+        self.run_seconds = 0.0  # planned seconds of one run of a soup (its share of the stage's deadline)
+
+    def enabled(self, cfg: RecipeConfig) -> bool:
+        return not cfg.skip_coco
+
+    def unbudgeted_steps(self, cfg: RecipeConfig) -> int:
+        soup = cfg.coco_runs == Auto.BUDGET
+        steps = cfg.coco_steps if cfg.coco_steps or not soup else cfg.coco_run_steps
+        return 0 if cfg.skip_coco else (UNBUDGETED_STEPS if steps is None else steps)
+
+    def allot(self, plan: Plan, seconds: float, step_s: float, cfg: RecipeConfig, load_s: float) -> None:
+        super().allot(plan, seconds, step_s, cfg, load_s)
+        runs, steps = self.runs_for(seconds, step_s, cfg, cfg.coco_steps, load_s)
+        plan.coco_runs = runs
+        if steps is not None:
+            plan.steps[self.name] = steps
+
+    @staticmethod
+    def runs_for(
+        coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None, load_s: float
+    ) -> tuple[int, int | None]:
+        """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run).
+
+        ``coco_runs: "budget"``: as many runs of about ``coco_run_steps`` steps (``coco_steps`` when given) as fit,
+        at least one; the seconds are then shared out evenly, so a run may come out somewhat shorter or longer than
+        ``coco_run_steps`` and the budget is spent. A whole number of runs shares the seconds between that many.
+        Every run after the first costs a model load + export (``load_s``) of the COCO seconds."""
+        step_s = max(step_s, 1e-9)
+        if cfg.coco_runs == Auto.BUDGET:
+            per_run = (given_steps or cfg.coco_run_steps) * step_s + load_s
+            runs = max(1, round((coco_s + load_s) / per_run))
+        else:
+            runs = int(cfg.coco_runs)
+        if given_steps is not None:
+            return runs, given_steps
+        if runs == 1:
+            return 1, None
+        return runs, max(2, int((coco_s - (runs - 1) * load_s) / (runs * step_s)))
+
+    def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
+        return plan.steps_of(self.name) * step_s * plan.coco_runs
+
+    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
+        self.run_seconds = plan.steps_of(self.name) * step_s + load_s
+        return plan.steps_of(self.name) * step_s * plan.coco_runs + (plan.coco_runs - 1) * load_s
+
+    def load_exports(self, cfg: RecipeConfig) -> int:
+        return int(not cfg.skip_coco)
+
+    def arguments(self, run: RecipeRun) -> dict[str, Any]:
+        cfg, similarity = run.cfg, run.similarity
+        coco = dict(
+            **run_arguments(run, self.name, logging_steps=10, save_steps=100),
+            per_device_train_batch_size=32,
+            pooling=run.pooling,
+            contrastive_similarity=similarity,
+            contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
+            learning_rate=float(cfg.coco_learning_rate),
+            mlm_weight=float(cfg.coco_mlm_weight),
+            head_mlm_weight=float(cfg.coco_mlm_weight),
+            max_span_length=min(64, cfg.train_max_length),
+        )
+        return {**coco, **cfg.coco}
+
+    def needs(self, run: RecipeRun) -> set[str]:
+        if run.cfg.skip_coco or run.done(self.name):
+            return set()
+        return {"source"} if run.cfg.include_source_corpus else set()
+
+    def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
+        cfg, runs = run.cfg, int(run.plan.coco_runs)
+        return {
+            "stage": "coco",
+            "start": start,
+            "targets": run.fps["targets"],
+            "source": source_identity(run) if cfg.include_source_corpus else None,
+            "settings": trajectory(run.arguments[self.name]),
+            "steps": run.plan.steps_of(self.name),
+            **({"runs": runs} if runs > 1 else {}),
+        }
+
+    def build_trainer(self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, seed=None):
+        """A :class:`~hf_cocodr.pretraining.CocoPretrainer` from the starting model on ``run.coco_corpora`` (the
+        span corpus is built as the trainer's arguments say, and cached); ``seed``: a soup run's seed."""
+        from ...pretraining import CocoPretrainer, CocoPretrainingArguments
+
+        forced = {"seed": run.cfg.seed if seed is None else seed}
+        args = self.training_arguments(
+            run, CocoPretrainingArguments, max_steps, output_dir=output_dir, probe=probe, forced=forced
+        )
+        if run.has_mlm is not True and "mlm_head_warmup_steps" not in run.cfg.coco and args.uses_mlm:
+            forced["mlm_head_warmup_steps"] = int(MLM_HEAD_WARMUP_SHARE * max_steps)
+            args = self.training_arguments(
+                run, CocoPretrainingArguments, max_steps, output_dir=output_dir, probe=probe, forced=forced
+            )
+            if not probe:
+                logger.info(
+                    "the starting model has no MLM head (or it could not be inspected): its head is warmed up "
+                    "for %d steps before MLM gradients reach the encoder",
+                    args.mlm_head_warmup_steps,
+                )
+        return CocoPretrainer(run.model, args, corpora=run.coco_corpora)
+
+    def train(self, run: RecipeRun) -> dict[str, Any] | None:
+        from ...run_record import digest
+        from ..outputs import read_marker, write_marker, write_soup
+
+        runs, stage_dir = int(run.plan.coco_runs), run.dir(self.name)
+        if runs == 1:
+            return self._run(run, stage_dir, run.cfg.seed, run.deadlines.get(self.name))
+        # A soup: `runs` COCO runs from the starting model with seeds seed, seed + 1, ..., each in its own folder
+        # (resumable, skipped once finished), then the uniform average of their weights is the stage's model.
+        run_dirs, markers = [], []
+        for i in range(runs):
+            run_dir, identity = run.out / "coco-runs" / f"run-{i}", digest({"coco": run.ids[self.name], "run": i})
+            marker = read_marker(run_dir, identity)
+            if marker is None:
+                run.log_rerun(run_dir)
+                end = run.deadlines.get(self.name)
+                # each run ends early enough to leave the runs after it their planned seconds
+                marker = self._run(
+                    run, run_dir, run.cfg.seed + i, None if end is None else end - (runs - 1 - i) * self.run_seconds
+                )
+                marker = {**marker, "identity": identity}
+                write_marker(run_dir, marker)
+            else:
+                logger.info("COCO run %d of %d: already finished (%s), skipped", i + 1, runs, run_dir)
+            run_dirs.append(run_dir)
+            markers.append(marker)
+        write_soup(run_dirs, stage_dir, [run.cfg.seed + i for i in range(runs)])
+        stops = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
+        run_steps = [m["steps"] for m in markers]
+        return {
+            "steps": min(run_steps),
+            "run_steps": run_steps,
+            **({"stopped_by_deadline_at_step": min(stops)} if stops else {}),
+        }
+
+    def _run(self, run: RecipeRun, run_dir: Path, seed: int, end: float | None) -> dict[str, Any]:
+        """One COCO run from the starting model into ``run_dir`` (ending by the clock reading ``end`` if given);
+        returns its marker (steps trained, and the step a deadline stopped it at)."""
+        from ..outputs import stopped
+
+        trainer = self.build_trainer(run, run.plan.steps_of(self.name), output_dir=run_dir, seed=seed)
+        guard = run.deadline(trainer, self.name, end)
+        trainer.train(resume_from_checkpoint=True if run.resume else None)
+        trainer.finalize()
+        return {"steps": trainer.state.global_step, "seed": seed, **stopped(guard)}

@@ -1,0 +1,57 @@
+"""The WiSE-FT stage: the weights ``(1 − α)·θ_start + α·θ_adapted`` of the starting and the adapted model. It trains
+no step; its setting (:class:`WiseSettings`) is a recipe option."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..settings import AUTO, Auto, check_number, option
+from ..stage import Stage
+
+if TYPE_CHECKING:
+    from ..config import RecipeConfig
+    from ..context import RecipeRun
+
+
+@dataclass
+class WiseSettings:
+    """WiSE-FT's option (``wise_alpha``)."""
+
+    wise_alpha: float | Auto | None = option(
+        AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
+    )
+
+    def check(self) -> None:
+        """Refuse an α outside [0, 1]."""
+        check_number(self, "wise_alpha", 0, 1, allow_none=True)
+
+    def uses_wise(self) -> bool:
+        """Whether the recipe ends with a WiSE-FT interpolation (α of None or 1 means none)."""
+        return self.wise_alpha not in (None, 1, 1.0)
+
+
+class WiseStage(Stage):
+    """WiSE-FT: the weights ``(1 − α)·θ_start + α·θ_adapted`` of the starting and the adapted model."""
+
+    name = "wise"
+    settings = WiseSettings
+    trains = False
+
+    def enabled(self, cfg: RecipeConfig) -> bool:
+        return WiseSettings.uses_wise(cfg)
+
+    def should_run(self, run: RecipeRun) -> bool:
+        return self.planned(run) and run.current != run.model  # nothing adapted: nothing to interpolate
+
+    def load_exports(self, cfg: RecipeConfig) -> int:
+        return int(WiseSettings.uses_wise(cfg))
+
+    def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
+        return {"stage": "wise", "start": run.fps["model"], "adapted": start, "alpha": run.cfg.wise_alpha}
+
+    def train(self, run: RecipeRun) -> dict[str, Any] | None:
+        from ..outputs import write_wise
+
+        write_wise(run.model, run.current, run.dir(self.name), float(run.cfg.wise_alpha), run.ids[self.name])
+        return None  # the marker is written with the model, in one atomic step
