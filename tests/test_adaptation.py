@@ -16,10 +16,15 @@ from hf_cocodr.recipe import (
     SCHEDULES,
     STAGE_LOAD_SECONDS,
     RecipeConfig,
+    budget_plan,
     choose_schedule,
-    plan_budget,
     stage_deadlines,
 )
+
+
+def plan_budget(*args, **kwargs) -> dict:
+    """The plan as ``plan.json`` keeps it."""
+    return budget_plan(*args, **kwargs).to_dict()
 
 
 def _perturbed(model_dir, seed):
@@ -314,7 +319,7 @@ def test_a_budgeted_recipe_draws_the_source_queries_its_steps_use(tiny_bert_dir,
 
     source = make_beir(tmp_path / "source", n_docs=120, n_queries=400, splits=("train",))
     tp = {"finetune_step_s": 0.5, "encode_query_s": 0.001, "encode_doc_s": 0.001}
-    monkeypatch.setattr(recipe, "measure_throughput", lambda *a, **k: dict(tp))
+    monkeypatch.setattr(recipe, "measure", lambda *a, **k: dict(tp))
     monkeypatch.setattr(recipe, "STAGE_LOAD_SECONDS", 1.0)
     config = {
         "skip_coco": True,
@@ -644,7 +649,10 @@ def test_soup_is_the_uniform_mean_of_the_runs(tiny_st_dir):
 def test_coco_runs_share_the_budget():
     """Hand-computed: 800 s of COCO at 2.5 s a step, runs of about 76 steps (190 s + 20 s load each):
     round((800 + 20) / 210) = 4 runs, then (800 - 3 x 20) / (4 x 2.5) = 74 steps each."""
-    from hf_cocodr.recipe import STAGE_LOAD_SECONDS, coco_runs_for
+    from hf_cocodr.recipe import STAGE_LOAD_SECONDS, CocoStage
+
+    def coco_runs_for(coco_s, step_s, cfg, given_steps):
+        return CocoStage.runs_for(coco_s, step_s, cfg, given_steps, STAGE_LOAD_SECONDS)
 
     assert STAGE_LOAD_SECONDS == 20.0
     cfg = RecipeConfig(coco_runs="budget", coco_run_steps=76)
@@ -744,17 +752,16 @@ def test_a_killed_soup_resumes_to_the_uninterrupted_soup(tiny_bert_nomlm_dir, ti
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_the_step_probe_runs_in_the_precision_the_stages_train_in(tiny_bert_nomlm_dir, tiny_beir, monkeypatch, bf16):
+def test_the_step_probe_runs_in_the_precision_the_stages_train_in(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, bf16
+):
     """A stage set to bf16 trains under bf16 autocast; the planner's probe must time its steps the same way, or a
-    bf16 recipe is planned with fp32 step times and leaves a third of its budget unused."""
-    from transformers import AutoTokenizer
-
-    from hf_cocodr import IDROTrainingArguments, RetrievalTrainingData
-    from hf_cocodr.data.spans import SpanCorpus
-    from hf_cocodr.finetuning.losses.idro import IDROLoss
+    bf16 recipe is planned with fp32 step times and leaves a third of its budget unused. The probe trains the
+    stage's own trainer, so every forward of the run, probed or trained, sees the stage's precision."""
+    import hf_cocodr.recipe.probe as probe
+    from hf_cocodr import load_encoder
     from hf_cocodr.modeling.condenser import CondenserForPretraining
-    from hf_cocodr.pretraining import CocoPretrainingArguments
-    from hf_cocodr.recipe import measure_throughput
+    from hf_cocodr.recipe import run_recipe
 
     seen = {"coco": [], "finetune": []}
 
@@ -762,23 +769,44 @@ def test_the_step_probe_runs_in_the_precision_the_stages_train_in(tiny_bert_noml
         original = cls.forward
 
         def forward(self, *a, **kw):
-            seen[name].append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+            if torch.is_grad_enabled():  # a training step's forward (the K-Means and evaluation encode without grad)
+                bf16_on = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+                seen[name].append(bf16_on)
             return original(self, *a, **kw)
 
         monkeypatch.setattr(cls, "forward", forward)
 
     spy(CondenserForPretraining, "coco")
-    spy(IDROLoss, "finetune")
-    common = dict(report_to="none", use_cpu=True, max_steps=1, per_device_train_batch_size=4)
-    coco_args = CocoPretrainingArguments(output_dir="unused", **common)
-    ft_args = IDROTrainingArguments(output_dir="unused", num_clusters=3, num_negatives=1, **common)
-    coco_args.bf16 = ft_args.bf16 = bf16  # set after validation: the probe, not the Trainer, is under test
-    spans = SpanCorpus.build([tiny_beir], AutoTokenizer.from_pretrained(tiny_bert_nomlm_dir), cache=False)
-    data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
-    tp = measure_throughput(str(tiny_bert_nomlm_dir), coco_args, ft_args, spans, data, "mean")
-    assert {"coco_step_s", "finetune_step_s"} <= set(tp)
-    assert seen["coco"] and set(seen["coco"]) == {bf16}
-    assert seen["finetune"] and set(seen["finetune"]) == {bf16}
+    spy(type(load_encoder(str(tiny_bert_nomlm_dir))[0]), "finetune")  # the encoder's transformer module
+    probed = []
+    real = probe.time_trainer_steps
+
+    def timed(stage, run, **kw):
+        probed.append(stage.name)
+        return real(stage, run, **kw)
+
+    monkeypatch.setattr(probe, "time_trainer_steps", timed)
+    common = {"per_device_train_batch_size": 4, "bf16": bf16}
+    cfg = {
+        "skip_coco": False,
+        "skip_finetune": False,
+        "target_pairs": "none",
+        "wise_alpha": None,
+        "coco_runs": 1,
+        "coco_steps": 2,
+        "finetune_steps": 2,
+        "finetune_preset": "paper",
+        "save_hybrid": False,
+        "coco": common,
+        "finetune": {**common, "num_clusters": 3, "num_negatives": 1},
+    }
+    run_recipe(
+        str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out", config=cfg, max_minutes=30
+    )
+    assert probed == ["coco", "finetune"]
+    # 4 probed steps and 2 trained of each stage, all in the stage's precision
+    assert len(seen["coco"]) >= 6 and set(seen["coco"]) == {bf16}
+    assert len(seen["finetune"]) >= 6 and set(seen["finetune"]) == {bf16}
 
 
 def test_step_timing_is_the_median_of_the_timed_calls_after_a_warm_up(monkeypatch):
@@ -788,5 +816,5 @@ def test_step_timing_is_the_median_of_the_timed_calls_after_a_warm_up(monkeypatc
     ticks = iter([0.0, 2.0, 10.0, 19.0, 20.0, 23.0])  # timed calls take 2, 9 and 3 seconds
     calls = []
     monkeypatch.setattr(recipe.time, "perf_counter", lambda: next(ticks))
-    assert recipe._time_it(lambda: calls.append(1), repeats=3) == 3.0
+    assert recipe.time_call(lambda: calls.append(1), repeats=3) == 3.0
     assert len(calls) == 4  # the warm-up, then three timed calls

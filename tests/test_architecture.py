@@ -24,22 +24,23 @@ LAYERS = {
     "cli_hub": 0,
     "cli_mteb": 0,
     "__main__": 0,
-    # the recipe drives the training API; inside it: runner -> planner -> inputs, probe, schedules -> stages ->
-    # distill -> stage -> context -> plan, outputs, config (the command line imports the config alone)
+    # the recipe drives the training API; inside it: runner -> planner -> inputs, schedules -> config (which inherits
+    # the stages' settings) -> stages (one module each) -> stage -> probe, context -> plan, outputs, checks -> settings
+    # (the command line imports the config alone)
     "recipe": 0.5,
     "recipe.runner": 0.5,
     "recipe.planner": 0.6,
     "recipe.inputs": 0.7,
-    "recipe.probe": 0.7,
     "recipe.schedules": 0.7,
+    "recipe.config": 0.75,
     "recipe.stages": 0.8,
-    "recipe.distill": 0.81,
-    "recipe.stage": 0.82,
-    "recipe.context": 0.85,
+    "recipe.stage": 0.85,
+    "recipe.probe": 0.86,
+    "recipe.context": 0.87,
     "recipe.plan": 0.9,
     "recipe.outputs": 0.9,
-    "recipe.config": 0.9,
     "recipe.checks": 0.9,
+    "recipe.settings": 0.95,
     "training_api": 1,
     "pretraining": 2,
     "finetuning": 2,
@@ -87,10 +88,21 @@ def layer(module: str) -> int | None:
 
 
 def imports_of(path: Path, root: Path = PACKAGE) -> list[tuple[int, str]]:
+    """Every import of ``path`` (module level and inside functions), except those under ``if TYPE_CHECKING:``:
+    names for annotations only, which Python never runs (no dependency at run time, no cycle)."""
     rel = path.relative_to(root.parent).with_suffix("")
     package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - node.level + 1]

@@ -283,10 +283,10 @@ def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
 def test_the_precision_record_names_only_stages_that_train(monkeypatch):
     """A stage switched off trains in no precision, whatever its options say; the distillation's own bf16 default
     (native machines) is named as such, and a user's fp16 leaves it off."""
-    import hf_cocodr.recipe.distill as distill_module
     import hf_cocodr.recipe.runner as recipe
-    from hf_cocodr.recipe.distill import bf16_by_default
+    import hf_cocodr.recipe.stages.distill as distill_module
     from hf_cocodr.recipe.stages import STAGES
+    from hf_cocodr.recipe.stages.distill import bf16_by_default
 
     for module in (recipe, distill_module):
         monkeypatch.setattr(module, "native_bf16", lambda: True)

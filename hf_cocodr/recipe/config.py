@@ -16,7 +16,7 @@ from dataclasses import MISSING, Field, dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
-from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, no_gpu  # noqa: F401
+from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
 from .settings import option as _opt
 from .stages import STAGE_SETTINGS
 from .stages.coco import CocoSettings
@@ -224,11 +224,6 @@ def check_max_minutes(value: Any, name: str = "max_minutes") -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
         raise ConfigError(f"{name} must be a positive number, got {value!r}")
     return value
-
-
-def is_joint(cfg: TargetSettings) -> bool:
-    """Whether the target pseudo pairs train as a term of the source steps (rather than as a stage of their own)."""
-    return cfg.target_schedule == "joint" and cfg.target_pairs != "none" and not cfg.skip_finetune
 
 
 def uses_wise(cfg: WiseSettings) -> bool:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .config import RecipeConfig
 from .outputs import STAGE_MARKER, read_marker
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from .config import RecipeConfig
 
 logger = logging.getLogger("hf_cocodr.recipe")
 

@@ -73,7 +73,7 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
             chosen[key] = _plain(default)
         else:
             user[key] = _plain(values[key])
-    resolved = RecipeConfig(**values)
+    resolved = type(cfg)(**values)
     _share_switched_on_stages(resolved, chosen)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
     if has_mlm_head is not True and not resolved.skip_coco:  # absent or not inspectable: a fresh head, warmed up

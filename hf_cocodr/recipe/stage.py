@@ -11,7 +11,7 @@ This module imports neither torch nor transformers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError
@@ -187,8 +187,10 @@ class Stage:
         """``cls`` (the stage's arguments class) from the stage's arguments (over ``defaults``, under ``forced``)
         for ``max_steps`` steps into ``output_dir`` (default ``OUT/<name>``); a probe's write nothing that outlives
         the probe."""
-        values = {**defaults, **run.arguments[self.name], **(forced or {}), "max_steps": max_steps}
-        values["overwrite_output_dir"] = True
+        values = {**defaults, **run.arguments.get(self.name, {}), **(forced or {}), "max_steps": max_steps}
+        names = {f.name for f in fields(cls)}
+        if "overwrite_output_dir" in names:  # (the package's arguments classes: this stage's folder is its own)
+            values["overwrite_output_dir"] = True
         if output_dir is not None:
             values["output_dir"] = str(output_dir)
         if probe:

@@ -285,7 +285,7 @@ def test_a_budget_below_one_probed_step_is_refused_before_any_training(
         "encode_query_s": 0.001,
         f"{stage}_step_s": 400.0,
     }  # one step of `stage` costs more than the 5 minutes
-    monkeypatch.setattr(planner, "measure_throughput", lambda *a, **k: dict(tp))
+    monkeypatch.setattr(planner, "measure", lambda *a, **k: dict(tp))
     cfg = {
         "target_pairs": "title_body",
         "wise_alpha": None,

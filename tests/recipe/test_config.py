@@ -159,6 +159,10 @@ def test_the_fine_tune_loss_follows_the_schedule_unless_the_user_names_one():
     from hf_cocodr.recipe.config import FINETUNE_PRESETS
 
     assert set(FINETUNE_PRESETS) == set(PRESETS)
+    from hf_cocodr.data.pseudo_pairs import PSEUDO_PAIR_MODES
+    from hf_cocodr.recipe.stages.target import PSEUDO_PAIR_MODES as NAMED  # (named there to load without numpy)
+
+    assert NAMED == PSEUDO_PAIR_MODES
     cfg, record = choose_schedule(RecipeConfig(), True)  # a trained MLM head: COCO, then the plain fine-tune
     assert cfg.finetune_preset == "uniform" and record["chosen"]["finetune_preset"] == "uniform"
     cfg, _ = choose_schedule(RecipeConfig(schedule="paper"), True)  # COCO-DR as published: iDRO

@@ -13,8 +13,8 @@ from tiny import crash_at
 
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import RecipeConfig, run_recipe
-from hf_cocodr.recipe.distill import DistillStage
 from hf_cocodr.recipe.plan import Plan
+from hf_cocodr.recipe.stages.distill import DistillStage
 
 CFG = dict(
     skip_coco=True,
@@ -174,13 +174,14 @@ def test_the_cap_on_passes_counts_every_rank_and_accumulated_batch_and_is_the_st
     from types import SimpleNamespace
 
     from hf_cocodr.finetuning import IDROTrainingArguments
-    from hf_cocodr.recipe.distill import pass_cap
     from hf_cocodr.recipe.plan import Plan
+    from hf_cocodr.recipe.stages.distill import pass_cap
 
     assert pass_cap(100, 16, 3.0) == 18 and pass_cap(100, 1, 0.29) == 29  # 0.29 x 100 is 28.999... in floats
     assert pass_cap(3, 16, 3.0) == 1 and pass_cap(100, 16, None) is None
     monkeypatch.setattr(IDROTrainingArguments, "world_size", property(lambda self: 2))
     stage = DistillStage()
+    stage.queries_digest, stage.num_queries = "digest", 240  # (the queries as read, once per run)
 
     def run(plan_steps, **cfg):
         kw = {"output_dir": "unused", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 3}
@@ -188,7 +189,6 @@ def test_the_cap_on_passes_counts_every_rank_and_accumulated_batch_and_is_the_st
             cfg=RecipeConfig(skip_distill=False, target_queries=["q"], **cfg),
             plan=Plan(steps={"distill": plan_steps}),
             arguments={"distill": kw},
-            extras={"distill_queries": "digest", "distill_num_queries": 240},
         )
 
     # 240 queries at 4 x 2 ranks x 3 accumulated = 24 a step: 10 steps a pass
@@ -336,14 +336,12 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
     """By default the distillation trains under bf16 where the machine has native bf16 kernels and in fp32
     elsewhere; ``distill: {bf16: ...}`` decides instead. The probe times the step in that precision (so the plan buys
     the steps it affords), the trainer runs in it, and the run's record says which and why."""
-    import hf_cocodr.recipe.distill as distill_module
     import hf_cocodr.recipe.runner as runner_module
+    import hf_cocodr.recipe.stages.distill as distill_module
     import hf_cocodr.training_api as api
 
     for module in (distill_module, runner_module):
         monkeypatch.setattr(module, "native_bf16", lambda: native)
-    seen, real = [], distill_module.encoding_precision
-    monkeypatch.setattr(distill_module, "encoding_precision", lambda st, p: seen.append(p) or real(st, p))
     trained_in, build = [], api.build_idro_trainer
     monkeypatch.setattr(
         api, "build_idro_trainer", lambda m, args, *a, **k: trained_in.append(args.bf16) or build(m, args, *a, **k)
@@ -352,8 +350,8 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill": options}
     out = tmp_path / "out"
     run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=30)
-    assert seen and set(seen) == {expected}
     precision = json.loads((out / "recipe.json").read_text())["precision"]
     assert precision["training"] == ("bf16 (distill)" if expected == "bf16" else "fp32")
     assert ("distill: the stage's default" in precision["why"]) is (option is None and native)
-    assert trained_in == [expected == "bf16"]
+    # the probe (its trainer, timed) and the training: both in that precision
+    assert trained_in == [expected == "bf16"] * 2

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ...run_record import digest
+from ..outputs import read_marker, stopped, write_marker, write_soup
 from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
 from ..stage import UNBUDGETED_STEPS, Stage, run_arguments, source_identity, trajectory
 
@@ -181,8 +183,6 @@ class CocoStage(Stage):
         return CocoPretrainer(run.model, args, corpora=run.coco_corpora)
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ...run_record import digest
-        from ..outputs import read_marker, write_marker, write_soup
 
         runs, stage_dir = int(run.plan.coco_runs), run.dir(self.name)
         if runs == 1:
@@ -218,8 +218,6 @@ class CocoStage(Stage):
     def _run(self, run: RecipeRun, run_dir: Path, seed: int, end: float | None) -> dict[str, Any]:
         """One COCO run from the starting model into ``run_dir`` (ending by the clock reading ``end`` if given);
         returns its marker (steps trained, and the step a deadline stopped it at)."""
-        from ..outputs import stopped
-
         trainer = self.build_trainer(run, run.plan.steps_of(self.name), output_dir=run_dir, seed=seed)
         guard = run.deadline(trainer, self.name, end)
         trainer.train(resume_from_checkpoint=True if run.resume else None)

@@ -19,6 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ...errors import ConfigError
+from ...modeling.loading import load_encoder
+from ...utils import native_bf16
+from ..outputs import stopped
 from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
 from ..stage import Stage, run_arguments, trajectory
 
@@ -80,8 +84,6 @@ class DistillSettings:
 
     def check(self) -> None:
         """Refuse out-of-range distillation options by name."""
-        from ...errors import ConfigError
-
         check_number(self, "distill_share", 0, 1)
         check_number(self, "distill_teacher_weight", 0, 1, allow_auto=False)
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
@@ -106,8 +108,6 @@ def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
 def bf16_by_default(cfg: RecipeConfig) -> bool:
     """Whether the distillation trains under bf16 without being told: where the machine has native bf16 kernels
     (:func:`~hf_cocodr.utils.native_bf16`) and its options set neither ``bf16`` nor ``fp16``."""
-    from ...utils import native_bf16
-
     return native_bf16() and "bf16" not in cfg.distill and not cfg.distill.get("fp16")
 
 
@@ -213,7 +213,6 @@ class DistillStage(Stage):
         and documents with random teacher scores, since the teacher's rankings are not computed yet)."""
         from ...finetuning import IDROTrainingArguments
         from ...finetuning.losses.distill import HybridDistillLoss
-        from ...modeling.loading import load_encoder
         from ...training_api import build_idro_trainer
 
         if rows is None:
@@ -230,7 +229,6 @@ class DistillStage(Stage):
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         from ...data.teacher import distill_dataset
-        from ..outputs import stopped
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..settings import AUTO, Auto, check_choice, check_number, check_switch, check_whole, option
+from ...modeling.loading import load_encoder
+from ..outputs import save_weight_history, stopped
+from ..settings import AUTO, Auto, check_choice, check_number, check_switch, check_whole, is_joint, option
 from ..stage import Cost, Stage, run_arguments, source_identity, trajectory
 
 if TYPE_CHECKING:
@@ -110,7 +112,6 @@ def idro_trainer(
 ):
     """An :class:`~hf_cocodr.finetuning.IDROTrainer` for ``run.current`` on ``data`` (the trainer of the fine-tuning
     stages); ``joint``: the target pseudo pairs as a term of every step."""
-    from ...modeling.loading import load_encoder
     from ...training_api import build_idro_trainer
 
     trainer = build_idro_trainer(
@@ -132,8 +133,6 @@ def idro_trainer(
 def train_idro(stage: Stage, run: RecipeRun, trainer) -> dict[str, Any]:
     """Train ``trainer`` (the stage's) under the stage's deadline, export it and keep its cluster-weight history;
     returns the stage's marker content."""
-    from ..outputs import save_weight_history, stopped
-
     guard = run.deadline(trainer, stage.name)
     trainer.train(resume_from_checkpoint=True if run.resume else None)
     trainer.finalize()
@@ -155,13 +154,9 @@ class FinetuneStage(Stage):
         return not cfg.skip_finetune
 
     def share(self, cfg: RecipeConfig) -> float:  # the joint pairs train inside these steps: their share too
-        from ..config import is_joint
-
         return float(float(cfg.finetune_share) + (float(cfg.target_share) if is_joint(cfg) else 0.0))
 
     def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        from ..config import is_joint
-
         # (the probe times the joint step whole; a plan measured by an earlier version holds its two parts)
         return throughput.get("finetune_step_s", 0.0) + (
             throughput.get("target_step_s", 0.0) if is_joint(cfg) else 0.0
@@ -206,15 +201,12 @@ class FinetuneStage(Stage):
         return {**_finetune_defaults(run), **run.cfg.finetune}
 
     def needs(self, run: RecipeRun) -> set[str]:
-        from ..config import is_joint
-
         if run.cfg.skip_finetune or run.done(self.name):
             return set()
         return {"source", "target_pairs"} if is_joint(run.cfg) else {"source"}
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         from ...methods import method_target_queries
-        from ..config import is_joint
 
         cfg, fps = run.cfg, run.fps
         joint = (
@@ -263,7 +255,6 @@ class FinetuneStage(Stage):
         from ...finetuning import IDROTrainingArguments
         from ...methods import method_target_queries
         from ...methods.joint import TargetPairsObjective
-        from ..config import is_joint
 
         cfg = run.cfg
         every = 0 if probe else refresh_interval(max_steps, run.plan.refreshes if run.plan else 0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..settings import AUTO, Auto, check_choice, check_number, check_whole, option
+from ..settings import AUTO, Auto, check_choice, check_number, check_whole, is_joint, option
 from ..stage import UNBUDGETED_STEPS, Stage, trajectory
 from .finetune import _finetune_defaults, idro_trainer, train_idro
 
@@ -70,13 +70,9 @@ class TargetPairsStage(Stage):
     share_option = "target_share"
 
     def enabled(self, cfg: RecipeConfig) -> bool:
-        from ..config import is_joint
-
         return cfg.target_pairs != "none" and not is_joint(cfg)
 
     def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        from ..config import is_joint
-
         return 0.0 if is_joint(cfg) else throughput.get("target_step_s", 0.0)
 
     def unbudgeted_steps(self, cfg: RecipeConfig) -> int:  # (a joint plan's target steps go unused)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..outputs import write_wise
 from ..settings import AUTO, Auto, check_number, option
 from ..stage import Stage
 
@@ -51,7 +52,5 @@ class WiseStage(Stage):
         return {"stage": "wise", "start": run.fps["model"], "adapted": start, "alpha": run.cfg.wise_alpha}
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ..outputs import write_wise
-
         write_wise(run.model, run.current, run.dir(self.name), float(run.cfg.wise_alpha), run.ids[self.name])
         return None  # the marker is written with the model, in one atomic step
