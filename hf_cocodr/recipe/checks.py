@@ -36,28 +36,22 @@ def _minutes(seconds: float) -> str:
     return f"{math.ceil(seconds / 60.0 * 100.0) / 100.0:g}"
 
 
-def check_budget_floor(max_minutes: float, load_s: float, *, coco: bool, wise: bool) -> None:
+def check_budget_floor(max_minutes: float, load_s: float, loads: list[str]) -> None:
     """Refuse a budget that the run's fixed costs alone use up, before any data or model is loaded.
 
-    The planner charges ``load_s`` for each model load + export before any step: the final model's, COCO's (``coco``)
-    and WiSE-FT's (``wise``). The budget must exceed them, or no step could be trained and every stage deadline would
-    lie in the past.
+    The planner charges ``load_s`` for each model load + export before any step: the final model's and one for each
+    of ``loads`` (the titles of the stages that load and export a model of their own, e.g. COCO's and WiSE-FT's).
+    The budget must exceed them, or no step could be trained and every stage deadline would lie in the past.
+    ``max_minutes`` is a checked budget (:func:`~hf_cocodr.recipe.config.check_max_minutes`).
 
     Raises:
         ConfigError: one line with the budget, the fixed costs and the least budget that leaves time for steps.
     """
-    if not (
-        isinstance(max_minutes, (int, float))
-        and not isinstance(max_minutes, bool)
-        and math.isfinite(max_minutes)
-        and max_minutes > 0
-    ):
-        raise ConfigError(f"max_minutes must be a positive number, got {max_minutes!r}")
-    loads = ["the final model's"] + (["COCO's"] if coco else []) + (["WiSE-FT's"] if wise else [])
-    fixed_s = load_s * len(loads)
+    named = ["the final model's"] + [f"{title}'s" for title in loads]
+    fixed_s = load_s * len(named)
     budget_s = float(max_minutes) * 60.0
     if budget_s <= fixed_s:
-        what = f"{len(loads)} model load(s) and export(s) ({', '.join(loads)}, {load_s:g} s each)"
+        what = f"{len(named)} model load(s) and export(s) ({', '.join(named)}, {load_s:g} s each)"
         raise ConfigError(
             f"max_minutes {max_minutes:g} ({budget_s:.1f} s) leaves no time to train: {what} alone "
             f"take {fixed_s:g} s; give more than {_minutes(fixed_s)} minutes"

@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
 from .settings import option as _opt
-from .stages import STAGE_SETTINGS
+from .stages import STAGE_SETTINGS, STAGES
 from .stages.coco import CocoSettings
 from .stages.distill import DISTILL_MAX_PASSES, DistillSettings  # noqa: F401  (re-exported)
 from .stages.finetune import FINETUNE_PRESETS, FinetuneSettings  # noqa: F401  (re-exported)
@@ -206,8 +206,12 @@ class RecipeArguments:
     )
     config: str | None = _opt(
         None,
-        "YAML: recipe options, plus `coco:`, `finetune:` and `target:` mappings of "
-        "CocoPretrainingArguments / IDROTrainingArguments fields",
+        "YAML: recipe options, those of every stage ("
+        + ", ".join(stage.name for stage in STAGES)
+        + ") among them, plus "
+        + ", ".join(f"`{name}:`" for name in STAGE_OPTIONS)
+        + " mappings of each stage's training arguments (CocoPretrainingArguments for coco, "
+        "IDROTrainingArguments for the others)",
     )
 
     @property

@@ -70,6 +70,11 @@ class RecipeRun:
     def __post_init__(self) -> None:
         self.current = self.current or self.model
 
+    @property
+    def budget_s(self) -> float | None:
+        """The training budget in seconds (None: no budget, fixed steps)."""
+        return None if self.max_minutes is None else float(self.max_minutes) * 60.0
+
     def dir(self, stage: str) -> Path:
         """The folder stage ``stage`` writes into."""
         return self.out / stage

@@ -234,7 +234,7 @@ def _sized_draw(run: RecipeRun, stages: Sequence[Stage], tp: dict[str, float], o
     drawer = next(s.name for s in stages if s.draws_source)
     mining = data.mining_seconds / max(1, len(data))  # mining the draw again, at the probe draw's seconds per query
     q = size_source_queries(
-        run.max_minutes * 60.0,
+        run.budget_s,
         tp,
         run.cfg,
         overhead_s=overhead,
@@ -268,7 +268,7 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
         1 + sum(s.load_exports(cfg) for s in stages)
     )
     draw = _sized_draw(run, stages, tp, overhead)
-    plan = budget_plan(run.max_minutes * 60.0, tp, cfg, overhead_s=draw["overhead"], stages=stages, **draw["sizes"])
+    plan = budget_plan(run.budget_s, tp, cfg, overhead_s=draw["overhead"], stages=stages, **draw["sizes"])
     for key, value in draw["fields"].items():
         setattr(plan, key, value)
     plan.max_minutes, plan.throughput = run.max_minutes, {k: round(v, 4) for k, v in tp.items()}

@@ -1,7 +1,8 @@
 """The recipe in one call (:func:`run_recipe`): the stages of :data:`~hf_cocodr.recipe.stages.STAGES` in order,
 then export, card and evaluation of the adapted and the starting model.
 
-Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``, ``OUT/wise``); the final model is
+Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``, ``OUT/distill``, ``OUT/wise``); the
+final model is
 ``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
 and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
 Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is
@@ -34,7 +35,7 @@ from ..storage import check_before_work
 from ..utils import atomic_write_json, native_bf16
 from . import planner
 from .checks import check_budget_floor, check_recipe_lengths
-from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class, uses_wise
+from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class
 from .context import RecipeRun
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
@@ -80,7 +81,7 @@ def run_recipe(
     overwrite_output_dir: bool = False,
     stages: Sequence[Stage | type[Stage]] | None = None,
 ) -> dict[str, Any]:
-    """Run COCO → source fine-tuning → target pseudo pairs → WiSE-FT → export → card → evaluation.
+    """Run COCO → source fine-tuning → target pseudo pairs → distillation → WiSE-FT → export → card → evaluation.
 
     Returns ``{eval_spec: {"ndcg@10", "recall@100", ..., "start": {...}}}``: each split's metrics for the adapted
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
@@ -90,8 +91,8 @@ def run_recipe(
             similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
         target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
         source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
-        output_dir: ``OUT``; stages go to ``OUT/coco``, ``OUT/finetune``, ``OUT/target`` and ``OUT/wise``, the final
-            model to ``OUT/model``.
+        output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
+            ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
         config: a :class:`RecipeConfig` or a mapping of its fields.
         max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
@@ -112,31 +113,79 @@ def run_recipe(
     """
     t_start = time.perf_counter()
     stages = instantiate(stages)
-    cls = config_class([s.settings for s in stages])
-    if isinstance(config, cls):
-        cfg = config
-    else:
-        given = asdict(config) if isinstance(config, RecipeConfig) else dict(config or {})
-        cfg = cls.from_dict(given)
-    cfg.validate()
+    cfg = _config(config, stages)
     evals = list(evals)
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
     check_max_minutes(max_minutes)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = choose_schedule(cfg, has_mlm)
+    methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
+    logger.info(
+        "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
+        model,
+        choice["kind"],
+        choice["why"],
+        choice["chosen"] or "nothing",
+        choice["set_by_user"] or "nothing",
+    )
+    fps = {
+        "model": fingerprint(model),
+        "targets": fingerprint([str(t) for t in target_corpora]),
+        "source": fingerprint(str(source_data)),
+    }
+    entries = recipe_entries(stages)
+    check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
+    folder = RunFolder.claim(
+        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
+    )
+    folder.expect(entries)
+    try:
+        inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
+        run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
+        return _run_stages(run, stages)
+    finally:
+        folder.release()
+
+
+def _config(config: RecipeConfig | dict | None, stages: tuple[Stage, ...]) -> RecipeConfig:
+    """The run's settings, checked: :class:`RecipeConfig` with the options of any added stage."""
+    cls = config_class([s.settings for s in stages])
+    if not isinstance(config, cls):
+        config = cls.from_dict(asdict(config) if isinstance(config, RecipeConfig) else dict(config or {}))
+    config.validate()
+    return config
+
+
+def _without_targets(cfg: RecipeConfig, choice: dict[str, Any]) -> None:
+    """No target corpus: nothing of the target domain to read, so no COCO, no pseudo pairs, no distillation (refused
+    where the user asked for them), and the source fine-tuning even where the schedule left it out."""
+    if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
+        raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
+    if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
+        raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
+    cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+    if cfg.skip_distill is False and "skip_distill" in choice["chosen"]:
+        cfg.skip_distill = choice["chosen"]["skip_distill"] = True
+    if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
+        cfg.skip_finetune, cfg.finetune_share = False, 1.0
+        choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
+    logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
+
+
+def _check_before_work(
+    model: str,
+    target_corpora: list,
+    cfg: RecipeConfig,
+    choice: dict[str, Any],
+    stages: tuple[Stage, ...],
+    evals: list[str],
+    max_minutes: float | None,
+) -> list:
+    """Everything :func:`run_recipe` refuses before it claims ``OUT`` or loads a model; returns the fine-tuning
+    methods, checked."""
     if not target_corpora:
-        if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
-            raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
-        if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
-            raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
-        cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
-        if cfg.skip_distill is False and "skip_distill" in choice["chosen"]:
-            cfg.skip_distill = choice["chosen"]["skip_distill"] = True
-        if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
-            cfg.skip_finetune, cfg.finetune_share = False, 1.0
-            choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
-        logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
+        _without_targets(cfg, choice)
     if not any(on for on, _ in stage_switches(cfg, stages).values()):
         raise ConfigError(
             "nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
@@ -145,7 +194,7 @@ def run_recipe(
         )
     check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
     if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
-        check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, coco=not cfg.skip_coco, wise=uses_wise(cfg))
+        check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, [s.label for s in stages if s.load_exports(cfg)])
     # the stages that read the target queries (distillation) take them whatever the methods are
     readers = [s.name for s in stages if s.reads_target_queries and s.enabled(cfg)]
     if cfg.target_queries and not readers and not method_target_queries(cfg.methods, cfg.target_queries):
@@ -161,45 +210,7 @@ def run_recipe(
     # fail before any stage runs; the fine-tuning methods get the target queries only when one of them reads them
     methods = validate_methods(cfg.methods, target_corpora, method_target_queries(cfg.methods, cfg.target_queries))
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
-    logger.info(
-        "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
-        model,
-        choice["kind"],
-        choice["why"],
-        choice["chosen"] or "nothing",
-        choice["set_by_user"] or "nothing",
-    )
-
-    fps = {
-        "model": fingerprint(model),
-        "targets": fingerprint([str(t) for t in target_corpora]),
-        "source": fingerprint(str(source_data)),
-    }
-    entries = recipe_entries(stages)
-    check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
-    folder = RunFolder.claim(
-        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
-    )
-    folder.expect(entries)
-    try:
-        run = RecipeRun(
-            model,
-            list(target_corpora),
-            source_data,
-            Path(output_dir),
-            evals,
-            cfg,
-            choice,
-            has_mlm,
-            methods,
-            max_minutes,
-            resume,
-            t_start,
-            fps,
-        )
-        return _run_stages(run, stages)
-    finally:
-        folder.release()
+    return methods
 
 
 def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
@@ -432,8 +443,8 @@ def _write_records(
         "wall_seconds": round(time.perf_counter() - run.t_start, 1),
     }
     if run.max_minutes is not None:
-        record["budget_seconds"] = round(run.max_minutes * 60.0, 1)
-        record["train_over_budget_seconds"] = round(train_seconds - run.max_minutes * 60.0, 1)
+        record["budget_seconds"] = round(run.budget_s, 1)
+        record["train_over_budget_seconds"] = round(train_seconds - run.budget_s, 1)
     keys = ("ndcg@10", "recall@100")
 
     def row(v: dict) -> dict:

@@ -61,6 +61,7 @@ class Stage:
     Attributes:
         name: the stage's name: its folder ``OUT/<name>``, its key in the plan (``<name>_steps``), the record and
             the throughput (``<name>_step_s``).
+        title: how messages name it (default: its name).
         settings: the dataclass of the stage's options (``<name>_steps``, ``<name>_share``, ...) with a ``check``
             method; :class:`~hf_cocodr.recipe.RecipeConfig` inherits it (None: no options).
         trains: whether the stage trains optimizer steps the budget pays for (WiSE-FT does not: it only writes).
@@ -72,11 +73,17 @@ class Stage:
     """
 
     name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
     settings: ClassVar[type | None] = None
     trains: ClassVar[bool] = True
     share_option: ClassVar[str | None] = None
     reads_target_queries: ClassVar[bool] = False
     draws_source: ClassVar[bool] = False
+
+    @property
+    def label(self) -> str:
+        """How messages name the stage: its :attr:`title`, or its name."""
+        return self.title or self.name
 
     # -------------------------------------------------------------------------------------------- the switch
     def enabled(self, cfg: RecipeConfig) -> bool:

@@ -237,11 +237,11 @@ def test_the_budget_must_exceed_the_fixed_loads_and_exports():
         r"export\(s\) \(the final model's, COCO's, WiSE-FT's, 20 s each\) alone take "
         r"60 s; give more than 1 minutes",
     ):
-        check_budget_floor(1.0, 20.0, coco=True, wise=True)
-    check_budget_floor(1.01, 20.0, coco=True, wise=True)
-    check_budget_floor(0.34, 20.0, coco=False, wise=False)  # 20.4 s > 20 s
+        check_budget_floor(1.0, 20.0, ["COCO", "WiSE-FT"])
+    check_budget_floor(1.01, 20.0, ["COCO", "WiSE-FT"])
+    check_budget_floor(0.34, 20.0, [])  # 20.4 s > 20 s
     with pytest.raises(ConfigError, match="give more than 0.34 minutes"):
-        check_budget_floor(0.33, 20.0, coco=False, wise=False)
+        check_budget_floor(0.33, 20.0, [])
 
 
 def test_the_budget_must_buy_one_step_of_each_stage():

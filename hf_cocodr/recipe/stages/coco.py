@@ -75,6 +75,7 @@ class CocoStage(Stage):
     ``coco_runs`` runs with seeds ``seed``, ``seed + 1``, ... whose weights are averaged (``OUT/coco-runs``)."""
 
     name = "coco"
+    title = "COCO"
     settings = CocoSettings
     share_option = "coco_share"
 

@@ -120,6 +120,7 @@ class DistillStage(Stage):
     rankings (encoding the corpus unless the teacher's indexes of it are cached, and the queries)."""
 
     name = "distill"
+    title = "distillation"
     settings = DistillSettings
     share_option = "distill_share"
     reads_target_queries = True

@@ -146,6 +146,7 @@ class FinetuneStage(Stage):
     queries and its self-negative refreshes (each encodes the mining pool and the queries again)."""
 
     name = "finetune"
+    title = "source fine-tuning"
     settings = FinetuneSettings
     share_option = "finetune_share"
     draws_source = True

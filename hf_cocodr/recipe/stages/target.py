@@ -66,6 +66,7 @@ class TargetPairsStage(Stage):
     document, BM25 negatives from the target corpus), after the source fine-tuning (the sequential schedule)."""
 
     name = "target"
+    title = "target pseudo pairs"
     settings = TargetSettings
     share_option = "target_share"
 

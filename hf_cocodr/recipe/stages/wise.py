@@ -36,6 +36,7 @@ class WiseStage(Stage):
     """WiSE-FT: the weights ``(1 − α)·θ_start + α·θ_adapted`` of the starting and the adapted model."""
 
     name = "wise"
+    title = "WiSE-FT"
     settings = WiseSettings
     trains = False
 
