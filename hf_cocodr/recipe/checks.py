@@ -10,22 +10,16 @@ from typing import Any
 from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 
-# The stage-option fields that are token lengths (``coco:`` / ``finetune:`` / ``target:`` mappings of the config).
-STAGE_LENGTH_FIELDS = {
-    "coco": ("max_span_length",),
-    "finetune": ("max_length",),
-    "target": ("max_length",),
-    "distill": ("max_length",),
-}
-
 
 def check_recipe_lengths(model: Any, cfg: Any) -> None:
-    """``train_max_length`` and the length fields of the stage options against ``model``'s position limit (see
+    """``train_max_length`` and the length fields of each stage's training arguments (its settings'
+    ``length_options``, e.g. ``coco.max_span_length``) against ``model``'s position limit (see
     :func:`hf_cocodr.modeling.limits.check_lengths`); read from ``config.json``, before any model is loaded."""
     lengths: dict[str, Any] = {"train_max_length": cfg.train_max_length}
-    for stage, names in STAGE_LENGTH_FIELDS.items():
-        options = getattr(cfg, stage, None) or {}
-        for name in names:
+    for settings in cfg.settings_classes():
+        stage = getattr(settings, "training_options", None)
+        options = (getattr(cfg, stage, None) or {}) if stage else {}
+        for name in getattr(settings, "length_options", ()):
             if name in options:
                 lengths[f"{stage}.{name}"] = options[name]
     check_lengths(model, lengths)
@@ -58,29 +52,26 @@ def check_budget_floor(max_minutes: float, load_s: float, loads: list[str]) -> N
         )
 
 
-def check_budget_buys_steps(plan: Mapping[str, Any], step_s: Mapping[str, float], *, load_s: float = 0.0) -> None:
+def check_budget_buys_steps(plan: Mapping[str, Any], one_step: Mapping[str, tuple[float, str]]) -> None:
     """Refuse, before any training, a budgeted plan whose budget cannot buy one optimizer step of each training stage.
 
     ``plan`` is the planner's (``budget_seconds``, ``fixed_seconds``: loads, exports, K-Means, refreshes and the time
-    spent so far; ``coco_runs``); ``step_s`` maps each training stage that runs, in order, to its probed seconds per
-    step. A COCO soup of ``coco_runs`` runs needs one step of each run and a model load + export (``load_s``) for every
-    run after the first.
+    spent so far); ``one_step`` maps each training stage that runs, in order, to the seconds its first step costs and
+    how they are made up (:meth:`~hf_cocodr.recipe.Stage.one_step`: a COCO soup of several runs needs one step of
+    each run and a model load + export for every run after the first).
 
     Raises:
         ConfigError: one line naming the first stage the budget cannot reach, its probed step cost, the budget and the
             least budget that buys one step of every stage.
     """
     budget_s, fixed_s = float(plan["budget_seconds"]), float(plan.get("fixed_seconds") or 0.0)
-    runs = max(1, int(plan.get("coco_runs") or 1))
-    costs = {stage: s * runs + (runs - 1) * load_s if stage == "coco" else s for stage, s in step_s.items()}
-    needed = fixed_s + sum(costs.values())
+    needed = fixed_s + sum(cost for cost, _ in one_step.values())
     if budget_s >= needed:
         return
     spent = fixed_s
-    for stage, cost in costs.items():
+    for stage, (cost, per_step) in one_step.items():
         if spent + cost > budget_s:
             before = f" and one step of each stage before it ({spent - fixed_s:.1f} s)" if spent > fixed_s else ""
-            per_step = f"{step_s[stage]:.2f} s per step" + (f" x {runs} runs" if stage == "coco" and runs > 1 else "")
             raise ConfigError(
                 f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) cannot buy one step of the {stage} stage: "
                 f"its probed cost is {per_step}, and the fixed costs (model loads, exports, clustering, the time "

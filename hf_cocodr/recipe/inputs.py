@@ -19,7 +19,7 @@ def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
     t0 = time.perf_counter()
     needed = set().union(*(s.needs(run) for s in stages))
     if "source" in needed:
-        run.train_data = draw_source(run, source_queries(run))
+        run.train_data = draw_source(run, source_queries(run, stages))
     if "target_pairs" in needed:
         run.target_data = target_pseudo_pairs(list(run.target_corpora), run.cfg.target_pairs, seed=run.cfg.seed)
     set_coco_corpora(run)
@@ -33,19 +33,18 @@ def set_coco_corpora(run: RecipeRun) -> None:
         run.coco_corpora.append(source_pool_dataset(run.train_data))
 
 
-def sizes_source(run: RecipeRun) -> bool:
-    """Whether the budget sizes the source draw: a budgeted run whose fine-tuning still has to run, with
-    ``max_queries`` unset."""
-    cfg = run.cfg
-    return (
-        run.max_minutes is not None and cfg.max_queries is None and not cfg.skip_finetune and not run.done("finetune")
-    )
+def sizes_source(run: RecipeRun, stages: tuple[Stage, ...]) -> bool:
+    """Whether the budget sizes the source draw: a budgeted run with ``max_queries`` unset whose stage that trains
+    on the source task (:attr:`~hf_cocodr.recipe.Stage.draws_source`) still has to run."""
+    if run.max_minutes is None or run.cfg.max_queries is not None:
+        return False
+    return any(s.draws_source and s.enabled(run.cfg) and not run.done(s.name) for s in stages)
 
 
-def source_queries(run: RecipeRun) -> int | None:
+def source_queries(run: RecipeRun, stages: tuple[Stage, ...]) -> int | None:
     """The source queries to draw now: ``max_queries``; or the count a saved plan sized; or, before a sized plan
     exists, :data:`SIZE_PROBE_QUERIES` to time the steps on."""
-    if not sizes_source(run):
+    if not sizes_source(run, stages):
         return run.cfg.max_queries
     if run.plan is not None and run.plan.source_queries is not None:
         return int(run.plan.source_queries)

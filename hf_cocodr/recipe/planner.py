@@ -26,7 +26,7 @@ from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source
 from .plan import Plan
 from .stage import Stage
-from .stages import DISTILL_MAX_PASSES, instantiate, stage_step_seconds, stage_switches
+from .stages import DISTILL_MAX_PASSES, instantiate, stage_step_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,18 @@ def size_source_queries(
     return lo
 
 
+def one_step_costs(
+    plan: Plan, step_s: Mapping[str, float], cfg: RecipeConfig, stages: Sequence[Stage] | None = None
+) -> dict[str, tuple[float, str]]:
+    """What the first step of each training stage that runs costs the budget, in order (see
+    :meth:`~hf_cocodr.recipe.Stage.one_step`), from the measured ``step_s``."""
+    return {
+        s.name: s.one_step(plan, step_s[s.name], STAGE_LOAD_SECONDS)
+        for s in instantiate(stages)
+        if s.trains and s.enabled(cfg) and s.name in step_s
+    }
+
+
 def stage_deadlines(
     plan: Plan | Mapping[str, Any], cfg: RecipeConfig, t_start: float, stages: Sequence[Stage] | None = None
 ) -> dict[str, float]:
@@ -228,7 +240,7 @@ def _sized_draw(run: RecipeRun, stages: Sequence[Stage], tp: dict[str, float], o
     """The source draw a budgeted run's steps can use (see :func:`size_source_queries`): the queries, the mining
     pool and the overhead of mining them again; nothing when the budget does not size the draw."""
     data, kw = run.train_data, run.arguments
-    if data is None or not sizes_source(run):
+    if data is None or not sizes_source(run, stages):
         sizes = {"pool_docs": len(data.corpus), "n_queries": len(data)} if data is not None else {}
         return {"sizes": sizes, "overhead": overhead, "fields": {}}
     drawer = next(s.name for s in stages if s.draws_source)
@@ -273,12 +285,8 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
         setattr(plan, key, value)
     plan.max_minutes, plan.throughput = run.max_minutes, {k: round(v, 4) for k, v in tp.items()}
     plan.measure_seconds, plan.identity = round(measured_s, 1), run.plan_id
-    on = stage_switches(cfg, stages)  # a budget below one step of each stage is refused before any training
-    check_budget_buys_steps(
-        plan.to_dict(),
-        {s: v for s, v in stage_step_seconds(tp, cfg, stages).items() if on[s][0]},
-        load_s=STAGE_LOAD_SECONDS,
-    )
+    # a budget below one step of each stage is refused before any training
+    check_budget_buys_steps(plan.to_dict(), one_step_costs(plan, stage_step_seconds(tp, cfg, stages), cfg, stages))
     logger.info(
         "recipe plan for %.0f minutes of training: measured %s; %s; %.0f%% of the budget planned for optimizer "
         "steps (evaluation not included)",

@@ -153,6 +153,11 @@ class Stage:
             )
         plan.steps[self.name] = fixed if fixed is not None else max(2, int(seconds / step_s))
 
+    def one_step(self, plan: Plan, step_s: float, load_s: float) -> tuple[float, str]:
+        """The seconds the stage's first step costs the budget, and how they are made up (for the check that a
+        budget buys one step of every stage)."""
+        return step_s, f"{step_s:.2f} s per step"
+
     def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
         """Planned seconds of the stage's optimizer steps."""
         return plan.steps_of(self.name) * step_s

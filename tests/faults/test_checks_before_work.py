@@ -244,23 +244,31 @@ def test_the_budget_must_exceed_the_fixed_loads_and_exports():
         check_budget_floor(0.33, 20.0, [])
 
 
-def test_the_budget_must_buy_one_step_of_each_stage():
+def test_the_budget_must_buy_one_step_of_each_stage(monkeypatch):
     """Hand-computed: 40 s of fixed costs, then one step each of 30 s (COCO), 20 s (fine-tuning), 15 s (target)."""
+    import hf_cocodr.recipe.planner as planner
+    from hf_cocodr.recipe import Plan, RecipeConfig
     from hf_cocodr.recipe.checks import check_budget_buys_steps
 
     steps = {"coco": 30.0, "finetune": 20.0, "target": 15.0}
-    check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, steps)  # exactly one step each
+    cfg = RecipeConfig(skip_coco=False, skip_finetune=False, target_pairs="title_body", target_schedule="sequential")
+
+    def one_step(runs: int = 1) -> dict:
+        return planner.one_step_costs(Plan(coco_runs=runs), steps, cfg)
+
+    check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, one_step())  # exactly one step each
     with pytest.raises(
         ConfigError,
         match=r"cannot buy one step of the target stage: its probed cost is 15.00 s per "
         r"step.*take 40.0 s and one step of each stage before it \(50.0 s\); give "
         r"at least 1.75 minutes",
     ):
-        check_budget_buys_steps({"budget_seconds": 104.0, "fixed_seconds": 40.0}, steps)
+        check_budget_buys_steps({"budget_seconds": 104.0, "fixed_seconds": 40.0}, one_step())
     with pytest.raises(
         ConfigError, match="cannot buy one step of the coco stage: its probed cost is 30.00 s per step x 2 runs"
     ):  # a soup of 2 runs: 2 steps and one more load (10 s)
-        check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0, "coco_runs": 2}, steps, load_s=10.0)
+        monkeypatch.setattr(planner, "STAGE_LOAD_SECONDS", 10.0)
+        check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, one_step(runs=2))
 
 
 @pytest.mark.parametrize("stage", ["coco", "finetune", "target"])

@@ -30,6 +30,7 @@ class CocoSettings:
     ``CocoPretrainingArguments`` fields)."""
 
     training_options: ClassVar[str] = "coco"
+    length_options: ClassVar[tuple[str, ...]] = ("max_span_length",)  # the token lengths among its training arguments
 
     include_source_corpus: bool = option(True, "do not also train COCO on the (restricted) source corpus")
     coco_steps: int | None = option(None, "steps of each COCO run (default: planned from --max-minutes, or 500)")
@@ -118,6 +119,14 @@ class CocoStage(Stage):
         if runs == 1:
             return 1, None
         return runs, max(2, int((coco_s - (runs - 1) * load_s) / (runs * step_s)))
+
+    def one_step(self, plan: Plan, step_s: float, load_s: float) -> tuple[float, str]:
+        runs = max(
+            1, int(plan.coco_runs or 1)
+        )  # a soup: one step of each run, a load + export for each after the first
+        return step_s * runs + (runs - 1) * load_s, f"{step_s:.2f} s per step" + (
+            f" x {runs} runs" if runs > 1 else ""
+        )
 
     def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
         return plan.steps_of(self.name) * step_s * plan.coco_runs

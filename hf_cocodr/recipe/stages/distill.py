@@ -44,6 +44,7 @@ class DistillSettings:
     ``IDROTrainingArguments`` fields)."""
 
     training_options: ClassVar[str] = "distill"
+    length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
 
     skip_distill: bool | Auto = option(
         AUTO,

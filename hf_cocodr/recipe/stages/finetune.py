@@ -29,6 +29,7 @@ class FinetuneSettings:
     ``finetune`` mapping of ``IDROTrainingArguments`` fields)."""
 
     training_options: ClassVar[str] = "finetune"
+    length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
 
     finetune_steps: int | None = option(None, "steps of the source fine-tuning (default: planned, or 500)")
     refreshes: int | None = option(None, "self-negative refreshes, each re-clusters (default: as the budget affords)")

@@ -26,6 +26,7 @@ class TargetSettings:
     ``IDROTrainingArguments`` fields)."""
 
     training_options: ClassVar[str] = "target"
+    length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
 
     target_steps: int | None = option(None, "steps of the target pseudo pairs (default: planned, or 500)")
     target_pairs: str = option(
