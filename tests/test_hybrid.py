@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hf_cocodr.errors import ConfigError
-from hf_cocodr.hybrid import FusionConfig, HybridRetriever, fuse
+from hf_cocodr.retrieval.hybrid import FusionConfig, HybridRetriever, fuse
 
 # one query: dense ranks rows 0, 1, 2 (scores 3, 2, 1); BM25 ranks rows 2, 3 (scores 10, 5)
 DENSE = (np.array([0, 1, 2]), np.array([3.0, 2.0, 1.0]))
@@ -155,16 +155,16 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
     import torch
 
     from hf_cocodr import HybridRetriever, evaluate_retrieval, load_encoder
-    from hf_cocodr.evaluation import retrieval
+    from hf_cocodr.retrieval import encoding
 
     model = load_encoder(str(tiny_st_dir))
     fresh = HybridRetriever.build(model, tiny_beir)
     calls = []
-    real = retrieval.encode_texts
+    real = encoding.encode_texts
     monkeypatch.setattr(
-        retrieval, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
+        encoding, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
     )
-    with retrieval.reuse_corpus_encodings():
+    with encoding.reuse_corpus_encodings():
         evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False)
         reused = HybridRetriever.build(model, tiny_beir)
         assert calls.count("document") == 1
@@ -173,4 +173,4 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
         HybridRetriever.build(model, tiny_beir)
         assert calls.count("document") == 2
     assert reused.doc_ids == fresh.doc_ids and np.array_equal(reused.embeddings, fresh.embeddings)
-    assert retrieval._REUSE is None  # nothing is kept after the block
+    assert encoding._REUSE is None  # nothing is kept after the block

@@ -1,7 +1,7 @@
 """The recipe's distillation stage (:class:`DistillStage`): the hybrid teacher's ranking distilled into the dense
 model on unlabelled target queries.
 
-The teacher is :class:`~hf_cocodr.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
+The teacher is :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
 the queries belong to (:func:`~hf_cocodr.data.teacher.route_queries`); for each query its top ``distill_k``
 documents and fused scores are the training row, and the student (the model the stages before left behind) learns
 the teacher's score distribution over them with :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` (listwise
@@ -21,11 +21,12 @@ from typing import Any
 import numpy as np
 
 from ..data.target_queries import read_target_queries
-from ..data.teacher import distill_dataset, route_queries, teacher_cache_path
-from ..fusion import FusionConfig
-from ..hybrid import HYBRID_FILE, _corpus_ids_texts
+from ..data.teacher import route_queries
 from ..modeling.loading import load_encoder
 from ..modeling.precision import encoding_precision
+from ..retrieval.fusion import FusionConfig
+from ..retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts
+from ..retrieval.teacher import distill_dataset, teacher_cache_path
 from ..utils import native_bf16
 from .config import RecipeConfig
 from .context import RecipeRun

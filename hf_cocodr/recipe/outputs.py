@@ -10,7 +10,7 @@ from typing import Any
 
 from ..model_card import TRAINING_INFO_FILE, write_model_card
 from ..modeling.loading import load_encoder
-from ..run_record import LOCK, RECORD
+from ..rundir.run_record import LOCK, RECORD
 from ..utils import atomic_directory, atomic_write_json
 
 STAGE_MARKER = "hf_cocodr_stage.json"

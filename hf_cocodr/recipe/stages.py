@@ -17,7 +17,7 @@ from typing import Any
 from ..methods import method_target_queries
 from ..methods.joint import TargetPairsObjective
 from ..modeling.loading import load_encoder
-from ..run_record import digest
+from ..rundir.run_record import digest
 from .config import Auto, RecipeConfig, is_joint, uses_wise
 from .context import RecipeRun
 from .distill import DistillStage

@@ -2,7 +2,7 @@
 
 The lexical channel of a corpus is the largest gain a strong dense model can take without labels: BM25 ranks by the
 corpus's own words, which a model trained elsewhere never saw weighted that way. :class:`HybridRetriever` keeps both
-indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.fusion.FusionConfig`:
+indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.retrieval.fusion.FusionConfig`:
 z-normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion).
 
 Example::
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..modeling.loading import load_encoder
+from ..rundir.run_record import model_fingerprint
+from ..utils import atomic_directory, atomic_write_json
 from .fusion import FusionConfig, fuse
-from .modeling.loading import load_encoder
-from .run_record import model_fingerprint
-from .utils import atomic_directory, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
 def _corpus_ids_texts(corpus) -> tuple[list[str], list[str]]:
     """Ids and ``title + text`` of a corpus: a BEIR folder, a ``corpus.jsonl`` file or a dataset with ``_id`` /
     ``text`` (and optionally ``title``) columns."""
-    from .data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
+    from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
 
     if isinstance(corpus, (str, os.PathLike)):
         path = Path(corpus)
@@ -105,8 +105,8 @@ class HybridRetriever:
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised)."""
-        from .data.beir import _load_jsonl_dataset, load_corpus
-        from .evaluation.retrieval import build_index, model_similarity
+        from ..data.beir import _load_jsonl_dataset, load_corpus
+        from .encoding import build_index, model_similarity
         from .index import BM25Index
 
         fusion = _fusion(fusion)
@@ -153,7 +153,7 @@ class HybridRetriever:
 
     # ------------------------------------------------------------------------------------------------ search
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
-        from .evaluation.retrieval import encode_texts
+        from .encoding import encode_texts
 
         return encode_texts(self.model, list(queries), kind="query", batch_size=batch_size)
 
