@@ -382,6 +382,27 @@ def test_the_cli_starts_without_the_heavy_libraries():
     assert out.strip() == "[]"
 
 
+def test_help_loads_no_torch_numpy_or_pyarrow():
+    """``hf-cocodr --help`` and ``hf-cocodr recipe --help`` parse and print without the numeric stack: after the help
+    is printed, neither torch nor numpy nor pyarrow has been imported (the training commands import the recipe's
+    runner, and the data, only when they run)."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from hf_cocodr.cli import main\n"
+        "for argv in (['--help'], ['recipe', '--help']):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    assert 'usage: hf-cocodr' in out.getvalue(), out.getvalue()\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pyarrow') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def root_modules(root: Path = PACKAGE) -> list[str]:
     """The modules at the package root (``__init__`` and ``__main__`` included)."""
     return sorted(p.stem for p in root.glob("*.py"))

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from ..config_types import check_field_types
-from ..data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
 from ..recipe.config import (
     RecipeArguments,
     RecipeConfig,
@@ -24,7 +23,6 @@ from ..recipe.config import (
     check_max_minutes,
     config_from_flags,
 )
-from ..recipe.runner import run_recipe
 from ..utils import resolve_inside
 from .main import UsageError, register
 
@@ -219,6 +217,8 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     if ns.negatives == "none" and "num_negatives" not in defaults:
         defaults["num_negatives"] = 0
     if ns.eval_during_training:
+        from ..data.beir import parse_eval_spec  # pyarrow and numpy: not for --help
+
         parse_eval_spec(ns.eval_during_training, "--eval-during-training")
         defaults.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
     if (
@@ -332,6 +332,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
+    from ..recipe.runner import run_recipe  # torch, transformers, datasets: only a recipe that runs needs them
+
     if rest:
         raise UsageError(
             f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "

@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from ..data.pseudo_pairs import PSEUDO_PAIR_MODES
+from ..data.options import PSEUDO_PAIR_MODES
 from ..errors import ConfigError
 
 
