@@ -18,7 +18,8 @@ from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
-from ..retrieval.fusion import FusionConfig, fuse
+from ..retrieval.fusion import FusionConfig
+from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
@@ -107,7 +108,7 @@ def evaluate_retrieval(
     )
     if hybrid:
         result, run = _hybrid_result(
-            result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
+            result, model, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
         )
     if output is not None:
         write_result(output, result, run)
@@ -118,7 +119,7 @@ def evaluate_retrieval(
 
 def _hybrid_result(
     dense_result,
-    dense_run,
+    model,
     index: DenseIndex,
     order,
     corpus,
@@ -131,36 +132,26 @@ def _hybrid_result(
     k_values,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
-    dense and BM25 metrics beside them; returns the result and the hybrid's run."""
+    dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
+    :meth:`HybridRetriever.search <hf_cocodr.retrieval.hybrid.HybridRetriever.search>`'s over the index (every
+    candidate of each system's top ``min(fusion.depth, top_k)``)."""
     fusion = fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
     doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
-    bm25 = BM25Index(texts)
+    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, BM25Index(texts), fusion)
     del texts
     index_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    b_scores, b_rows = bm25.search(query_texts, top_k)
+    b_scores, b_rows = hybrid.search_bm25(query_texts, top_k)
     bm25_s = time.perf_counter() - t1
     bm25_run = {
         q: {doc_ids[j]: float(sc) for j, sc in zip(b_rows[i], b_scores[i]) if sc > 0} for i, q in enumerate(qids)
     }
     t2 = time.perf_counter()
     depth = min(fusion.depth, top_k)
-    d_scores, d_idx = index.search(q_emb, depth)
-    run: dict[str, dict[str, float]] = {}
-    for i, qid in enumerate(qids):
-        valid = d_idx[i] >= 0
-        keep = b_scores[i][:depth] > 0  # BM25 gives zero to a document without any query term: not a candidate
-        rows, fused = fuse(
-            order[d_idx[i][valid]],
-            d_scores[i][valid],
-            b_rows[i][:depth][keep],
-            b_scores[i][:depth][keep],
-            fusion,
-            2 * depth,
-        )
-        run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
+    ids, scores = hybrid.search(query_texts, 2 * depth, query_embeddings=q_emb, depth=depth)
+    run = {qid: dict(zip(i, s)) for qid, i, s in zip(qids, ids, scores)}
     fuse_s = time.perf_counter() - t2
     keys = [k for k in dense_result if k not in ("run",)]
     out = summarize(qrels, run, k_values=k_values)
