@@ -30,8 +30,8 @@ _LAZY = {
     "CocoPretrainingArguments": "hf_cocodr.pretraining",
     "CondenserForPretraining": "hf_cocodr.modeling.condenser",
     "run_recipe": "hf_cocodr.recipe",
-    "HybridRetriever": "hf_cocodr.hybrid",
-    "FusionConfig": "hf_cocodr.fusion",
+    "HybridRetriever": "hf_cocodr.retrieval.hybrid",
+    "FusionConfig": "hf_cocodr.retrieval.fusion",
     "bundled_model_path": "hf_cocodr.modeling.bundled",
     "RecipeConfig": "hf_cocodr.recipe",
 }

@@ -25,7 +25,7 @@ from .modeling.loading import (
     pooling_mode,
 )
 from .provenance import LEGACY_TRAINING_INFO_FILE, PROVENANCE_FILE, read_provenance, source_info, start_path
-from .run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
+from .rundir.run_record import LOCK, RECORD, RunFolder, acquire_lock, fingerprint, note_written
 from .storage import EXPORT_SPACE_FACTOR, carry_over, check_before_work, staged_directory
 from .utils import (
     atomic_directory,
@@ -127,7 +127,7 @@ def export_sentence_transformer(
             Without it such a folder is refused before any work, as are a file, ``.``, its parents, home, ``/`` and
             the folder the model is read from. A folder an earlier export wrote is replaced without it.
         run_record: claim ``out_dir`` with an owner record and a lock (``hf_cocodr_run.json``, see
-            :mod:`hf_cocodr.run_record`); off for exports a trainer makes into its own, already claimed folder.
+            :mod:`hf_cocodr.rundir.run_record`); off for exports a trainer makes into its own, already claimed folder.
 
     Returns:
         The exported ``SentenceTransformer`` (loaded from the written directory).

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
-from .run_record import LOCK, RECORD
+from .rundir.run_record import LOCK, RECORD
 from .utils import hub_id_problem
 
 logger = logging.getLogger(__name__)

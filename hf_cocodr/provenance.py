@@ -7,7 +7,7 @@ Every output folder (export, convert, pretrain, finetune, recipe) holds one JSON
 * ``stages`` / ``methods`` / ``datasets``: every training stage the model went through, in order (a stage of a later
   run is appended to those of the model it started from);
 * ``stage_runs``: per stage, the run that made it (run id, fingerprints of its starting model and data, the settings
-  that change its trajectory), read from the output folder's owner record (:mod:`hf_cocodr.run_record`);
+  that change its trajectory), read from the output folder's owner record (:mod:`hf_cocodr.rundir.run_record`);
 * ``settings`` (pooling, similarity, lengths), ``versions`` (the libraries that wrote it), ``start_vs_adapted``
   (starting model vs this model, when a run measured both) and ``model_name`` (the user's name for it).
 
@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .run_record import fingerprint, read_record
+from .rundir.run_record import fingerprint, read_record
 from .utils import atomic_write_json, is_hub_id
 
 logger = logging.getLogger(__name__)

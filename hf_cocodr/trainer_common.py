@@ -8,10 +8,10 @@ import os
 import random
 import shutil
 
-from .checkpoints import is_complete, mark_complete, resolve_resume
 from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
-from .run_record import RunFolder, read_record
+from .rundir.checkpoints import is_complete, mark_complete, resolve_resume
+from .rundir.run_record import RunFolder, read_record
 from .utils import honour_umask
 
 logger = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class TrainerMixin:
         return {k: v for k, v in self.args.to_dict().items() if not k.startswith(skip)}
 
     def _claim_output_dir(self, resume: bool):
-        """Claim ``output_dir`` for this run (owner record + lock, see :mod:`hf_cocodr.run_record`); main process
+        """Claim ``output_dir`` for this run (owner record + lock, see :mod:`hf_cocodr.rundir.run_record`); main process
         only. Returns the run id every process resumes under."""
         from . import distributed as D
 

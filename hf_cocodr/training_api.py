@@ -24,7 +24,7 @@ from .modeling.condenser import CondenserForPretraining, _transformer_dir
 from .modeling.limits import check_lengths
 from .modeling.loading import check_model_source
 from .provenance import source_info
-from .run_record import RunFolder
+from .rundir.run_record import RunFolder
 from .storage import check_before_work
 from .trainer_common import TrainerMixin
 from .utils import atomic_write_json
@@ -85,7 +85,7 @@ def _check_inputs(model, paths: dict[str, Any], evals, args) -> None:
 
 def check_output_dir(args, command: str) -> None:
     """Refuse, before any work, an ``output_dir`` that is not writable or holds files of someone else (see
-    :mod:`hf_cocodr.run_record`); ``train()`` claims it for real."""
+    :mod:`hf_cocodr.rundir.run_record`); ``train()`` claims it for real."""
     if not args.should_save:
         return
     RunFolder.claim(

@@ -210,12 +210,6 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True) -> Iter
         raise
 
 
-MODEL_DIR_MARKERS = ("modules.json", "config.json")
-# what a training run leaves in its output folder before the model is exported there
-_OWN_PREFIXES = ("checkpoint-", "hf_cocodr_", ".")
-_OWN_NAMES = {"trainer_state.json", "training_args.bin", "runs", "eval.json", "idro_weights.json"}
-
-
 def check_not_precious(folder: str | os.PathLike) -> Path:
     """Refuse a file, the current folder, one of its parents, the home folder and ``/`` as an output folder."""
     out = Path(folder).expanduser().resolve()
@@ -239,27 +233,6 @@ def check_not_source(out_dir: str | os.PathLike, source: str | os.PathLike | Non
             raise FileExistsError(
                 f"refusing to write into {out_dir}: the model is read from {source}; give a different output folder"
             )
-
-
-def check_model_output_dir(out_dir: str | os.PathLike, source: str | os.PathLike | None = None) -> Path:
-    """Refuse, before any work, a model output folder whose replacement could lose files the user owns.
-
-    Refused: a file; the current folder, one of its parents, the home folder or ``/``; the folder the model is read
-    from (or one holding it, or inside it); an existing non-empty folder that is not a model directory (no
-    ``modules.json`` / ``config.json``). Raises ``FileExistsError`` naming the folder and the way out.
-    """
-    out = check_not_precious(out_dir)
-    check_not_source(out_dir, source)
-    if out.is_dir():
-        entries = sorted(p.name for p in out.iterdir())
-        foreign = [e for e in entries if not e.startswith(_OWN_PREFIXES) and e not in _OWN_NAMES]
-        if foreign and not any(m in entries for m in MODEL_DIR_MARKERS):
-            raise FileExistsError(
-                f"{out_dir} already holds files that are not a model ({', '.join(foreign[:3])}"
-                f"{', ...' if len(foreign) > 3 else ''}); hf_cocodr never deletes files it did not write: give a new "
-                "or empty folder"
-            )
-    return out
 
 
 def replace_directory(src: Path, dst: Path) -> None:

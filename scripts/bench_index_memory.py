@@ -19,7 +19,7 @@ from pathlib import Path
 
 CHILD = """
 import sys, numpy as np
-from hf_cocodr.index import DenseIndex
+from hf_cocodr.retrieval.index import DenseIndex
 docs, dim, block, backend, presize = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 def status(key):
     return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) / 1024

@@ -61,8 +61,8 @@ def main():
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr import export_sentence_transformer, load_beir
-    from hf_cocodr.evaluation.retrieval import build_index
-    from hf_cocodr.index import kmeans
+    from hf_cocodr.retrieval.encoding import build_index
+    from hf_cocodr.retrieval.index import kmeans
 
     work = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     tiny.make_tiny_bert(work / "bert", hidden=64, dropout=0.0)

@@ -250,8 +250,8 @@ def planned_steps(ns, base: str, seed: int) -> dict:
 def warm_teacher(ns, data: Path, model: str) -> None:
     """Build the teacher's indexes of both corpora once, before any arm (``OUT/teacher.json`` records the seconds),
     so every arm starts with them cached: the arms then differ by what they train, not by which came first."""
-    from hf_cocodr.data.teacher import teacher_rankings
-    from hf_cocodr.run_record import fingerprint
+    from hf_cocodr.retrieval.teacher import teacher_rankings
+    from hf_cocodr.rundir.run_record import fingerprint
     from hf_cocodr.utils import atomic_write_json
 
     path = Path(ns.work) / "teacher.json"

@@ -39,9 +39,9 @@ def rankings(start: str, folder: Path, split: str, work: Path, depth: int, doc_m
     cache = work / f"{start}-{folder.name}-{split}-len{doc_max_length}-d{depth}.npz"
     if not cache.is_file():
         from hf_cocodr import load_encoder
-        from hf_cocodr.evaluation.retrieval import build_index, encode_texts
-        from hf_cocodr.index import BM25Index
         from hf_cocodr.modeling.bundled import bundled_model_path
+        from hf_cocodr.retrieval.encoding import build_index, encode_texts
+        from hf_cocodr.retrieval.index import BM25Index
 
         st = load_encoder(bundled_model_path(start))
         t0 = time.time()
@@ -70,7 +70,7 @@ def rankings(start: str, folder: Path, split: str, work: Path, depth: int, doc_m
 
 def score(qids, doc_ids, z, qrels, rule: str, w: float, depth: int) -> float:
     from hf_cocodr.evaluation.retrieval import summarize
-    from hf_cocodr.fusion import FusionConfig, fuse
+    from hf_cocodr.retrieval.fusion import FusionConfig, fuse
 
     cfg = FusionConfig(rule=rule, dense_weight=w, depth=depth)
     run = {}

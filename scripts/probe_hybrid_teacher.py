@@ -60,7 +60,7 @@ def main() -> int:
     from hf_cocodr.data.beir import column_numpy, doc_text, load_beir
     from hf_cocodr.data.spans import split_sentences_regex
     from hf_cocodr.evaluation.retrieval import summarize
-    from hf_cocodr.index import BM25Index
+    from hf_cocodr.retrieval.index import BM25Index
     from hf_cocodr.utils import atomic_write_json, get_data_root
 
     torch.manual_seed(ns.seed)

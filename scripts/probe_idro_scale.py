@@ -53,8 +53,8 @@ def main() -> int:
     from hf_cocodr import load_encoder
     from hf_cocodr.data.training import RetrievalTrainingData
     from hf_cocodr.finetuning.losses.idro import IDROLoss
-    from hf_cocodr.index import kmeans
     from hf_cocodr.modeling.bundled import bundled_model_path
+    from hf_cocodr.retrieval.index import kmeans
     from hf_cocodr.utils import get_data_root
 
     torch.manual_seed(0)

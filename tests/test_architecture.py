@@ -1,11 +1,14 @@
 """Dependencies point one way: no module imports a module of a higher layer, not even inside a function.
 
     cli  ->  recipe  ->  training_api  ->  trainers (pretraining, finetuning)
-         ->  methods, losses, callbacks      ->  data, modeling, evaluation, hub, export, cards, records
-         ->  errors, utils
+         ->  methods, losses, callbacks  ->  evaluation, hub, export, cards  ->  retrieval (encoding, hybrid, teacher)
+         ->  data, modeling  ->  retrieval.index, retrieval.fusion  ->  rundir (record, locks, checkpoints, state)
+         ->  errors, utils, storage
 
-A module may import its own layer and any lower one. The test reads every ``import`` statement of the package
-(module level and inside functions) with ``ast``, so a cycle cannot hide behind a function-level import.
+Search (:mod:`hf_cocodr.retrieval`) lies below both training and evaluation; its indexes and fusion lie below the
+data too (BM25 negatives use the BM25 index). A module may import its own layer and any lower one. The test reads
+every ``import`` statement of the package (module level and inside functions) with ``ast``, so a cycle cannot hide
+behind a function-level import. The package root holds at most :data:`MAX_ROOT_MODULES` modules.
 """
 
 from __future__ import annotations
@@ -20,9 +23,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "hf_cocodr"
 # longest matching prefix wins; a smaller number is a higher layer
 LAYERS = {
     "cli": 0,
-    "cli_training": 0,
-    "cli_hub": 0,
-    "cli_mteb": 0,
     "__main__": 0,
     # the recipe drives the training API; inside it: runner -> planner -> inputs, schedules -> config (which inherits
     # the stages' settings) -> stages (one module each) -> stage -> probe, context -> plan, outputs, checks -> settings
@@ -53,28 +53,30 @@ LAYERS = {
     "finetuning.checkpoint_state": 3,
     "pretraining.training_args": 3,
     "pretraining.collator": 3,
-    "data": 4,
-    "modeling": 4,
     "evaluation": 4,
     "metrics": 4,
-    "index": 4,
     "hub": 4,
     "export": 4,
     "model_card": 4,
     "provenance": 4,
-    "run_record": 4,
-    "hybrid": 4,
-    "fusion": 4,
-    "checkpoints": 4,
-    "state": 4,
     "distributed": 4,
-    "locks": 4,
+    # search: the teacher's rankings -> the hybrid retriever -> encoding (below training and evaluation)
+    "retrieval": 4.5,
+    "data": 4.7,
+    "modeling": 4.7,
+    # the indexes and the fusion import only the bottom layer (the BM25 negatives of the data use the index)
+    "retrieval.index": 4.8,
+    "retrieval.fusion": 4.8,
+    "rundir": 4.9,
     "errors": 5,
     "utils": 5,
     "citations": 5,
     "config_types": 5,
     "storage": 5,
 }
+
+# modules (``__init__`` and ``__main__`` included) the package root may hold: the rest live in sub-packages
+MAX_ROOT_MODULES = 16
 
 
 def layer(module: str) -> int | None:
@@ -390,6 +392,47 @@ def test_the_cli_starts_without_the_heavy_libraries():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_help_loads_no_torch_numpy_or_pyarrow():
+    """``hf-cocodr --help`` and ``hf-cocodr recipe --help`` parse and print without the numeric stack: after the help
+    is printed, neither torch nor numpy nor pyarrow has been imported (the training commands import the recipe's
+    runner, and the data, only when they run)."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from hf_cocodr.cli import main\n"
+        "for argv in (['--help'], ['recipe', '--help']):\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            main(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    assert 'usage: hf-cocodr' in out.getvalue(), out.getvalue()\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'pyarrow') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def root_modules(root: Path = PACKAGE) -> list[str]:
+    """The modules at the package root (``__init__`` and ``__main__`` included)."""
+    return sorted(p.stem for p in root.glob("*.py"))
+
+
+def test_the_root_holds_at_most_16_modules():
+    found = root_modules()
+    assert len(found) <= MAX_ROOT_MODULES, (
+        f"{len(found)} modules at the package root (at most {MAX_ROOT_MODULES}): {found}"
+    )
+
+
+def test_the_root_count_sees_every_module(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    (pkg / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "__main__.py", "a.py", "sub/__init__.py", "sub/b.py", "notes.md"):
+        (pkg / name).write_text("")
+    assert root_modules(pkg) == ["__init__", "__main__", "a"]
 
 
 def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:

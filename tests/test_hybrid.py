@@ -7,9 +7,10 @@ import shutil
 
 import numpy as np
 import pytest
+import tiny
 
 from hf_cocodr.errors import ConfigError
-from hf_cocodr.hybrid import FusionConfig, HybridRetriever, fuse
+from hf_cocodr.retrieval.hybrid import FusionConfig, HybridRetriever, fuse
 
 # one query: dense ranks rows 0, 1, 2 (scores 3, 2, 1); BM25 ranks rows 2, 3 (scores 10, 5)
 DENSE = (np.array([0, 1, 2]), np.array([3.0, 2.0, 1.0]))
@@ -72,6 +73,24 @@ def test_a_saved_retriever_loads_and_returns_the_same_ids_and_scores(built, tmp_
     assert HybridRetriever.load(tmp_path / "h").search(_queries(tiny_beir), k=5) == (ids, scores)
 
 
+def test_a_retriever_over_a_built_index_maps_its_rows_back_to_the_documents(built, tiny_beir, tmp_path):
+    """``from_index`` takes an index in ``build_index``'s length-sorted order: its dense rows name the right documents
+    (each score is that document's vector times the query's), and its vectors, saved, are the corpus-order ones."""
+    from hf_cocodr.data import load_corpus
+    from hf_cocodr.retrieval.encoding import build_index
+
+    index, order = build_index(built.model, load_corpus(tiny_beir), show_progress_bar=False)
+    assert not np.array_equal(order, np.arange(len(order)))  # the index is not in corpus order
+    over = HybridRetriever.from_index(built.model, built.doc_ids, index, order, built.bm25, built.fusion, built.meta)
+    queries = _queries(tiny_beir)
+    scores, rows = over.search_dense(queries, 7)
+    q_emb = over.encode_queries(queries)
+    np.testing.assert_allclose(scores, np.einsum("qkd,qd->qk", built.embeddings[rows], q_emb), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores, built.search_dense(queries, 7)[0], rtol=1e-5, atol=1e-6)
+    over.save(tmp_path / "h")
+    np.testing.assert_array_equal(HybridRetriever.load(tmp_path / "h", built.model).embeddings, built.embeddings)
+
+
 def test_the_hybrid_at_its_ends_is_the_dense_or_the_bm25_ranking(built, tiny_beir):
     dense = HybridRetriever(
         built.model, built.doc_ids, built.embeddings, built.bm25, FusionConfig(dense_weight=1.0, depth=20), built.meta
@@ -131,6 +150,37 @@ def test_evaluate_hybrid_at_its_ends_equals_the_dense_and_the_bm25_evaluation(ti
     assert mixed["fusion"]["rule"] == "convex" and mixed["num_queries"] == dense["num_queries"]
 
 
+def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path):
+    """``evaluate_retrieval(hybrid=True)`` ranks with :class:`HybridRetriever`: at the default fusion (convex, dense
+    weight 0.5, depth 100, over 300 documents so the depth cuts), each query's run is, id for id, what a retriever
+    built over the same corpus returns: its default ``search(k=10)`` is the run's top 10, and its every candidate
+    (``k = 2 * depth``) is the whole run, scores included. The model is a trained one (the bundled splade-tiny): the
+    tiny test BERT ties half its scores, and tied documents come in the order of the index that holds them (the
+    evaluator's is length-sorted, a built retriever's in corpus order)."""
+    from hf_cocodr import bundled_model_path, evaluate_retrieval, load_encoder
+    from hf_cocodr.data import load_beir
+
+    folder = tiny.make_beir(tmp_path / "beir", n_docs=300, n_queries=24, seed=3)
+    model = load_encoder(bundled_model_path("splade-tiny"))
+    data = load_beir(folder, "train")
+    result = evaluate_retrieval(model, data, hybrid=True, return_run=True, show_progress_bar=False)
+    default = FusionConfig()
+    assert result["fusion"] == {"rule": "convex", "dense_weight": 0.5, "depth": 100, "rrf_k": 60, "normalize": True}
+    retriever = HybridRetriever.build(model, folder)
+    assert retriever.fusion == default
+    qids, texts = list(data.queries["_id"]), list(data.queries["text"])
+    top_ids, _ = retriever.search(texts, 10)
+    all_ids, all_scores = retriever.search(texts, 2 * default.depth, depth=default.depth)
+    cut = 0
+    for qid, top, ids, scores in zip(qids, top_ids, all_ids, all_scores, strict=True):
+        run = result["run"][qid]
+        assert list(run)[:10] == top
+        assert list(run) == ids
+        np.testing.assert_allclose(list(run.values()), scores, rtol=1e-5, atol=1e-6)
+        cut += len(ids) < 300
+    assert cut == len(qids)  # the depth left documents out of every query's candidates
+
+
 def test_the_cli_prints_the_hybrid_with_dense_and_bm25_beside_it(tiny_st_dir, tiny_beir, capsys):
     from hf_cocodr.cli import main
 
@@ -155,16 +205,16 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
     import torch
 
     from hf_cocodr import HybridRetriever, evaluate_retrieval, load_encoder
-    from hf_cocodr.evaluation import retrieval
+    from hf_cocodr.retrieval import encoding
 
     model = load_encoder(str(tiny_st_dir))
     fresh = HybridRetriever.build(model, tiny_beir)
     calls = []
-    real = retrieval.encode_texts
+    real = encoding.encode_texts
     monkeypatch.setattr(
-        retrieval, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
+        encoding, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
     )
-    with retrieval.reuse_corpus_encodings():
+    with encoding.reuse_corpus_encodings():
         evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False)
         reused = HybridRetriever.build(model, tiny_beir)
         assert calls.count("document") == 1
@@ -173,4 +223,4 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
         HybridRetriever.build(model, tiny_beir)
         assert calls.count("document") == 2
     assert reused.doc_ids == fresh.doc_ids and np.array_equal(reused.embeddings, fresh.embeddings)
-    assert retrieval._REUSE is None  # nothing is kept after the block
+    assert encoding._REUSE is None  # nothing is kept after the block

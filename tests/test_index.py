@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_cocodr.index import kmeans
+from hf_cocodr.retrieval.index import kmeans
 from hf_cocodr.utils import faiss_available
 
 BACKENDS = ["torch", pytest.param("faiss", marks=pytest.mark.skipif(not faiss_available(), reason="no faiss"))]

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hf_cocodr.run_record import LOCK, RECORD, RunFolder, RunLockedError, RunMismatchError, read_record
+from hf_cocodr.rundir.run_record import LOCK, RECORD, RunFolder, RunLockedError, RunMismatchError, read_record
 
 
 def _digest(folder):
@@ -167,7 +167,7 @@ def test_a_second_writer_is_locked_out_and_a_dead_writers_lock_is_taken_over(tmp
             sys.executable,
             "-c",
             (
-                "import sys; from hf_cocodr.run_record import RunFolder\n"
+                "import sys; from hf_cocodr.rundir.run_record import RunFolder\n"
                 "try:\n    RunFolder.claim(sys.argv[1], 'finetune', {'a': 1}, resume=True)\n"
                 "except Exception as e:\n    print(type(e).__name__, e); sys.exit(3)\n"
             ),

@@ -142,7 +142,7 @@ def test_hub_token_never_written(tiny_st_dir, tiny_beir, tmp_path, capsys):
 
 
 def test_config_paths_cannot_escape_output_dir(tiny_st_dir, tiny_beir, tmp_path, capsys):
-    from hf_cocodr.cli_training import _check_config_paths
+    from hf_cocodr.cli.training import _check_config_paths
     from hf_cocodr.errors import ConfigError  # noqa: F401  (the recipe raises it)
 
     with pytest.raises(Exception, match="outside"):

@@ -1,25 +1,41 @@
-"""Data: BEIR-format loading and validation, spans for COCO, training rows and negatives for iDRO."""
+"""Data: BEIR-format loading and validation, spans for COCO, training rows and negatives for iDRO.
 
-from .beir import (
-    BEIRData,
-    BEIRFormatError,
-    available_splits,
-    corpus_texts,
-    doc_text,
-    load_beir,
-    load_corpus,
-    load_qrels,
-    load_queries,
-)
+Names are imported on first use, so a light module of this package (:mod:`~hf_cocodr.data.options`) loads without
+pyarrow and numpy."""
 
-__all__ = [
-    "BEIRData",
-    "BEIRFormatError",
-    "available_splits",
-    "corpus_texts",
-    "doc_text",
-    "load_beir",
-    "load_corpus",
-    "load_qrels",
-    "load_queries",
-]
+from __future__ import annotations
+
+import importlib
+
+_LAZY = {
+    **{
+        name: "beir"
+        for name in (
+            "BEIRData",
+            "BEIRFormatError",
+            "available_splits",
+            "corpus_texts",
+            "doc_text",
+            "load_beir",
+            "load_corpus",
+            "load_qrels",
+            "load_queries",
+        )
+    },
+    "RetrievalTrainingData": "training",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_cocodr.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -22,12 +22,11 @@ from pathlib import Path
 import numpy as np
 
 from .beir import column_numpy, load_corpus
+from .options import PSEUDO_PAIR_MODES
 from .spans import jsonl_title_text, split_sentences_regex
 from .training import RetrievalTrainingData
 
 logger = logging.getLogger(__name__)
-
-PSEUDO_PAIR_MODES = ("title_body", "ict")
 
 
 def _title_text_records(spec, text_column: str = "text") -> tuple[str, Iterator[tuple[str, str]]]:

@@ -262,7 +262,7 @@ class RetrievalTrainingData(RowsSource):
         )
 
     def mine_bm25_negatives(self, top_k: int = 100) -> None:
-        from ..index import BM25Index
+        from ..retrieval.index import BM25Index
 
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise ValueError(f"bm25_top_k must be a whole number >= 1, got {top_k!r}")

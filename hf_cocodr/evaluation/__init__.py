@@ -1,10 +1,12 @@
-"""Evaluation: exact dense retrieval, BM25, IR metrics, MTEB tasks, alignment/uniformity."""
+"""Evaluation: exact dense retrieval and BM25 on BEIR splits, IR metrics, MTEB tasks, alignment/uniformity.
 
-from .bm25 import BM25Index, evaluate_bm25
+Encoding, indexes and search live below, in :mod:`hf_cocodr.retrieval`."""
+
+from .bm25 import evaluate_bm25
 from .metrics import compute_metrics
-from .retrieval import build_index, encode_texts, evaluate_retrieval
+from .retrieval import evaluate_retrieval
 
-__all__ = ["BM25Index", "build_index", "compute_metrics", "encode_texts", "evaluate_bm25", "evaluate_retrieval"]
+__all__ = ["compute_metrics", "evaluate_bm25", "evaluate_retrieval"]
 
 
 def __getattr__(name):  # heavier, optional pieces load on first use

@@ -1,4 +1,4 @@
-"""BM25 evaluation on a BEIR split (the index itself, :class:`~hf_cocodr.index.BM25Index`, lives with the other
+"""BM25 evaluation on a BEIR split (the index itself, :class:`~hf_cocodr.retrieval.index.BM25Index`, lives with the other
 indexes)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
-from ..index import BM25Index
+from ..retrieval.index import BM25Index
 from .retrieval import summarize, write_result
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -13,160 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 
-from ..data.beir import BEIRData, column_array, column_numpy, corpus_texts, doc_text, load_beir
-from ..fusion import FusionConfig, fuse
-from ..index import BM25Index, DenseIndex
+from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
-from ..run_record import model_fingerprint
+from ..retrieval.encoding import build_index, encode_texts, search_run
+from ..retrieval.fusion import FusionConfig
+from ..retrieval.hybrid import HybridRetriever
+from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_SIMILARITIES = ("dot", "cosine")
-
-
-def model_similarity(model) -> str:
-    """The similarity a SentenceTransformer declares (``dot`` or ``cosine``); other metrics are refused."""
-    name = getattr(model, "similarity_fn_name", None) or "cosine"
-    name = str(getattr(name, "value", name))
-    if name not in SUPPORTED_SIMILARITIES:
-        raise ValueError(
-            f"the model's similarity is {name!r}; exact inner-product retrieval supports {SUPPORTED_SIMILARITIES}."
-        )
-    return name
-
-
-def _processing_kwargs(max_length: int | None) -> dict[str, Any]:
-    return {"processing_kwargs": {"text": {"max_length": int(max_length), "truncation": True}}} if max_length else {}
-
-
-def encode_texts(
-    model,
-    texts: list[str],
-    *,
-    kind: str,
-    batch_size: int = 64,
-    max_length: int | None = None,
-    normalize: bool | None = None,
-) -> np.ndarray:
-    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths."""
-    if normalize is None:
-        normalize = model_similarity(model) == "cosine"
-    fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
-    emb = fn(
-        texts,
-        batch_size=batch_size,
-        convert_to_numpy=True,
-        show_progress_bar=False,
-        normalize_embeddings=normalize,
-        **_processing_kwargs(max_length),
-    )
-    return np.asarray(emb, dtype=np.float32)
-
-
-def length_sorted_order(corpus) -> np.ndarray:
-    """Corpus row order by decreasing ``title + text`` length, computed in Arrow (no Python strings)."""
-    lengths = pc.utf8_length(column_array(corpus, "text")).to_numpy()
-    if "title" in corpus.column_names:
-        lengths = lengths + pc.utf8_length(column_array(corpus, "title")).to_numpy()
-    return np.argsort(-lengths, kind="stable")
-
-
-# Corpus encodings kept while :func:`reuse_corpus_encodings` is active: (model weights, corpus, settings) -> the index
-_REUSE: dict[tuple, tuple[DenseIndex, np.ndarray]] | None = None
-REUSE_MAX_BYTES = 1 << 30  # what the kept indexes may hold in all
-
-
-@contextlib.contextmanager
-def reuse_corpus_encodings():
-    """Within the block, :func:`build_index` encodes a corpus once per model: a second call with the same weights
-    (their SHA-256), the same corpus dataset and the same settings returns the index the first built (up to
-    :data:`REUSE_MAX_BYTES` of vectors in all). The recipe evaluates its final model and then builds that model's
-    hybrid retrievers over the target corpora, which are often the evaluation corpora too."""
-    global _REUSE
-    outer, _REUSE = _REUSE, {} if _REUSE is None else _REUSE
-    try:
-        yield
-    finally:
-        if outer is None:
-            _REUSE = None
-
-
-def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
-    fp = getattr(corpus, "_fingerprint", None)
-    if _REUSE is None or fp is None:
-        return None
-    return (model_fingerprint(model)["weights_sha256"], fp, len(corpus), max_length, backend, normalize)
-
-
-def build_index(
-    model,
-    corpus,
-    *,
-    batch_size: int = 64,
-    max_length: int | None = None,
-    chunk_docs: int = 4096,
-    backend: str = "auto",
-    show_progress_bar: bool = True,
-    on_chunk=None,
-) -> tuple[DenseIndex, np.ndarray]:
-    """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
-
-    Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy. ``on_chunk(n_done)`` is called after every chunk.
-    """
-    from tqdm.auto import tqdm
-
-    normalize = model_similarity(model) == "cosine"
-    key = _reuse_key(model, corpus, max_length, backend, normalize)
-    if key is not None and key in _REUSE:
-        logger.info("corpus of %d documents: its encoding by this model is reused", len(corpus))
-        return _REUSE[key]
-    order = length_sorted_order(corpus)
-    dim = model.get_embedding_dimension()
-    index = DenseIndex(dim, backend=backend, capacity=len(order))
-    bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
-    for s in range(0, len(order), chunk_docs):
-        rows = order[s : s + chunk_docs]
-        b = corpus[rows]
-        titles = b.get("title") or [""] * len(rows)
-        texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
-        index.add(
-            encode_texts(
-                model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize
-            )
-        )
-        bar.update(len(rows))
-        if on_chunk is not None:
-            on_chunk(s + len(rows))
-    bar.close()
-    if key is not None and 4 * dim * (len(order) + sum(len(o) for _, o in _REUSE.values())) <= REUSE_MAX_BYTES:
-        _REUSE[key] = (index, order)
-    return index, order
-
-
-def search_run(
-    index: DenseIndex,
-    order: np.ndarray,
-    doc_ids,
-    query_ids: list[str],
-    query_emb: np.ndarray,
-    top_k: int,
-) -> dict[str, dict[str, float]]:
-    """``{query_id: {doc_id: score}}`` for the top-``k`` of each query."""
-    scores, idx = index.search(query_emb, top_k)
-    ids = np.asarray(doc_ids, dtype=object)
-    run: dict[str, dict[str, float]] = {}
-    for qi, qid in enumerate(query_ids):
-        valid = idx[qi] >= 0
-        rows = order[idx[qi][valid]]
-        run[qid] = dict(zip(ids[rows].tolist(), scores[qi][valid].astype(float).tolist()))
-    return run
 
 
 def evaluate_retrieval(
@@ -201,11 +59,11 @@ def evaluate_retrieval(
         top_k: documents retrieved per query.
         output: also write the result JSON and the run (top-100 per query) to this file (atomically).
         encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`).
-        hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.fusion`): the
+        hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.retrieval.fusion`): the
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
             ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
-        fusion: a :class:`~hf_cocodr.fusion.FusionConfig` (or its fields as a mapping); default: the package's.
+        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's.
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -250,7 +108,7 @@ def evaluate_retrieval(
     )
     if hybrid:
         result, run = _hybrid_result(
-            result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
+            result, model, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
         )
     if output is not None:
         write_result(output, result, run)
@@ -261,7 +119,7 @@ def evaluate_retrieval(
 
 def _hybrid_result(
     dense_result,
-    dense_run,
+    model,
     index: DenseIndex,
     order,
     corpus,
@@ -274,36 +132,26 @@ def _hybrid_result(
     k_values,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
-    dense and BM25 metrics beside them; returns the result and the hybrid's run."""
+    dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
+    :meth:`HybridRetriever.search <hf_cocodr.retrieval.hybrid.HybridRetriever.search>`'s over the index (every
+    candidate of each system's top ``min(fusion.depth, top_k)``)."""
     fusion = fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
     doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
-    bm25 = BM25Index(texts)
+    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, BM25Index(texts), fusion)
     del texts
     index_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    b_scores, b_rows = bm25.search(query_texts, top_k)
+    b_scores, b_rows = hybrid.search_bm25(query_texts, top_k)
     bm25_s = time.perf_counter() - t1
     bm25_run = {
         q: {doc_ids[j]: float(sc) for j, sc in zip(b_rows[i], b_scores[i]) if sc > 0} for i, q in enumerate(qids)
     }
     t2 = time.perf_counter()
     depth = min(fusion.depth, top_k)
-    d_scores, d_idx = index.search(q_emb, depth)
-    run: dict[str, dict[str, float]] = {}
-    for i, qid in enumerate(qids):
-        valid = d_idx[i] >= 0
-        keep = b_scores[i][:depth] > 0  # BM25 gives zero to a document without any query term: not a candidate
-        rows, fused = fuse(
-            order[d_idx[i][valid]],
-            d_scores[i][valid],
-            b_rows[i][:depth][keep],
-            b_scores[i][:depth][keep],
-            fusion,
-            2 * depth,
-        )
-        run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
+    ids, scores = hybrid.search(query_texts, 2 * depth, query_embeddings=q_emb, depth=depth)
+    run = {qid: dict(zip(i, s)) for qid, i, s in zip(qids, ids, scores)}
     fuse_s = time.perf_counter() - t2
     keys = [k for k in dense_result if k not in ("run",)]
     out = summarize(qrels, run, k_values=k_values)

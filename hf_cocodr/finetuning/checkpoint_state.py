@@ -1,6 +1,6 @@
 """What an :class:`~hf_cocodr.finetuning.IDROTrainer` saves beside a checkpoint's weights, and restores on resume.
 
-One safetensors file of tensors and one JSON of metadata (:mod:`hf_cocodr.state`): the cluster ids, the iDRO
+One safetensors file of tensors and one JSON of metadata (:mod:`hf_cocodr.rundir.state`): the cluster ids, the iDRO
 log-weights, the training data's state (its negatives), the state of the loss's auxiliary terms and of each method,
 K-Means' centroids and the negatives refresh's schedule. Each component's tensors carry its prefix (``data_``,
 ``method_<name>_``, ``kmeans_``), so components never collide.

@@ -13,13 +13,13 @@ from sentence_transformers import SentenceTransformerTrainer
 
 from ..data.training import RowsSource, StaticRows
 from ..errors import ConfigError, disk_faults
-from ..evaluation.retrieval import encode_texts
 from ..hub import check_push_possible
 from ..methods.base import Method
 from ..model_card import write_model_card
 from ..modeling.limits import check_lengths
-from ..run_record import fingerprint, model_fingerprint
-from ..state import load_state, save_state
+from ..retrieval.encoding import encode_texts
+from ..rundir.run_record import fingerprint, model_fingerprint
+from ..rundir.state import load_state, save_state
 from ..trainer_common import TrainerMixin
 from .callbacks.kmeans import KMeansClusteringCallback
 from .callbacks.negatives import HardNegativeRefreshCallback

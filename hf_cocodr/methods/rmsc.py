@@ -26,7 +26,7 @@ import torch
 from ..data.spans import corpus_source, split_sentences_regex
 from ..data.training import RowsSource
 from ..errors import ConfigError
-from ..evaluation.retrieval import encode_texts
+from ..retrieval.encoding import encode_texts
 from ..utils import atomic_write_json
 from .base import Method
 

@@ -25,7 +25,7 @@ from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretrain
 from ..modeling.limits import check_lengths
 from ..modeling.loading import check_model_source
 from ..provenance import source_info as previous_training_info
-from ..run_record import RunFolder, fingerprint, model_fingerprint
+from ..rundir.run_record import RunFolder, fingerprint, model_fingerprint
 from ..storage import staged_directory
 from ..trainer_common import TrainerMixin
 from .collator import SpanPairBuilder

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..model_card import TRAINING_INFO_FILE, write_model_card
 from ..modeling.loading import load_encoder
-from ..run_record import LOCK, RECORD
+from ..rundir.run_record import LOCK, RECORD
 from ..utils import atomic_directory, atomic_write_json
 
 STAGE_MARKER = "hf_cocodr_stage.json"
@@ -44,10 +44,7 @@ def stopped(guard) -> dict[str, Any]:
 def write_wise(start: str, adapted: str, stage_dir: Path, alpha: float, identity: str | None = None) -> None:
     """WiSE-FT of the last stage's model with the starting model, written as a complete model directory."""
     from ..modeling.wise import wise_ensemble
-    from ..training_api import previous_training_info
 
-    st = wise_ensemble(load_encoder(start), load_encoder(adapted), alpha)
-    prev = previous_training_info(adapted)
     stage = {
         "type": "wise",
         "method": "wise-ft",
@@ -55,29 +52,16 @@ def write_wise(start: str, adapted: str, stage_dir: Path, alpha: float, identity
         "alpha": alpha,
         "weights": f"{1 - alpha:g} x starting model + {alpha:g} x adapted model",
     }
-    card = {
-        "stages": list(prev.get("stages", [])) + [stage],
-        "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["wise-ft"])),
-        "datasets": list(prev.get("datasets", [])),
-        "base_model": prev.get("base_model"),
-    }
-    with atomic_directory(stage_dir) as tmp:
-        st.save(str(tmp))
-        for name in (TRAINING_INFO_FILE,):
-            if (Path(adapted) / name).is_file():
-                shutil.copy2(Path(adapted) / name, tmp / name)
-        write_model_card(tmp, st, card)
-        write_marker(tmp, {"alpha": alpha, "start": start, "adapted": adapted, "identity": identity})
+    marker = {"alpha": alpha, "start": start, "adapted": adapted, "identity": identity}
+    st = wise_ensemble(load_encoder(start), load_encoder(adapted), alpha)
+    _write_combined(st, Path(adapted), stage_dir, stage, marker)
 
 
 def write_soup(run_dirs: list[Path], stage_dir: Path, seeds: list[int]) -> None:
     """The uniform weight average of the COCO runs in ``run_dirs``, written to ``stage_dir`` as a complete model
     directory whose card lists the first run's stages and the soup."""
     from ..modeling.wise import soup
-    from ..training_api import previous_training_info
 
-    st = soup([load_encoder(str(d)) for d in run_dirs])
-    prev = previous_training_info(str(run_dirs[0]))
     stage = {
         "type": "soup",
         "method": "model-soup",
@@ -87,17 +71,29 @@ def write_soup(run_dirs: list[Path], stage_dir: Path, seeds: list[int]) -> None:
         "weights": f"the mean of the {len(run_dirs)} runs' weights; each run as the COCO stage above, "
         "with its own seed",
     }
+    _write_combined(soup([load_encoder(str(d)) for d in run_dirs]), Path(run_dirs[0]), stage_dir, stage)
+
+
+def _write_combined(st, source: Path, stage_dir: Path, stage: dict[str, Any], marker: dict | None = None) -> None:
+    """Write ``st``, a model combined from others' weights, to ``stage_dir`` as a complete model directory, atomically:
+    its card lists the stages of ``source`` (the model it continues) and then ``stage``, ``source``'s training record
+    comes along, and ``marker`` (if given) marks the stage finished in the same step."""
+    from ..training_api import previous_training_info
+
+    prev = previous_training_info(str(source))
     card = {
         "stages": list(prev.get("stages", [])) + [stage],
-        "methods": list(dict.fromkeys(list(prev.get("methods", [])) + ["model-soup"])),
+        "methods": list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]])),
         "datasets": list(prev.get("datasets", [])),
         "base_model": prev.get("base_model"),
     }
     with atomic_directory(stage_dir) as tmp:
         st.save(str(tmp))
-        if (run_dirs[0] / TRAINING_INFO_FILE).is_file():
-            shutil.copy2(run_dirs[0] / TRAINING_INFO_FILE, tmp / TRAINING_INFO_FILE)
+        if (source / TRAINING_INFO_FILE).is_file():
+            shutil.copy2(source / TRAINING_INFO_FILE, tmp / TRAINING_INFO_FILE)
         write_model_card(tmp, st, card)
+        if marker is not None:
+            write_marker(tmp, marker)
 
 
 def export_final(src: Path, dst: Path) -> None:

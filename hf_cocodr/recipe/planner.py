@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..run_record import digest
+from ..rundir.run_record import digest
 from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
 from .config import Auto, RecipeConfig

@@ -23,14 +23,15 @@ from typing import Any
 from ..data.beir import BEIRFormatError, parse_eval_spec
 from ..data.target_queries import refuse_eval_overlap
 from ..errors import ConfigError
-from ..evaluation.retrieval import evaluate_retrieval, reuse_corpus_encodings
+from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
-from ..hybrid import HybridRetriever
 from ..methods import method_target_queries, validate_methods
 from ..model_card import write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
-from ..run_record import RunFolder, fingerprint
+from ..retrieval.encoding import reuse_corpus_encodings
+from ..retrieval.hybrid import HybridRetriever
+from ..rundir.run_record import RunFolder, fingerprint
 from ..storage import check_before_work
 from ..utils import atomic_write_json, native_bf16
 from . import planner
@@ -106,7 +107,7 @@ def run_recipe(
             ``overwrite_output_dir`` when ``OUT`` holds an earlier run.
         overwrite_output_dir: write into an ``OUT`` that holds files hf_cocodr did not write (they stay untouched),
             and, with ``resume=False``, replace an earlier run's files. ``OUT`` is claimed before any work (owner
-            record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.run_record`).
+            record ``hf_cocodr_run.json`` and a lock, see :mod:`hf_cocodr.rundir.run_record`).
         stages: the stages in order (default :data:`~hf_cocodr.recipe.stages.STAGES`); a new stage is a
             :class:`~hf_cocodr.recipe.Stage` subclass (or an instance of one) added to this list, and its
             ``settings`` are then recipe options of this call's ``config``. Classes are instantiated for this run.

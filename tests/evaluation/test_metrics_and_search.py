@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hf_cocodr.evaluation.metrics import compute_metrics
-from hf_cocodr.index import DenseIndex, assign_to_centroids, kmeans
+from hf_cocodr.retrieval.index import DenseIndex, assign_to_centroids, kmeans
 from hf_cocodr.utils import faiss_available
 
 
@@ -195,7 +195,7 @@ def test_a_short_evaluate_command_imports_no_other_commands_modules():
 
     probe = (
         "import sys; from hf_cocodr.cli import build_parser; build_parser({argv}); "
-        "print(sorted(m for m in ('hf_cocodr.cli_training', 'hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb') "
+        "print(sorted(m for m in ('hf_cocodr.cli.training', 'hf_cocodr.cli.hub', 'hf_cocodr.cli.mteb') "
         "if m in sys.modules))"
     )
 
@@ -206,5 +206,5 @@ def test_a_short_evaluate_command_imports_no_other_commands_modules():
         return out.stdout.strip()
 
     assert loaded(["-q", "evaluate", "M", "D"]) == "[]"
-    assert loaded(["recipe"]) == "['hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb', 'hf_cocodr.cli_training']"
-    assert loaded(["--help"]) == "['hf_cocodr.cli_hub', 'hf_cocodr.cli_mteb', 'hf_cocodr.cli_training']"
+    assert loaded(["recipe"]) == "['hf_cocodr.cli.hub', 'hf_cocodr.cli.mteb', 'hf_cocodr.cli.training']"
+    assert loaded(["--help"]) == "['hf_cocodr.cli.hub', 'hf_cocodr.cli.mteb', 'hf_cocodr.cli.training']"

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-import hf_cocodr.cli_mteb  # noqa: F401  (registers the mteb / mteb-meta commands)
+import hf_cocodr.cli.mteb  # noqa: F401  (registers the mteb / mteb-meta commands)
 from hf_cocodr import evaluate_retrieval, load_encoder
 from hf_cocodr.cli import main
 
@@ -256,7 +256,7 @@ def test_task_name_and_builtin_task_errors(tiny_st_dir, tiny_beir, tmp_path, mon
 def test_importing_the_mteb_package_does_not_import_mteb():
     """mteb takes about 9 s to import: the package (and the CLI) load it only when an MTEB function runs."""
     code = (
-        "import sys, hf_cocodr.cli_mteb, hf_cocodr.evaluation.mteb as m; m.check_model_name('a/b'); "
+        "import sys, hf_cocodr.cli.mteb, hf_cocodr.evaluation.mteb as m; m.check_model_name('a/b'); "
         "print('mteb' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

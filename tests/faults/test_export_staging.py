@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hf_cocodr.export import export_sentence_transformer
-from hf_cocodr.run_record import RECORD
+from hf_cocodr.rundir.run_record import RECORD
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_cocodr import locks
-from hf_cocodr.run_record import LOCK, RunFolder, RunLockedError, acquire_lock, release_lock
+from hf_cocodr.rundir import locks
+from hf_cocodr.rundir.run_record import LOCK, RunFolder, RunLockedError, acquire_lock, release_lock
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="pid start times are read from /proc (Linux)")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from hf_cocodr.cli import main
-from hf_cocodr.run_record import LOCK, RECORD, TRAINER_ENTRIES
+from hf_cocodr.rundir.run_record import LOCK, RECORD, TRAINER_ENTRIES
 
 
 def _digest(folder):

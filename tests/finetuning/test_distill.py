@@ -9,7 +9,7 @@ import torch
 
 from hf_cocodr.data.teacher import teacher_rows
 from hf_cocodr.finetuning.losses.distill import HybridDistillLoss
-from hf_cocodr.fusion import FusionConfig
+from hf_cocodr.retrieval.fusion import FusionConfig
 
 
 class _NoModel(torch.nn.Module):
@@ -64,7 +64,7 @@ def test_a_teacher_whose_scores_are_the_students_own_gives_zero_loss_and_gradien
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.data.beir import load_beir
-    from hf_cocodr.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
 
     model = SentenceTransformer(str(tiny_st_dir), device="cpu")
     model.eval()  # no dropout: the student's scores are the ones the teacher indexed
@@ -106,7 +106,7 @@ def test_without_document_gradients_the_value_is_the_same_and_only_the_queries_s
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.data.beir import load_beir
-    from hf_cocodr.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
 
     model = SentenceTransformer(str(tiny_st_dir), device="cpu")
     model.eval()  # no dropout: the three passes see the same embeddings

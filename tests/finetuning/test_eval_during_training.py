@@ -15,7 +15,7 @@ from sentence_transformers.base.evaluation import BaseEvaluator
 
 from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
 from hf_cocodr.cli import main
-from hf_cocodr.state import load_state
+from hf_cocodr.rundir.state import load_state
 
 
 def make_args(out, **kw):

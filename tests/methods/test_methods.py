@@ -204,8 +204,8 @@ def test_rmsc_trains_with_homogeneous_batches_and_exports_t_h(tiny_st_dir, tiny_
 def test_rmsc_rows_are_clustered_with_their_own_tokens_and_checkpoints_encode_t_h(tiny_st_dir, tiny_beir, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from hf_cocodr.evaluation.retrieval import encode_texts
     from hf_cocodr.methods.rmsc import COMBINATIONS, set_rmsc_template
+    from hf_cocodr.retrieval.encoding import encode_texts
 
     trainer, _ = train_with(
         ["rmsc"], tiny_st_dir, tiny_beir, tmp_path, max_steps=2, save_strategy="steps", save_steps=1

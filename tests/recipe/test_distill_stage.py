@@ -71,9 +71,9 @@ def test_distillation_trains_on_the_target_queries_and_is_skipped_once_finished(
 
 def test_the_teacher_is_the_hybrid_of_the_starting_model_and_its_rankings_are_cached(tiny_bert_nomlm_dir, tiny_beir):
     from hf_cocodr.data.target_queries import read_target_queries
-    from hf_cocodr.data.teacher import teacher_rankings
-    from hf_cocodr.fusion import FusionConfig
-    from hf_cocodr.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.fusion import FusionConfig
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.teacher import teacher_rankings
 
     queries = read_target_queries(f"{tiny_beir}:train").texts
     fusion = FusionConfig(dense_weight=0.3)

@@ -12,7 +12,7 @@ from scipy.optimize import linear_sum_assignment
 from transformers import TrainerCallback
 
 from ... import distributed as D
-from ...index import kmeans
+from ...retrieval.index import kmeans
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class KMeansClusteringCallback(TrainerCallback):
         max_points_per_centroid: K-Means training points per centroid; None uses all points.
         niter: Lloyd iterations. seed: K-Means seed (offset by the re-clustering count).
         carry: ``"match"`` or ``"reset"``. backend: ``"auto"`` / ``"faiss"`` (faiss.Kmeans) or ``"torch"``
-            (without faiss: scikit-learn's KMeans); see :func:`hf_cocodr.index.kmeans`.
+            (without faiss: scikit-learn's KMeans); see :func:`hf_cocodr.retrieval.index.kmeans`.
     """
 
     def __init__(

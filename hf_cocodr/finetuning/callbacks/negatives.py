@@ -10,8 +10,8 @@ from transformers import TrainerCallback
 
 from ... import distributed as D
 from ...data.training import RetrievalTrainingData
-from ...evaluation.retrieval import build_index, encode_texts
 from ...modeling.precision import check_encode_precision, encoding_precision
+from ...retrieval.encoding import build_index, encode_texts
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ...run_record import digest
+from ...rundir.run_record import digest
 from ..outputs import read_marker, stopped, write_marker, write_soup
 from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
 from ..stage import UNBUDGETED_STEPS, Stage, run_arguments, source_identity, trajectory

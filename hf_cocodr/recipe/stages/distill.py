@@ -1,7 +1,7 @@
 """The recipe's distillation stage (:class:`DistillStage`): the hybrid teacher's ranking distilled into the dense
 model on unlabelled target queries.
 
-The teacher is :class:`~hf_cocodr.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
+The teacher is :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
 the queries belong to (:func:`~hf_cocodr.data.teacher.route_queries`); for each query its top ``distill_k``
 documents and fused scores are the training row, and the student (the model the stages before left behind) learns
 the teacher's score distribution over them with :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` (listwise
@@ -181,8 +181,9 @@ class DistillStage(Stage):
         """Seconds of one distillation step (the stage's trainer on rows of its shape: target queries and
         documents, see :meth:`Stage.probe`) and of ranking the queries with the teacher (the corpus too when its
         indexes are not cached), measured on the probe trainer's model."""
-        from ...data.teacher import route_queries, teacher_cache_path
-        from ...hybrid import HYBRID_FILE, _corpus_ids_texts
+        from ...data.teacher import route_queries
+        from ...retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts
+        from ...retrieval.teacher import teacher_cache_path
         from ..probe import time_trainer_steps
 
         step_s, trainer = time_trainer_steps(self, run)
@@ -230,7 +231,7 @@ class DistillStage(Stage):
         return trainer
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ...data.teacher import distill_dataset
+        from ...retrieval.teacher import distill_dataset
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
@@ -283,7 +284,7 @@ class DistillStage(Stage):
         import numpy as np
 
         from ...data.teacher import route_queries, teacher_rows
-        from ...hybrid import _corpus_ids_texts
+        from ...retrieval.hybrid import _corpus_ids_texts
 
         docs: dict[str, str] = {}
         queries: list[str] = []
@@ -305,7 +306,7 @@ class DistillStage(Stage):
 
     @staticmethod
     def _fusion(cfg: RecipeConfig):
-        from ...fusion import FusionConfig
+        from ...retrieval.fusion import FusionConfig
 
         return FusionConfig(dense_weight=float(cfg.distill_teacher_weight))
 

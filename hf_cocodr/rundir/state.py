@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .utils import atomic_write_json, honour_umask
+from ..utils import atomic_write_json, honour_umask
 
 STATE_TENSORS = "hf_cocodr_state.safetensors"
 STATE_JSON = "hf_cocodr_state.json"

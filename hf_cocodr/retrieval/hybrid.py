@@ -2,7 +2,7 @@
 
 The lexical channel of a corpus is the largest gain a strong dense model can take without labels: BM25 ranks by the
 corpus's own words, which a model trained elsewhere never saw weighted that way. :class:`HybridRetriever` keeps both
-indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.fusion.FusionConfig`:
+indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.retrieval.fusion.FusionConfig`:
 z-normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion).
 
 Example::
@@ -32,11 +32,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..modeling.loading import load_encoder
+from ..rundir.run_record import model_fingerprint
+from ..utils import atomic_directory, atomic_write_json
 from .fusion import FusionConfig, fuse
-from .modeling.loading import load_encoder
-from .run_record import model_fingerprint
-from .utils import atomic_directory, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
 def _corpus_ids_texts(corpus) -> tuple[list[str], list[str]]:
     """Ids and ``title + text`` of a corpus: a BEIR folder, a ``corpus.jsonl`` file or a dataset with ``_id`` /
     ``text`` (and optionally ``title``) columns."""
-    from .data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
+    from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
 
     if isinstance(corpus, (str, os.PathLike)):
         path = Path(corpus)
@@ -81,13 +81,37 @@ class HybridRetriever:
 
         self.model = model
         self.doc_ids = list(doc_ids)
-        self.embeddings = embeddings
+        self._embeddings = embeddings
         self.dense_index = DenseIndex(embeddings.shape[1], capacity=len(embeddings))
         if len(embeddings):
             self.dense_index.add(embeddings)
+        self._order: np.ndarray | None = None  # index row -> document row (None: the same)
         self.bm25 = bm25
         self.fusion = fusion
         self.meta = meta
+
+    @classmethod
+    def from_index(
+        cls, model, doc_ids, dense_index, order, bm25, fusion: FusionConfig, meta: dict[str, Any] | None = None
+    ) -> HybridRetriever:
+        """A retriever over a dense index already built, without a copy of its vectors: index row ``r`` holds the
+        document ``doc_ids[order[r]]`` (as :func:`~hf_cocodr.retrieval.encoding.build_index` returns it), ``bm25``
+        indexes the documents in ``doc_ids`` order. :func:`~hf_cocodr.evaluation.evaluate_retrieval` ranks its hybrid
+        with one."""
+        self = cls.__new__(cls)
+        self.model, self.doc_ids, self.dense_index, self.bm25 = model, list(doc_ids), dense_index, bm25
+        self._embeddings, self._order = None, np.asarray(order, dtype=np.int64)
+        self.fusion, self.meta = fusion, dict(meta or {})
+        return self
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """The documents' dense vectors, in :attr:`doc_ids` order."""
+        if self._embeddings is None:  # a retriever over a built index: its vectors, back to the documents' order
+            in_index_order = self.dense_index.reconstruct_all()
+            self._embeddings = np.empty_like(in_index_order)
+            self._embeddings[self._order] = in_index_order
+        return self._embeddings
 
     # ------------------------------------------------------------------------------------------------ building
     @classmethod
@@ -105,8 +129,8 @@ class HybridRetriever:
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised)."""
-        from .data.beir import _load_jsonl_dataset, load_corpus
-        from .evaluation.retrieval import build_index, model_similarity
+        from ..data.beir import _load_jsonl_dataset, load_corpus
+        from .encoding import build_index, model_similarity
         from .index import BM25Index
 
         fusion = _fusion(fusion)
@@ -153,7 +177,7 @@ class HybridRetriever:
 
     # ------------------------------------------------------------------------------------------------ search
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
-        from .evaluation.retrieval import encode_texts
+        from .encoding import encode_texts
 
         return encode_texts(self.model, list(queries), kind="query", batch_size=batch_size)
 
@@ -162,29 +186,41 @@ class HybridRetriever:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Dense top-``k``: ``(scores, rows)`` arrays of shape ``(n_queries, k)`` (rows index :attr:`doc_ids`)."""
         q = self.encode_queries(queries) if query_embeddings is None else query_embeddings
-        return self.dense_index.search(q, k)
+        scores, rows = self.dense_index.search(q, k)
+        if self._order is not None:
+            rows = np.where(rows >= 0, self._order[np.maximum(rows, 0)], -1)
+        return scores, rows
 
     def search_bm25(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """BM25 top-``k``: ``(scores, rows)``."""
         return self.bm25.search(list(queries), k)
 
     def search(
-        self, queries: list[str], k: int = 10, *, query_embeddings: np.ndarray | None = None
+        self,
+        queries: list[str],
+        k: int = 10,
+        *,
+        query_embeddings: np.ndarray | None = None,
+        depth: int | None = None,
     ) -> tuple[list[list[str]], list[list[float]]]:
-        """The fused top-``k`` of each query: ``(ids, scores)``, one list per query, best first."""
+        """The fused top-``k`` of each query: ``(ids, scores)``, one list per query, best first.
+
+        ``query_embeddings``: the queries' vectors if already encoded. ``depth``: the candidates taken from each
+        system (default: the fusion's ``depth``, at least ``k``); a ``k`` of ``2 * depth`` returns every candidate."""
         if isinstance(queries, str):
             raise ConfigError("search takes a list of queries, got one string; wrap it in a list")
         queries = list(queries)
         if not queries:
             return [], []
-        depth = max(self.fusion.depth, k)
+        depth = max(self.fusion.depth, k) if depth is None else depth
         ds, di = self.search_dense(queries, depth, query_embeddings=query_embeddings)
         bs, bi = self.search_bm25(queries, depth)
         ids, scores = [], []
         for i in range(len(queries)):
+            valid = di[i] >= 0
             # BM25 gives zero to a document without any query term: not a candidate
             keep = bs[i] > 0
-            rows, fused = fuse(di[i], ds[i], bi[i][keep], bs[i][keep], self.fusion, k)
+            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i][keep], bs[i][keep], self.fusion, k)
             ids.append([self.doc_ids[r] for r in rows])
             scores.append(fused.astype(float).tolist())
         return ids, scores

@@ -14,9 +14,9 @@ import json
 import logging
 from pathlib import Path
 
-from .cli import UsageError, add_overwrite_flag, register
-from .run_record import RunFolder, fingerprint
-from .utils import atomic_write_text
+from ..rundir.run_record import RunFolder, fingerprint
+from ..utils import atomic_write_text
+from .main import UsageError, add_overwrite_flag, register
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -67,7 +67,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
 
 
 def _run_mteb(args, _rest) -> int:
-    from .evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
+    from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
     check_model_name(args.model_name)
     if args.revision is not None:
@@ -156,7 +156,7 @@ def _add_mteb_meta(p: argparse.ArgumentParser) -> None:
 
 
 def _run_mteb_meta(args, _rest) -> int:
-    from .evaluation.mteb import check_model_name, check_revision, mteb_meta_snippet, results_dir  # not at CLI start
+    from ..evaluation.mteb import check_model_name, check_revision, mteb_meta_snippet, results_dir  # not at CLI start
 
     check_model_name(args.model_name)
     check_revision(args.revision)

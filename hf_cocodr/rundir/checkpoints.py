@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from .utils import atomic_write_json
+from ..utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")

@@ -1,4 +1,4 @@
-"""The lock that keeps one writer per output folder: ``hf_cocodr_run.lock`` (see :mod:`hf_cocodr.run_record`).
+"""The lock that keeps one writer per output folder: ``hf_cocodr_run.lock`` (see :mod:`hf_cocodr.rundir.run_record`).
 
 The lock file holds the writer's pid, host and start, with the process's start time and the boot id, so that a pid
 given later to another process is not taken for the writer. A second writer gets a one-line error naming the lock

@@ -15,18 +15,16 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .cli import UsageError, register
-from .config_types import check_field_types
-from .data.beir import parse_eval_spec  # noqa: F401  (re-exported: part of the CLI's API)
-from .recipe.config import (
+from ..config_types import check_field_types
+from ..recipe.config import (
     RecipeArguments,
     RecipeConfig,
     add_config_arguments,
     check_max_minutes,
     config_from_flags,
 )
-from .recipe.runner import run_recipe
-from .utils import resolve_inside
+from ..utils import resolve_inside
+from .main import UsageError, register
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -200,7 +198,7 @@ def _add_finetune(p: argparse.ArgumentParser) -> None:
 
 
 def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
-    from .finetuning import IDROTrainingArguments
+    from ..finetuning import IDROTrainingArguments
 
     config = load_config(ns.config)
     own_cfg, ta_cfg = _split_config(config, FINETUNE_FLAGS)
@@ -219,6 +217,8 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     if ns.negatives == "none" and "num_negatives" not in defaults:
         defaults["num_negatives"] = 0
     if ns.eval_during_training:
+        from ..data.beir import parse_eval_spec  # pyarrow and numpy: not for --help
+
         parse_eval_spec(ns.eval_during_training, "--eval-during-training")
         defaults.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
     if (
@@ -233,7 +233,7 @@ def _run_finetune(ns: argparse.Namespace, rest: list[str]) -> int:
     ):
         raise UsageError("--output_dir is required (the folder the fine-tuned model and its checkpoints go to)")
     args = parse_training_args(IDROTrainingArguments, rest, defaults, "hf-cocodr finetune", ns.config)
-    from .training_api import run_finetune
+    from ..training_api import run_finetune
 
     result = run_finetune(
         model=ns.model,
@@ -288,7 +288,7 @@ def _add_pretrain(p: argparse.ArgumentParser) -> None:
 
 
 def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
-    from .pretraining import CocoPretrainingArguments
+    from ..pretraining import CocoPretrainingArguments
 
     config = load_config(ns.config)
     own_cfg, ta_cfg = _split_config(config, PRETRAIN_FLAGS)
@@ -310,7 +310,7 @@ def _run_pretrain(ns: argparse.Namespace, rest: list[str]) -> int:
     if ns.eval_corpus:
         ta_cfg.setdefault("eval_strategy", "steps")  # the command line's --eval_strategy still wins
     args = parse_training_args(CocoPretrainingArguments, rest, ta_cfg, "hf-cocodr pretrain", ns.config)
-    from .training_api import run_pretrain
+    from ..training_api import run_pretrain
 
     print(json.dumps(run_pretrain(ns.model, ns.corpus, args=args, eval_corpora=ns.eval_corpus or [])))
     return 0
@@ -332,6 +332,8 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
 
 
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
+    from ..recipe.runner import run_recipe  # torch, transformers, datasets: only a recipe that runs needs them
+
     if rest:
         raise UsageError(
             f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "

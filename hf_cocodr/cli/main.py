@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import USER_ERRORS, describe_os_error
-from .export import export_sentence_transformer
-from .modeling.limits import check_lengths
-from .modeling.loading import check_model_source, load_encoder
-from .utils import setup_logging
+from ..errors import USER_ERRORS, describe_os_error
+from ..export import export_sentence_transformer
+from ..modeling.limits import check_lengths
+from ..modeling.loading import check_model_source, load_encoder
+from ..utils import setup_logging
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -80,18 +80,18 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
 
 
 def _run_evaluate(args, _rest) -> int:
-    from .evaluation.retrieval import evaluate_retrieval, print_result_line, write_result
+    from ..evaluation.retrieval import evaluate_retrieval, print_result_line, write_result
 
     _positive("--batch-size", args.batch_size)
     _positive("--top-k", args.top_k)
     _output_file("--output", args.output)
-    from .data.beir import load_beir
+    from ..data.beir import load_beir
 
     fusion = {k: v for k, v in (("rule", args.fusion), ("dense_weight", args.dense_weight)) if v is not None}
     if fusion and not args.hybrid:
         raise UsageError("--fusion / --dense-weight need --hybrid")
     if args.hybrid:
-        from .fusion import FusionConfig
+        from ..retrieval.fusion import FusionConfig
 
         FusionConfig(**fusion)  # a bad weight fails before any work
     data = load_beir(args.data_dir, args.split)  # bad data fails before the model is loaded
@@ -131,8 +131,8 @@ def _add_bm25(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bm25(args, _rest) -> int:
-    from .evaluation.bm25 import evaluate_bm25
-    from .evaluation.retrieval import print_result_line
+    from ..evaluation.bm25 import evaluate_bm25
+    from ..evaluation.retrieval import print_result_line
 
     _positive("--top-k", args.top_k)
     _output_file("--output", args.output)
@@ -234,7 +234,7 @@ def _is_result_file(path: Path) -> bool:
 def _load_more_commands() -> None:
     """Commands defined next to their feature register themselves on import."""
 
-    for mod in ("hf_cocodr.cli_training", "hf_cocodr.cli_hub", "hf_cocodr.cli_mteb"):
+    for mod in ("hf_cocodr.cli.training", "hf_cocodr.cli.hub", "hf_cocodr.cli.mteb"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
@@ -255,7 +255,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     command = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     if command not in COMMANDS:
         _load_more_commands()
-    from . import __version__
+    from .. import __version__
 
     parser = _Parser(
         prog="hf-cocodr",

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from .utils import faiss_available
+from ..utils import faiss_available
 
 logger = logging.getLogger(__name__)
 

@@ -6,10 +6,10 @@ import argparse
 import json
 import os
 
-from .cli import add_overwrite_flag, register
-from .export import convert_checkpoint
-from .hub import push_directory
-from .modeling.limits import check_lengths
+from ..export import convert_checkpoint
+from ..hub import push_directory
+from ..modeling.limits import check_lengths
+from .main import add_overwrite_flag, register
 
 
 def _add_push(p: argparse.ArgumentParser) -> None:

@@ -35,9 +35,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..storage import is_staging_name
+from ..utils import atomic_write_json, check_not_precious
 from .locks import LOCK, RunLockedError, acquire_lock, release_lock  # noqa: F401  (re-exported)
-from .storage import is_staging_name
-from .utils import atomic_write_json, check_not_precious
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class RunFolder:
             if old and old.get("run_id") == run_id:
                 record = old
             else:
-                from . import __version__
+                from .. import __version__
 
                 preexisting = sorted((set(old.get("preexisting", [])) if old else set()) | set(foreign))
                 record = {

@@ -1,0 +1,158 @@
+"""Encoding and exact dense search: the model's query/document encodings, the corpus streamed into an exact index in
+length-sorted chunks (reused within :func:`reuse_corpus_encodings`), and a search's top-``k`` as a run."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from ..data.beir import column_array, doc_text
+from ..rundir.run_record import model_fingerprint
+from .index import DenseIndex
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SIMILARITIES = ("dot", "cosine")
+
+
+def model_similarity(model) -> str:
+    """The similarity a SentenceTransformer declares (``dot`` or ``cosine``); other metrics are refused."""
+    name = getattr(model, "similarity_fn_name", None) or "cosine"
+    name = str(getattr(name, "value", name))
+    if name not in SUPPORTED_SIMILARITIES:
+        raise ValueError(
+            f"the model's similarity is {name!r}; exact inner-product retrieval supports {SUPPORTED_SIMILARITIES}."
+        )
+    return name
+
+
+def _processing_kwargs(max_length: int | None) -> dict[str, Any]:
+    return {"processing_kwargs": {"text": {"max_length": int(max_length), "truncation": True}}} if max_length else {}
+
+
+def encode_texts(
+    model,
+    texts: list[str],
+    *,
+    kind: str,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    normalize: bool | None = None,
+) -> np.ndarray:
+    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths."""
+    if normalize is None:
+        normalize = model_similarity(model) == "cosine"
+    fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
+    emb = fn(
+        texts,
+        batch_size=batch_size,
+        convert_to_numpy=True,
+        show_progress_bar=False,
+        normalize_embeddings=normalize,
+        **_processing_kwargs(max_length),
+    )
+    return np.asarray(emb, dtype=np.float32)
+
+
+def length_sorted_order(corpus) -> np.ndarray:
+    """Corpus row order by decreasing ``title + text`` length, computed in Arrow (no Python strings)."""
+    lengths = pc.utf8_length(column_array(corpus, "text")).to_numpy()
+    if "title" in corpus.column_names:
+        lengths = lengths + pc.utf8_length(column_array(corpus, "title")).to_numpy()
+    return np.argsort(-lengths, kind="stable")
+
+
+# Corpus encodings kept while :func:`reuse_corpus_encodings` is active: (model weights, corpus, settings) -> the index
+_REUSE: dict[tuple, tuple[DenseIndex, np.ndarray]] | None = None
+REUSE_MAX_BYTES = 1 << 30  # what the kept indexes may hold in all
+
+
+@contextlib.contextmanager
+def reuse_corpus_encodings():
+    """Within the block, :func:`build_index` encodes a corpus once per model: a second call with the same weights
+    (their SHA-256), the same corpus dataset and the same settings returns the index the first built (up to
+    :data:`REUSE_MAX_BYTES` of vectors in all). The recipe evaluates its final model and then builds that model's
+    hybrid retrievers over the target corpora, which are often the evaluation corpora too."""
+    global _REUSE
+    outer, _REUSE = _REUSE, {} if _REUSE is None else _REUSE
+    try:
+        yield
+    finally:
+        if outer is None:
+            _REUSE = None
+
+
+def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
+    fp = getattr(corpus, "_fingerprint", None)
+    if _REUSE is None or fp is None:
+        return None
+    return (model_fingerprint(model)["weights_sha256"], fp, len(corpus), max_length, backend, normalize)
+
+
+def build_index(
+    model,
+    corpus,
+    *,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    chunk_docs: int = 4096,
+    backend: str = "auto",
+    show_progress_bar: bool = True,
+    on_chunk=None,
+) -> tuple[DenseIndex, np.ndarray]:
+    """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
+
+    Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
+    one chunk of embeddings, never a second full copy. ``on_chunk(n_done)`` is called after every chunk.
+    """
+    from tqdm.auto import tqdm
+
+    normalize = model_similarity(model) == "cosine"
+    key = _reuse_key(model, corpus, max_length, backend, normalize)
+    if key is not None and key in _REUSE:
+        logger.info("corpus of %d documents: its encoding by this model is reused", len(corpus))
+        return _REUSE[key]
+    order = length_sorted_order(corpus)
+    dim = model.get_embedding_dimension()
+    index = DenseIndex(dim, backend=backend, capacity=len(order))
+    bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
+    for s in range(0, len(order), chunk_docs):
+        rows = order[s : s + chunk_docs]
+        b = corpus[rows]
+        titles = b.get("title") or [""] * len(rows)
+        texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
+        index.add(
+            encode_texts(
+                model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize
+            )
+        )
+        bar.update(len(rows))
+        if on_chunk is not None:
+            on_chunk(s + len(rows))
+    bar.close()
+    if key is not None and 4 * dim * (len(order) + sum(len(o) for _, o in _REUSE.values())) <= REUSE_MAX_BYTES:
+        _REUSE[key] = (index, order)
+    return index, order
+
+
+def search_run(
+    index: DenseIndex,
+    order: np.ndarray,
+    doc_ids,
+    query_ids: list[str],
+    query_emb: np.ndarray,
+    top_k: int,
+) -> dict[str, dict[str, float]]:
+    """``{query_id: {doc_id: score}}`` for the top-``k`` of each query."""
+    scores, idx = index.search(query_emb, top_k)
+    ids = np.asarray(doc_ids, dtype=object)
+    run: dict[str, dict[str, float]] = {}
+    for qi, qid in enumerate(query_ids):
+        valid = idx[qi] >= 0
+        rows = order[idx[qi][valid]]
+        run[qid] = dict(zip(ids[rows].tolist(), scores[qi][valid].astype(float).tolist()))
+    return run
