@@ -403,7 +403,7 @@ def _study_module():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "adaptation_study.py"
+    path = Path(__file__).resolve().parent.parent / "scripts" / "studies" / "adaptation_study.py"
     spec = importlib.util.spec_from_file_location("adaptation_study", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

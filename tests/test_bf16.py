@@ -1,5 +1,5 @@
 """bf16 autocast gives the fp32 answers within bf16 tolerance (correctness only; whether bf16 *pays* is a benchmark,
-``scripts/bench_precision.py``: on CPUs without native bf16 kernels it is many times slower, see the README)."""
+``scripts/benchmarks/bench_precision.py``: on CPUs without native bf16 kernels it is many times slower, see the README)."""
 
 from __future__ import annotations
 

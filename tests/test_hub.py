@@ -241,7 +241,7 @@ def test_push_requires_hub_model_id(tiny_st_dir, tiny_beir, tmp_path):
 def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
     """convert + evaluate + MTEB files + push, on a small raw BERT made in the test."""
     state, url = hub
-    script = Path(__file__).resolve().parent.parent / "scripts" / "publish_cocodr.py"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "tools" / "publish_cocodr.py"
     out = tmp_path / "pub"
     proc = subprocess.run(
         [
