@@ -10,7 +10,7 @@ import logging
 import math
 
 import pytest
-from test_bad_inputs import beir, run_cli
+from helpers import beir, run_cli
 
 from hf_cocodr.cli import main
 from hf_cocodr.data.beir import BEIRFormatError, column_numpy, load_beir, load_qrels

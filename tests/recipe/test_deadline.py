@@ -6,7 +6,7 @@ import json
 import logging
 
 import pytest
-from test_recipe import CFG
+from helpers import CFG
 from transformers import TrainerControl, TrainerState
 
 from hf_cocodr.finetuning.callbacks import WallClockDeadline

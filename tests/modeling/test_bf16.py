@@ -3,19 +3,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import helpers
 import pytest
 import torch
+from helpers import batch, features_for, grads_after_step
 
-sys.path.insert(0, str(Path(__file__).parent / "finetuning"))
-sys.path.insert(0, str(Path(__file__).parent / "pretraining"))
-
-from test_coco import grads_after_step  # noqa: E402
-from test_idro_loss import batch, features_for  # noqa: E402
-
-from hf_cocodr import IDROLoss  # noqa: E402
+from hf_cocodr import IDROLoss
 
 
 def _gram_and_weights(model, autocast: bool):
@@ -77,10 +70,8 @@ def tiny_bert_nodrop(tmp_path_factory):
 
 def test_coco_gradient_cache_equals_uncached_under_bf16(tiny_bert_nodrop, tiny_beir, tmp_path, monkeypatch):
     """The grad-cache equivalence, with the trainers' --bf16 (accelerate's autocast) on CPU: bf16 tolerance."""
-    import test_coco
-
-    real = test_coco.coco_args
-    monkeypatch.setattr(test_coco, "coco_args", lambda out, **kw: real(out, bf16=True, **kw))
+    real = helpers.coco_args
+    monkeypatch.setattr(helpers, "coco_args", lambda out, **kw: real(out, bf16=True, **kw))
     _, g_plain = grads_after_step(tiny_bert_nodrop, tiny_beir, tmp_path / "a", chunk=0)
     tr, g_cache = grads_after_step(tiny_bert_nodrop, tiny_beir, tmp_path / "b", chunk=3)
     assert tr.args.bf16

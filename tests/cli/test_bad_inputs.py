@@ -7,59 +7,12 @@ No case may end in a traceback from deep inside a library or in a silent empty r
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import beir, run_cli
 
 from hf_cocodr.cli import main
-
-
-def beir(
-    root: Path,
-    corpus: str | bytes | None = None,
-    queries: str | None = None,
-    qrels: str | None = None,
-    split: str = "train",
-) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "qrels").mkdir(exist_ok=True)
-    docs = (
-        corpus
-        if corpus is not None
-        else "".join(
-            json.dumps(
-                {"_id": f"d{i}", "title": "", "text": f"Sentence one about topic {i}. Sentence two follows here."}
-            )
-            + "\n"
-            for i in range(12)
-        )
-    )
-    (root / "corpus.jsonl").write_bytes(docs if isinstance(docs, bytes) else docs.encode())
-    q = (
-        queries
-        if queries is not None
-        else "".join(json.dumps({"_id": f"q{i}", "text": f"topic {i}"}) + "\n" for i in range(12))
-    )
-    (root / "queries.jsonl").write_text(q)
-    rows = (
-        qrels if qrels is not None else "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(12))
-    )
-    (root / "qrels" / f"{split}.tsv").write_text(rows)
-    return root
-
-
-def run_cli(args, capsys) -> str:
-    rc = main([str(a) for a in args])
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2, f"exit status {rc}, stderr {lines}"
-    assert not any("Traceback" in line for line in lines), lines
-    # progress bars and the log lines of work done before the problem was found may precede it; the error
-    # itself is exactly one line, the last one
-    errors = [line for line in lines if line.startswith("hf-cocodr")]
-    assert len(errors) == 1 and lines[-1] == errors[0], lines
-    return errors[0]
-
 
 # --------------------------------------------------------------------------------------------- data files
 DATA_CASES = {

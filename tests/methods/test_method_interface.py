@@ -24,7 +24,7 @@ from hf_cocodr.methods import (
     validate_methods,
 )
 
-TRAINER_SOURCE = Path(__file__).resolve().parent.parent / "hf_cocodr" / "finetuning" / "trainer.py"
+TRAINER_SOURCE = Path(__file__).resolve().parents[2] / "hf_cocodr" / "finetuning" / "trainer.py"
 
 
 def test_the_trainer_names_no_method():

@@ -5,27 +5,11 @@ import logging
 
 import pytest
 import torch
+from helpers import CFG
 from tiny import crash_at
 
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.runner import _precision_choice
-
-CFG = dict(
-    coco_steps=2,
-    finetune_steps=4,
-    target_steps=2,
-    refreshes=1,
-    corpus_pool=None,
-    target_pairs="title_body",
-    wise_alpha=0.5,
-    skip_finetune=False,
-    coco_runs=1,
-    finetune_preset="paper",  # every stage runs, COCO
-    # once, the fine-tune with iDRO (the automatic schedule itself is tested in test_adaptation.py)
-    coco={"per_device_train_batch_size": 8, "save_steps": 2},
-    finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
-    target={"per_device_train_batch_size": 8, "save_steps": 2},
-)
 
 
 def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
