@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt | $(BIN)/python
 	touch $@
 
 demo: setup
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/tools/demo.py
 
 test: setup
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
@@ -41,15 +41,15 @@ lint: setup
 # COCO-DR's Table 2 ablation in its own setting (splade-tiny, SQuAD as the source, SciFact + NFCorpus as targets):
 # the four arms at 15 minutes each, one seed, cached and resumable; prints the table beside the paper's.
 reproduce: setup
-	$(BIN)/python scripts/adaptation_study.py --start splade-tiny --budget-minutes 15 \
+	$(BIN)/python scripts/studies/adaptation_study.py --start splade-tiny --budget-minutes 15 \
 		--arms start,neither,no-coco,no-idro,full --seeds 42 $(REPRODUCE_ARGS)
 
-# The earlier reproduction from all-MiniLM-L6-v2 (fixed steps; reports/reproduction.md).
+# The earlier reproduction from all-MiniLM-L6-v2 (fixed steps; reports/studies/reproduction.md).
 reproduce-minilm: setup
-	$(BIN)/python scripts/reproduce.py $(REPRODUCE_ARGS)
+	$(BIN)/python scripts/studies/reproduce.py $(REPRODUCE_ARGS)
 
 bench: setup
-	$(BIN)/python scripts/bench_evaluate.py
+	$(BIN)/python scripts/benchmarks/bench_evaluate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -10,10 +10,40 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlparse
+
+# -------------------------------------------------------------- a client process talking to the stand-in
+TOKEN = "hf_standinSECRETtoken0123456789abcdefXYZ"
+
+
+def hub_env(url: str, home: Path) -> dict:
+    env = dict(os.environ)
+    env.update(
+        HF_ENDPOINT=url,
+        HF_HUB_OFFLINE="0",
+        HF_HOME=str(home),
+        HF_TOKEN=TOKEN,
+        HF_HUB_DISABLE_TELEMETRY="1",
+        HF_HUB_DISABLE_XET="1",
+        HF_HUB_ETAG_TIMEOUT="5",
+        HF_HUB_DOWNLOAD_TIMEOUT="10",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.pop("HF_DATASETS_OFFLINE", None)
+    return env
+
+
+def cli(args, env, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "hf_cocodr", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 class HubState:

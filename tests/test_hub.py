@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -12,8 +11,7 @@ from pathlib import Path
 
 import hub_standin
 import pytest
-
-TOKEN = "hf_standinSECRETtoken0123456789abcdefXYZ"
+from hub_standin import TOKEN, cli, hub_env
 
 
 @pytest.fixture(scope="module")
@@ -21,29 +19,6 @@ def hub():
     server, state, url = hub_standin.start()
     yield state, url
     server.shutdown()
-
-
-def hub_env(url: str, home: Path) -> dict:
-    env = dict(os.environ)
-    env.update(
-        HF_ENDPOINT=url,
-        HF_HUB_OFFLINE="0",
-        HF_HOME=str(home),
-        HF_TOKEN=TOKEN,
-        HF_HUB_DISABLE_TELEMETRY="1",
-        HF_HUB_DISABLE_XET="1",
-        HF_HUB_ETAG_TIMEOUT="5",
-        HF_HUB_DOWNLOAD_TIMEOUT="10",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("HF_DATASETS_OFFLINE", None)
-    return env
-
-
-def cli(args, env, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-m", "hf_cocodr", *args], env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -241,7 +216,7 @@ def test_push_requires_hub_model_id(tiny_st_dir, tiny_beir, tmp_path):
 def test_publish_script_offline(hub, tiny_bert_dir, tiny_beir, tmp_path):
     """convert + evaluate + MTEB files + push, on a small raw BERT made in the test."""
     state, url = hub
-    script = Path(__file__).resolve().parent.parent / "scripts" / "publish_cocodr.py"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "tools" / "publish_cocodr.py"
     out = tmp_path / "pub"
     proc = subprocess.run(
         [

@@ -184,7 +184,7 @@ def hub():
 
 
 def test_provenance_survives_export_push_and_load(hub, finetuned, tmp_path):
-    from test_hub import cli, hub_env
+    from hub_standin import cli, hub_env
 
     from hf_cocodr.export import export_sentence_transformer
 

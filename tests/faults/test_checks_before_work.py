@@ -196,7 +196,7 @@ def test_a_length_at_the_limit_works(tiny_bert_dir, tiny_beir, tmp_path, capsys)
         )
         == 0
     )
-    # the recipe's default train_max_length is the tiny model's limit: tests/test_recipe.py runs it end to end
+    # the recipe's default train_max_length is the tiny model's limit: tests/recipe/test_recipe.py runs it end to end
     assert RecipeConfig().train_max_length == LIMIT
     check_recipe_lengths(
         str(tiny_bert_dir), RecipeConfig(finetune={"max_length": LIMIT}, coco={"max_span_length": LIMIT})

@@ -4,28 +4,9 @@ import math
 
 import pytest
 import torch
+from helpers import batch, features_for
 
 from hf_cocodr.finetuning.losses import IDROLoss
-
-
-def features_for(model, columns):
-    return [model.preprocess(col) for col in columns]
-
-
-def batch(n=8, seed=0):
-    import random
-
-    import tiny
-
-    rng = random.Random(seed)
-    topics = sorted(tiny.TOPICS)
-    qs, pos, neg = [], [], []
-    for i in range(n):
-        t = topics[i % len(topics)]
-        qs.append(tiny.sentence(rng, t, 5))
-        pos.append(tiny.document(rng, t, 2))
-        neg.append(tiny.document(rng, topics[(i + 3) % len(topics)], 2))
-    return [qs, pos, neg]
 
 
 @pytest.fixture()

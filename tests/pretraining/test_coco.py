@@ -6,8 +6,9 @@ import logging
 import numpy as np
 import pytest
 import torch
+from helpers import coco_args, grads_after_step
 
-from hf_cocodr import CocoPretrainer, CocoPretrainingArguments, CondenserForPretraining
+from hf_cocodr import CocoPretrainer, CondenserForPretraining
 from hf_cocodr.data.spans import SpanCorpus, group_sentences, split_sentences_regex
 
 
@@ -16,22 +17,6 @@ def tiny_bert_nodrop(tmp_path_factory):
     import tiny
 
     return tiny.make_tiny_bert(tmp_path_factory.mktemp("nodrop"), dropout=0.0, seed=3)
-
-
-def coco_args(out, **kw):
-    base = dict(
-        output_dir=str(out),
-        per_device_train_batch_size=8,
-        max_steps=2,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        seed=11,
-        disable_tqdm=True,
-    )
-    base.update(kw)
-    return CocoPretrainingArguments(**base)
 
 
 def test_sentence_splitter_and_grouping():
@@ -111,34 +96,6 @@ def test_random_crops_do_not_overlap(tiny_bert_dir, tiny_beir):
         ia = next(i for i in range(len(toks)) if np.array_equal(toks[i : i + 8], a))
         ib = next(i for i in range(len(toks)) if np.array_equal(toks[i : i + 8], b))
         assert abs(ia - ib) >= 8
-
-
-def grads_after_step(model_dir, corpus, out, chunk, accumulation=1, batch=8):
-    torch.manual_seed(0)
-    args = coco_args(
-        out,
-        gradient_cache_chunk_size=chunk,
-        per_device_train_batch_size=batch,
-        max_steps=1,
-        gradient_accumulation_steps=accumulation,
-        learning_rate=0.0,
-        warmup_steps=0,
-        max_grad_norm=1e9,
-    )
-    trainer = CocoPretrainer(str(model_dir), args, corpora=[corpus])
-    grads = {}
-
-    def keep(n):
-        def hook(g):
-            grads[n] = grads.get(n, 0) + g.detach().clone()
-
-        return hook
-
-    for n, p in trainer.model.named_parameters():
-        if p.requires_grad:
-            p.register_hook(keep(n))
-    trainer.train()
-    return trainer, grads
 
 
 def test_gradient_cache_equals_uncached(tiny_bert_nodrop, tiny_beir, tmp_path):

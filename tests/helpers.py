@@ -1,0 +1,143 @@
+"""Helpers shared by several test modules (this is not a test module: tests import from here, never from each
+other). Fixtures live in ``conftest.py``; tiny models and data in ``tiny.py``; the stand-in Hub in ``hub_standin.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from hf_cocodr import CocoPretrainer, CocoPretrainingArguments
+from hf_cocodr.cli import main
+
+# ------------------------------------------------------------------------------------- the recipe at its smallest
+CFG = dict(
+    coco_steps=2,
+    finetune_steps=4,
+    target_steps=2,
+    refreshes=1,
+    corpus_pool=None,
+    target_pairs="title_body",
+    wise_alpha=0.5,
+    skip_finetune=False,
+    coco_runs=1,
+    finetune_preset="paper",  # every stage runs, COCO
+    # once, the fine-tune with iDRO (the automatic schedule itself is tested in tests/recipe/test_schedules.py)
+    coco={"per_device_train_batch_size": 8, "save_steps": 2},
+    finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+    target={"per_device_train_batch_size": 8, "save_steps": 2},
+)
+
+
+# ------------------------------------------------------------------------------------------ bad inputs and the CLI
+def beir(
+    root: Path,
+    corpus: str | bytes | None = None,
+    queries: str | None = None,
+    qrels: str | None = None,
+    split: str = "train",
+) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "qrels").mkdir(exist_ok=True)
+    docs = (
+        corpus
+        if corpus is not None
+        else "".join(
+            json.dumps(
+                {"_id": f"d{i}", "title": "", "text": f"Sentence one about topic {i}. Sentence two follows here."}
+            )
+            + "\n"
+            for i in range(12)
+        )
+    )
+    (root / "corpus.jsonl").write_bytes(docs if isinstance(docs, bytes) else docs.encode())
+    q = (
+        queries
+        if queries is not None
+        else "".join(json.dumps({"_id": f"q{i}", "text": f"topic {i}"}) + "\n" for i in range(12))
+    )
+    (root / "queries.jsonl").write_text(q)
+    rows = (
+        qrels if qrels is not None else "query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(12))
+    )
+    (root / "qrels" / f"{split}.tsv").write_text(rows)
+    return root
+
+
+def run_cli(args, capsys) -> str:
+    rc = main([str(a) for a in args])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, f"exit status {rc}, stderr {lines}"
+    assert not any("Traceback" in line for line in lines), lines
+    # progress bars and the log lines of work done before the problem was found may precede it; the error
+    # itself is exactly one line, the last one
+    errors = [line for line in lines if line.startswith("hf-cocodr")]
+    assert len(errors) == 1 and lines[-1] == errors[0], lines
+    return errors[0]
+
+
+# ------------------------------------------------------------------------------------------------- COCO pretraining
+def coco_args(out, **kw):
+    base = dict(
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        max_steps=2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=11,
+        disable_tqdm=True,
+    )
+    base.update(kw)
+    return CocoPretrainingArguments(**base)
+
+
+def grads_after_step(model_dir, corpus, out, chunk, accumulation=1, batch=8):
+    torch.manual_seed(0)
+    args = coco_args(
+        out,
+        gradient_cache_chunk_size=chunk,
+        per_device_train_batch_size=batch,
+        max_steps=1,
+        gradient_accumulation_steps=accumulation,
+        learning_rate=0.0,
+        warmup_steps=0,
+        max_grad_norm=1e9,
+    )
+    trainer = CocoPretrainer(str(model_dir), args, corpora=[corpus])
+    grads = {}
+
+    def keep(n):
+        def hook(g):
+            grads[n] = grads.get(n, 0) + g.detach().clone()
+
+        return hook
+
+    for n, p in trainer.model.named_parameters():
+        if p.requires_grad:
+            p.register_hook(keep(n))
+    trainer.train()
+    return trainer, grads
+
+
+# --------------------------------------------------------------------------------------------------------- the iDRO loss
+def features_for(model, columns):
+    return [model.preprocess(col) for col in columns]
+
+
+def batch(n=8, seed=0):
+    import random
+
+    import tiny
+
+    rng = random.Random(seed)
+    topics = sorted(tiny.TOPICS)
+    qs, pos, neg = [], [], []
+    for i in range(n):
+        t = topics[i % len(topics)]
+        qs.append(tiny.sentence(rng, t, 5))
+        pos.append(tiny.document(rng, t, 2))
+        neg.append(tiny.document(rng, topics[(i + 3) % len(topics)], 2))
+    return [qs, pos, neg]

@@ -1,0 +1,108 @@
+"""The schedule rule: which stages the recipe trains for each kind of starting model and input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_cocodr.recipe import (
+    SCHEDULES,
+    RecipeConfig,
+    choose_schedule,
+)
+
+
+def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
+    from hf_cocodr.modeling.condenser import checkpoint_has_mlm_head
+
+    for model_dir, kind in ((tiny_bert_dir, "mlm_head"), (tiny_bert_nomlm_dir, "no_mlm_head")):
+        cfg, record = choose_schedule(RecipeConfig(), checkpoint_has_mlm_head(str(model_dir)))
+        assert record["kind"] == kind
+        for key, value in SCHEDULES[kind].items():
+            assert getattr(cfg, key) == value, key
+    # the rule the README states: both kinds train COCO with MLM and nothing after (no pairs, no WiSE-FT); a head-less
+    # model (already a retriever) trains COCO alone as a soup of runs the budget buys, a model with an MLM head the
+    # paper's stages (one COCO run -> iDRO); a head-less model's fresh MLM head is warmed up first, and the record
+    # says so
+    for kind in ("no_mlm_head", "mlm_head"):
+        assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
+        assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_coco"] is False
+    assert SCHEDULES["no_mlm_head"]["skip_finetune"] is True and SCHEDULES["no_mlm_head"]["coco_runs"] == "budget"
+    assert SCHEDULES["mlm_head"]["skip_finetune"] is False and SCHEDULES["mlm_head"]["coco_runs"] == 1
+    assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
+    assert "30%" in choose_schedule(RecipeConfig(), None)[1]["mlm_head"]  # a Hub id cannot be inspected: warmed up
+    assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
+
+
+def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillation_alone():
+    queries = ["data/scifact:train"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
+    assert record["kind"] == "no_mlm_head_queries" and "target queries" in record["why"]
+    assert (cfg.skip_coco, cfg.skip_finetune, cfg.skip_distill, cfg.distill_share) == (True, True, False, 1.0)
+    assert "mlm_head" not in record  # no COCO: no fresh head to warm up
+    # COCO asked for beside it gets an equal share; a model with an MLM head keeps its schedule (no distillation)
+    both, record = choose_schedule(RecipeConfig(target_queries=queries, skip_coco=False), False)
+    assert (both.skip_coco, both.coco_share, both.distill_share) == (False, 1.0, 1.0) and "mlm_head" in record
+    head, record = choose_schedule(RecipeConfig(target_queries=queries), True)
+    assert record["kind"] == "mlm_head" and head.skip_distill is True and head.skip_coco is False
+    # a setting given by the user wins and is recorded as theirs
+    cfg, record = choose_schedule(RecipeConfig(wise_alpha=None, coco_mlm_weight=0.3), False)
+    assert cfg.wise_alpha is None and cfg.coco_mlm_weight == 0.3
+    assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
+
+
+def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
+    tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir, tmp_path
+):
+    """End to end with only step counts set: a head-less tiny model gets a COCO soup (3 runs of coco_run_steps without
+    a budget) and no fine-tuning; a tiny model with an MLM head gets one COCO run, then iDRO."""
+    from hf_cocodr.recipe import run_recipe
+
+    small = {
+        "finetune_steps": 2,
+        "corpus_pool": None,
+        "coco": {"per_device_train_batch_size": 8, "save_steps": 2},
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+    }
+    cases = (
+        (tiny_bert_nomlm_dir, {"coco_run_steps": 2}, 3, {"coco": 2}),
+        (tiny_bert_dir, {"coco_steps": 2}, 1, {"coco": 2, "finetune": 2}),
+    )
+    for model_dir, steps, runs, trained in cases:
+        out = tmp_path / model_dir.name
+        run_recipe(str(model_dir), [str(tiny_beir)], str(tiny_beir), out, config={**small, **steps})
+        record = json.loads((out / "recipe.json").read_text())
+        assert record["plan"]["coco_runs"] == runs and record["steps_trained"] == trained, model_dir.name
+        assert (out / "coco-runs").is_dir() == (runs > 1)
+        assert (out / "finetune").is_dir() == ("finetune" in trained)
+
+
+def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tuning(
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path
+):
+    """The head-less schedule trains COCO alone; with no target corpus there is no COCO, so the source fine-tuning the
+    schedule left out runs instead (recorded as chosen). With every stage switched off by the user: refused by name,
+    before anything is written."""
+    from hf_cocodr.errors import ConfigError
+    from hf_cocodr.recipe import run_recipe
+
+    out = tmp_path / "src"
+    run_recipe(
+        str(tiny_bert_nomlm_dir),
+        [],
+        str(tiny_beir),
+        out,
+        config={
+            "finetune_steps": 2,
+            "corpus_pool": None,
+            "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
+        },
+    )
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["steps_trained"] == {"finetune": 2} and record["schedule"]["chosen"]["skip_finetune"] is False
+    with pytest.raises(ConfigError, match="nothing to train"):
+        run_recipe(
+            str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "none", config={"skip_coco": True}
+        )
+    assert not (tmp_path / "none").exists()
