@@ -132,62 +132,31 @@ def export_sentence_transformer(
     Returns:
         The exported ``SentenceTransformer`` (loaded from the written directory).
     """
-    if pooling not in POOLING_CHOICES:
-        raise ValueError(f"pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
-    if similarity not in SIMILARITY_CHOICES:
-        raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
+    source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
+    lengths = {"max_seq_length": max_seq_length, "query_length": query_length, "document_length": document_length}
+    claim = _check_before_export(
+        model_or_path,
+        out_dir,
+        source,
+        pooling=pooling,
+        similarity=similarity,
+        lengths=lengths,
+        legacy_format=legacy_format,
+        overwrite_output_dir=overwrite_output_dir,
+        run_record=run_record,
+    )
     from sentence_transformers import SentenceTransformer
 
-    source = model_or_path if isinstance(model_or_path, (str, os.PathLike)) else None
-    check_lengths(
-        model_or_path,
-        {"max_seq_length": max_seq_length, "query_length": query_length, "document_length": document_length},
-    )  # before any model is loaded
-    run = None
-    if run_record:  # checked before any model is loaded
-        check_not_source(out_dir, source)
-        identity = {
-            "source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
-            "pooling": pooling,
-            "similarity": similarity,
-            "max_seq_length": max_seq_length,
-            "legacy_format": legacy_format,
-        }
-        claim = dict(command="export", identity=identity, overwrite=overwrite_output_dir, replaces_own=True)
-        RunFolder.claim(out_dir, **claim, dry_run=True)
-        # the destination's folder is where everything is staged: writable, with room for the model's weights
-        check_before_work(out_dir, source, factor=EXPORT_SPACE_FACTOR, cache=False, staged_beside=True)
-    else:  # a trainer's export into the folder it claimed: the claim decided which entries are the user's
-        check_not_precious(out_dir)
-        check_not_source(out_dir, source)
     src = _as_sentence_transformer(model_or_path, max_seq_length, trust_remote_code, pooling, similarity)
     transformer = _transformer_module(src)
     origin = str(source) if source is not None else start_path(src)
-    inherited, same_encoding = _inherited_provenance(origin, pooling, similarity)
-    card_data = {**inherited, **(card_data or {})}
-    if same_encoding and max_seq_length in (None, transformer.max_seq_length):
-        # the same weights, pooling and similarity: the source's evaluations hold for the export too
-        for name in ("eval.json", "mteb_results"):
-            if (Path(origin) / name).exists() and name not in (extra_files or {}):
-                extra_files = {**(extra_files or {}), name: Path(origin) / name}
+    card_data, extra_files = _carried_from_source(
+        origin, transformer, pooling, similarity, max_seq_length, card_data, extra_files
+    )
     out_dir = Path(out_dir)
+    run = None
     with staged_directory(out_dir) as staging:
-        # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
-        # the tokenizer (and its lower-casing) exactly as it was and works for any source layout.
-        transformer.save(staging)
-        model = build_sentence_transformer(
-            staging,
-            pooling=pooling,
-            similarity=similarity,
-            max_seq_length=max_seq_length or transformer.max_seq_length,
-            query_length=query_length if query_length is not None else getattr(transformer, "query_length", None),
-            document_length=(
-                document_length if document_length is not None else getattr(transformer, "document_length", None)
-            ),
-            trust_remote_code=trust_remote_code,
-        )
-        if origin:  # the exported model comes from the source, not from the staging folder (never saved to disk)
-            model[0].auto_model.config._name_or_path = origin
+        model = _rebuild_in(staging, transformer, origin, pooling, similarity, lengths, trust_remote_code)
         if run_record:
             run = RunFolder.claim(out_dir, **claim)
         try:
@@ -197,6 +166,89 @@ def export_sentence_transformer(
                 run.release()
     logger.info("exported %s pooling / %s similarity encoder to %s", pooling, similarity, out_dir)
     return SentenceTransformer(str(out_dir))
+
+
+def _check_before_export(
+    model_or_path,
+    out_dir,
+    source,
+    *,
+    pooling: str,
+    similarity: str,
+    lengths: dict[str, int | None],
+    legacy_format: bool,
+    overwrite_output_dir: bool,
+    run_record: bool,
+) -> dict[str, Any] | None:
+    """What :func:`export_sentence_transformer` checks before any model is loaded: the choices, the token limits
+    and the destination (with ``run_record``, claimed in a dry run and checked for room). Returns the arguments of
+    the destination's :meth:`RunFolder.claim`, or ``None`` without ``run_record``."""
+    if pooling not in POOLING_CHOICES:
+        raise ValueError(f"pooling must be one of {POOLING_CHOICES}, got {pooling!r}")
+    if similarity not in SIMILARITY_CHOICES:
+        raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
+    check_lengths(model_or_path, lengths)
+    if not run_record:  # a trainer's export into the folder it claimed: the claim decided which entries are the user's
+        check_not_precious(out_dir)
+        check_not_source(out_dir, source)
+        return None
+    check_not_source(out_dir, source)
+    identity = {
+        "source": fingerprint(str(source)) if source is not None else type(model_or_path).__name__,
+        "pooling": pooling,
+        "similarity": similarity,
+        "max_seq_length": lengths["max_seq_length"],
+        "legacy_format": legacy_format,
+    }
+    claim = dict(command="export", identity=identity, overwrite=overwrite_output_dir, replaces_own=True)
+    RunFolder.claim(out_dir, **claim, dry_run=True)
+    # the destination's folder is where everything is staged: writable, with room for the model's weights
+    check_before_work(out_dir, source, factor=EXPORT_SPACE_FACTOR, cache=False, staged_beside=True)
+    return claim
+
+
+def _carried_from_source(
+    origin: str | None,
+    transformer,
+    pooling: str,
+    similarity: str,
+    max_seq_length: int | None,
+    card_data: dict[str, Any] | None,
+    extra_files: dict[str, str | os.PathLike] | None,
+) -> tuple[dict[str, Any], dict[str, str | os.PathLike] | None]:
+    """The card data (the source's provenance under the caller's ``card_data``) and the extra files (plus the
+    source's evaluations, when they hold for the export) of an export from ``origin``."""
+    inherited, same_encoding = _inherited_provenance(origin, pooling, similarity)
+    card_data = {**inherited, **(card_data or {})}
+    if same_encoding and max_seq_length in (None, transformer.max_seq_length):
+        # the same weights, pooling and similarity: the source's evaluations hold for the export too
+        for name in ("eval.json", "mteb_results"):
+            if (Path(origin) / name).exists() and name not in (extra_files or {}):
+                extra_files = {**(extra_files or {}), name: Path(origin) / name}
+    return card_data, extra_files
+
+
+def _rebuild_in(staging: Path, transformer, origin: str | None, pooling, similarity, lengths, trust_remote_code):
+    """The exported model, built in ``staging`` from the source's Transformer module with the requested pooling,
+    similarity and token limits (a limit not given keeps the source's)."""
+    # Save the Transformer module alone, then rebuild with the requested pooling from those files: this keeps
+    # the tokenizer (and its lower-casing) exactly as it was and works for any source layout.
+    transformer.save(staging)
+    query_length, document_length = lengths["query_length"], lengths["document_length"]
+    model = build_sentence_transformer(
+        staging,
+        pooling=pooling,
+        similarity=similarity,
+        max_seq_length=lengths["max_seq_length"] or transformer.max_seq_length,
+        query_length=query_length if query_length is not None else getattr(transformer, "query_length", None),
+        document_length=(
+            document_length if document_length is not None else getattr(transformer, "document_length", None)
+        ),
+        trust_remote_code=trust_remote_code,
+    )
+    if origin:  # the exported model comes from the source, not from the staging folder (never saved to disk)
+        model[0].auto_model.config._name_or_path = origin
+    return model
 
 
 def _inherited_provenance(origin: str | None, pooling: str, similarity: str) -> tuple[dict[str, Any], bool]:

@@ -56,6 +56,36 @@ def _ict_pair(text: str, rng: np.random.Generator, split) -> tuple[str, str] | N
     return sents[i], " ".join(s for j, s in enumerate(sents) if j != i)
 
 
+def _document_pairs(
+    name: str, records, mode: str, rng: np.random.Generator, min_query_chars: int
+) -> list[tuple[str, str, str]]:
+    """The ``(query, positive, id)`` pair of each usable document of one corpus; logs how many were used and
+    skipped."""
+    pairs = []
+    skipped = 0
+    for i, (title, text) in enumerate(records):
+        title, text = (title or "").strip(), (text or "").strip()
+        if mode == "title_body":
+            pair = (title, text) if len(title) >= min_query_chars and text else None
+        else:
+            pair = _ict_pair(text, rng, split_sentences_regex) if text else None
+            if pair is not None and len(pair[0]) < min_query_chars:
+                pair = None
+        if pair is None:
+            skipped += 1
+            continue
+        pairs.append((pair[0], pair[1], f"{name}/{i}"))
+    logger.info(
+        "pseudo pairs (%s) from %s: %d documents used, %d skipped (%s)",
+        mode,
+        name,
+        len(pairs),
+        skipped,
+        "no title or empty body" if mode == "title_body" else "fewer than two sentences",
+    )
+    return pairs
+
+
 def target_pseudo_pairs(
     corpora: Iterable,
     mode: str = "title_body",
@@ -90,30 +120,10 @@ def target_pseudo_pairs(
     for spec in corpora:
         name, records = _title_text_records(spec, text_column)
         names.append(name)
-        kept = skipped = 0
-        for i, (title, text) in enumerate(records):
-            title, text = (title or "").strip(), (text or "").strip()
-            if mode == "title_body":
-                pair = (title, text) if len(title) >= min_query_chars and text else None
-            else:
-                pair = _ict_pair(text, rng, split_sentences_regex) if text else None
-                if pair is not None and len(pair[0]) < min_query_chars:
-                    pair = None
-            if pair is None:
-                skipped += 1
-                continue
-            queries.append(pair[0])
-            bodies.append(pair[1])
-            ids.append(f"{name}/{i}")
-            kept += 1
-        logger.info(
-            "pseudo pairs (%s) from %s: %d documents used, %d skipped (%s)",
-            mode,
-            name,
-            kept,
-            skipped,
-            "no title or empty body" if mode == "title_body" else "fewer than two sentences",
-        )
+        for query, body, doc_id in _document_pairs(name, records, mode, rng, min_query_chars):
+            queries.append(query)
+            bodies.append(body)
+            ids.append(doc_id)
     if not queries:
         raise ValueError(
             f"no {mode} pseudo pairs could be built from {names}: "

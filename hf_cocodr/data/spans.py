@@ -374,6 +374,17 @@ class SpanCorpus:
             min_span_tokens=min_span_tokens,
             max_doc_tokens=max_doc_tokens,
         )
+        arrays, per_source = cls._read_sources(sources, spans_of)
+        out = cls._from_arrays(arrays, sources, per_source, mode, min_span_tokens)
+        if cache_file is not None:
+            out._save(cache_file)
+            _prune_older_entries(cache_file)
+        return out
+
+    @staticmethod
+    def _read_sources(sources: list[CorpusSource], spans_of) -> tuple[_SpanArrays, list[dict]]:
+        """Each source's documents, 512 at a time, through ``spans_of`` into one :class:`_SpanArrays`; returns the
+        arrays and per-source counts (documents read, skipped). An empty source raises."""
         arrays = _SpanArrays()
         per_source = []
         for si, src in enumerate(sources):
@@ -392,6 +403,18 @@ class SpanCorpus:
             per_source.append({"corpus": src.name, "documents": n_docs, "skipped": n_skipped})
             if n_docs == 0:
                 raise ValueError(f"corpus {src.name!r} is empty")
+        return arrays, per_source
+
+    @classmethod
+    def _from_arrays(
+        cls,
+        arrays: _SpanArrays,
+        sources: list[CorpusSource],
+        per_source: list[dict],
+        mode: str,
+        min_span_tokens: int,
+    ) -> SpanCorpus:
+        """The corpus of the grown arrays, with its statistics; raises when no document yielded two spans."""
         doc_span_ptr, span_tok_ptr, tokens, doc_source = (
             arrays.doc_span_ptr,
             arrays.span_tok_ptr,
@@ -425,9 +448,6 @@ class SpanCorpus:
             mode,
             stats,
         )
-        if cache_file is not None:
-            out._save(cache_file)
-            _prune_older_entries(cache_file)
         return out
 
     def _save(self, path: Path) -> None:

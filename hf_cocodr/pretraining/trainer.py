@@ -89,48 +89,9 @@ class CocoPretrainer(TrainerMixin, Trainer):
         **kwargs,
     ):
         import datasets
-        from transformers import AutoTokenizer
 
-        if not isinstance(args, CocoPretrainingArguments):
-            raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
-        if model is None:
-            raise ConfigError(
-                "CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None"
-            )
-        if corpora is None:
-            raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
-        self._hub_token = self._prepare_hub_args(args)
-        if args.push_to_hub:  # offline or without a token the push would fail after training
-            check_push_possible(args.hub_model_id, self._hub_token)
-        if not isinstance(model, CondenserForPretraining):
-            check_model_source(model)
-        check_lengths(model, {"max_span_length": args.max_span_length})  # before a model is loaded
-        if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
-            RunFolder.claim(
-                args.output_dir,
-                self._command,
-                None,
-                resume=True,
-                overwrite=args.overwrite_output_dir,
-                trainer=True,
-                dry_run=True,
-            )
-        source = None
-        if not isinstance(model, CondenserForPretraining):
-            from transformers import set_seed
-
-            set_seed(args.seed)  # reproducible initialisation of the fresh heads
-            source = str(model)
-            model = CondenserForPretraining.from_pretrained(
-                source, n_head_layers=args.n_head_layers, skip_from=args.skip_from
-            )
-        if tokenizer is None:
-            name = source or model.lm.config._name_or_path
-            tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
-        if not args.backbone_dropout:
-            for m in model.lm.modules():
-                if isinstance(m, torch.nn.Dropout):
-                    m.p = 0.0
+        self._check_before_loading(model, args, corpora)
+        model, source, tokenizer = self._load_condenser(model, args, tokenizer)
         self.source_model = source
         self._identity = {
             "model": fingerprint(source) if source else model_fingerprint(model.lm),
@@ -169,6 +130,58 @@ class CocoPretrainer(TrainerMixin, Trainer):
         self._log_setup()
 
     # ------------------------------------------------------------------------------------------------ helpers
+    def _check_before_loading(self, model, args: CocoPretrainingArguments, corpora) -> None:
+        """The arguments, the Hub push, the span length and the output folder, checked before a model is loaded."""
+        if not isinstance(args, CocoPretrainingArguments):
+            raise ValueError("CocoPretrainer needs CocoPretrainingArguments")
+        if model is None:
+            raise ConfigError(
+                "CocoPretrainer needs model=: a CondenserForPretraining or a model folder / Hub id, got None"
+            )
+        if corpora is None:
+            raise ValueError("CocoPretrainer needs corpora=[...] (BEIR folders, JSONL files or datasets)")
+        self._hub_token = self._prepare_hub_args(args)
+        if args.push_to_hub:  # offline or without a token the push would fail after training
+            check_push_possible(args.hub_model_id, self._hub_token)
+        if not isinstance(model, CondenserForPretraining):
+            check_model_source(model)
+        check_lengths(model, {"max_span_length": args.max_span_length})  # before a model is loaded
+        if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
+            RunFolder.claim(
+                args.output_dir,
+                self._command,
+                None,
+                resume=True,
+                overwrite=args.overwrite_output_dir,
+                trainer=True,
+                dry_run=True,
+            )
+
+    @staticmethod
+    def _load_condenser(model, args: CocoPretrainingArguments, tokenizer):
+        """``model`` as a :class:`CondenserForPretraining` (loaded when given as a folder / Hub id, with fresh heads
+        seeded by ``args.seed``), its source path (``None`` for a given model) and the tokenizer (by default the
+        model's own); with ``backbone_dropout`` off, the backbone's dropout is set to 0."""
+        from transformers import AutoTokenizer
+
+        source = None
+        if not isinstance(model, CondenserForPretraining):
+            from transformers import set_seed
+
+            set_seed(args.seed)  # reproducible initialisation of the fresh heads
+            source = str(model)
+            model = CondenserForPretraining.from_pretrained(
+                source, n_head_layers=args.n_head_layers, skip_from=args.skip_from
+            )
+        if tokenizer is None:
+            name = source or model.lm.config._name_or_path
+            tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
+        if not args.backbone_dropout:
+            for m in model.lm.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = 0.0
+        return model, source, tokenizer
+
     def _log_setup(self) -> None:
         st = self.span_corpus.stats
         a = self.args

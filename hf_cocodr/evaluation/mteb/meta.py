@@ -240,6 +240,65 @@ def _new_model_fields(
     return fields
 
 
+def _checked_and_loaded(model_name: str, model_dir, model, revision: str | None):
+    """:func:`model_meta_for`'s model name checked, its directory, its model (loaded from the directory when not
+    given) and its revision (checked, or the weights' content hash)."""
+    model_name = check_model_name(model_name)
+    path = Path(model_dir).expanduser() if model_dir is not None else None
+    if path is not None and not path.is_dir():
+        raise FileNotFoundError(f"model directory {path} not found.")
+    if model is None:
+        if path is None:
+            raise ValueError("model_meta_for needs a model directory or a loaded model.")
+        model = load_encoder(path)
+    revision = check_revision(revision) if revision is not None else model_revision(model)
+    return model_name, path, model, revision
+
+
+def _meta_fields(
+    model,
+    path: Path | None,
+    model_name: str,
+    revision: str,
+    adapted_from: str | None,
+    training_datasets: Iterable[str] | None,
+    raw_checkpoint: bool | None,
+    opts: dict[str, Any],
+) -> dict[str, Any]:
+    """The fields of :func:`model_meta_for`'s ``ModelMeta``: read from the provenance, the card and the model, on top
+    of the registry's meta of a known model or of mteb's own meta of a new one."""
+    info = read_training_info(path)
+    card = read_card(path)[0] if path is not None else {}
+    trained = bool(info.get("stages"))
+    base = _base_model(path, model_name, adapted_from, info, card)
+    known = _registry_meta(model_name) or (_registry_meta(base) if base else None)
+    # Training data: none declared and no provenance is unknown (None), not "none" (an empty set).
+    ours = None
+    if trained or info.get("datasets") or training_datasets is not None:
+        ours = declared_training_datasets(info) | {mteb_dataset_name(d) for d in training_datasets or []}
+    facts = _measure(model)
+    if raw_checkpoint is None:
+        raw_checkpoint = path is not None and not is_sentence_transformers_dir(path)
+    citation = opts["citation"]
+    if citation is None and is_cocodr_model({**info, "base_model": base or info.get("base_model")}):
+        citation = CITATIONS["cocodr"]["bibtex"]
+        if known is not None and known.citation:
+            citation = f"{citation}\n\n{known.citation.strip()}"
+    opts = {**opts, "citation": citation}
+    changed = {
+        "name": model_name,
+        "revision": revision,
+        "loader": cocodr_sentence_transformer_loader if raw_checkpoint else _sentence_transformers_loader(),
+        "loader_kwargs": {"pooling_mode": facts["pooling"], "similarity_fn_name": facts["similarity"]}
+        if raw_checkpoint
+        else {},
+        "adapted_from": base,
+    }
+    if known is not None:
+        return _known_model_fields(known, changed, facts, path, trained=trained, ours=ours, opts=opts)
+    return _new_model_fields(model, changed, facts, path, ours=ours, card=card, opts=opts)
+
+
 def model_meta_for(
     model_dir: str | os.PathLike | None,
     model_name: str,
@@ -300,41 +359,7 @@ def model_meta_for(
     """
     from mteb.models.model_meta import ModelMeta  # heavy: imported on first use only
 
-    model_name = check_model_name(model_name)
-    path = Path(model_dir).expanduser() if model_dir is not None else None
-    if path is not None and not path.is_dir():
-        raise FileNotFoundError(f"model directory {path} not found.")
-    if model is None:
-        if path is None:
-            raise ValueError("model_meta_for needs a model directory or a loaded model.")
-        model = load_encoder(path)
-    revision = check_revision(revision) if revision is not None else model_revision(model)
-
-    info = read_training_info(path)
-    card = read_card(path)[0] if path is not None else {}
-    trained = bool(info.get("stages"))
-    base = _base_model(path, model_name, adapted_from, info, card)
-    known = _registry_meta(model_name) or (_registry_meta(base) if base else None)
-    # Training data: none declared and no provenance is unknown (None), not "none" (an empty set).
-    ours = None
-    if trained or info.get("datasets") or training_datasets is not None:
-        ours = declared_training_datasets(info) | {mteb_dataset_name(d) for d in training_datasets or []}
-    facts = _measure(model)
-    if raw_checkpoint is None:
-        raw_checkpoint = path is not None and not is_sentence_transformers_dir(path)
-    if citation is None and is_cocodr_model({**info, "base_model": base or info.get("base_model")}):
-        citation = CITATIONS["cocodr"]["bibtex"]
-        if known is not None and known.citation:
-            citation = f"{citation}\n\n{known.citation.strip()}"
-    changed = {
-        "name": model_name,
-        "revision": revision,
-        "loader": cocodr_sentence_transformer_loader if raw_checkpoint else _sentence_transformers_loader(),
-        "loader_kwargs": {"pooling_mode": facts["pooling"], "similarity_fn_name": facts["similarity"]}
-        if raw_checkpoint
-        else {},
-        "adapted_from": base,
-    }
+    model_name, path, model, revision = _checked_and_loaded(model_name, model_dir, model, revision)
     opts = {
         "languages": languages,
         "license": license,
@@ -345,8 +370,5 @@ def model_meta_for(
         "citation": citation,
         "contacts": contacts,
     }
-    if known is not None:
-        fields = _known_model_fields(known, changed, facts, path, trained=trained, ours=ours, opts=opts)
-    else:
-        fields = _new_model_fields(model, changed, facts, path, ours=ours, card=card, opts=opts)
+    fields = _meta_fields(model, path, model_name, revision, adapted_from, training_datasets, raw_checkpoint, opts)
     return ModelMeta(**fields)

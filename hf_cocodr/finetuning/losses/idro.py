@@ -44,6 +44,89 @@ def text_keys(features: dict[str, Tensor]) -> Tensor:
 
 
 class IDROLoss(nn.Module):
+    """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
+
+    Each row is a query with its positive document and optional hard negatives; ``labels`` are the rows'
+    cluster ids (supplied by :class:`~hf_cocodr.KMeansClusteringCallback` through the
+    :class:`~hf_cocodr.IDROTrainer`). The per-sample InfoNCE loss ℓ_b is averaged per present cluster
+    (ℓ_i), and the clusters are reweighted:
+
+    * ``preset="paper"``: α_i = ℓ_i^β / Σ_j ℓ_j^β; r_ij = (ℓ_iℓ_j)^β ⟨∇ℓ_i, ∇ℓ_j⟩;
+      log ω_i += (1/τ) Σ_j r_ij (present i), renormalised over all K in log space;
+      L = Σ α_i ω_i ℓ_i / Σ α_i ω_i with this step's ω.
+    * ``preset="reference"``: what the authors' released code does: L = Σ ω_i ℓ_i with the previous ω and
+      no α; e_i = ρ·(1/K) Σ_j (ℓ_iℓ_j)^β cos(∇ℓ_i, ∇ℓ_j); ω ← ω^0.1·exp(e) on present clusters, 0 elsewhere,
+      normalised, floored at 0.01; gradients of the last 3 blocks (2 for 24+ layer models).
+    * ``preset="groupdro"``: online GroupDRO (Sagawa et al.): log q_i += η ℓ_i, L = Σ q_i ℓ_i / Σ q_i over
+      the present clusters.
+    * ``preset="uniform"``: the plain mean of ℓ_b (for ablations); gradients equal plain InfoNCE.
+
+    The gradient inner products are exact (see :mod:`hf_cocodr.finetuning.losses.grad_gram`) and cheap for
+    the default subset. After each forward, :attr:`last_stats` holds ``cluster_ids``, ``cluster_losses``,
+    ``cluster_sizes``, ``alpha``, ``weights`` (ω of the present clusters after this step's update),
+    ``grad_gram`` (raw ⟨∇ℓ_i, ∇ℓ_j⟩ before β or normalisation), ``grad_param_names`` and ``skipped``.
+
+    Args:
+        model: the SentenceTransformer being trained.
+        preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
+        num_clusters: K, the number of query clusters (clamped by the callback if there are fewer queries).
+        beta: the exponent β of the loss-scaling terms (≥ 0).
+        tau: the temperature τ of the ω update (> 0; ``float("inf")`` freezes ω).
+        grad_params: the parameter subset of the gradient similarity: ``"auto"`` (default for the paper
+            preset: the position-wise parameters of the last block for CLS pooling, which is cheap and exact;
+            the last LayerNorm otherwise), ``"last_layer"``, ``"last_norm"``, ``"last_blocks:N"`` (default
+            for the reference preset) or explicit parameter names.
+        in_batch_negatives: use every other document of the batch as a negative (default) besides the row's
+            own hard negatives.
+        gather_across_devices: gather candidates from all ranks under DDP (the global batch).
+        similarity: ``"dot"`` or ``"cosine"``; default: the model's own similarity.
+        scale: multiplies the similarities (1/temperature of the InfoNCE).
+        rho, omega_power, omega_floor: constants of the reference preset.
+        groupdro_step_size: η of the GroupDRO preset.
+        compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
+        gram_normalization: ``"none"`` (the paper's rule as written: raw inner products, so the step of log ω
+            scales with the encoder's gradient norms) or ``"diag"`` (the paper preset's Gram divided by the mean
+            of its diagonal each step, so τ means the same for any encoder: ``"diag"`` with τ equals ``"none"``
+            with τ × that mean).
+        auxiliary: extra objectives added to the reweighted retrieval loss, e.g.
+            :class:`~hf_cocodr.methods.MoDIRObjective` and :class:`~hf_cocodr.methods.BERMObjective`; the
+            loss then returns a dict of named terms (each logged).
+        gram_engine: ``"auto"`` (the pooled-position engine whenever the subset allows it), ``"autograd"``
+            (always one vector-Jacobian product per cluster, for comparison) or ``"pooled"`` (require it).
+
+    References:
+        - Yu et al., COCO-DR, EMNLP 2022: https://arxiv.org/abs/2210.15212
+        - Sagawa et al., Distributionally Robust Neural Networks, ICLR 2020: https://arxiv.org/abs/1911.08731
+
+    Requirements:
+        1. (query, positive) pairs or (query, positive, negative_1, ..., negative_m) tuples
+        2. cluster ids as labels (the IDROTrainer supplies them)
+
+    Inputs:
+        +-------------------------------------------+--------------------------+
+        | Texts                                     | Labels                   |
+        +===========================================+==========================+
+        | (query, positive, negative_1, ..., neg_m) | cluster id of each query |
+        +-------------------------------------------+--------------------------+
+
+    Relations:
+        - ``preset="uniform"`` equals :class:`~sentence_transformers.losses.MultipleNegativesRankingLoss`
+          with the same similarity and scale (and masks labelled positives out of the negatives).
+
+    Example:
+        ::
+
+            from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments, load_encoder
+            from hf_cocodr.data import RetrievalTrainingData
+
+            model = load_encoder("OpenMatch/cocodr-base")
+            data = RetrievalTrainingData.from_beir("data/msmarco", split="train", negatives="bm25")
+            loss = IDROLoss(model, preset="paper", num_clusters=50, tau=1.0)
+            args = IDROTrainingArguments(output_dir="out", per_device_train_batch_size=32, max_steps=1000)
+            trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
+            trainer.train()
+    """
+
     def __init__(
         self,
         model,
@@ -65,102 +148,9 @@ class IDROLoss(nn.Module):
         gram_normalization: str = "none",
         auxiliary: list | None = None,
     ) -> None:
-        """Implicit distributionally robust optimisation (iDRO) over query clusters, as in COCO-DR.
-
-        Each row is a query with its positive document and optional hard negatives; ``labels`` are the rows'
-        cluster ids (supplied by :class:`~hf_cocodr.KMeansClusteringCallback` through the
-        :class:`~hf_cocodr.IDROTrainer`). The per-sample InfoNCE loss ℓ_b is averaged per present cluster
-        (ℓ_i), and the clusters are reweighted:
-
-        * ``preset="paper"``: α_i = ℓ_i^β / Σ_j ℓ_j^β; r_ij = (ℓ_iℓ_j)^β ⟨∇ℓ_i, ∇ℓ_j⟩;
-          log ω_i += (1/τ) Σ_j r_ij (present i), renormalised over all K in log space;
-          L = Σ α_i ω_i ℓ_i / Σ α_i ω_i with this step's ω.
-        * ``preset="reference"``: what the authors' released code does: L = Σ ω_i ℓ_i with the previous ω and
-          no α; e_i = ρ·(1/K) Σ_j (ℓ_iℓ_j)^β cos(∇ℓ_i, ∇ℓ_j); ω ← ω^0.1·exp(e) on present clusters, 0 elsewhere,
-          normalised, floored at 0.01; gradients of the last 3 blocks (2 for 24+ layer models).
-        * ``preset="groupdro"``: online GroupDRO (Sagawa et al.): log q_i += η ℓ_i, L = Σ q_i ℓ_i / Σ q_i over
-          the present clusters.
-        * ``preset="uniform"``: the plain mean of ℓ_b (for ablations); gradients equal plain InfoNCE.
-
-        The gradient inner products are exact (see :mod:`hf_cocodr.finetuning.losses.grad_gram`) and cheap for
-        the default subset. After each forward, :attr:`last_stats` holds ``cluster_ids``, ``cluster_losses``,
-        ``cluster_sizes``, ``alpha``, ``weights`` (ω of the present clusters after this step's update),
-        ``grad_gram`` (raw ⟨∇ℓ_i, ∇ℓ_j⟩ before β or normalisation), ``grad_param_names`` and ``skipped``.
-
-        Args:
-            model: the SentenceTransformer being trained.
-            preset: ``"paper"``, ``"reference"``, ``"groupdro"`` or ``"uniform"``.
-            num_clusters: K, the number of query clusters (clamped by the callback if there are fewer queries).
-            beta: the exponent β of the loss-scaling terms (≥ 0).
-            tau: the temperature τ of the ω update (> 0; ``float("inf")`` freezes ω).
-            grad_params: the parameter subset of the gradient similarity: ``"auto"`` (default for the paper
-                preset: the position-wise parameters of the last block for CLS pooling, which is cheap and exact;
-                the last LayerNorm otherwise), ``"last_layer"``, ``"last_norm"``, ``"last_blocks:N"`` (default
-                for the reference preset) or explicit parameter names.
-            in_batch_negatives: use every other document of the batch as a negative (default) besides the row's
-                own hard negatives.
-            gather_across_devices: gather candidates from all ranks under DDP (the global batch).
-            similarity: ``"dot"`` or ``"cosine"``; default: the model's own similarity.
-            scale: multiplies the similarities (1/temperature of the InfoNCE).
-            rho, omega_power, omega_floor: constants of the reference preset.
-            groupdro_step_size: η of the GroupDRO preset.
-            compute_gram: compute ``grad_gram`` even for presets that do not need it (for analysis).
-            gram_normalization: ``"none"`` (the paper's rule as written: raw inner products, so the step of log ω
-                scales with the encoder's gradient norms) or ``"diag"`` (the paper preset's Gram divided by the mean
-                of its diagonal each step, so τ means the same for any encoder: ``"diag"`` with τ equals ``"none"``
-                with τ × that mean).
-            auxiliary: extra objectives added to the reweighted retrieval loss, e.g.
-                :class:`~hf_cocodr.methods.MoDIRObjective` and :class:`~hf_cocodr.methods.BERMObjective`; the
-                loss then returns a dict of named terms (each logged).
-            gram_engine: ``"auto"`` (the pooled-position engine whenever the subset allows it), ``"autograd"``
-                (always one vector-Jacobian product per cluster, for comparison) or ``"pooled"`` (require it).
-
-        References:
-            - Yu et al., COCO-DR, EMNLP 2022: https://arxiv.org/abs/2210.15212
-            - Sagawa et al., Distributionally Robust Neural Networks, ICLR 2020: https://arxiv.org/abs/1911.08731
-
-        Requirements:
-            1. (query, positive) pairs or (query, positive, negative_1, ..., negative_m) tuples
-            2. cluster ids as labels (the IDROTrainer supplies them)
-
-        Inputs:
-            +-------------------------------------------+--------------------------+
-            | Texts                                     | Labels                   |
-            +===========================================+==========================+
-            | (query, positive, negative_1, ..., neg_m) | cluster id of each query |
-            +-------------------------------------------+--------------------------+
-
-        Relations:
-            - ``preset="uniform"`` equals :class:`~sentence_transformers.losses.MultipleNegativesRankingLoss`
-              with the same similarity and scale (and masks labelled positives out of the negatives).
-
-        Example:
-            ::
-
-                from hf_cocodr import IDROLoss, IDROTrainer, IDROTrainingArguments, load_encoder
-                from hf_cocodr.data import RetrievalTrainingData
-
-                model = load_encoder("OpenMatch/cocodr-base")
-                data = RetrievalTrainingData.from_beir("data/msmarco", split="train", negatives="bm25")
-                loss = IDROLoss(model, preset="paper", num_clusters=50, tau=1.0)
-                args = IDROTrainingArguments(output_dir="out", per_device_train_batch_size=32, max_steps=1000)
-                trainer = IDROTrainer(model=model, args=args, train_dataset=data, loss=loss)
-                trainer.train()
-        """
         super().__init__()
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
-        if gram_normalization not in GRAM_NORMALIZATIONS:
-            raise ValueError(f"gram_normalization must be one of {GRAM_NORMALIZATIONS}, got {gram_normalization!r}")
+        self._check_settings(preset, gram_normalization, tau, beta, num_clusters, scale)
         self.gram_normalization = gram_normalization
-        if not (isinstance(tau, (int, float)) and tau > 0):
-            raise ValueError(f"tau must be > 0 (use float('inf') to freeze the weights), got {tau!r}")
-        if not (isinstance(beta, (int, float)) and beta >= 0 and math.isfinite(beta)):
-            raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
-        if int(num_clusters) < 1:
-            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
-        if scale <= 0:
-            raise ValueError(f"scale must be > 0, got {scale}")
         self.model = model
         self.preset = preset
         self.beta = float(beta)
@@ -174,6 +164,34 @@ class IDROLoss(nn.Module):
         self.scale = float(scale)
         self.rho, self.omega_power, self.omega_floor = rho, omega_power, omega_floor
         self.groupdro_step_size = groupdro_step_size
+        self._set_gradient_subset(st, grad_params, gram_engine, compute_gram)
+        self.register_buffer("log_weights", torch.empty(0, dtype=torch.float64), persistent=False)
+        self.reset_weights(int(num_clusters))
+        self.last_stats: dict[str, Any] = {}
+        self.skipped_steps = 0
+        self.auxiliary = nn.ModuleList(auxiliary or [])
+        self._log_gradient_subset()
+
+    @staticmethod
+    def _check_settings(preset: str, gram_normalization: str, tau, beta, num_clusters, scale) -> None:
+        """Refuse an unknown preset or Gram normalisation and out-of-range τ, β, K or scale."""
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+        if gram_normalization not in GRAM_NORMALIZATIONS:
+            raise ValueError(f"gram_normalization must be one of {GRAM_NORMALIZATIONS}, got {gram_normalization!r}")
+        if not (isinstance(tau, (int, float)) and tau > 0):
+            raise ValueError(f"tau must be > 0 (use float('inf') to freeze the weights), got {tau!r}")
+        if not (isinstance(beta, (int, float)) and beta >= 0 and math.isfinite(beta)):
+            raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
+        if int(num_clusters) < 1:
+            raise ValueError(f"num_clusters must be >= 1, got {num_clusters}")
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+
+    def _set_gradient_subset(self, st, grad_params, gram_engine: str, compute_gram: bool | None) -> None:
+        """Whether the preset needs the gradient Gram (``needs_gram``), the parameter subset it is taken over
+        (``grad_params_spec``; ``subset``, None without a Gram) and the engine computing it."""
+        preset = self.preset
         self.needs_gram = preset in ("paper", "reference") if compute_gram is None else bool(compute_gram)
         if grad_params is None:
             grad_params = "auto"
@@ -191,11 +209,8 @@ class IDROLoss(nn.Module):
                 "gram_engine='pooled' needs CLS pooling on a BERT-family encoder and a subset of the last block's "
                 f"position-wise parameters; got pooling={self.subset.pooling!r}, grad_params={grad_params!r}"
             )
-        self.register_buffer("log_weights", torch.empty(0, dtype=torch.float64), persistent=False)
-        self.reset_weights(int(num_clusters))
-        self.last_stats: dict[str, Any] = {}
-        self.skipped_steps = 0
-        self.auxiliary = nn.ModuleList(auxiliary or [])
+
+    def _log_gradient_subset(self) -> None:
         if self.subset is not None:
             logger.info(
                 "iDRO gradient similarity over %d parameters (%s, %s engine): %s",
