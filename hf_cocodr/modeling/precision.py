@@ -6,7 +6,7 @@
 * ``int8``: a copy of the model whose ``nn.Linear`` layers use torch's dynamic int8 quantization (int8 weights,
   activations quantized per batch; CPU only). The model being trained is never changed.
 
-Whether a precision keeps retrieval quality is measured, not assumed: ``scripts/bench_precision.py`` reports
+Whether a precision keeps retrieval quality is measured, not assumed: ``scripts/benchmarks/bench_precision.py`` reports
 nDCG@10 and speed of each on SciFact.
 """
 

@@ -397,7 +397,7 @@ class IDROLoss(nn.Module):
         cl_all = D.gather_cat(labels, 0)
         B, world = layout.batch_size, layout.world_size
         # in full precision even under autocast: in bf16 the per-cluster losses round to one value and their
-        # gradients share a common part that swamps the differences the Gram matrix measures (tests/test_bf16.py)
+        # gradients share a common part that swamps the differences the Gram matrix measures (tests/modeling/test_bf16.py)
         q_all, c_all = q_all.float(), c_all.float()
         with torch.enable_grad(), torch.autocast(labels.device.type, enabled=False):
             rows = torch.arange(world * B, device=labels.device)
