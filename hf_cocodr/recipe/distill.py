@@ -168,9 +168,8 @@ class DistillStage(Stage):
         return out
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ..finetuning import IDROTrainingArguments
+        from ..finetuning import DistillationTrainer
         from ..finetuning.losses.distill import HybridDistillLoss
-        from ..training_api import build_idro_trainer
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
@@ -190,14 +189,7 @@ class DistillStage(Stage):
             time.perf_counter() - t0,
         )
         model = load_encoder(run.current)
-        args = IDROTrainingArguments(
-            **{
-                **run.arguments[self.name],
-                "refresh_negatives_every_steps": 0,
-                "max_steps": steps,
-                "overwrite_output_dir": True,
-            }
-        )
+        args = self._trainer_arguments(run.arguments[self.name], steps)
         if steps < planned:
             logger.info(
                 "distillation: %d steps, not the %d planned: at most %g passes over the %d target queries "
@@ -208,10 +200,16 @@ class DistillStage(Stage):
                 run.extras["distill_num_queries"],
             )
         loss = HybridDistillLoss(model, **self._loss_options(cfg, run.similarity))
-        trainer = build_idro_trainer(model, args, rows, loss=loss, negatives_label="the hybrid teacher's candidates")
-        trainer.extra_methods.append("hybrid-teacher distillation")
-        trainer.target_queries_read += [i["queries"] for i in info]
-        trainer.target_corpora_read += [i["corpus"] for i in info]
+        trainer = DistillationTrainer(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            loss=loss,
+            card_methods=["hybrid-teacher distillation"],
+            negatives_label="the hybrid teacher's candidates",
+            target_queries_read=[i["queries"] for i in info],
+            target_corpora_read=[i["corpus"] for i in info],
+        )
         guard = run.deadline(trainer, self.name)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
         trainer.finalize()
@@ -228,6 +226,18 @@ class DistillStage(Stage):
         return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
     # ------------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def _trainer_arguments(arguments: dict[str, Any], steps: int):
+        """The stage's trainer arguments as DistillationTrainingArguments: the fields it has (the stage's
+        arguments are IDROTrainingArguments fields; the iDRO-only ones, e.g. ``idro_preset``, do nothing here)."""
+        from dataclasses import fields
+
+        from ..finetuning import DistillationTrainingArguments
+
+        known = {f.name for f in fields(DistillationTrainingArguments)}
+        given = {k: v for k, v in arguments.items() if k in known}
+        return DistillationTrainingArguments(**{**given, "max_steps": steps, "overwrite_output_dir": True})
+
     @staticmethod
     def _fusion(cfg: RecipeConfig):
 

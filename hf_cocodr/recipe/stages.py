@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..methods import method_target_queries
-from ..methods.joint import TargetPairsObjective
+from ..methods.joint import JointPseudoPairs, TargetPairsObjective
 from ..modeling.loading import load_encoder
 from ..run_record import digest
 from .config import Auto, RecipeConfig, is_joint, uses_wise
@@ -234,11 +234,9 @@ def _train_idro(
         target_corpora=target_corpora,
         negatives_label=negatives_label,
         target_queries=target_queries,
+        # joint schedule: target pseudo pairs as a term of every step
+        extra_methods=[JointPseudoPairs(joint)] if joint is not None else [],
     )
-    if joint is not None:  # joint schedule: target pseudo pairs as a term of every step
-        trainer.idro_loss.auxiliary.append(joint)
-        trainer.extra_methods.append("pseudo-pairs")
-        trainer.target_corpora_read = list(dict.fromkeys(trainer.target_corpora_read + list(joint.pairs.corpora)))
     guard = deadline(trainer) if deadline is not None else None
     trainer.train(resume_from_checkpoint=True if run.resume else None)
     trainer.finalize()
