@@ -85,8 +85,8 @@ class RowsState:
 
 def _check_names(components) -> None:
     names = [c.state_name for c in components]
-    for a in names:
-        clash = [b for b in names if b is not a and (b == a or b.startswith(a + "_"))]
+    for i, a in enumerate(names):
+        clash = [b for j, b in enumerate(names) if j != i and (b == a or b.startswith(a + "_"))]
         if clash:
             raise ValueError(f"checkpoint state names collide: {a!r} and {clash[0]!r} (one is the other's prefix)")
 
