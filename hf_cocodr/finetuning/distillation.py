@@ -10,7 +10,9 @@ model card and the output folder as there). No clusters, no negatives refresh.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from sentence_transformers import SentenceTransformerTrainingArguments
 
@@ -52,6 +54,14 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
     )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, Any], **overrides) -> DistillationTrainingArguments:
+        """The arguments of ``arguments`` this class has, then ``overrides``. ``arguments`` may hold
+        :class:`~hf_cocodr.IDROTrainingArguments` fields (the recipe's stage arguments): the iDRO-only ones (e.g.
+        ``idro_preset``) have nothing to act on in a distillation and are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in arguments.items() if k in known}, **overrides})
 
     def __post_init__(self):
         super().__post_init__()

@@ -168,7 +168,7 @@ class DistillStage(Stage):
         return out
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ..finetuning import DistillationTrainer
+        from ..finetuning import DistillationTrainer, DistillationTrainingArguments
         from ..finetuning.losses.distill import HybridDistillLoss
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
@@ -189,7 +189,9 @@ class DistillStage(Stage):
             time.perf_counter() - t0,
         )
         model = load_encoder(run.current)
-        args = self._trainer_arguments(run.arguments[self.name], steps)
+        args = DistillationTrainingArguments.from_arguments(
+            run.arguments[self.name], max_steps=steps, overwrite_output_dir=True
+        )
         if steps < planned:
             logger.info(
                 "distillation: %d steps, not the %d planned: at most %g passes over the %d target queries "
@@ -226,18 +228,6 @@ class DistillStage(Stage):
         return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
     # ------------------------------------------------------------------------------------------------ helpers
-    @staticmethod
-    def _trainer_arguments(arguments: dict[str, Any], steps: int):
-        """The stage's trainer arguments as DistillationTrainingArguments: the fields it has (the stage's
-        arguments are IDROTrainingArguments fields; the iDRO-only ones, e.g. ``idro_preset``, do nothing here)."""
-        from dataclasses import fields
-
-        from ..finetuning import DistillationTrainingArguments
-
-        known = {f.name for f in fields(DistillationTrainingArguments)}
-        given = {k: v for k, v in arguments.items() if k in known}
-        return DistillationTrainingArguments(**{**given, "max_steps": steps, "overwrite_output_dir": True})
-
     @staticmethod
     def _fusion(cfg: RecipeConfig):
 
