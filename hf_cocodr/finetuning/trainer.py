@@ -34,15 +34,17 @@ class IDROTrainer(RowsTrainer):
     :class:`KMeansClusteringCallback` is given, one is inserted (as sentence-transformers' ``prepare_loss`` inserts
     a loss's callback); when ``refresh_negatives_every_steps > 0`` a :class:`HardNegativeRefreshCallback` is
     inserted too. Each is bound to what it reads and updates (the query encoder, the cluster assignment, the loss,
-    the training rows), never to the trainer. Their state,
-    the iDRO weights and the negatives table are saved with every checkpoint (safetensors + JSON) and restored by
+    the training rows), never to the trainer. Their state, the iDRO weights and the negatives table are saved with
+    every checkpoint (safetensors + JSON, see :mod:`~hf_cocodr.finetuning.checkpoint_state`) and restored by
     ``trainer.train(resume_from_checkpoint=...)``. A step whose loss is not finite is skipped (no optimizer
-    update) and logged.
+    update) and logged. Any other sentence-transformers loss is called with the rows' features (and their targets,
+    when the rows carry any), as :class:`~hf_cocodr.finetuning.rows_trainer.RowsTrainer` does.
 
     Other methods plug in through the :class:`~hf_cocodr.methods.Method` hooks (``methods=[...]`` or
-    :meth:`add_method`; e.g. :class:`~hf_cocodr.methods.joint.JointPseudoPairs`, the joint schedule's term; :func:`~hf_cocodr.methods.configure_methods` builds them from names): loss terms of the
-    IDROLoss, batch transforms and samplers, the encoding of queries for clustering, checkpoint state, transforms of
-    saved models and model-card lines. The trainer itself knows no particular method.
+    :meth:`add_method`; :func:`~hf_cocodr.methods.build_methods` builds them from names, and
+    :class:`~hf_cocodr.methods.joint.JointPseudoPairs` is the joint schedule's term): loss terms of the IDROLoss,
+    batch transforms and samplers, the encoding of queries for clustering, checkpoint state, transforms of saved
+    models and model-card lines. The trainer itself knows no particular method.
 
     The keyword arguments ``card_methods``, ``negatives_label``, ``target_corpora_read`` and ``target_queries_read``
     describe the run on the model card (see :class:`~hf_cocodr.finetuning.rows_trainer.RowsTrainer`).
