@@ -139,7 +139,10 @@ class KMeansClusteringCallback(TrainerCallback):
     def cluster(self, reason: str, embeddings: np.ndarray | None = None, step: int = 0) -> None:
         """Cluster the queries (their ``embeddings`` when given, else freshly encoded) at optimizer ``step``."""
         if self.encode is None or self.clusters is None:
-            raise RuntimeError("KMeansClusteringCallback is not bound: IDROTrainer binds it (or call bind(...))")
+            raise RuntimeError(
+                "KMeansClusteringCallback is not bound (its trainer is not set; use it through IDROTrainer, which "
+                "binds it, or call bind(...))"
+            )
         loss = self.loss
         t0 = time.perf_counter()
         x = self.encode_queries() if embeddings is None else embeddings

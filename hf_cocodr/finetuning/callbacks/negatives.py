@@ -81,7 +81,10 @@ class HardNegativeRefreshCallback(TrainerCallback):
     def refresh(self, step: int = 0) -> None:
         """Mine and install new negatives with the current model (at optimizer ``step``, for the logs)."""
         if self.model is None or self.rows is None:
-            raise RuntimeError("HardNegativeRefreshCallback is not bound: IDROTrainer binds it (or call bind(...))")
+            raise RuntimeError(
+                "HardNegativeRefreshCallback is not bound (its trainer is not set; use it through IDROTrainer, "
+                "which binds it, or call bind(...))"
+            )
         data = self.rows.negatives_table()  # the rows with a corpus and a negatives table
         if not isinstance(data, RetrievalTrainingData):
             raise ValueError("negatives can only be refreshed for RetrievalTrainingData (a corpus is needed)")
