@@ -114,6 +114,7 @@ def _method_cards(trainer, names: list[str], earlier: dict[str, Any]) -> dict[st
     cards = dict(earlier)
     for name in names:
         cls = active.get(name) or get_method(name)
-        if cls is not None:
-            cards[name] = cls.card_metadata()
+        meta = cls.card_metadata() if cls is not None else None
+        if meta:  # (a method the card describes itself, e.g. the joint pseudo pairs, has none)
+            cards[name] = meta
     return cards

@@ -97,7 +97,6 @@ class JointPseudoPairs(Method):
 
     name = "pseudo-pairs"
     label = "pseudo pairs"
-    display_name = "contrastive fine-tuning on target pseudo pairs (title or sentence vs. the rest of the document)"
 
     def __init__(self, objective: TargetPairsObjective):
         super().__init__()
@@ -106,6 +105,12 @@ class JointPseudoPairs(Method):
 
     def loss_terms(self) -> list:
         return [self.objective]
+
+    @classmethod
+    def card_metadata(cls) -> dict:
+        """Nothing of its own: the model card names ``pseudo-pairs`` and says it read target documents itself (as
+        for the sequential schedule's pseudo-pair stage)."""
+        return {}
 
 
 def _encode(model, texts: list[str], task: str, device, kw: dict) -> Tensor:
