@@ -1,4 +1,4 @@
-"""Behaviour shared by the two trainers (resume, checkpoint markers, Hub pushes)."""
+"""Behaviour shared by the trainers (resume, checkpoint markers, Hub pushes)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def preserved_rng_state():
 
 
 class TrainerMixin:
-    """Behaviour shared by CocoPretrainer and IDROTrainer: resumable ``train()``, complete-checkpoint markers and
+    """Behaviour shared by CocoPretrainer and the row-based trainers (IDROTrainer, DistillationTrainer): resumable ``train()``, complete-checkpoint markers and
     ``push_to_hub=True``.
 
     * ``hub_model_id`` is required and validated before anything runs.

@@ -17,7 +17,7 @@ from .evaluation.evaluator import BEIRRetrievalEvaluator
 from .evaluation.retrieval import evaluate_retrieval
 from .finetuning.stage_info import finetune_stage_info  # noqa: F401  (re-exported: it lived here)
 from .hub import check_push_possible
-from .methods import configure_methods, validate_methods
+from .methods import build_methods, validate_methods
 from .model_card import EVAL_FILE, write_model_card
 from .modeling import loading
 from .modeling.condenser import CondenserForPretraining, _transformer_dir
@@ -182,19 +182,25 @@ def build_idro_trainer(
     negatives_label="bm25",
     target_queries=(),
     evaluator=None,
+    extra_methods=(),
 ):
     """An IDROTrainer for ``model`` on ``data`` with the named ``methods`` plugged in (their loss terms, data
-    transforms and trainer hooks; see :func:`~hf_cocodr.methods.configure_methods`)."""
-    setup = None
+    transforms and trainer hooks; see :func:`~hf_cocodr.methods.build_methods`), then the :class:`Method` instances
+    of ``extra_methods`` (e.g. :class:`~hf_cocodr.methods.joint.JointPseudoPairs`)."""
+    names, instances = [], []
     if methods:
-        loss, data, setup = configure_methods(
-            methods, model, args, data, loss, target_corpora, target_queries=target_queries
-        )
-    trainer = finetuning.IDROTrainer(model=model, args=args, train_dataset=data, loss=loss, evaluator=evaluator)
-    if setup is not None:
-        setup(trainer)
-    trainer.negatives_label = negatives_label
-    return trainer
+        names = validate_methods(methods, target_corpora, target_queries)
+        instances, data = build_methods(names, model, args, data, target_corpora, target_queries=target_queries)
+    return finetuning.IDROTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        loss=loss,
+        evaluator=evaluator,
+        methods=[*instances, *extra_methods],
+        card_methods=names,
+        negatives_label=negatives_label,
+    )
 
 
 def run_pretrain(

@@ -1,14 +1,23 @@
-"""iDRO fine-tuning: IDROTrainer, IDROTrainingArguments, IDROLoss and the clustering/negatives callbacks."""
+"""Fine-tuning: the row-based trainers (IDROTrainer and its arguments, IDROLoss and the clustering/negatives
+callbacks; DistillationTrainer, its arguments and HybridDistillLoss) on their shared base, RowsTrainer."""
 
 from .callbacks import HardNegativeRefreshCallback, KMeansClusteringCallback
-from .losses import IDROLoss
+from .checkpoint_state import CheckpointState
+from .distillation import DistillationTrainer, DistillationTrainingArguments
+from .losses import HybridDistillLoss, IDROLoss
+from .rows_trainer import RowsTrainer
 from .trainer import IDROTrainer
 from .training_args import IDROTrainingArguments
 
 __all__ = [
+    "CheckpointState",
+    "DistillationTrainer",
+    "DistillationTrainingArguments",
     "HardNegativeRefreshCallback",
+    "HybridDistillLoss",
     "IDROLoss",
     "IDROTrainer",
     "IDROTrainingArguments",
     "KMeansClusteringCallback",
+    "RowsTrainer",
 ]

@@ -1,67 +1,131 @@
-"""What an :class:`~hf_cocodr.finetuning.IDROTrainer` saves beside a checkpoint's weights, and restores on resume.
+"""What a row-based trainer saves beside a checkpoint's weights, and restores on resume: one protocol.
 
-One safetensors file of tensors and one JSON of metadata (:mod:`hf_cocodr.rundir.state`): the cluster ids, the iDRO
-log-weights, the training data's state (its negatives), the state of the loss's auxiliary terms and of each method,
-K-Means' centroids and the negatives refresh's schedule. Each component's tensors carry its prefix (``data_``,
-``method_<name>_``, ``kmeans_``), so components never collide.
+Every stateful component of a run (the cluster ids, the iDRO weights, the training rows' negatives, the K-Means and
+negatives-refresh callbacks, the loss terms and methods that keep state, the trainer's list of skipped steps)
+implements :class:`CheckpointState`: a ``state_name``, ``state() -> (tensors, meta)`` and ``load_state(tensors,
+meta)``. The trainer saves a list of them into one safetensors file of tensors and one JSON of metadata
+(:mod:`hf_cocodr.rundir.state`): a component's tensor ``key`` is stored as ``<state_name>_<key>``, its metadata under
+``meta[<state_name>]``, so components never collide (names are checked: none may be another's prefix).
+
+Checkpoints written before this protocol (no ``state_format`` in their JSON) kept three entries at the top level
+of the metadata (``negatives_source``, ``skipped_steps``, ``idro_config``); :func:`upgrade_legacy` moves them to
+their components' places, so those checkpoints keep loading.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
-import torch
+
+STATE_FORMAT = 2  # the metadata's ``state_format``; absent: the format before the protocol (see upgrade_legacy)
 
 
-def collect_state(trainer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(tensors, meta)`` of ``trainer``'s state beyond the Trainer's own (weights, optimizer, scheduler, RNG)."""
-    tensors: dict[str, Any] = {"cluster_ids": trainer.cluster_ids}
-    meta: dict[str, Any] = {
-        "negatives_source": trainer.training_data.negatives_source,
-        "skipped_steps": trainer.skipped_steps,
-    }
-    loss = trainer.idro_loss
-    if loss is not None:
-        tensors["idro_log_weights"] = loss.log_weights.detach().cpu()
-        meta["idro_config"] = loss.get_config_dict()
-    for k, v in trainer.training_data.state_tensors().items():
-        tensors[f"data_{k}"] = v
-    for aux in getattr(loss, "auxiliary", []):  # the state of loss terms (e.g. a method's classifier and queue)
-        if hasattr(aux, "state_tensors"):
-            tensors.update(aux.state_tensors())
-    for method in trainer.methods:
-        for k, v in method.state_tensors().items():
-            tensors[f"method_{method.name}_{k}"] = v
-    if trainer.kmeans_callback is not None:
-        for k, v in trainer.kmeans_callback.state_tensors().items():
-            tensors[f"kmeans_{k}"] = v
-        meta["kmeans"] = trainer.kmeans_callback.state_meta()
-    if trainer.negatives_callback is not None:
-        meta["negatives"] = trainer.negatives_callback.state_meta()
+@runtime_checkable
+class CheckpointState(Protocol):
+    """A component whose state is saved with every checkpoint and restored on resume.
+
+    ``state()`` returns ``(tensors, meta)``: arrays or tensors by key (saved as safetensors) and JSON-able
+    metadata; ``load_state`` receives the same two dicts back (tensors as torch tensors). It is called only when
+    the checkpoint holds something of the component (a tensor or its metadata)."""
+
+    state_name: str
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None: ...
+
+
+class ClusterAssignment:
+    """The cluster id of every training row (what the iDRO loss groups a batch by); K-Means writes it."""
+
+    state_name = "cluster"
+
+    def __init__(self, num_rows: int):
+        self.ids = np.zeros(num_rows, dtype=np.int64)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {"ids": self.ids}, {}
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.ids = np.asarray(tensors["ids"]).astype(np.int64)
+
+
+class SkippedSteps:
+    """The optimizer steps skipped after a non-finite loss (1-based step numbers)."""
+
+    state_name = "trainer"
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return {}, {"skipped_steps": list(self.steps)}
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.steps = list(meta.get("skipped_steps", []))
+
+
+class RowsState:
+    """The state of a training rows source (its negatives table; see ``RowsSource.state_tensors``)."""
+
+    state_name = "data"
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return dict(self.rows.state_tensors()), {"negatives_source": self.rows.negatives_source}
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        if tensors:  # (rows without state, e.g. a plain dataset's, saved none)
+            arrays = {k: np.asarray(v) for k, v in tensors.items()}
+            self.rows.load_state_tensors(arrays, meta.get("negatives_source", "checkpoint"))
+
+
+def _check_names(components) -> None:
+    names = [c.state_name for c in components]
+    for i, a in enumerate(names):
+        clash = [b for j, b in enumerate(names) if j != i and (b == a or b.startswith(a + "_"))]
+        if clash:
+            raise ValueError(f"checkpoint state names collide: {a!r} and {clash[0]!r} (one is the other's prefix)")
+
+
+def collect_state(components) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(tensors, meta)`` of every component, keyed as the module docstring says."""
+    components = list(components)
+    _check_names(components)
+    tensors: dict[str, Any] = {}
+    meta: dict[str, Any] = {"state_format": STATE_FORMAT}
+    for component in components:
+        own_tensors, own_meta = component.state()
+        for key, value in own_tensors.items():
+            tensors[f"{component.state_name}_{key}"] = value
+        if own_meta:
+            meta[component.state_name] = own_meta
     return tensors, meta
 
 
-def restore_state(trainer, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
-    """Put what :func:`collect_state` returned back into ``trainer``."""
-    trainer.cluster_ids = tensors["cluster_ids"].numpy().astype(np.int64)
-    loss = trainer.idro_loss
-    if loss is not None and "idro_log_weights" in tensors:
-        loss.log_weights = tensors["idro_log_weights"].to(torch.float64)
-    for aux in getattr(loss, "auxiliary", []):
-        if hasattr(aux, "load_state_tensors"):
-            aux.load_state_tensors(tensors)
-    for method in trainer.methods:
-        prefix = f"method_{method.name}_"
+def restore_state(components, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+    """Hand each component what :func:`collect_state` saved of it (checkpoints of the legacy format included)."""
+    tensors, meta = upgrade_legacy(tensors, meta)
+    for component in components:
+        prefix = f"{component.state_name}_"
         own = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if own:
-            method.load_state_tensors(own)
-    data_t = {k[5:]: v.numpy() for k, v in tensors.items() if k.startswith("data_")}
-    if data_t:
-        trainer.training_data.load_state_tensors(data_t, meta.get("negatives_source", "checkpoint"))
-    trainer.skipped_steps = list(meta.get("skipped_steps", []))
-    if trainer.kmeans_callback is not None and "kmeans" in meta:
-        km = {k[7:]: v.numpy() for k, v in tensors.items() if k.startswith("kmeans_")}
-        trainer.kmeans_callback.load_state(km, meta["kmeans"])
-    if trainer.negatives_callback is not None and "negatives" in meta:
-        trainer.negatives_callback.load_state({}, meta["negatives"])
+        own_meta = meta.get(component.state_name)
+        if own or own_meta is not None:
+            component.load_state(own, own_meta or {})
+
+
+def upgrade_legacy(tensors: dict[str, Any], meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The legacy layout (hf_cocodr before the protocol) in today's: the tensor keys were already
+    ``<component>_<key>``; three metadata entries lay at the top level."""
+    if "state_format" in meta:
+        return tensors, meta
+    meta = dict(meta)
+    meta["trainer"] = {"skipped_steps": list(meta.pop("skipped_steps", []))}
+    meta["data"] = {"negatives_source": meta.pop("negatives_source", "checkpoint")}
+    if "idro_config" in meta:
+        meta["idro"] = {"config": meta.pop("idro_config")}
+    meta["state_format"] = STATE_FORMAT
+    return tensors, meta

@@ -17,8 +17,9 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         cfg.get("preset"), "finetune"
     )
     negs = negatives
-    if a.refresh_negatives_every_steps:
-        negs += f", then self-mined (ANCE-style) every {a.refresh_negatives_every_steps} steps"
+    refresh = getattr(a, "refresh_negatives_every_steps", 0)  # (a distillation's arguments have none)
+    if refresh:
+        negs += f", then self-mined (ANCE-style) every {refresh} steps"
     pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
     if pseudo is not None:  # target pseudo pairs: no labels, no source task
         return {
@@ -88,7 +89,7 @@ def finetune_card_data(trainer, prev: dict[str, Any]) -> dict[str, Any]:
     stage = finetune_stage_info(
         trainer,
         trainer.training_data.name,
-        getattr(trainer, "negatives_label", trainer.training_data.negatives_source),
+        getattr(trainer, "negatives_label", None) or trainer.training_data.negatives_source,
     )
     methods = list(dict.fromkeys(list(prev.get("methods", [])) + [stage["method"]] + list(trainer.extra_methods)))
     datasets = list(
@@ -113,6 +114,7 @@ def _method_cards(trainer, names: list[str], earlier: dict[str, Any]) -> dict[st
     cards = dict(earlier)
     for name in names:
         cls = active.get(name) or get_method(name)
-        if cls is not None:
-            cards[name] = cls.card_metadata()
+        meta = cls.card_metadata() if cls is not None else None
+        if meta:  # (a method the card describes itself, e.g. the joint pseudo pairs, has none)
+            cards[name] = meta
     return cards

@@ -15,6 +15,7 @@ Hook                      What it is for
 ``batch_sampler``         the batch sampler of the training rows (``None``: the trainer's own)
 ``encode_query_rows``     embeddings of training queries for clustering (``None``: plain query encoding)
 ``state_tensors``         tensors to save with every checkpoint, and ``load_state_tensors`` to restore them
+                          (the trainer saves them as the checkpoint-state component ``method_<name>``)
 ``before_save``           make the model in memory encode as the saved model will (before each save)
 ``after_save``            a transform of the files of a saved model (checkpoints and the final model)
 ``stage_info``            lines of the fine-tuning stage on the model card
@@ -120,6 +121,17 @@ class Method:
 
     def load_state_tensors(self, tensors: dict[str, Any]) -> None:
         """Restore what :meth:`state_tensors` saved (``tensors`` holds this method's keys only)."""
+
+    # the checkpoint-state protocol (hf_cocodr.finetuning.checkpoint_state.CheckpointState), through the two hooks
+    @property
+    def state_name(self) -> str:
+        return f"method_{self.name}"
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.state_tensors(), {}
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        self.load_state_tensors(tensors)
 
     # ------------------------------------------------------------------------------------------ saved models
     def before_save(self, trainer) -> None:

@@ -5,6 +5,10 @@ schedule trains both in one loop: each step adds ``weight`` × the in-batch cont
 target pseudo pairs (a title or sentence against the rest of its document, see
 :func:`hf_cocodr.data.pseudo_pairs.target_pseudo_pairs`) to the (iDRO-reweighted) source loss, so the encoder never
 drifts far from the target domain while it learns the source task.
+
+:class:`JointPseudoPairs` is that term as a :class:`~hf_cocodr.methods.base.Method`: give it to the trainer
+(``IDROTrainer(..., methods=[JointPseudoPairs(objective)])``) and its term joins the iDRO loss, its corpora the model
+card's list of target data read.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import distributed as D
+from .base import Method
 
 
 class TargetPairsObjective(nn.Module):
@@ -83,6 +88,29 @@ class TargetPairsObjective(nn.Module):
         n = self.batch_size or embeddings[0].shape[0]
         loss = self.loss_on(model, self.sample_rows(step, n), step)
         return {"target_pairs_loss": self.weight * loss, "_target_pairs_infonce": loss.detach()}
+
+
+class JointPseudoPairs(Method):
+    """The joint schedule's term as a method: its loss term is ``objective`` (a :class:`TargetPairsObjective`), and
+    the model card lists ``pseudo-pairs`` and the target corpora of its pairs. Not a ``--method``: the recipe's
+    joint schedule (``target_pairs`` with a joint weight) turns it on."""
+
+    name = "pseudo-pairs"
+    label = "pseudo pairs"
+
+    def __init__(self, objective: TargetPairsObjective):
+        super().__init__()
+        self.objective = objective
+        self.target_corpora_read = list(objective.pairs.corpora)
+
+    def loss_terms(self) -> list:
+        return [self.objective]
+
+    @classmethod
+    def card_metadata(cls) -> dict:
+        """Nothing of its own: the model card names ``pseudo-pairs`` and says it read target documents itself (as
+        for the sequential schedule's pseudo-pair stage)."""
+        return {}
 
 
 def _encode(model, texts: list[str], task: str, device, kw: dict) -> Tensor:

@@ -203,6 +203,14 @@ class MoDIRObjective(nn.Module):
         }
 
     # ---------------------------------------------------------------------------------------- checkpointing
+    state_name = "modir"  # the checkpoint-state component (hf_cocodr.finetuning.checkpoint_state)
+
+    def state(self) -> tuple[dict[str, Tensor], dict]:
+        return {k.removeprefix("modir_"): v for k, v in self.state_tensors().items()}, {}
+
+    def load_state(self, tensors: dict[str, Tensor], meta: dict) -> None:
+        self.load_state_tensors({f"modir_{k}": v for k, v in tensors.items()})
+
     def state_tensors(self) -> dict[str, Tensor]:
         out = {
             "modir_classifier": self.classifier.cpu(),

@@ -207,7 +207,8 @@ class Stage:
             values["output_dir"] = str(output_dir)
         if probe:
             values.update(_PROBE_ARGUMENTS)
-        return cls(**values)
+        # (an arguments class with ``from_arguments`` takes the fields it has, e.g. the distillation's)
+        return cls.from_arguments(values) if hasattr(cls, "from_arguments") else cls(**values)
 
 
 def run_arguments(run: RecipeRun, name: str, *, logging_steps: int, save_steps: int) -> dict[str, Any]:

@@ -208,13 +208,6 @@ def _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids):
     return km.cluster_centers_.astype(np.float32), assign.astype(np.int64)
 
 
-def assign_to_centroids(x: np.ndarray | torch.Tensor, centroids: np.ndarray) -> np.ndarray:
-    """Nearest-centroid ids (squared L2) for every row of ``x``."""
-    from sklearn.metrics import pairwise_distances_argmin
-
-    return pairwise_distances_argmin(_as_f32_numpy(x), _as_f32_numpy(centroids)).astype(np.int64)
-
-
 class BM25Index:
     """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`."""
 

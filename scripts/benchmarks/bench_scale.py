@@ -137,20 +137,11 @@ def main():
     write_corpus(work / "c500", args.big, seed=1)
     train = RetrievalTrainingData.from_beir(work / "c500", "train", negatives="none")
 
-    class _State:
-        global_step = 1
-
-    class _Trainer:
-        training_data = train
-        state = _State()
-        kmeans_callback = None
-
-    _Trainer.model = model
     cb = HardNegativeRefreshCallback(every_steps=1, top_k=100, recluster=False, batch_size=256, max_length=64)
-    cb.trainer = _Trainer()
+    cb.bind(model=model, rows=train)
     with Peak() as mem:
         t0 = time.perf_counter()
-        cb.refresh()
+        cb.refresh(step=1)
         secs = time.perf_counter() - t0
     table_mb = (train.neg_idx.nbytes + train.neg_ptr.nbytes) / 2**20
     emb_mb = args.big * dim * 4 / 2**20

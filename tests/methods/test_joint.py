@@ -11,7 +11,7 @@ from hf_cocodr.data.pseudo_pairs import target_pseudo_pairs
 
 def _joint_run(tiny_st_dir, tiny_beir, tmp_path, name, weight=None, steps=2):
     from hf_cocodr import IDROTrainer, IDROTrainingArguments, RetrievalTrainingData, load_encoder
-    from hf_cocodr.methods.joint import TargetPairsObjective
+    from hf_cocodr.methods.joint import JointPseudoPairs, TargetPairsObjective
 
     torch.manual_seed(0)
     model = load_encoder(str(tiny_st_dir))
@@ -33,12 +33,12 @@ def _joint_run(tiny_st_dir, tiny_beir, tmp_path, name, weight=None, steps=2):
         num_negatives=1,
     )
     data = RetrievalTrainingData.from_beir(tiny_beir, "train", negatives="bm25")
-    trainer = IDROTrainer(model=model, args=args, train_dataset=data)
+    joint = []
     if weight is not None:
         pairs = target_pseudo_pairs([tiny_beir], "title_body", seed=1, bm25_top_k=5)
-        trainer.idro_loss.auxiliary.append(
-            TargetPairsObjective(pairs, weight, batch_size=6, similarity="dot", scale=1.0, seed=1)
-        )
+        objective = TargetPairsObjective(pairs, weight, batch_size=6, similarity="dot", scale=1.0, seed=1)
+        joint = [JointPseudoPairs(objective)]
+    trainer = IDROTrainer(model=model, args=args, train_dataset=data, methods=joint)
     trainer.train()
     return trainer, {n: p.detach().clone() for n, p in model.named_parameters()}
 

@@ -95,12 +95,12 @@ def test_the_teacher_is_the_hybrid_of_the_starting_model_and_its_rankings_are_ca
 def test_an_interrupted_distillation_resumes_to_the_uninterrupted_weights(
     tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
 ):
-    from hf_cocodr.finetuning import IDROTrainer
+    from hf_cocodr.finetuning import DistillationTrainer
 
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "whole", config=cfg)
-    undo = crash_at(monkeypatch, IDROTrainer, 3)
+    undo = crash_at(monkeypatch, DistillationTrainer, 3)
     with pytest.raises(RuntimeError, match="simulated crash"):
         run_recipe(*args, tmp_path / "cut", config=cfg)
     assert (tmp_path / "cut" / "distill" / "checkpoint-2").is_dir()
@@ -336,16 +336,20 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
     """By default the distillation trains under bf16 where the machine has native bf16 kernels and in fp32
     elsewhere; ``distill: {bf16: ...}`` decides instead. The probe times the step in that precision (so the plan buys
     the steps it affords), the trainer runs in it, and the run's record says which and why."""
+    import hf_cocodr.finetuning as finetuning
     import hf_cocodr.recipe.runner as runner_module
     import hf_cocodr.recipe.stages.distill as distill_module
-    import hf_cocodr.training_api as api
 
     for module in (distill_module, runner_module):
         monkeypatch.setattr(module, "native_bf16", lambda: native)
-    trained_in, build = [], api.build_idro_trainer
-    monkeypatch.setattr(
-        api, "build_idro_trainer", lambda m, args, *a, **k: trained_in.append(args.bf16) or build(m, args, *a, **k)
-    )
+    trained_in, real_trainer = [], finetuning.DistillationTrainer
+
+    class Spy(real_trainer):  # records the precision the stage's trainer is built with
+        def __init__(self, *a, args=None, **k):
+            trained_in.append(args.bf16)
+            super().__init__(*a, args=args, **k)
+
+    monkeypatch.setattr(finetuning, "DistillationTrainer", Spy)
     options = {**CFG["distill"], **({} if option is None else {"bf16": option})}
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill": options}
     out = tmp_path / "out"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,10 @@ class KMeansClusteringCallback(TrainerCallback):
     Under DDP the queries are encoded in shards, rank 0 clusters, and every rank receives the same ids.
 
     The :class:`~hf_cocodr.IDROTrainer` inserts this callback itself when an iDRO loss is used; pass your own
-    instance in ``callbacks=[...]`` to change its settings.
+    instance in ``callbacks=[...]`` to change its settings. The trainer hands it what it reads and updates through
+    :meth:`bind` (the query encoder, the cluster assignment, the loss whose weights follow the clusters); it never
+    sees the trainer. Its state (centroids, clusterings so far) is saved with every checkpoint
+    (:class:`~hf_cocodr.finetuning.checkpoint_state.CheckpointState`, name ``kmeans``).
 
     Args:
         num_clusters: K (default: the loss's). Clamped to the number of queries, with a warning.
@@ -67,19 +71,46 @@ class KMeansClusteringCallback(TrainerCallback):
         self.carry = carry
         self.backend = backend
         self.batch_size = batch_size
-        self.trainer = None  # set by IDROTrainer
+        self.encode: Callable[[int, int, int], np.ndarray] | None = None  # set by bind()
+        self.num_queries = 0
+        self.clusters = None
+        self.loss = None
+        self.run_seed = 0
+        self.refresh = None
         self.centroids: np.ndarray | None = None
         self.count = 0
         self.restored = False
         self.history: list[dict[str, Any]] = []
         self._last_epoch = 0
 
+    state_name = "kmeans"
+
+    def bind(
+        self,
+        *,
+        encode: Callable[[int, int, int], np.ndarray],
+        num_queries: int,
+        clusters,
+        loss=None,
+        seed: int = 0,
+        refresh=None,
+    ) -> KMeansClusteringCallback:
+        """What the callback works with: ``encode(lo, hi, batch_size)`` gives the embeddings of training queries
+        ``lo..hi-1`` (numpy; the model left in the mode it was in), ``num_queries`` how many there are, ``clusters``
+        (a :class:`~hf_cocodr.finetuning.checkpoint_state.ClusterAssignment`) receives the ids, ``loss`` (an
+        :class:`~hf_cocodr.IDROLoss` or None) has its weights carried over or reset, ``seed`` is the run's seed
+        (when the callback has none of its own) and ``refresh`` a
+        :class:`~hf_cocodr.finetuning.HardNegativeRefreshCallback` that re-clusters at its own steps."""
+        self.encode, self.num_queries, self.clusters = encode, num_queries, clusters
+        self.loss, self.run_seed, self.refresh = loss, seed, refresh
+        return self
+
     # -------------------------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, **kwargs):
         if self.restored:
             logger.info("K-Means state restored from the checkpoint (%d clusterings so far)", self.count)
             return
-        self.cluster(reason="train start")
+        self.cluster(reason="train start", step=state.global_step)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         # the epoch index, not the rounded progress: a run resumed in the second half of an epoch (state.epoch
@@ -87,35 +118,32 @@ class KMeansClusteringCallback(TrainerCallback):
         epoch = int(math.floor((state.epoch or 0) + 1e-6))
         if self.every_steps == 0 and epoch > self._last_epoch:
             self._last_epoch = epoch
-            self.cluster(reason=f"epoch {epoch}")
+            self.cluster(reason=f"epoch {epoch}", step=state.global_step)
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.every_steps and state.global_step % self.every_steps == 0 and state.global_step < state.max_steps:
-            nc = getattr(self.trainer, "negatives_callback", None)
-            if nc is not None and nc.recluster and state.global_step % nc.every_steps == 0:
+            if self.refresh is not None and self.refresh.reclusters_at(state.global_step):
                 return  # the negatives refresh re-clusters at this step (with the same query embeddings)
-            self.cluster(reason=f"step {state.global_step}")
+            self.cluster(reason=f"step {state.global_step}", step=state.global_step)
 
     # -------------------------------------------------------------------------------------------- work
     def encode_queries(self) -> np.ndarray:
-        trainer = self.trainer
-        texts = trainer.training_data.query_texts
-        lo, hi = D.shard_range(len(texts))
-        model = trainer.model
-        was_training = model.training
-        try:  # model geometry (CLS/dot or whatever the model uses); rows a method encodes with tokens of their own
-            emb = trainer.encode_query_rows(lo, hi, batch_size=self.batch_size)
-        finally:
-            model.train(was_training)
+        """Every training query's embedding (this rank encodes its shard; every rank gets all rows)."""
+        n = self.num_queries
+        lo, hi = D.shard_range(n)
+        emb = self.encode(lo, hi, self.batch_size)
         if emb.ndim != 2:
             emb = emb.reshape(hi - lo, -1)
-        return D.gather_rows(emb.astype(np.float32), len(texts))
+        return D.gather_rows(emb.astype(np.float32), n)
 
-    def cluster(self, reason: str, embeddings: np.ndarray | None = None) -> None:
-        trainer = self.trainer
-        if trainer is None:
-            raise RuntimeError("KMeansClusteringCallback.trainer is not set; use it through IDROTrainer")
-        loss = trainer.idro_loss
+    def cluster(self, reason: str, embeddings: np.ndarray | None = None, step: int = 0) -> None:
+        """Cluster the queries (their ``embeddings`` when given, else freshly encoded) at optimizer ``step``."""
+        if self.encode is None or self.clusters is None:
+            raise RuntimeError(
+                "KMeansClusteringCallback is not bound (its trainer is not set; use it through IDROTrainer, which "
+                "binds it, or call bind(...))"
+            )
+        loss = self.loss
         t0 = time.perf_counter()
         x = self.encode_queries() if embeddings is None else embeddings
         n = len(x)
@@ -123,7 +151,7 @@ class KMeansClusteringCallback(TrainerCallback):
         if k > n:
             logger.warning("num_clusters=%d is larger than the %d training queries: using K=%d", k, n, n)
             k = n
-        seed = (self.seed if self.seed is not None else trainer.args.seed) + self.count
+        seed = (self.seed if self.seed is not None else self.run_seed) + self.count
         if D.is_main():
             centroids, assign = kmeans(
                 x,
@@ -150,11 +178,10 @@ class KMeansClusteringCallback(TrainerCallback):
                 loss.remap_clusters(torch.as_tensor(mapping), k)
             elif loss.num_clusters != k or self.count > 0:
                 loss.remap_clusters(None, k)
-        trainer.cluster_ids = assign.astype(np.int64)
+        self.clusters.ids = assign.astype(np.int64)
         self.centroids = centroids
         self.count += 1
         sizes = np.bincount(assign, minlength=k)
-        step = trainer.state.global_step if trainer.state is not None else 0
         self.history.append({"step": int(step), "sizes": sizes.tolist(), "reason": reason})
         carry = (
             "first clustering"
@@ -177,6 +204,9 @@ class KMeansClusteringCallback(TrainerCallback):
         )
 
     # -------------------------------------------------------------------------------------------- state
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self.state_tensors(), self.state_meta()
+
     def state_tensors(self) -> dict[str, np.ndarray]:
         return {} if self.centroids is None else {"centroids": self.centroids}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 from transformers import TrainerCallback
@@ -23,7 +24,13 @@ class HardNegativeRefreshCallback(TrainerCallback):
     queries are re-clustered at the same time (as the COCO-DR paper does), reusing the query embeddings.
 
     Rank 0 mines and broadcasts the table, so every rank samples from the same negatives.
+
+    The :class:`~hf_cocodr.IDROTrainer` inserts it when ``refresh_negatives_every_steps > 0`` and hands it what it
+    reads and updates through :meth:`bind` (the model, the training rows, the row-group switch, the K-Means
+    callback); it never sees the trainer. Its schedule is saved with every checkpoint (name ``negatives``).
     """
+
+    state_name = "negatives"
 
     def __init__(
         self,
@@ -48,83 +55,109 @@ class HardNegativeRefreshCallback(TrainerCallback):
         self.max_length = max_length
         self.encode_precision = check_encode_precision(encode_precision)  # fp32 | bf16 | int8 (modeling.precision)
         self.query_chunk = query_chunk
-        self.trainer = None
+        self.model = None  # set by bind()
+        self.rows = None
+        self.use_row_group: Callable[[str], None] | None = None
+        self.kmeans = None
         self.count = 0
         self.history: list[dict] = []
 
+    def bind(self, *, model, rows, use_row_group: Callable[[str], None] | None = None, kmeans=None):
+        """What the callback works with: the ``model`` it encodes with, the training ``rows`` (a
+        :class:`~hf_cocodr.data.training.RowsSource` whose ``negatives_table()`` receives the new negatives),
+        ``use_row_group(group)`` to make the model encode those rows as they are trained, and the ``kmeans``
+        callback to re-cluster with the same query embeddings (``recluster=True``)."""
+        self.model, self.rows, self.use_row_group, self.kmeans = model, rows, use_row_group, kmeans
+        return self
+
+    def reclusters_at(self, step: int) -> bool:
+        """Whether a refresh at optimizer ``step`` re-clusters the queries."""
+        return self.recluster and step % self.every_steps == 0
+
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step % self.every_steps == 0 and state.global_step < state.max_steps:
-            self.refresh()
+            self.refresh(state.global_step)
 
-    def refresh(self) -> None:
-
-        trainer = self.trainer
-        data = trainer.training_data.negatives_table()  # the rows with a corpus and a negatives table
+    def refresh(self, step: int = 0) -> None:
+        """Mine and install new negatives with the current model (at optimizer ``step``, for the logs)."""
+        if self.model is None or self.rows is None:
+            raise RuntimeError(
+                "HardNegativeRefreshCallback is not bound (its trainer is not set; use it through IDROTrainer, "
+                "which binds it, or call bind(...))"
+            )
+        data = self.rows.negatives_table()  # the rows with a corpus and a negatives table
         if not isinstance(data, RetrievalTrainingData):
             raise ValueError("negatives can only be refreshed for RetrievalTrainingData (a corpus is needed)")
-        model = trainer.model
+        model = self.model
         was_training = model.training
         t0 = time.perf_counter()
-        q_all = None
-        group = trainer.training_data.negatives_group
-        if group is not None:  # those rows are encoded as they are trained (a method's hook, e.g. its tokens)
-            trainer.use_row_group(group)
+        group = self.rows.negatives_group
+        if group is not None and self.use_row_group is not None:  # encoded as trained (a method's hook)
+            self.use_row_group(group)
         try:
-            if D.is_main():
-                with encoding_precision(model, self.encode_precision) as encoder:
-                    index, order = build_index(
-                        encoder,
-                        data.corpus,
-                        batch_size=self.batch_size,
-                        show_progress_bar=False,
-                        max_length=self.max_length,
-                    )
-                    k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
-                    blocks, q_parts = [], []
-                    for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
-                        q = encode_texts(
-                            encoder,
-                            data.query_texts[s : s + self.query_chunk],
-                            kind="query",
-                            batch_size=self.batch_size,
-                            max_length=self.max_length,
-                        )
-                        _, idx = index.search(q, k)
-                        ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
-                        blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
-                        if self.recluster:
-                            q_parts.append(q.astype(np.float32))
-                del index
-                counts = np.concatenate([c for c, _ in blocks])
-                neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-                neg_idx = np.concatenate([f for _, f in blocks]).astype(np.int64)
-                q_all = np.concatenate(q_parts) if q_parts else None
-            else:
-                neg_ptr = neg_idx = None
+            neg_ptr, neg_idx, q_all = self._mine(model, data)
         finally:
             model.train(was_training)
         neg_ptr = D.broadcast_array(neg_ptr)
         neg_idx = D.broadcast_array(neg_idx)
         if self.recluster:
             q_all = D.broadcast_array(q_all)
-        data.install_negatives(neg_ptr, neg_idx, source=f"self-mined@{trainer.state.global_step}")
+        data.install_negatives(neg_ptr, neg_idx, source=f"self-mined@{step}")
         self.count += 1
         sizes = np.diff(data.neg_ptr)
-        self.history.append({"step": int(trainer.state.global_step), "mean_candidates": float(sizes.mean())})
+        self.history.append({"step": int(step), "mean_candidates": float(sizes.mean())})
         logger.info(
             "negatives refreshed at step %d in %.1fs: %.1f candidates per query from ranks [%d, %d)",
-            trainer.state.global_step,
+            step,
             time.perf_counter() - t0,
             sizes.mean(),
             self.skip_top,
             self.top_k,
         )
-        if self.recluster and trainer.kmeans_callback is not None:
-            same_rows = data is trainer.training_data  # else K-Means clusters rows the refresh did not encode
-            trainer.kmeans_callback.cluster(
-                reason=f"negatives refresh at step {trainer.state.global_step}",
-                embeddings=q_all if same_rows else None,
+        if self.recluster and self.kmeans is not None:
+            same_rows = data is self.rows  # else K-Means clusters rows the refresh did not encode
+            self.kmeans.cluster(
+                reason=f"negatives refresh at step {step}", embeddings=q_all if same_rows else None, step=step
             )
+
+    def _mine(self, model, data):
+        """``(neg_ptr, neg_idx, query embeddings or None)`` on rank 0 (``None``s elsewhere)."""
+        q_all = None
+        if D.is_main():
+            with encoding_precision(model, self.encode_precision) as encoder:
+                index, order = build_index(
+                    encoder,
+                    data.corpus,
+                    batch_size=self.batch_size,
+                    show_progress_bar=False,
+                    max_length=self.max_length,
+                )
+                k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
+                blocks, q_parts = [], []
+                for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
+                    q = encode_texts(
+                        encoder,
+                        data.query_texts[s : s + self.query_chunk],
+                        kind="query",
+                        batch_size=self.batch_size,
+                        max_length=self.max_length,
+                    )
+                    _, idx = index.search(q, k)
+                    ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
+                    blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
+                    if self.recluster:
+                        q_parts.append(q.astype(np.float32))
+            del index
+            counts = np.concatenate([c for c, _ in blocks])
+            neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            neg_idx = np.concatenate([f for _, f in blocks]).astype(np.int64)
+            q_all = np.concatenate(q_parts) if q_parts else None
+        else:
+            neg_ptr = neg_idx = None
+        return neg_ptr, neg_idx, q_all
+
+    def state(self) -> tuple[dict, dict]:
+        return {}, self.state_meta()
 
     def state_meta(self) -> dict:
         return {"count": self.count, "history": self.history}

@@ -474,6 +474,17 @@ class IDROLoss(nn.Module):
         # uniform: coefficient ∝ cluster size, i.e. the plain mean over rows
         return torch.ones_like(ell_c)
 
+    # ------------------------------------------------------------------------------------------ checkpoints
+    state_name = "idro"  # the checkpoint-state component (hf_cocodr.finetuning.checkpoint_state)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The cluster log-weights (tensors) and the loss's configuration (metadata, for the reader)."""
+        return {"log_weights": self.log_weights.detach().cpu()}, {"config": self.get_config_dict()}
+
+    def load_state(self, tensors: dict[str, Any], meta: dict[str, Any]) -> None:
+        if "log_weights" in tensors:
+            self.log_weights = tensors["log_weights"].to(torch.float64)
+
     # ------------------------------------------------------------------------------------------ plumbing
     def get_config_dict(self) -> dict[str, Any]:
         cfg = {

@@ -210,25 +210,32 @@ class DistillStage(Stage):
             "distill_teacher_s": round(per_doc * teacher_docs + per_query * len(queries), 2),
         }
 
-    def build_trainer(self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None):
-        """The trainer of the distillation: ``run.current`` learns :class:`~hf_cocodr.finetuning.losses.
-        HybridDistillLoss` on ``rows`` (the teacher's; in a probe, rows of their shape drawn from the target queries
-        and documents with random teacher scores, since the teacher's rankings are not computed yet)."""
-        from ...finetuning import IDROTrainingArguments
+    def build_trainer(
+        self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None, info=()
+    ):
+        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns
+        :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` on ``rows`` (the teacher's, ``info`` naming their
+        queries and corpora; in a probe, rows of their shape drawn from the target queries and documents with random
+        teacher scores, since the teacher's rankings are not computed yet)."""
+        from ...finetuning import DistillationTrainer, DistillationTrainingArguments
         from ...finetuning.losses.distill import HybridDistillLoss
-        from ...training_api import build_idro_trainer
 
         if rows is None:
             rows = self._probe_rows(run, max_steps)
-        forced = {"refresh_negatives_every_steps": 0}
         args = self.training_arguments(
-            run, IDROTrainingArguments, max_steps, output_dir=output_dir, probe=probe, forced=forced
+            run, DistillationTrainingArguments, max_steps, output_dir=output_dir, probe=probe
         )
         model = load_encoder(run.current)
-        loss = HybridDistillLoss(model, **self._loss_options(run.cfg, run.similarity))
-        trainer = build_idro_trainer(model, args, rows, loss=loss, negatives_label="the hybrid teacher's candidates")
-        trainer.extra_methods.append("hybrid-teacher distillation")
-        return trainer
+        return DistillationTrainer(
+            model=model,
+            args=args,
+            train_dataset=rows,
+            loss=HybridDistillLoss(model, **self._loss_options(run.cfg, run.similarity)),
+            card_methods=["hybrid-teacher distillation"],
+            negatives_label="the hybrid teacher's candidates",
+            target_queries_read=[i["queries"] for i in info],
+            target_corpora_read=[i["corpus"] for i in info],
+        )
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         from ...retrieval.teacher import distill_dataset
@@ -259,9 +266,7 @@ class DistillStage(Stage):
                 cfg.distill_max_passes,
                 self.num_queries,
             )
-        trainer = self.build_trainer(run, steps, rows=rows)
-        trainer.target_queries_read += [i["queries"] for i in info]
-        trainer.target_corpora_read += [i["corpus"] for i in info]
+        trainer = self.build_trainer(run, steps, rows=rows, info=info)
         guard = run.deadline(trainer, self.name)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
         trainer.finalize()
@@ -347,9 +352,9 @@ class DistillStage(Stage):
         if run.cfg.distill_steps is not None or run.cfg.distill_max_passes is None:  # fixed steps are yours
             return None
         if self.per_step is None:  # queries a step: on every rank, every accumulated batch
-            from ...finetuning import IDROTrainingArguments
+            from ...finetuning import DistillationTrainingArguments
 
-            args = IDROTrainingArguments(**{**run.arguments[self.name], "max_steps": 1})
+            args = DistillationTrainingArguments.from_arguments(run.arguments[self.name], max_steps=1)
             self.per_step = args.per_device_train_batch_size * args.world_size * args.gradient_accumulation_steps
         self._read_queries(run)
         return pass_cap(self.num_queries, self.per_step, run.cfg.distill_max_passes)

@@ -113,9 +113,10 @@ def idro_trainer(
 ):
     """An :class:`~hf_cocodr.finetuning.IDROTrainer` for ``run.current`` on ``data`` (the trainer of the fine-tuning
     stages); ``joint``: the target pseudo pairs as a term of every step."""
+    from ...methods.joint import JointPseudoPairs
     from ...training_api import build_idro_trainer
 
-    trainer = build_idro_trainer(
+    return build_idro_trainer(
         load_encoder(run.current),
         args,
         data,
@@ -123,12 +124,9 @@ def idro_trainer(
         target_corpora=target_corpora,
         negatives_label=negatives_label,
         target_queries=target_queries,
+        # joint schedule: target pseudo pairs as a term of every step
+        extra_methods=[JointPseudoPairs(joint)] if joint is not None else [],
     )
-    if joint is not None:  # joint schedule: target pseudo pairs as a term of every step
-        trainer.idro_loss.auxiliary.append(joint)
-        trainer.extra_methods.append("pseudo-pairs")
-        trainer.target_corpora_read = list(dict.fromkeys(trainer.target_corpora_read + list(joint.pairs.corpora)))
-    return trainer
 
 
 def train_idro(stage: Stage, run: RecipeRun, trainer) -> dict[str, Any]:
