@@ -27,6 +27,7 @@ from ..hybrid import HYBRID_FILE, _corpus_ids_texts
 from ..modeling.loading import load_encoder
 from ..modeling.precision import encoding_precision
 from ..utils import native_bf16
+from .checks import DISTILL_BATCH_SIZE
 from .config import RecipeConfig
 from .context import RecipeRun
 from .outputs import stopped
@@ -78,7 +79,7 @@ class DistillStage(Stage):
         cfg = run.cfg
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
-            per_device_train_batch_size=16,
+            per_device_train_batch_size=DISTILL_BATCH_SIZE,
             learning_rate=5e-5,  # docs/adaptation.md says why
             warmup_steps=0.1,
             idro_preset="uniform",

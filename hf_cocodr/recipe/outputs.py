@@ -101,9 +101,11 @@ def write_soup(run_dirs: list[Path], stage_dir: Path, seeds: list[int]) -> None:
 
 
 def export_final(src: Path, dst: Path) -> None:
-    """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically."""
+    """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically. Entries of ``dst`` that
+    no earlier export wrote (the user's) are carried over (:func:`~hf_cocodr.utils.atomic_directory`'s
+    ``keep_others``)."""
     skip = {"trainer_state.json", "training_args.bin", STAGE_MARKER, "eval.json", "idro_weights.json", RECORD, LOCK}
-    with atomic_directory(dst) as tmp:
+    with atomic_directory(dst, keep_others=True) as tmp:
         for p in src.iterdir():
             if p.name.startswith("checkpoint-") or p.name in skip or p.name.startswith("."):
                 continue

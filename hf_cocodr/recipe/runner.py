@@ -29,11 +29,11 @@ from ..methods import method_target_queries, validate_methods
 from ..model_card import write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
-from ..run_record import RunFolder, fingerprint
+from ..run_record import RunFolder, digest, fingerprint
 from ..storage import check_before_work
-from ..utils import atomic_write_json, native_bf16
+from ..utils import atomic_write_json, native_bf16, path_name, resolved_path
 from . import planner
-from .checks import check_budget_floor, check_recipe_lengths
+from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, uses_wise
 from .context import RecipeRun
 from .inputs import load_data
@@ -117,6 +117,7 @@ def run_recipe(
     for spec in evals:
         parse_eval_spec(spec)  # fail early on a bad --eval
     check_max_minutes(max_minutes)
+    check_target_corpora(target_corpora)  # a missing corpus, before OUT is claimed or a model loads
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = choose_schedule(cfg, has_mlm)
     if not target_corpora:
@@ -155,6 +156,8 @@ def run_recipe(
     # fail before any stage runs; the fine-tuning methods get the target queries only when one of them reads them
     methods = validate_methods(cfg.methods, target_corpora, method_target_queries(cfg.methods, cfg.target_queries))
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
+    if any(s.reads_target_queries and s.enabled(cfg) for s in stages) and target_corpora:
+        check_distill_inputs(cfg, target_corpora)  # before the teacher encodes the corpus
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
         model,
@@ -314,18 +317,30 @@ def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
-    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
+    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json``: each split's result under the
+    fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus), so
+    a changed model or a changed split is evaluated again, whatever its name."""
     path = out / "start_eval.json"
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    if cached.get("model") != model:
-        cached = {"model": model, "results": {}}
-    todo = [s for s in evals if "hybrid" not in cached["results"].get(s, {})]
+    try:
+        cached = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        cached = {}  # a damaged cache is a missing one
+    model_fp = digest(fingerprint(model))
+    if not isinstance(cached, dict) or cached.get("model_fingerprint") != model_fp:
+        cached = {"model": model, "model_fingerprint": model_fp, "results": {}, "inputs": {}}
+    inputs = {spec: digest(fingerprint(str(parse_eval_spec(spec)[0]))) for spec in evals}
+    todo = [
+        s
+        for s in evals
+        if "hybrid" not in cached["results"].get(s, {}) or cached.get("inputs", {}).get(s) != inputs[s]
+    ]
     if todo:
         st = load_encoder(model)
         for spec in todo:
             folder, split = parse_eval_spec(spec)
             res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True)
             cached["results"][spec] = split_hybrid(res)
+            cached.setdefault("inputs", {})[spec] = inputs[spec]
             atomic_write_json(path, cached)
     return {s: cached["results"][s] for s in evals}
 
@@ -381,8 +396,12 @@ def _save_hybrids(run: RecipeRun, model) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
     names: dict[str, int] = {}
     for corpus in run.target_corpora:
-        path = Path(str(corpus))
-        name = path.name if path.name != "corpus.jsonl" else path.parent.name
+        # named from the resolved path: `..`, `q/qrels/..` or `.` name the folder they are, never OUT/hybrid itself
+        if isinstance(corpus, (str, os.PathLike)):
+            path = resolved_path(corpus)
+            name = path_name(path.parent if path.name in ("corpus.jsonl", "corpus.jsonl.gz") else path)
+        else:
+            name = "dataset"
         names[name] = names.get(name, 0) + 1
         folder = run.out / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")
         try:
