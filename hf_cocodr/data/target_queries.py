@@ -123,24 +123,27 @@ def _dedupe(source: TargetQueries) -> TargetQueries:
     """``source`` with each query kept once (the first; compared by :func:`normalize_query`): copies of a query in one
     batch would be each other's in-batch negatives. A warning counts the copies dropped."""
     seen: set[str] = set()
-    keep = []
+    keep, blank = [], 0
     for i, text in enumerate(source.texts):
         key = normalize_query(text)
-        if key and key not in seen:
+        if not key:  # only invisible characters: a blank query, dropped as those are
+            blank += 1
+        elif key not in seen:
             seen.add(key)
             keep.append(i)
-    if len(keep) < len(source.texts):
-        said = (source.name, len(source.texts), len(keep))
+    if len(keep) + blank < len(source.texts):
+        said = (source.name, len(source.texts) - blank, len(keep))
         if said not in _WARNED:  # a source is read by several checks: one warning
             _WARNED.add(said)
             logger.warning(
                 "target queries %s: %d of %d queries repeat an earlier one (case, spacing and invisible "
                 "characters ignored) and were dropped; %d distinct queries",
                 source.name,
-                len(source.texts) - len(keep),
-                len(source.texts),
+                len(source.texts) - blank - len(keep),
+                len(source.texts) - blank,
                 len(keep),
             )
+    if len(keep) < len(source.texts):
         source.texts = [source.texts[i] for i in keep]
         source.ids = [source.ids[i] for i in keep] if source.ids else []
     return source
