@@ -263,10 +263,10 @@ def test_a_record_with_a_name_of_255_bytes_is_written_atomically(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- 7. hostile YAML
-BOMB = "\n".join(
-    ["l0: &l0 {a: 1, b: 1, c: 1, d: 1, e: 1, f: 1, g: 1, h: 1, i: 1, j: 1}"]
-    + [f"l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, 9)]
-    + ["finetune: {lr_scheduler_kwargs: {x: *l8}}"]
+# ten levels of ten references each (10**9 values once expanded), every anchor inside a known option
+BOMB = "finetune:\n  lr_scheduler_kwargs:\n" + "\n".join(
+    ["    l0: &l0 {a: 1, b: 1, c: 1, d: 1, e: 1, f: 1, g: 1, h: 1, i: 1, j: 1}"]
+    + [f"    l{n}: &l{n} [{', '.join([f'*l{n - 1}'] * 10)}]" for n in range(1, 9)]
 )
 
 
