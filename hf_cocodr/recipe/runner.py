@@ -24,7 +24,7 @@ from ..data.target_queries import refuse_eval_overlap
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval, reuse_corpus_encodings
 from ..export import export_sentence_transformer
-from ..hybrid import HybridRetriever
+from ..hybrid import HYBRID_FILE, HybridRetriever
 from ..methods import method_target_queries, validate_methods
 from ..model_card import write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
@@ -174,6 +174,8 @@ def run_recipe(
     }
     entries = recipe_entries(stages)
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
+    if cfg.save_hybrid:
+        check_hybrid_folders(Path(output_dir), target_corpora)
     folder = RunFolder.claim(
         output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
     )
@@ -392,18 +394,37 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     return summary
 
 
-def _save_hybrids(run: RecipeRun, model) -> None:
-    """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
+def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
+    """``(corpus, OUT/hybrid/<name>)`` for each target corpus: named from its resolved path (``..``, ``q/qrels/..`` or
+    ``.`` name the folder they are, never ``OUT/hybrid`` itself), the folder's name for a ``corpus.jsonl``, ``-2``,
+    ``-3``, ... after a name already taken."""
     names: dict[str, int] = {}
-    for corpus in run.target_corpora:
-        # named from the resolved path: `..`, `q/qrels/..` or `.` name the folder they are, never OUT/hybrid itself
+    folders = []
+    for corpus in target_corpora:
         if isinstance(corpus, (str, os.PathLike)):
             path = resolved_path(corpus)
             name = path_name(path.parent if path.name in ("corpus.jsonl", "corpus.jsonl.gz") else path)
         else:
             name = "dataset"
         names[name] = names.get(name, 0) + 1
-        folder = run.out / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")
+        folders.append((corpus, Path(out) / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")))
+    return folders
+
+
+def check_hybrid_folders(out: Path, target_corpora) -> None:
+    """Refuse, before any work, an ``OUT/hybrid/<corpus>`` that exists and is not a saved hybrid retriever (the
+    recipe would have to replace the user's folder after training)."""
+    for _, folder in hybrid_folders(out, target_corpora):
+        if folder.exists() and not (folder / HYBRID_FILE).is_file():
+            raise FileExistsError(
+                f"{folder} exists and is not a saved hybrid retriever; the recipe saves the retriever of a target "
+                "corpus there: move that folder, or set save_hybrid: false"
+            )
+
+
+def _save_hybrids(run: RecipeRun, model) -> None:
+    """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
+    for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
             hybrid = HybridRetriever.build(model, corpus, batch_size=run.cfg.eval_batch_size)
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
