@@ -227,6 +227,16 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_ot
         raise
 
 
+def add_written_entries(folder: str | os.PathLike, names) -> None:
+    """Add ``names`` to the list of entries hf_cocodr wrote into ``folder`` (:data:`ENTRIES_FILE`, written by
+    :func:`atomic_directory` with ``keep_others``): files a command writes into such a folder after it was swapped
+    into place (an evaluation, a card) are its own, replaced on a re-run, never carried over as the user's."""
+    folder = Path(folder)
+    ours = _written_entries(folder)
+    if ours is not None:
+        atomic_write_text(folder / ENTRIES_FILE, json.dumps(sorted(ours | set(names))) + "\n")
+
+
 def _keep_others(old: Path, new: Path) -> None:
     """List ``new``'s entries in its :data:`ENTRIES_FILE`, then carry over into it the entries of ``old`` that
     ``old``'s list does not name (the user's; an old folder without a list was all ours)."""

@@ -26,12 +26,13 @@ from ..evaluation.retrieval import evaluate_retrieval, reuse_corpus_encodings
 from ..export import export_sentence_transformer
 from ..hybrid import HYBRID_FILE, HybridRetriever
 from ..methods import method_target_queries, validate_methods
-from ..model_card import write_model_card
+from ..model_card import EVAL_FILE, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
+from ..provenance import PROVENANCE_FILE
 from ..run_record import RunFolder, digest, fingerprint
 from ..storage import check_before_work
-from ..utils import atomic_write_json, native_bf16, path_name, resolved_path
+from ..utils import add_written_entries, atomic_write_json, native_bf16, path_name, resolved_path
 from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, uses_wise
@@ -359,6 +360,8 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         )
     else:
         export_final(Path(run.current), final_dir)
+    # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
+    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
     seconds = run.stage_seconds
     seconds["export"] = round(time.perf_counter() - t0, 1)
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export

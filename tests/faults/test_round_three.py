@@ -113,13 +113,17 @@ def test_saving_over_a_saved_retriever_keeps_the_users_entries_inside_it(hybrid,
 
 def test_a_second_export_of_the_recipe_model_keeps_the_users_file_in_it(tiny_st_dir, tmp_path):
     from hf_cocodr.recipe.outputs import export_final
+    from hf_cocodr.utils import add_written_entries
 
     final = tmp_path / "OUT" / "model"
     export_final(Path(tiny_st_dir), final)
+    add_written_entries(final, ["eval.json"])  # as the recipe does before it evaluates into the folder
+    (final / "eval.json").write_text('{"old": 1}')
     (final / "serving.yaml").write_text("replicas: 2\n")
     export_final(Path(tiny_st_dir), final)  # a recipe re-run exports again
     assert (final / "serving.yaml").read_text() == "replicas: 2\n"
     assert (final / "model.safetensors").is_file()
+    assert not (final / "eval.json").exists()  # the run's own evaluation is not the user's: replaced, not kept
 
 
 # ---------------------------------------------------------------------------------------- 3. a run reads what it writes
