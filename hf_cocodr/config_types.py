@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any
 
-__all__ = ["check_field_types", "expected_type", "matches_type"]
+__all__ = ["check_field_types", "check_training_values", "expected_type", "matches_type"]
 
 _BOOL_WORDS = {"true", "false", "yes", "no", "1", "0", "y", "n", "t", "f"}
 
@@ -100,3 +100,30 @@ def check_field_types(cls: type, values: dict[str, Any], where: str) -> None:
     for key, value in values.items():
         if key in names and not matches_type(value, hints.get(key, Any)):
             raise ValueError(f"{where}: option {key} must be {expected_type(hints[key])}, got {value!r}")
+
+
+def check_training_values(args: Any, where: str) -> None:
+    """Raise ``ValueError`` for values ``TrainingArguments`` accepts but no training can use, found only after the
+    data is prepared otherwise: a batch size or an accumulation below 1, and ``lr_scheduler_kwargs`` that the
+    ``lr_scheduler_type`` does not take (tried on a one-parameter optimizer, so nothing is loaded)."""
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: option {name} must be a whole number >= 1, got {value!r}")
+    kwargs = getattr(args, "lr_scheduler_kwargs", None)
+    if kwargs:
+        import torch
+        from transformers.optimization import get_scheduler
+
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        kind = getattr(args, "lr_scheduler_type", "linear")
+        try:
+            get_scheduler(
+                kind, optimizer, num_warmup_steps=1, num_training_steps=10, scheduler_specific_kwargs=dict(kwargs)
+            )
+        except (TypeError, ValueError, KeyError) as e:
+            kind = getattr(kind, "value", kind)
+            raise ValueError(
+                f"{where}: option lr_scheduler_kwargs {dict(kwargs)!r} is not taken by the {kind} scheduler "
+                f"({' '.join(str(e).split())})"
+            ) from None

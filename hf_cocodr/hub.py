@@ -22,7 +22,7 @@ from typing import Any
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
 from .rundir.run_record import LOCK, RECORD
-from .utils import hub_id_problem
+from .utils import hub_id_problem, public_value
 
 logger = logging.getLogger(__name__)
 
@@ -113,15 +113,10 @@ def _redact(text: str, token: str | None) -> str:
 
 
 def _without_local_paths(obj: Any) -> Any:
-    """A copy of a JSON value in which every string that is a path on this machine (absolute, ``~``, ``./``,
-    ``../``) is reduced to its last component: what the model was made from, without where it lay."""
-    if isinstance(obj, dict):
-        return {k: _without_local_paths(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_without_local_paths(v) for v in obj]
-    if isinstance(obj, str) and (os.path.isabs(obj) or obj.startswith(("~", "./", "../", ".\\", "..\\"))):
-        return Path(obj.rstrip("/\\")).name or obj
-    return obj
+    """A copy of a JSON value in which every string that is a path on this machine, absolute or relative, keys
+    included, is reduced to its last component (``:SPLIT`` kept; :func:`hf_cocodr.utils.public_label`): what the model
+    was made from, without where it lay."""
+    return public_value(obj)
 
 
 def _module_folders(model_dir: Path) -> set[str]:

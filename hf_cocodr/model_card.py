@@ -28,7 +28,7 @@ from .provenance import (
     write_provenance,
 )
 from .storage import staged_name
-from .utils import atomic_write_text, is_hub_id, redact_text
+from .utils import atomic_write_text, is_hub_id, public_value, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -253,6 +253,10 @@ def build_card_data(
     citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in known and m not in citations]
     datasets, local_datasets = hub_datasets(list(data.get("datasets") or []), stages)
+    # the card's text names local data by its name (and split), never by where it lies on this machine
+    pretraining_corpora, finetuning_corpora = public_value(pretraining_corpora), public_value(finetuning_corpora)
+    target_queries_read, source_data = public_value(target_queries_read), public_value(source_data)
+    local_datasets, stages = list(dict.fromkeys(public_value(local_datasets))), public_value(stages)
     transformer = model[0]
     data.update(
         model_name=data.get("model_name") or name or display_name(directory),
@@ -272,7 +276,7 @@ def build_card_data(
         finetuning_corpora=finetuning_corpora,
         finetuning_readers=readers or ["fine-tuning"],
         recipe_schedule=data.get("recipe_schedule"),
-        start_vs_adapted=data.get("start_vs_adapted"),
+        start_vs_adapted=public_value(data.get("start_vs_adapted")),
         target_queries_read=target_queries_read,
         source_data=source_data,
         stages=stages,

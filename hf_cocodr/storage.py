@@ -7,7 +7,8 @@ into place is atomic, hard links work), removed when its write fails, and recogn
 replaced is moved aside as ``.hf_cocodr-old-...`` for the moment of the swap. A staging entry whose writer is gone
 (same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run (a folder moved aside whose
 destination is missing is renamed back instead); one of another host is stale once it has not changed for
-:data:`STALE_SECONDS`.
+:data:`STALE_SECONDS`. A destination name too long to fit in a staging name (file names are at most 255 bytes) is
+shortened in it to a prefix and a hash (:func:`bounded_name`), so a 250-character folder name stages like any other.
 """
 
 from __future__ import annotations
@@ -36,6 +37,21 @@ _STAGING = re.compile(r"^\.hf_cocodr-(tmp|old)-([0-9a-f]{8})-(\d+)-[0-9a-f]{8}\.
 NO_SPACE_CHECK_ENV = "HF_COCODR_NO_SPACE_CHECK"
 
 
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, btrfs, tmpfs, APFS, NTFS)
+_STAGING_ROOM = NAME_MAX - 64  # what a staging name leaves for the destination's name
+_SHORTENED = re.compile(r"~h[0-9a-f]{16}$")
+
+
+def bounded_name(name: str, room: int = _STAGING_ROOM) -> str:
+    """``name`` itself when it fits in ``room`` bytes, else its first bytes and ``~h`` + 16 hex digits of its hash
+    (the same long name always gives the same short one)."""
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= room:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[: room - 19].decode("utf-8", "ignore") + "~h" + digest
+
+
 def _host_tag() -> str:
     return hashlib.sha1(socket.gethostname().encode()).hexdigest()[:8]
 
@@ -45,7 +61,7 @@ def staging_path(dest: str | os.PathLike, backup: bool = False) -> Path:
     :func:`sweep_stale` as this process's; ``backup``: the name ``dest`` is moved aside to while it is replaced."""
     dest = Path(dest)
     prefix = BACKUP_PREFIX if backup else STAGING_PREFIX
-    return dest.parent / f"{prefix}{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{dest.name}"
+    return dest.parent / f"{prefix}{_host_tag()}-{os.getpid()}-{uuid.uuid4().hex[:8]}.{bounded_name(dest.name)}"
 
 
 def is_staging_name(name: str) -> bool:
@@ -54,7 +70,8 @@ def is_staging_name(name: str) -> bool:
 
 
 def staged_name(name: str) -> str | None:
-    """The destination's name of a staging entry's ``name``; None for any other name."""
+    """The destination's name of a staging entry's ``name`` (shortened as :func:`bounded_name` shortens a long one);
+    None for any other name."""
     m = _STAGING.match(name)
     return m[4] if m else None
 
@@ -108,10 +125,20 @@ def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path
     except OSError:
         return removed
     for entry in entries:
-        if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != name):
+        if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != bounded_name(name)):
             continue
         if is_stale(entry):
             dest = folder / (staged_name(entry.name) or "")
+            if _SHORTENED.search(dest.name):  # a long name: the destination is the entry whose name shortens to it
+                match = [e for e in entries if not is_staging_name(e.name) and bounded_name(e.name) == dest.name]
+                if not match and entry.name.startswith(BACKUP_PREFIX):
+                    logger.warning(
+                        "left %s: a folder an earlier run moved aside while replacing it (its name was too long to "
+                        "record whole); rename it back to its name if that folder is missing",
+                        entry,
+                    )
+                    continue
+                dest = match[0] if match else dest
             try:
                 if entry.name.startswith(BACKUP_PREFIX) and not (dest.exists() or dest.is_symlink()):
                     os.replace(entry, dest)  # killed between the two renames of a swap: the old folder comes back
@@ -309,7 +336,12 @@ def check_before_work(
     """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
     folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
     ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
-    be writable too."""
+    be writable too. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
+    is refused (a run must never read what it writes): one check for every command."""
+    if model is not None and isinstance(model, (str, os.PathLike)):
+        from .utils import check_not_source
+
+        check_not_source(output_dir, model)
     check_writable(output_dir, what)
     out = Path(output_dir).expanduser().absolute()
     if staged_beside and out.exists():

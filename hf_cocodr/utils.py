@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import as_disk_fault, disk_faults
-from .storage import staging_path, sweep_stale
+from .storage import bounded_name, staging_path, sweep_stale
 
 logger = logging.getLogger("hf_cocodr")
 
@@ -136,7 +136,7 @@ def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8
     gets the mode a plain ``open`` would give it (``0o666 & ~umask``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{bounded_name(path.name)}.", suffix=".tmp", dir=path.parent)
     try:
         if hasattr(os, "fchmod"):
             os.fchmod(fd, 0o666 & ~current_umask())
@@ -186,13 +186,28 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
 
 
+ENTRIES_FILE = ".hf_cocodr_entries.json"  # the entries atomic_directory(keep_others=True) wrote into its folder
+
+
+def _written_entries(folder: Path) -> set[str] | None:
+    """The entries the manifest of ``folder`` lists (:data:`ENTRIES_FILE`); None without a readable one."""
+    try:
+        names = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
 @contextlib.contextmanager
-def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True) -> Iterator[Path]:
+def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_others: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``out_dir`` in one rename.
 
     A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed; one a killed run left
     is swept by the next, see :mod:`hf_cocodr.storage`), so a half-written model directory is never visible under
     the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``.
+
+    ``keep_others``: the folder keeps a list of the entries written into it (:data:`ENTRIES_FILE`); when it is
+    replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one.
     """
     out_dir = Path(out_dir).resolve()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -204,10 +219,51 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True) -> Iter
     try:
         with disk_faults(out_dir):  # a full disk is one OSError naming the folder, whatever the serialiser said
             yield tmp
+            if keep_others:
+                _keep_others(out_dir, tmp)
             replace_directory(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def add_written_entries(folder: str | os.PathLike, names) -> None:
+    """Add ``names`` to the list of entries hf_cocodr wrote into ``folder`` (:data:`ENTRIES_FILE`, written by
+    :func:`atomic_directory` with ``keep_others``): files a command writes into such a folder after it was swapped
+    into place (an evaluation, a card) are its own, replaced on a re-run, never carried over as the user's."""
+    folder = Path(folder)
+    ours = _written_entries(folder)
+    if ours is not None:
+        atomic_write_text(folder / ENTRIES_FILE, json.dumps(sorted(ours | set(names))) + "\n")
+
+
+def _keep_others(old: Path, new: Path) -> None:
+    """List ``new``'s entries in its :data:`ENTRIES_FILE`, then carry over into it the entries of ``old`` that
+    ``old``'s list does not name (the user's; an old folder without a list was all ours)."""
+    from .storage import carry_over
+
+    mine = sorted(p.name for p in new.iterdir() if p.name != ENTRIES_FILE)
+    ours = _written_entries(old) if old.is_dir() else None
+    atomic_write_text(new / ENTRIES_FILE, json.dumps(mine) + "\n")
+    if ours is None:
+        return
+    for entry in sorted(old.iterdir()):
+        if entry.name not in ours and entry.name != ENTRIES_FILE and not (new / entry.name).exists():
+            carry_over(entry, new / entry.name)
+
+
+def resolved_path(path: str | os.PathLike) -> Path:
+    """Where ``path`` lands: ``~`` expanded, made absolute, ``..`` and symbolic links resolved (parts that do not
+    exist yet are kept as typed). Every check of a destination is made on this, never on the path as typed:
+    ``X/new/..`` is ``X``, whether or not ``X/new`` exists."""
+    return Path(os.path.expanduser(os.fspath(path))).resolve()
+
+
+def path_name(path: str | os.PathLike) -> str:
+    """The name of the folder or file ``path`` resolves to (``data/q/qrels/..`` is ``q``, ``.`` is the current
+    folder's name), for naming a folder derived from it; never empty, ``.`` or ``..``."""
+    name = resolved_path(path).name
+    return name if name not in ("", ".", "..") else "root"
 
 
 def check_not_precious(folder: str | os.PathLike) -> Path:
@@ -257,6 +313,39 @@ def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: s
             f"{what} {str(relative)!r} resolves to {candidate}, outside {base_p}; refusing to write there."
         )
     return candidate
+
+
+_SPLIT_SUFFIX = re.compile(r"^(?P<head>.+):(?P<split>[A-Za-z0-9_.-]+)$", re.DOTALL)
+
+
+def public_label(value: Any) -> Any:
+    """A reference to local data as it may leave this machine (a card's text, an upload): a path, absolute or
+    relative, reduced to its last component, with a ``:SPLIT`` suffix kept (``/home/me/acme/contracts:dev`` and
+    ``data/contracts:dev`` are ``contracts:dev``). Hub ids (``org/name``, not a local path), URLs, sentences and
+    non-strings are returned unchanged."""
+    if not isinstance(value, str) or not value or "://" in value or any(ch.isspace() for ch in value):
+        return value
+    m = _SPLIT_SUFFIX.match(value)
+    head, split = (m["head"], m["split"]) if m and len(m["head"]) > 1 else (value, None)
+    pathlike = (
+        os.path.isabs(head)
+        or head.startswith(("~", "./", "../", ".\\", "..\\"))
+        or (("/" in head or "\\" in head) and (split is not None or hub_id_problem(head) is not None))
+        or (("/" in head or "\\" in head) and os.path.exists(head))
+    )
+    if not pathlike:
+        return value
+    name = Path(head.replace("\\", "/").rstrip("/")).name or head
+    return f"{name}:{split}" if split is not None else name
+
+
+def public_value(obj: Any) -> Any:
+    """A copy of a JSON-able value with :func:`public_label` applied to every string, mapping keys included."""
+    if isinstance(obj, dict):
+        return {public_label(k): public_value(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [public_value(v) for v in obj]
+    return public_label(obj)
 
 
 def hub_id_problem(value: Any, *, namespace: bool = True) -> str | None:

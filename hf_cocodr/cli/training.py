@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..config_types import check_field_types
+from ..config_types import check_field_types, check_training_values
 from ..recipe.config import (
     RecipeArguments,
     RecipeConfig,
@@ -29,7 +29,14 @@ from .main import UsageError, register
 logger = logging.getLogger("hf_cocodr.cli")
 
 
+MAX_CONFIG_NODES = 100_000  # values a --config may hold once its aliases are expanded (a real one holds < 1,000)
+
+
 def load_config(path: str | None) -> dict[str, Any]:
+    """A ``--config`` YAML file as a mapping of option names, refused in one line (naming the file, and the line
+    where one is known) when it is not UTF-8, not YAML, not a mapping, has a key that is not a string, or expands
+    (through aliases) to more than :data:`MAX_CONFIG_NODES` values: an alias bomb is refused before anything walks
+    or copies it."""
     if not path:
         return {}
     import yaml
@@ -37,13 +44,55 @@ def load_config(path: str | None) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"--config {path}: file not found")
+    raw = p.read_bytes()
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise UsageError(f"--config {path}: line {line}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
+    try:
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise UsageError(f"--config {path}: not valid YAML ({e})") from None
+        raise UsageError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from None
+    _check_config_shape(data, path)
     if not isinstance(data, dict):
         raise UsageError(f"--config {path}: expected a mapping of option names to values")
     return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def _check_config_shape(data: Any, path: str) -> None:
+    """Refuse a loaded config whose values, aliases expanded, number more than :data:`MAX_CONFIG_NODES` (counted on
+    the shared structure, so a bomb costs as little as its file), or with a mapping key that is not a string."""
+    sizes: dict[int, int] = {}
+
+    def size(obj: Any, where: str, depth: int = 0) -> int:
+        if not isinstance(obj, (dict, list)):
+            return 1
+        if id(obj) in sizes:
+            return sizes[id(obj)]
+        if depth > 100:
+            raise UsageError(f"--config {path}: nested more than 100 levels deep (at {where})")
+        total = 1
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if not isinstance(key, str):
+                    raise UsageError(
+                        f"--config {path}: the key {key!r}{f' under {where}' if where else ''} is not a name "
+                        "(YAML reads 1, true, null, ... as numbers, booleans, null: quote it, or remove it)"
+                    )
+                total += size(value, f"{where}.{key}" if where else key, depth + 1)
+        else:
+            for i, value in enumerate(obj):
+                total += size(value, f"{where}[{i}]", depth + 1)
+        sizes[id(obj)] = total
+        if total > MAX_CONFIG_NODES:
+            raise UsageError(
+                f"--config {path}: expands to more than {MAX_CONFIG_NODES:,} values through its aliases "
+                f"(at {where or 'the top'}); a configuration is a short mapping of options"
+            )
+        return total
+
+    size(data, "")
 
 
 def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: str, config: str | None = None):
@@ -78,6 +127,10 @@ def parse_training_args(cls, rest: list[str], defaults: dict[str, Any], prog: st
     if not args.output_dir:
         raise UsageError("--output_dir is required")
     _check_config_paths(defaults, args.output_dir)
+    try:
+        check_training_values(args, f"--config {config}" if config else prog)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return args
 
 

@@ -11,8 +11,10 @@ training on the queries it is evaluated on.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,8 @@ from .beir import (
     load_queries,
     parse_eval_spec,
 )
+
+logger = logging.getLogger(__name__)
 
 _SPEC = re.compile(r"^(?P<folder>.+):(?P<split>[A-Za-z0-9_.-]+)$")
 
@@ -66,7 +70,12 @@ def judged_query_ids(folder: Path, split: str) -> list[str]:
 
 
 def read_target_queries(spec: str | os.PathLike) -> TargetQueries:
-    """The queries of one ``--target-queries`` source (see the module docstring); empty texts are dropped."""
+    """The queries of one ``--target-queries`` source (see the module docstring); empty and blank texts are dropped,
+    and a query repeated (compared by :func:`normalize_query`) is kept once, with a warning counting the copies."""
+    return _dedupe(_read_target_queries(spec))
+
+
+def _read_target_queries(spec: str | os.PathLike) -> TargetQueries:
     path, split = _split_spec(str(spec))
     if split is not None:
         qids = judged_query_ids(path, split)
@@ -97,14 +106,54 @@ def read_target_queries(spec: str | os.PathLike) -> TargetQueries:
     raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file (nor a DIR:SPLIT)")
 
 
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split())
+def normalize_query(text: str) -> str:
+    """A query's text as the overlap guard and the de-duplication compare it: Unicode NFKC (full-width and compatibility
+    forms folded), format characters dropped (zero-width spaces and joiners, soft hyphens, direction marks: the
+    tokenizers drop them too), case folded, runs of white space made one space."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return " ".join(text.casefold().split())
+
+
+_norm = normalize_query
+_WARNED: set[tuple[str, int, int]] = set()
+
+
+def _dedupe(source: TargetQueries) -> TargetQueries:
+    """``source`` with each query kept once (the first; compared by :func:`normalize_query`): copies of a query in one
+    batch would be each other's in-batch negatives. A warning counts the copies dropped."""
+    seen: set[str] = set()
+    keep, blank = [], 0
+    for i, text in enumerate(source.texts):
+        key = normalize_query(text)
+        if not key:  # only invisible characters: a blank query, dropped as those are
+            blank += 1
+        elif key not in seen:
+            seen.add(key)
+            keep.append(i)
+    if len(keep) + blank < len(source.texts):
+        said = (source.name, len(source.texts) - blank, len(keep))
+        if said not in _WARNED:  # a source is read by several checks: one warning
+            _WARNED.add(said)
+            logger.warning(
+                "target queries %s: %d of %d queries repeat an earlier one (case, spacing and invisible "
+                "characters ignored) and were dropped; %d distinct queries",
+                source.name,
+                len(source.texts) - blank - len(keep),
+                len(source.texts) - blank,
+                len(keep),
+            )
+    if len(keep) < len(source.texts):
+        source.texts = [source.texts[i] for i in keep]
+        source.ids = [source.ids[i] for i in keep] if source.ids else []
+    return source
 
 
 def refuse_eval_overlap(target_specs, eval_specs) -> None:
     """Refuse, before any work, target queries that are also queries of an ``--eval`` split: by id when both come
-    from the same BEIR folder, by text (case and spacing ignored) always. The error names the eval split and one
-    shared query, so no run trains on the queries it is evaluated on."""
+        from the same BEIR folder, by text always, compared by :func:`normalize_query` (case, spacing, compatibility forms and invisible format
+    characters ignored). The error names the eval split and one
+        shared query, so no run trains on the queries it is evaluated on."""
     sources = [read_target_queries(s) for s in target_specs or ()]  # a bad source fails here, evals or not
     if not sources or not eval_specs:
         return

@@ -1,5 +1,6 @@
-"""Checks :func:`hf_cocodr.recipe.run_recipe` makes before any training: token lengths against the model's position
-limit, and a budget (``max_minutes``) against the fixed costs and the cost of one step of each training stage."""
+"""Checks :func:`hf_cocodr.recipe.run_recipe` makes before any training: the target corpora and the distillation's
+inputs (before the output folder is claimed or any model loads), token lengths against the model's position limit,
+and a budget (``max_minutes``) against the fixed costs and the cost of one step of each training stage."""
 
 from __future__ import annotations
 
@@ -9,6 +10,55 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..modeling.limits import check_lengths
+
+
+def check_target_corpora(target_corpora) -> None:
+    """Every ``--target-corpus`` given as a path exists (a folder or a file), before any work."""
+    import os
+    from pathlib import Path
+
+    for corpus in target_corpora:
+        if isinstance(corpus, (str, os.PathLike)) and not Path(corpus).expanduser().exists():
+            raise ConfigError(f"--target-corpus {corpus}: no such folder or file")
+
+
+DISTILL_BATCH_SIZE = 16  # the distillation's per_device_train_batch_size unless its options set one
+
+
+def check_distill_inputs(cfg: Any, target_corpora) -> None:
+    """What the distillation needs, known before the teacher encodes a document: every ``--target-queries`` source
+    holds a query (after empty ones and repeats are dropped), the queries fill one training batch (the stage drops an
+    incomplete last batch), and each target corpus ranked has at least ``distill_k`` documents with text."""
+    from ..data.teacher import route_queries
+    from ..hybrid import _corpus_ids_texts
+
+    options = getattr(cfg, "distill", None) or {}
+    batch = int(options.get("per_device_train_batch_size", DISTILL_BATCH_SIZE)) * int(
+        options.get("gradient_accumulation_steps", 1)
+    )
+    routed = route_queries(cfg.target_queries, target_corpora)
+    total = 0
+    for _, src in routed:
+        if not src.texts:
+            raise ConfigError(
+                f"--target-queries {src.name}: no query with text (all are empty or blank); the distillation trains "
+                "on target queries: give a source that holds some"
+            )
+        total += len(src.texts)
+    if total < batch:
+        raise ConfigError(
+            f"--target-queries: {total} distinct queries, fewer than one distillation batch of {batch} "
+            "(per_device_train_batch_size x gradient_accumulation_steps; an incomplete batch is dropped): give more "
+            f"queries or set distill: {{per_device_train_batch_size: {max(1, total)}}}"
+        )
+    for corpus in dict.fromkeys(c for c, _ in routed):
+        _, texts = _corpus_ids_texts(corpus)
+        docs = sum(1 for t in texts if t.strip())
+        if docs < cfg.distill_k:
+            raise ConfigError(
+                f"recipe option distill_k {cfg.distill_k} is more than the {docs} documents with text in the target "
+                f"corpus {corpus}: the teacher cannot rank {cfg.distill_k} candidates; lower distill_k"
+            )
 
 
 def check_recipe_lengths(model: Any, cfg: Any) -> None:

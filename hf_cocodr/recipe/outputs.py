@@ -97,9 +97,11 @@ def _write_combined(st, source: Path, stage_dir: Path, stage: dict[str, Any], ma
 
 
 def export_final(src: Path, dst: Path) -> None:
-    """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically."""
+    """Copy the model files of the last stage (not its checkpoints) to ``dst``, atomically. Entries of ``dst`` that
+    no earlier export wrote (the user's) are carried over (:func:`~hf_cocodr.utils.atomic_directory`'s
+    ``keep_others``)."""
     skip = {"trainer_state.json", "training_args.bin", STAGE_MARKER, "eval.json", "idro_weights.json", RECORD, LOCK}
-    with atomic_directory(dst) as tmp:
+    with atomic_directory(dst, keep_others=True) as tmp:
         for p in src.iterdir():
             if p.name.startswith("checkpoint-") or p.name in skip or p.name.startswith("."):
                 continue

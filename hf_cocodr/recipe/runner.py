@@ -26,16 +26,17 @@ from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
 from ..methods import method_target_queries, validate_methods
-from ..model_card import write_model_card
+from ..model_card import EVAL_FILE, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
+from ..provenance import PROVENANCE_FILE
 from ..retrieval.encoding import reuse_corpus_encodings
-from ..retrieval.hybrid import HybridRetriever
-from ..rundir.run_record import RunFolder, fingerprint
+from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
+from ..rundir.run_record import RunFolder, digest, fingerprint
 from ..storage import check_before_work
-from ..utils import atomic_write_json, native_bf16
+from ..utils import add_written_entries, atomic_write_json, native_bf16, path_name, resolved_path
 from . import planner
-from .checks import check_budget_floor, check_recipe_lengths
+from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class
 from .context import RecipeRun
 from .inputs import load_data
@@ -137,6 +138,8 @@ def run_recipe(
     }
     entries = recipe_entries(stages)
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
+    if cfg.save_hybrid:
+        check_hybrid_folders(Path(output_dir), target_corpora)
     folder = RunFolder.claim(
         output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
     )
@@ -185,6 +188,7 @@ def _check_before_work(
 ) -> list:
     """Everything :func:`run_recipe` refuses before it claims ``OUT`` or loads a model; returns the fine-tuning
     methods, checked."""
+    check_target_corpora(target_corpora)  # a missing corpus, before OUT is claimed or a model loads
     if not target_corpora:
         _without_targets(cfg, choice)
     if not any(on for on, _ in stage_switches(cfg, stages).values()):
@@ -211,6 +215,8 @@ def _check_before_work(
     # fail before any stage runs; the fine-tuning methods get the target queries only when one of them reads them
     methods = validate_methods(cfg.methods, target_corpora, method_target_queries(cfg.methods, cfg.target_queries))
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
+    if any(s.reads_target_queries and s.enabled(cfg) for s in stages) and target_corpora:
+        check_distill_inputs(cfg, target_corpora)  # before the teacher encodes the corpus
     return methods
 
 
@@ -332,18 +338,30 @@ def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
-    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json`` (keyed by spec)."""
+    """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json``: each split's result under the
+    fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus), so
+    a changed model or a changed split is evaluated again, whatever its name."""
     path = out / "start_eval.json"
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    if cached.get("model") != model:
-        cached = {"model": model, "results": {}}
-    todo = [s for s in evals if "hybrid" not in cached["results"].get(s, {})]
+    try:
+        cached = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        cached = {}  # a damaged cache is a missing one
+    model_fp = digest(fingerprint(model))
+    if not isinstance(cached, dict) or cached.get("model_fingerprint") != model_fp:
+        cached = {"model": model, "model_fingerprint": model_fp, "results": {}, "inputs": {}}
+    inputs = {spec: digest(fingerprint(str(parse_eval_spec(spec)[0]))) for spec in evals}
+    todo = [
+        s
+        for s in evals
+        if "hybrid" not in cached["results"].get(s, {}) or cached.get("inputs", {}).get(s) != inputs[s]
+    ]
     if todo:
         st = load_encoder(model)
         for spec in todo:
             folder, split = parse_eval_spec(spec)
             res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True)
             cached["results"][spec] = split_hybrid(res)
+            cached.setdefault("inputs", {})[spec] = inputs[spec]
             atomic_write_json(path, cached)
     return {s: cached["results"][s] for s in evals}
 
@@ -360,6 +378,8 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         )
     else:
         export_final(Path(run.current), final_dir)
+    # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
+    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
     seconds = run.stage_seconds
     seconds["export"] = round(time.perf_counter() - t0, 1)
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
@@ -395,14 +415,37 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     return summary
 
 
+def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
+    """``(corpus, OUT/hybrid/<name>)`` for each target corpus: named from its resolved path (``..``, ``q/qrels/..`` or
+    ``.`` name the folder they are, never ``OUT/hybrid`` itself), the folder's name for a ``corpus.jsonl``, ``-2``,
+    ``-3``, ... after a name already taken."""
+    names: dict[str, int] = {}
+    folders = []
+    for corpus in target_corpora:
+        if isinstance(corpus, (str, os.PathLike)):
+            path = resolved_path(corpus)
+            name = path_name(path.parent if path.name in ("corpus.jsonl", "corpus.jsonl.gz") else path)
+        else:
+            name = "dataset"
+        names[name] = names.get(name, 0) + 1
+        folders.append((corpus, Path(out) / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")))
+    return folders
+
+
+def check_hybrid_folders(out: Path, target_corpora) -> None:
+    """Refuse, before any work, an ``OUT/hybrid/<corpus>`` that exists and is not a saved hybrid retriever (the
+    recipe would have to replace the user's folder after training)."""
+    for _, folder in hybrid_folders(out, target_corpora):
+        if folder.exists() and not (folder / HYBRID_FILE).is_file():
+            raise FileExistsError(
+                f"{folder} exists and is not a saved hybrid retriever; the recipe saves the retriever of a target "
+                "corpus there: move that folder, or set save_hybrid: false"
+            )
+
+
 def _save_hybrids(run: RecipeRun, model) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
-    names: dict[str, int] = {}
-    for corpus in run.target_corpora:
-        path = Path(str(corpus))
-        name = path.name if path.name != "corpus.jsonl" else path.parent.name
-        names[name] = names.get(name, 0) + 1
-        folder = run.out / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")
+    for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
             hybrid = HybridRetriever.build(model, corpus, batch_size=run.cfg.eval_batch_size)
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched

@@ -15,6 +15,7 @@ from dataclasses import MISSING, field
 from enum import Enum
 from typing import Any
 
+from ..config_types import check_training_values
 from ..errors import ConfigError
 
 
@@ -142,6 +143,10 @@ def check_training_arguments(option_name: str, sub: Any, cls: type) -> None:
             raise ConfigError(f"recipe option {option_name}.{key} must be of type {expected}, got {value!r}")
     try:
         # on the device the stage will use (bf16 on a CPU is refused unless use_cpu is set)
-        cls(**{"output_dir": "unused", "report_to": "none", "use_cpu": no_gpu(), **sub, "max_steps": 1})
+        built = cls(**{"output_dir": "unused", "report_to": "none", "use_cpu": no_gpu(), **sub, "max_steps": 1})
     except (TypeError, ValueError) as e:
         raise ConfigError(f"recipe option {option_name}: {' '.join(str(e).split())}") from None
+    try:  # values the class takes but training cannot use (a batch of 0, a scheduler's unknown option)
+        check_training_values(built, f"recipe option {option_name}")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

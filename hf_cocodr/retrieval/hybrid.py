@@ -16,7 +16,12 @@ Example::
 
 A saved retriever holds the dense vectors, the bm25s index, the fusion settings, and the fingerprints of the model
 (its weights) and the corpus (its ids and texts): loading it with another model, or checking it against a corpus
-that changed, is refused by name.
+that changed, is refused by name. Its parts are checked against each other (the number of ids, vectors and documents,
+a hash of the ids in order) before the model loads, so a damaged or edited folder is refused naming the file. A model
+given as a local folder is recorded relative to the retriever's folder, so a copied or moved run still loads.
+
+Documents with no text are indexed but never returned (no query can match them); empty or blank queries get no
+results, with a warning that counts them.
 """
 
 from __future__ import annotations
@@ -35,13 +40,34 @@ import numpy as np
 from ..errors import ConfigError
 from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
-from ..utils import atomic_directory, atomic_write_json
+from ..storage import carry_over
+from ..utils import atomic_directory, atomic_write_json, resolved_path
 from .fusion import FusionConfig, fuse
 
 logger = logging.getLogger(__name__)
 
 HYBRID_FILE = "hybrid.json"
 FORMAT_VERSION = 1
+EMBEDDINGS_FILE = "dense_embeddings.npy"
+DOC_IDS_FILE = "doc_ids.json"
+BM25_FOLDER = "bm25"
+# the entries save() writes; anything else in a saved retriever's folder is the user's and is carried over
+HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, HYBRID_FILE)
+
+
+def doc_ids_digest(doc_ids: list[str]) -> str:
+    """A hash of the document ids in order (what ties the saved vectors' rows to their ids)."""
+    h = hashlib.sha256()
+    for doc_id in doc_ids:
+        h.update(doc_id.encode("utf-8", "surrogatepass") + b"\x1e")
+    return h.hexdigest()[:32]
+
+
+def check_k(k) -> int:
+    """``k`` as a whole number >= 1 (numpy integers too); anything else is a :class:`ConfigError`."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ConfigError(f"search: k must be a whole number >= 1, got {k!r}")
+    return int(k)
 
 
 def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
@@ -89,6 +115,8 @@ class HybridRetriever:
         self.bm25 = bm25
         self.fusion = fusion
         self.meta = meta
+        # rows of documents without text: indexed (the rows stay aligned) but never returned
+        self.empty_rows = np.asarray(meta.get("empty_rows") or [], np.int64)
 
     @classmethod
     def from_index(
@@ -102,6 +130,7 @@ class HybridRetriever:
         self.model, self.doc_ids, self.dense_index, self.bm25 = model, list(doc_ids), dense_index, bm25
         self._embeddings, self._order = None, np.asarray(order, dtype=np.int64)
         self.fusion, self.meta = fusion, dict(meta or {})
+        self.empty_rows = np.asarray(self.meta.get("empty_rows") or [], np.int64)
         return self
 
     @property
@@ -135,6 +164,8 @@ class HybridRetriever:
 
         fusion = _fusion(fusion)
         model_ref = str(model) if isinstance(model, (str, os.PathLike)) else _model_ref(model)
+        if Path(model_ref).expanduser().exists():  # a local folder: recorded where it is, not as typed
+            model_ref = str(resolved_path(model_ref))
         st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
         dataset = corpus
         if isinstance(corpus, (str, os.PathLike)):
@@ -156,6 +187,14 @@ class HybridRetriever:
         t1 = time.perf_counter()
         bm25 = BM25Index(texts)
         bm25_s = time.perf_counter() - t1
+        empty_rows = [i for i, text in enumerate(texts) if not text.strip()]
+        if empty_rows:
+            logger.warning(
+                "%d of %d documents of %s have no text: indexed, but never returned by a search",
+                len(empty_rows),
+                len(ids),
+                corpus,
+            )
         meta = {
             "model": model_ref,
             "model_fingerprint": model_fingerprint(st)["weights_sha256"],
@@ -164,6 +203,8 @@ class HybridRetriever:
             "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
             "corpus_fingerprint": corpus_fingerprint(ids, texts),
             "num_docs": len(ids),
+            "doc_ids_sha256": doc_ids_digest(ids),
+            "empty_rows": empty_rows,
             "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
         }
         logger.info(
@@ -206,70 +247,146 @@ class HybridRetriever:
         """The fused top-``k`` of each query: ``(ids, scores)``, one list per query, best first.
 
         ``query_embeddings``: the queries' vectors if already encoded. ``depth``: the candidates taken from each
-        system (default: the fusion's ``depth``, at least ``k``); a ``k`` of ``2 * depth`` returns every candidate."""
+        system (default: the fusion's ``depth``, at least ``k``); a ``k`` of ``2 * depth`` returns every candidate.
+        ``k``: a whole number >= 1 (anything else is a :class:`~hf_cocodr.errors.ConfigError`). An empty or blank
+        query gets an empty list (a warning counts them); documents without text are never returned."""
         if isinstance(queries, str):
             raise ConfigError("search takes a list of queries, got one string; wrap it in a list")
+        k = check_k(k)
         queries = list(queries)
-        if not queries:
-            return [], []
+        bad = [i for i, q in enumerate(queries) if not isinstance(q, str)]
+        if bad:
+            raise ConfigError(
+                f"search: query {bad[0]} is a {type(queries[bad[0]]).__name__}, not a string "
+                f"({len(bad)} of {len(queries)} queries are not strings)"
+            )
+        live = [i for i, q in enumerate(queries) if q.strip()]
+        if len(live) < len(queries):
+            logger.warning(
+                "search: %d of %d queries are empty or blank: no results for them",
+                len(queries) - len(live),
+                len(queries),
+            )
+        ids: list[list[str]] = [[] for _ in queries]
+        scores: list[list[float]] = [[] for _ in queries]
+        if not live:
+            return ids, scores
+        asked = [queries[i] for i in live]
+        q_emb = None if query_embeddings is None else np.asarray(query_embeddings)[live]
         depth = max(self.fusion.depth, k) if depth is None else depth
-        ds, di = self.search_dense(queries, depth, query_embeddings=query_embeddings)
-        bs, bi = self.search_bm25(queries, depth)
-        ids, scores = [], []
-        for i in range(len(queries)):
-            valid = di[i] >= 0
+        depth += len(self.empty_rows)  # room for the empty documents dropped below
+        ds, di = self.search_dense(asked, depth, query_embeddings=q_emb)
+        bs, bi = self.search_bm25(asked, depth)
+        for j, i in enumerate(live):
+            dense_keep = (di[j] >= 0) & ~np.isin(di[j], self.empty_rows)  # (a missing dense row is -1)
             # BM25 gives zero to a document without any query term: not a candidate
-            keep = bs[i] > 0
-            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i][keep], bs[i][keep], self.fusion, k)
-            ids.append([self.doc_ids[r] for r in rows])
-            scores.append(fused.astype(float).tolist())
+            keep = (bs[j] > 0) & ~np.isin(bi[j], self.empty_rows)
+            rows, fused = fuse(di[j][dense_keep], ds[j][dense_keep], bi[j][keep], bs[j][keep], self.fusion, k)
+            ids[i] = [self.doc_ids[r] for r in rows]
+            scores[i] = fused.astype(float).tolist()
         return ids, scores
 
     # ------------------------------------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> None:
         """Write the retriever into the folder ``path`` atomically (a reader sees the old or the new one, never a
-        half-written one). A folder that exists and is not a saved hybrid retriever is refused."""
+        half-written one). The path is resolved first (``X/new/..`` is ``X``). A folder that exists and is not a saved
+        hybrid retriever is refused; saving over a saved retriever replaces only its own entries
+        (:data:`HYBRID_ENTRIES`): anything else in the folder is carried over. A model that is a local folder is
+        recorded relative to ``path``."""
 
-        out = Path(path)
+        out = resolved_path(path)
         if out.exists() and not (out / HYBRID_FILE).is_file():
+            where = "" if str(out) == str(path) else f" ({path} resolves to it)"
             raise FileExistsError(
-                f"{out} exists and is not a saved hybrid retriever ({HYBRID_FILE} missing); "
+                f"{out}{where} exists and is not a saved hybrid retriever ({HYBRID_FILE} missing); "
                 "give a new folder (hf_cocodr never replaces files it did not write)"
             )
+        record = {
+            "format_version": FORMAT_VERSION,
+            "fusion": asdict(self.fusion),
+            **self.meta,
+            "bm25": self.bm25.config(),
+        }
+        record["doc_ids_sha256"] = doc_ids_digest(self.doc_ids)
+        record["empty_rows"] = [int(r) for r in self.empty_rows]
+        model = Path(str(self.meta.get("model", "")))
+        if model.is_absolute() and model.exists():
+            record["model"] = os.path.relpath(model, out)
+            record["model_relative_to_folder"] = True
         with atomic_directory(out) as tmp:
-            np.save(tmp / "dense_embeddings.npy", self.embeddings)
+            np.save(tmp / EMBEDDINGS_FILE, self.embeddings)
             # written as is (not through atomic_write_json's secret redaction: an id is data, whatever its shape);
             # the folder as a whole is atomic
-            (tmp / "doc_ids.json").write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
-            self.bm25.save(tmp / "bm25")
-            atomic_write_json(
-                tmp / HYBRID_FILE,
-                {
-                    "format_version": FORMAT_VERSION,
-                    "fusion": asdict(self.fusion),
-                    **self.meta,
-                    "bm25": self.bm25.config(),
-                },
+            (tmp / DOC_IDS_FILE).write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
+            self.bm25.save(tmp / BM25_FOLDER)
+            atomic_write_json(tmp / HYBRID_FILE, record)
+            if out.is_dir():  # the user's entries beside a saved retriever stay
+                for entry in out.iterdir():
+                    if entry.name not in HYBRID_ENTRIES:
+                        carry_over(entry, tmp / entry.name)
+
+    @staticmethod
+    def _read_parts(folder: Path) -> tuple[dict[str, Any], list[str], np.ndarray]:
+        """``(hybrid.json, doc ids, vectors)`` of a saved retriever, checked against each other (counts, the ids'
+        hash, the vectors' shape); any damaged part is a :class:`ConfigError` naming its file."""
+        info_file = folder / HYBRID_FILE
+        if not info_file.is_file():
+            raise ConfigError(f"{folder} is not a saved hybrid retriever ({HYBRID_FILE} not found)")
+
+        def damaged(file: Path, why: str) -> ConfigError:
+            return ConfigError(f"{file}: {why}; this saved hybrid retriever is damaged: build it again")
+
+        try:
+            info = json.loads(info_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise damaged(info_file, f"not readable JSON ({e})") from None
+        if not isinstance(info, dict):
+            raise damaged(info_file, "not a JSON object")
+        if info.get("format_version") != FORMAT_VERSION:
+            raise ConfigError(
+                f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads {FORMAT_VERSION}"
             )
+        missing = [k for k in ("model", "model_fingerprint", "num_docs", "bm25", "fusion") if k not in info]
+        if missing:
+            raise damaged(info_file, f"missing {', '.join(missing)}")
+        ids_file = folder / DOC_IDS_FILE
+        try:
+            doc_ids = json.loads(ids_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise damaged(ids_file, "missing") from None
+        except (UnicodeDecodeError, ValueError) as e:
+            raise damaged(ids_file, f"not readable JSON ({e})") from None
+        if not isinstance(doc_ids, list) or not all(isinstance(i, str) for i in doc_ids):
+            raise damaged(ids_file, "not a list of document ids")
+        if len(doc_ids) != info["num_docs"]:
+            raise damaged(ids_file, f"{len(doc_ids)} ids, {HYBRID_FILE} records {info['num_docs']} documents")
+        if "doc_ids_sha256" in info and doc_ids_digest(doc_ids) != info["doc_ids_sha256"]:
+            raise damaged(ids_file, f"the ids (or their order) are not those {HYBRID_FILE} records")
+        emb_file = folder / EMBEDDINGS_FILE
+        try:
+            embeddings = np.load(emb_file, mmap_mode="r", allow_pickle=False)
+        except FileNotFoundError:
+            raise damaged(emb_file, "missing") from None
+        except (ValueError, OSError, EOFError) as e:
+            raise damaged(emb_file, f"not a readable .npy array ({' '.join(str(e).split())})") from None
+        if embeddings.ndim != 2 or embeddings.shape[0] != len(doc_ids):
+            raise damaged(emb_file, f"shape {embeddings.shape}, expected ({len(doc_ids)}, dimension)")
+        bm25_num = info["bm25"].get("num_docs") if isinstance(info["bm25"], dict) else None
+        if bm25_num != len(doc_ids):
+            raise damaged(info_file, f"the BM25 index records {bm25_num} documents, not {len(doc_ids)}")
+        return info, doc_ids, np.array(embeddings)
 
     @classmethod
     def load(cls, path: str | os.PathLike, model=None, *, corpus=None) -> HybridRetriever:
         """Load a saved retriever. ``model``: the encoder for the queries (default: the one it was built with); its
         weights must be the ones the documents were encoded with. ``corpus``: if given, it must be the corpus the
         retriever was built from (same ids and texts), else a :class:`~hf_cocodr.errors.ConfigError` names the
-        difference."""
+        difference. The saved parts are checked against each other before the model loads (a damaged one is a
+        ``ConfigError`` naming its file)."""
         from .index import BM25Index
 
-        folder = Path(path)
-        info_file = folder / HYBRID_FILE
-        if not info_file.is_file():
-            raise ConfigError(f"{folder} is not a saved hybrid retriever ({HYBRID_FILE} not found)")
-        info = json.loads(info_file.read_text())
-        if info.get("format_version") != FORMAT_VERSION:
-            raise ConfigError(
-                f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads {FORMAT_VERSION}"
-            )
-        doc_ids = json.loads((folder / "doc_ids.json").read_text(encoding="utf-8"))
+        folder = resolved_path(path)
+        info, doc_ids, embeddings = cls._read_parts(folder)
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
             got = corpus_fingerprint(ids, texts)
@@ -279,11 +396,18 @@ class HybridRetriever:
                     f"{got} against {info['num_docs']} documents, {info['corpus_fingerprint']}): build the retriever "
                     "again for this corpus"
                 )
-        st = (
-            model
-            if model is not None and not isinstance(model, (str, os.PathLike))
-            else load_encoder(str(model if model is not None else info["model"]))
-        )
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            st = model
+        else:
+            ref = str(model) if model is not None else _saved_model_ref(folder, info)
+            try:
+                st = load_encoder(ref)
+            except (OSError, ValueError) as e:
+                given = "the model= you passed" if model is not None else f"the model {folder} was built with"
+                raise ConfigError(
+                    f"{folder}: cannot load {given} ({ref}): {' '.join(str(e).split())[:200]}; pass "
+                    "HybridRetriever.load(..., model=<that model's folder or Hub id>)"
+                ) from None
         fp = model_fingerprint(st)["weights_sha256"]
         if fp != info["model_fingerprint"]:
             raise ConfigError(
@@ -291,10 +415,30 @@ class HybridRetriever:
                 f"({info['model_fingerprint']}, {info['model']}): its query vectors would not match "
                 "the saved document vectors; pass that model or build the retriever again"
             )
-        embeddings = np.load(folder / "dense_embeddings.npy")
-        bm25 = BM25Index.load(folder / "bm25", info["bm25"])
-        meta = {k: v for k, v in info.items() if k not in ("format_version", "fusion", "bm25")}
+        try:
+            bm25 = BM25Index.load(folder / BM25_FOLDER, info["bm25"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{folder / BM25_FOLDER}: the BM25 index cannot be read ({' '.join(str(e).split())[:200]}); this "
+                "saved hybrid retriever is damaged: build it again"
+            ) from None
+        meta = {
+            k: v for k, v in info.items() if k not in ("format_version", "fusion", "bm25", "model_relative_to_folder")
+        }
+        if info.get("model_relative_to_folder"):
+            meta["model"] = str(resolved_path(folder / info["model"]))
         return cls(st, doc_ids, embeddings, bm25, FusionConfig(**info["fusion"]), meta)
+
+
+def _saved_model_ref(folder: Path, info: dict[str, Any]) -> str:
+    """The model a saved retriever records: relative to its folder (this version), else as recorded (a Hub id, an
+    absolute path, or a path relative to where an earlier version ran, tried from here and from the folder)."""
+    ref = str(info["model"])
+    if info.get("model_relative_to_folder"):
+        return str(resolved_path(folder / ref))
+    if not Path(ref).is_absolute() and not Path(ref).exists() and (folder / ref).exists():
+        return str(resolved_path(folder / ref))
+    return ref
 
 
 def _fusion(fusion) -> FusionConfig:

@@ -62,8 +62,11 @@ def teacher_rankings(
                 HybridRetriever.load(path, model if not isinstance(model, (str, os.PathLike)) else None),
                 True,
             )
-        except (ConfigError, OSError, ValueError, KeyError) as e:
+            if hybrid.doc_ids != list(doc_ids):  # the rows must be this corpus's documents, in its order
+                raise ConfigError(f"its document ids are not those of {corpus} in order")
+        except (ConfigError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
             logger.warning("teacher cache %s cannot be used (%s): building it again", path, e)
+            hybrid, cached = None, False
     if hybrid is None:
         hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
         if path is not None:

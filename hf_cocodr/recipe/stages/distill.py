@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from ...errors import ConfigError
 from ...modeling.loading import load_encoder
 from ...utils import native_bf16
+from ..checks import DISTILL_BATCH_SIZE
 from ..outputs import stopped
 from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
 from ..stage import Stage, run_arguments, trajectory
@@ -145,7 +146,7 @@ class DistillStage(Stage):
         cfg = run.cfg
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
-            per_device_train_batch_size=16,
+            per_device_train_batch_size=DISTILL_BATCH_SIZE,
             learning_rate=5e-5,  # docs/adaptation.md says why
             warmup_steps=0.1,
             idro_preset="uniform",
