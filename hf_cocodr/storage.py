@@ -339,8 +339,6 @@ def check_before_work(
     be writable too. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
     is refused (a run must never read what it writes): one check for every command."""
     if model is not None and isinstance(model, (str, os.PathLike)):
-        from .utils import check_not_source
-
         check_not_source(output_dir, model)
     check_writable(output_dir, what)
     out = Path(output_dir).expanduser().absolute()
@@ -353,3 +351,14 @@ def check_before_work(
     weights = model_weight_bytes(model) if model is not None else None
     if weights:
         check_free_space(output_dir, int(weights * factor), f"{factor:g} x the model's {_size(weights)} of weights")
+
+
+def check_not_source(out_dir: str | os.PathLike, source: str | os.PathLike | None) -> None:
+    """Refuse an output folder that is the folder a model is read from, holds it or lies inside it."""
+    if source is not None and Path(str(source)).exists():
+        out = Path(out_dir).expanduser().resolve()
+        src = Path(str(source)).expanduser().resolve()
+        if out == src or src in out.parents or out in src.parents:
+            raise FileExistsError(
+                f"refusing to write into {out_dir}: the model is read from {source}; give a different output folder"
+            )

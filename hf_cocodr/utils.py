@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import as_disk_fault, disk_faults
-from .storage import bounded_name, staging_path, sweep_stale
+from .storage import bounded_name, carry_over, check_not_source, staging_path, sweep_stale  # noqa: F401
 
 logger = logging.getLogger("hf_cocodr")
 
@@ -240,8 +240,6 @@ def add_written_entries(folder: str | os.PathLike, names) -> None:
 def _keep_others(old: Path, new: Path) -> None:
     """List ``new``'s entries in its :data:`ENTRIES_FILE`, then carry over into it the entries of ``old`` that
     ``old``'s list does not name (the user's; an old folder without a list was all ours)."""
-    from .storage import carry_over
-
     mine = sorted(p.name for p in new.iterdir() if p.name != ENTRIES_FILE)
     ours = _written_entries(old) if old.is_dir() else None
     atomic_write_text(new / ENTRIES_FILE, json.dumps(mine) + "\n")
@@ -278,17 +276,6 @@ def check_not_precious(folder: str | os.PathLike) -> Path:
             "parents, your home or the root; give a new folder, e.g. ./model"
         )
     return out
-
-
-def check_not_source(out_dir: str | os.PathLike, source: str | os.PathLike | None) -> None:
-    """Refuse an output folder that is the folder a model is read from, holds it or lies inside it."""
-    if source is not None and Path(str(source)).exists():
-        out = Path(out_dir).expanduser().resolve()
-        src = Path(str(source)).expanduser().resolve()
-        if out == src or src in out.parents or out in src.parents:
-            raise FileExistsError(
-                f"refusing to write into {out_dir}: the model is read from {source}; give a different output folder"
-            )
 
 
 def replace_directory(src: Path, dst: Path) -> None:

@@ -5,7 +5,9 @@ and a budget (``max_minutes``) against the fixed costs and the cost of one step 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -14,9 +16,6 @@ from ..modeling.limits import check_lengths
 
 def check_target_corpora(target_corpora) -> None:
     """Every ``--target-corpus`` given as a path exists (a folder or a file), before any work."""
-    import os
-    from pathlib import Path
-
     for corpus in target_corpora:
         if isinstance(corpus, (str, os.PathLike)) and not Path(corpus).expanduser().exists():
             raise ConfigError(f"--target-corpus {corpus}: no such folder or file")
@@ -30,7 +29,7 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
     holds a query (after empty ones and repeats are dropped), the queries fill one training batch (the stage drops an
     incomplete last batch), and each target corpus ranked has at least ``distill_k`` documents with text."""
     from ..data.teacher import route_queries
-    from ..hybrid import _corpus_ids_texts
+    from ..retrieval.hybrid import _corpus_ids_texts
 
     options = getattr(cfg, "distill", None) or {}
     batch = int(options.get("per_device_train_batch_size", DISTILL_BATCH_SIZE)) * int(
