@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..fusion import FusionConfig
+from ..fusion import FusionConfig, fit_fusion
 from ..hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 from ..run_record import digest
 from ..storage import cache_dir
@@ -162,6 +163,18 @@ def teacher_rankings(
                 hybrid.save(path)
             except OSError as e:  # the cache only saves time: a run goes on without it
                 logger.warning("the teacher's indexes could not be cached in %s (%s); going on without", path, e)
+    if fusion.needs_fit and hybrid.fusion.fit is not None:  # fitted when it was built: the same corpus and model
+        fusion = replace(fusion, dense_weight=hybrid.fusion.dense_weight, fit=hybrid.fusion.fit)
+    elif fusion.needs_fit:  # a cached teacher built with a weight given by hand
+        from ..evaluation.retrieval import encode_texts
+
+        fusion = fit_fusion(
+            fusion,
+            doc_texts,
+            hybrid.embeddings,
+            lambda q: encode_texts(hybrid.model, q, kind="query", batch_size=batch_size),
+            lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size),
+        )
     hybrid.fusion = fusion
     ids, scores = [], []
     for start in range(0, len(queries), 1024):

@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..data.beir import BEIRData, column_array, column_numpy, corpus_texts, doc_text, load_beir
-from ..fusion import FusionConfig, fuse
+from ..errors import ConfigError
+from ..fusion import FusionConfig, fit_fusion, fuse
 from ..index import BM25Index, DenseIndex
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
@@ -205,7 +206,9 @@ def evaluate_retrieval(
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
             ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
-        fusion: a :class:`~hf_cocodr.fusion.FusionConfig` (or its fields as a mapping); default: the package's.
+        fusion: a :class:`~hf_cocodr.fusion.FusionConfig` (or its fields as a mapping); default: the package's, its
+            dense weight fitted to the corpus without labels (:func:`~hf_cocodr.fusion.fit_fusion`; no qrels are
+            read); the result's ``"fusion"`` gives the weight used and, when fitted, how (``"fit"``).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -249,8 +252,26 @@ def evaluate_retrieval(
         encode_precision=encode_precision,
     )
     if hybrid:
+
+        def encode_for_fit(texts: list[str], kind: str) -> np.ndarray:
+            with encoding_precision(model, encode_precision) as enc:
+                length = query_max_length if kind == "query" else doc_max_length
+                return encode_texts(enc, texts, kind=kind, batch_size=batch_size, max_length=length)
+
         result, run = _hybrid_result(
-            result, run, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
+            result,
+            run,
+            index,
+            order,
+            corpus,
+            qids,
+            list(queries["text"]),
+            q_emb,
+            qrels,
+            fusion,
+            top_k,
+            k_values,
+            encode_for_fit,
         )
     if output is not None:
         write_result(output, result, run)
@@ -272,6 +293,7 @@ def _hybrid_result(
     fusion,
     top_k: int,
     k_values,
+    encode_for_fit=None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run."""
@@ -280,8 +302,27 @@ def _hybrid_result(
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
     bm25 = BM25Index(texts)
-    del texts
     index_s = time.perf_counter() - t0
+    fit_s = 0.0
+    if fusion.needs_fit:
+        if encode_for_fit is None:
+            raise ConfigError('the fusion weight is "fit" but no encoder was given to fit it')
+        t_fit = time.perf_counter()
+        in_index_order = index.reconstruct_all()
+        embeddings = np.empty_like(in_index_order)
+        embeddings[order] = in_index_order
+        del in_index_order
+        fusion = fit_fusion(
+            fusion,
+            texts,
+            embeddings,
+            lambda q: encode_for_fit(q, "query"),
+            lambda d: encode_for_fit(d, "document"),
+        )
+        del embeddings
+        fit_s = time.perf_counter() - t_fit
+        logger.info("hybrid: dense weight %s fitted without labels in %.1f s", fusion.dense_weight, fit_s)
+    del texts
     t1 = time.perf_counter()
     b_scores, b_rows = bm25.search(query_texts, top_k)
     bm25_s = time.perf_counter() - t1
@@ -313,6 +354,7 @@ def _hybrid_result(
         fusion=asdict(fusion),
         encode_seconds=dense_result["encode_seconds"],
         bm25_index_seconds=round(index_s, 3),
+        fusion_fit_seconds=round(fit_s, 3),
         search_seconds=round(dense_result["search_seconds"] + bm25_s + fuse_s, 3),
         dense={k: dense_result[k] for k in keys},
         bm25={
