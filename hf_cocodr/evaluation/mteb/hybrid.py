@@ -15,7 +15,10 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from ...fusion import FIT_METHOD, FusionConfig
+import numpy as np
+
+from ...fusion import FIT_METHOD, FusionConfig, fuse
+from ...hybrid import HybridRetriever
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +65,6 @@ class HybridSearchModel:
 
     def index(self, corpus, *, task_metadata, hf_split: str, hf_subset: str, encode_kwargs, num_proc=None, **kwargs):
         """Encode the task's corpus and index it for BM25; fit the dense weight to it (unless one was given)."""
-        from ...hybrid import HybridRetriever
-
         columns = [c for c in ("id", "title", "text") if c in corpus.column_names]
         docs = corpus.select_columns(columns).rename_column("id", "_id")
         self.retriever = HybridRetriever.build(
@@ -93,10 +94,6 @@ class HybridSearchModel:
         **kwargs,
     ) -> dict[str, dict[str, float]]:
         """Each query's fused ranking ``{query_id: {doc_id: score}}`` over each system's top ``fusion.depth``."""
-        import numpy as np
-
-        from ...fusion import fuse
-
         if self.retriever is None:
             raise RuntimeError("HybridSearchModel.search before index: mteb indexes the corpus first")
         qids = list(queries["id"])
