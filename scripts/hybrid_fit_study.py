@@ -187,7 +187,8 @@ def report(rows: list[dict], ns) -> str:
         "equal weights over mteb's own `BM25Search` (the `mteb/baseline-bm25s` model, run here on the task's corpus) and "
         "the same dense model's top-100 (its vectors computed once and shared by every arm), in the same process; "
         "*mteb bm25s*: that BM25 alone (the package's BM25 is the *BM25* column). "
-        f"Command: `python scripts/hybrid_fit_study.py --starts {ns.starts} --corpora {ns.corpora}`.",
+        "Command: `python scripts/hybrid_fit_study.py --starts START[,START] --corpora CORPUS[,CORPUS]` (each arm is "
+        "kept under `--work`; the report holds every arm run so far).",
         "",
         "| start | split | dense | BM25 | mteb bm25s | w=0.5 | best fixed (w) | fitted w | fitted | mteb rrf | mteb dbsf "
         "| mteb rsf | fitted − max(parts) | fitted − best fixed | fitted − mteb best |",
@@ -238,22 +239,32 @@ def main() -> int:
             encodings(start, root / folder, split, Path(ns.work), ns.doc_max_length)
     if ns.encode_only:
         return 0
+    import json
+
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
 
-    rows = []
+    work = Path(ns.work)
+    (work / "rows").mkdir(parents=True, exist_ok=True)
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
-            rows.append(arm(start, corpus, ns, root, Path(ns.work)))
-            r = rows[-1]
+            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}.json"
+            if row_file.is_file():
+                continue
+            r = arm(start, corpus, ns, root, work)
+            row_file.write_text(json.dumps(r))
             print(
                 f"{start} {r['corpus']}: dense {r['dense']:.4f} bm25 {r['bm25']:.4f} w0.5 {r['w0.5']:.4f} best "
                 f"{r['best_fixed']:.4f}@{r['best_fixed_w']} fitted {r['fitted']:.4f}@{r['fitted_weight']:g} "
                 f"mteb {r['mteb']}",
                 flush=True,
             )
-            Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(f"{ns.report}.md", report(rows, ns))
-            atomic_write_json(f"{ns.report}.json", {"depth": ns.depth, "rows": rows})
+    # every arm finished so far (this run's and earlier ones'), corpora in the study's order
+    order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
+    rows = [json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}.json"))]
+    rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
+    Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(f"{ns.report}.md", report(rows, ns))
+    atomic_write_json(f"{ns.report}.json", {"depth": ns.depth, "fit_queries": ns.fit_queries, "rows": rows})
     print(report(rows, ns))
     return 0
 
