@@ -12,8 +12,9 @@ The dense weight is by default *fitted to the corpus without labels* (``dense_we
 pseudo-queries are drawn from the corpus in the inverse-cloze way (one sentence of a document is the query, the rest
 of that document, which no longer holds the sentence, is its one relevant document), both systems rank the corpus
 for them, and the weight on a grid that gives the best mean nDCG@10 of the fused ranking over the pseudo-queries is
-kept. A weak dense model loses on these queries and gets a low weight; a strong one keeps a high one. No judgment of
-any kind is read. How the weight was found is kept in :attr:`FusionConfig.fit`.
+kept, so the weight follows how well each system, and their fusion, find a document from a passage it no longer
+holds. No judgment of any kind is read. How the weight was found is kept in :attr:`FusionConfig.fit`; the study of
+the rule on dev splits is ``scripts/hybrid_fit_study.py`` (``reports/hybrid_fit.md``).
 """
 
 from __future__ import annotations
