@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 TRAINING_INFO_FILE = PROVENANCE_FILE
 EVAL_FILE = "eval.json"
 MTEB_DIR = "mteb_results"
+HYBRID_SYSTEM = "hybrid with BM25"  # how the card labels the rows of an hf-cocodr mteb --hybrid run
 RETRIEVAL_TASK = ("text-retrieval", "Retrieval")  # the Hub's task id for retrieval (as mteb maps it) and its name
 HF_COCODR_URL = "https://github.com/hf-cocodr/hf_cocodr"
 MTEB_URL = "https://github.com/embeddings-benchmark/mteb"
@@ -89,7 +90,9 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
 
     One row per data set and split: ``dataset`` (the table label), ``name``, ``split``, ``dataset_type`` (a Hub
     dataset id for MTEB's built-in tasks, else the local data set's name), ``dataset_revision``, ``source`` and
-    ``metrics`` (``{"ndcg@10": value, ...}``).
+    ``metrics`` (``{"ndcg@10": value, ...}``). MTEB results of the model's hybrid (``hf-cocodr mteb --hybrid``
+    into the same ``mteb_results`` folder: its ``model_meta.json`` says ``model_type`` hybrid) are rows too, with
+    ``system`` set to :data:`HYBRID_SYSTEM` and the label saying so.
     """
     rows: list[dict[str, Any]] = []
     ev = _read_json(directory / EVAL_FILE)
@@ -119,6 +122,9 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
             if not isinstance(data, dict) or not isinstance(data.get("scores"), dict):
                 continue
             task = data.get("task_name", task_file.stem)
+            meta = _read_json(task_file.parent / "model_meta.json")
+            # a hybrid run (hf-cocodr mteb --hybrid): the model fused with BM25, listed beside the model's own rows
+            system = HYBRID_SYSTEM if isinstance(meta, dict) and "hybrid" in (meta.get("model_type") or []) else None
             for split, entries in data["scores"].items():
                 for entry in entries:
                     metrics = {
@@ -129,13 +135,15 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
                     subset = entry.get("hf_subset", "default")
                     rows.append(
                         {
-                            "dataset": f"{task} ({split})" if subset == "default" else f"{task} {subset} ({split})",
+                            "dataset": (f"{task} ({split})" if subset == "default" else f"{task} {subset} ({split})")
+                            + (f", {system}" if system else ""),
                             "name": task if subset == "default" else f"{task} ({subset})",
                             "split": split,
                             "dataset_type": _mteb_dataset_path(task) or task,
                             "dataset_config": subset,
                             "dataset_revision": data.get("dataset_revision"),
                             "source": "MTEB",
+                            "system": system,
                             "metrics": metrics,
                             "ndcg@10": entry.get("ndcg_at_10"),
                             "recall@100": entry.get("recall_at_100"),
@@ -160,11 +168,16 @@ def _mteb_dataset_path(task_name: str) -> str | None:
 
 
 def eval_results(evaluations: list[dict[str, Any]]) -> list:
-    """``huggingface_hub.EvalResult`` for every metric of every evaluation row (the card's ``model-index``)."""
+    """``huggingface_hub.EvalResult`` for every metric of every evaluation row (the card's ``model-index``).
+
+    Rows of a hybrid run are left out: the model-index states what the model alone scores; the card's table lists
+    the hybrid beside it."""
     from huggingface_hub import EvalResult
 
     out = []
     for row in evaluations:
+        if row.get("system"):
+            continue
         for key, value in row["metrics"].items():
             metric_type, metric_name = _metric_label(key)
             source = (

@@ -111,3 +111,25 @@ def test_card_refuses_tokens(model_dir):
     for p in model_dir.rglob("*"):
         if p.is_file():
             assert token.encode() not in p.read_bytes(), p
+
+
+def test_card_lists_the_hybrids_mteb_results_beside_the_models_own(model_dir):
+    """``hf-cocodr mteb --hybrid`` into the model's mteb_results: its rows are in the card's table, labelled hybrid,
+    next to the dense rows, and stay out of the model-index (which states what the model alone scores)."""
+    rev = model_dir / "mteb_results" / "results" / "acme__cocodr-mini-hybrid" / "abc"
+    rev.mkdir(parents=True)
+    (rev / "model_meta.json").write_text(json.dumps({"name": "acme/cocodr-mini-hybrid", "model_type": ["hybrid"]}))
+    (rev / "SciFact.json").write_text(
+        json.dumps(
+            {
+                "task_name": "SciFact",
+                "scores": {"test": [{"ndcg_at_10": 0.75, "recall_at_100": 0.96, "mrr_at_10": 0.65}]},
+            }
+        )
+    )
+    text = write_model_card(model_dir, load(model_dir), STAGES).read_text()
+    front, body = text.split("---\n", 2)[1:]
+    assert "| SciFact (test) | MTEB | 0.7000 | 0.9500 | 0.6000 |" in body
+    assert "| SciFact (test), hybrid with BM25 | MTEB | 0.7500 | 0.9600 | 0.6500 |" in body
+    values = [m["value"] for r in yaml.safe_load(front)["model-index"][0]["results"] for m in r["metrics"]]
+    assert 0.7 in values and 0.75 not in values

@@ -75,7 +75,8 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
         dest="dense_weight",
         type=float,
         default=None,
-        help="with --hybrid: the dense system's weight in [0, 1]",
+        help="with --hybrid: the dense system's weight in [0, 1] (default: fitted to the corpus without labels, "
+        "from pseudo-queries drawn from it; the JSON's fusion says which weight and how)",
     )
 
 

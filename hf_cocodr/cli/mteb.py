@@ -3,6 +3,8 @@
 ``hf-cocodr mteb MODEL DATA_DIR --split test --task-name NAME --model-name ORG/NAME --revision REV --output-folder OUT``
 evaluates a local BEIR split as an MTEB task (or ``--tasks SciFact,NFCorpus`` for built-in tasks, which need the Hub
 or a local datasets cache) and writes ``OUT/results/ORG__NAME/REV/{NAME}.json`` and ``model_meta.json``.
+With ``--hybrid`` the task runs the hybrid of MODEL and bm25s (:mod:`hf_cocodr.evaluation.mteb.hybrid`), its
+``model_meta.json`` with ``model_type`` ``["hybrid"]``.
 ``hf-cocodr mteb-meta MODEL_DIR --model-name ORG/NAME --revision SHA`` prints the ``ModelMeta`` for an mteb
 model-implementation PR and the steps of a results submission.
 """
@@ -63,6 +65,26 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="re-run tasks that already have results in OUT")
     p.add_argument("--prediction-folder", default=None, help="also save the top-ranked documents per query here")
     p.add_argument("--device", default=None)
+    p.add_argument(
+        "--hybrid",
+        action="store_true",
+        help="run the hybrid of MODEL and bm25s over each task's corpus (dense weight fitted per corpus without "
+        "labels) through mteb's search protocol; --model-name names the hybrid (model_type hybrid)",
+    )
+    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
+    p.add_argument(
+        "--dense-weight",
+        dest="dense_weight",
+        type=float,
+        default=None,
+        help="with --hybrid: the dense system's weight in [0, 1] instead of the fitted one",
+    )
+    p.add_argument(
+        "--dense-model-name",
+        default=None,
+        help="with --hybrid: the dense part's published name in model_meta.json (default: the Hub id given, or the "
+        "base model mteb knows for an untrained local copy, else the folder)",
+    )
     add_overwrite_flag(p)
 
 
@@ -74,6 +96,13 @@ def _run_mteb(args, _rest) -> int:
         check_revision(args.revision)
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    fusion = {k: v for k, v in (("rule", args.fusion), ("dense_weight", args.dense_weight)) if v is not None}
+    if (fusion or args.dense_model_name) and not args.hybrid:
+        raise UsageError("--fusion / --dense-weight / --dense-model-name need --hybrid")
+    if args.hybrid:
+        from ..retrieval.fusion import FusionConfig
+
+        FusionConfig(**fusion)  # a bad weight fails before any work
     tasks = _csv(args.tasks)
     if args.data_dir is None and not tasks:
         raise UsageError("give a BEIR folder (DATA_DIR) or built-in MTEB tasks (--tasks SciFact,NFCorpus)")
@@ -114,6 +143,9 @@ def _run_mteb(args, _rest) -> int:
             overwrite=args.overwrite,
             prediction_folder=args.prediction_folder,
             device=args.device,
+            hybrid=args.hybrid,
+            fusion=fusion or None,
+            dense_model_name=args.dense_model_name,
         )
     finally:
         run.release()

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 
 from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
+from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
-from ..retrieval.fusion import FusionConfig
+from ..retrieval.fusion import FusionConfig, fit_fusion
 from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
@@ -63,7 +64,9 @@ def evaluate_retrieval(
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
             ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
-        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's.
+        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's,
+            its dense weight fitted to the corpus without labels (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; no
+            qrels are read); the result's ``"fusion"`` gives the weight used and, when fitted, how (``"fit"``).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -107,8 +110,26 @@ def evaluate_retrieval(
         encode_precision=encode_precision,
     )
     if hybrid:
+
+        def encode_for_fit(texts: list[str], kind: str) -> np.ndarray:
+            with encoding_precision(model, encode_precision) as enc:
+                length = query_max_length if kind == "query" else doc_max_length
+                return encode_texts(enc, texts, kind=kind, batch_size=batch_size, max_length=length)
+
         result, run = _hybrid_result(
-            result, model, index, order, corpus, qids, list(queries["text"]), q_emb, qrels, fusion, top_k, k_values
+            result,
+            model,
+            index,
+            order,
+            corpus,
+            qids,
+            list(queries["text"]),
+            q_emb,
+            qrels,
+            fusion,
+            top_k,
+            k_values,
+            encode_for_fit,
         )
     if output is not None:
         write_result(output, result, run)
@@ -130,6 +151,7 @@ def _hybrid_result(
     fusion,
     top_k: int,
     k_values,
+    encode_for_fit=None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
@@ -139,9 +161,29 @@ def _hybrid_result(
     doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
-    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, BM25Index(texts), fusion)
-    del texts
+    bm25 = BM25Index(texts)
     index_s = time.perf_counter() - t0
+    fit_s = 0.0
+    if fusion.needs_fit:
+        if encode_for_fit is None:
+            raise ConfigError('the fusion weight is "fit" but no encoder was given to fit it')
+        t_fit = time.perf_counter()
+        in_index_order = index.reconstruct_all()
+        embeddings = np.empty_like(in_index_order)
+        embeddings[order] = in_index_order
+        del in_index_order
+        fusion = fit_fusion(
+            fusion,
+            texts,
+            embeddings,
+            lambda q: encode_for_fit(q, "query"),
+            lambda d: encode_for_fit(d, "document"),
+        )
+        del embeddings
+        fit_s = time.perf_counter() - t_fit
+        logger.info("hybrid: dense weight %s fitted without labels in %.1f s", fusion.dense_weight, fit_s)
+    del texts
+    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, bm25, fusion)
     t1 = time.perf_counter()
     b_scores, b_rows = hybrid.search_bm25(query_texts, top_k)
     bm25_s = time.perf_counter() - t1
@@ -161,6 +203,7 @@ def _hybrid_result(
         fusion=asdict(fusion),
         encode_seconds=dense_result["encode_seconds"],
         bm25_index_seconds=round(index_s, 3),
+        fusion_fit_seconds=round(fit_s, 3),
         search_seconds=round(dense_result["search_seconds"] + bm25_s + fuse_s, 3),
         dense={k: dense_result[k] for k in keys},
         bm25={

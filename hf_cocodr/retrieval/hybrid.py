@@ -3,7 +3,10 @@
 The lexical channel of a corpus is the largest gain a strong dense model can take without labels: BM25 ranks by the
 corpus's own words, which a model trained elsewhere never saw weighted that way. :class:`HybridRetriever` keeps both
 indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.retrieval.fusion.FusionConfig`:
-z-normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion).
+z-normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion). By default the dense
+weight is fitted to the corpus when the retriever is built, from pseudo-queries drawn from the corpus itself (no
+labels; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`); the weight and how it was found are saved with the retriever
+(``hybrid.fusion.dense_weight``, ``hybrid.fusion.fit``). A weight given by hand is used as is.
 
 Example::
 
@@ -42,7 +45,7 @@ from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_json, resolved_path
-from .fusion import FusionConfig, fuse
+from .fusion import FusionConfig, fit_fusion, fuse
 
 logger = logging.getLogger(__name__)
 
@@ -157,9 +160,12 @@ class HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
-        (a cosine model's vectors are normalised)."""
+        (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
+        FusionConfig` with its dense weight fitted here to the corpus without labels
+        (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number as
+        ``dense_weight`` is used as is."""
         from ..data.beir import _load_jsonl_dataset, load_corpus
-        from .encoding import build_index, model_similarity
+        from .encoding import build_index, encode_texts, model_similarity
         from .index import BM25Index
 
         fusion = _fusion(fusion)
@@ -187,6 +193,15 @@ class HybridRetriever:
         t1 = time.perf_counter()
         bm25 = BM25Index(texts)
         bm25_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        fusion = fit_fusion(
+            fusion,
+            texts,
+            embeddings,
+            lambda q: encode_texts(st, q, kind="query", batch_size=batch_size),
+            lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
+        )
+        fit_s = time.perf_counter() - t2
         empty_rows = [i for i, text in enumerate(texts) if not text.strip()]
         if empty_rows:
             logger.warning(
@@ -205,7 +220,7 @@ class HybridRetriever:
             "num_docs": len(ids),
             "doc_ids_sha256": doc_ids_digest(ids),
             "empty_rows": empty_rows,
-            "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
+            "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2), "fusion_fit": round(fit_s, 2)},
         }
         logger.info(
             "hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s; fusion %s",

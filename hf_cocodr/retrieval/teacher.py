@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from ..data.teacher import route_queries, teacher_rows
 from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..storage import cache_dir
-from .fusion import FusionConfig
+from .encoding import encode_texts
+from .fusion import FusionConfig, fit_fusion
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,16 @@ def teacher_rankings(
                 hybrid.save(path)
             except OSError as e:  # the cache only saves time: a run goes on without it
                 logger.warning("the teacher's indexes could not be cached in %s (%s); going on without", path, e)
+    if fusion.needs_fit and hybrid.fusion.fit is not None:  # fitted when it was built: the same corpus and model
+        fusion = replace(fusion, dense_weight=hybrid.fusion.dense_weight, fit=hybrid.fusion.fit)
+    elif fusion.needs_fit:  # a cached teacher built with a weight given by hand
+        fusion = fit_fusion(
+            fusion,
+            doc_texts,
+            hybrid.embeddings,
+            lambda q: encode_texts(hybrid.model, q, kind="query", batch_size=batch_size),
+            lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size),
+        )
     hybrid.fusion = fusion
     ids, scores = [], []
     for start in range(0, len(queries), 1024):

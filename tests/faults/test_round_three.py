@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hf_cocodr.retrieval.hybrid import HybridRetriever
 
 from hf_cocodr.cli import main
 from hf_cocodr.errors import ConfigError
+from hf_cocodr.retrieval.hybrid import HybridRetriever
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -178,7 +178,6 @@ def test_an_edited_id_list_or_a_cut_vector_file_is_refused_by_name_before_the_mo
 
 def test_a_damaged_teacher_cache_entry_is_rebuilt_not_trusted(tiny_st_dir, tiny_beir, caplog):
     from hf_cocodr.retrieval.hybrid import _corpus_ids_texts
-
     from hf_cocodr.retrieval.teacher import teacher_cache_path, teacher_rankings
 
     queries = ["alpha beta gamma", "protein folding study"]

@@ -53,7 +53,7 @@ def test_bad_fusion_settings_are_refused_by_name(bad):
 
 @pytest.fixture(scope="module")
 def built(tiny_st_dir, tiny_beir):
-    return HybridRetriever.build(str(tiny_st_dir), tiny_beir, fusion={"depth": 20})
+    return HybridRetriever.build(str(tiny_st_dir), tiny_beir, fusion={"depth": 20, "dense_weight": 0.5})
 
 
 def _queries(tiny_beir) -> list[str]:
@@ -208,7 +208,7 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
     from hf_cocodr.retrieval import encoding
 
     model = load_encoder(str(tiny_st_dir))
-    fresh = HybridRetriever.build(model, tiny_beir)
+    fresh = HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
     calls = []
     real = encoding.encode_texts
     monkeypatch.setattr(
@@ -216,11 +216,11 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
     )
     with encoding.reuse_corpus_encodings():
         evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False)
-        reused = HybridRetriever.build(model, tiny_beir)
+        reused = HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
         assert calls.count("document") == 1
         with torch.no_grad():
             next(model.parameters()).add_(0.01)
-        HybridRetriever.build(model, tiny_beir)
+        HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
         assert calls.count("document") == 2
     assert reused.doc_ids == fresh.doc_ids and np.array_equal(reused.embeddings, fresh.embeddings)
     assert encoding._REUSE is None  # nothing is kept after the block

@@ -75,6 +75,21 @@ def _load_with_meta(
     return model, meta
 
 
+def _dense_part_name(model_ref, meta) -> str:
+    """How the hybrid's meta names its dense part: a Hub id as given; for a local folder no hf_cocodr stage trained,
+    the base model it copies (``adapted_from``, e.g. mteb's registry name); else the folder."""
+    from .meta import read_training_info
+
+    if isinstance(model_ref, (str, os.PathLike)):
+        path = Path(model_ref).expanduser()
+        if not path.exists():
+            return str(model_ref)
+        if not read_training_info(path).get("stages") and meta.adapted_from:
+            return str(meta.adapted_from)
+        return str(path.resolve())
+    return str(meta.adapted_from or meta.name)
+
+
 def run_mteb(
     model,
     folder: str | os.PathLike | None = None,
@@ -93,6 +108,9 @@ def run_mteb(
     co2_tracker: bool = False,
     device: str | None = None,
     meta_kwargs: dict[str, Any] | None = None,
+    hybrid: bool = False,
+    fusion=None,
+    dense_model_name: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a model with ``mteb.evaluate`` on a local BEIR split and/or built-in MTEB tasks.
 
@@ -117,10 +135,19 @@ def run_mteb(
         overwrite: re-run tasks that already have results in ``output_folder`` (default: only missing splits).
         prediction_folder: also save the top-ranked documents per query there.
         meta_kwargs: extra arguments for :func:`model_meta_for` (license, training_datasets, adapted_from, ...).
+        hybrid: run the package's hybrid (the model + bm25s over each task's corpus, fused per query; see
+            :mod:`.hybrid`) through mteb's search protocol instead of the dense model alone; ``model_name`` is then
+            the hybrid's name and its ``ModelMeta`` has ``model_type=["hybrid"]``. Each task's scores equal
+            ``hf-cocodr evaluate --hybrid``'s on the same data.
+        fusion: with ``hybrid``: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields (default: the dense weight
+            fitted to each task's corpus without labels).
+        dense_model_name: with ``hybrid``: how ``model_meta.json`` names the dense part (default: the Hub id given,
+            else the base model mteb knows for a model no hf_cocodr stage trained, else the model's folder).
 
     Returns:
         ``{"results_folder", "model_meta", "model_name", "revision", "tasks": {name: {"main_score", "ndcg@10",
-        "recall@100", "mrr@10", "splits", "file"}}}``.
+        "recall@100", "mrr@10", "splits", "file"}}}``; with ``hybrid`` each task also has ``"fusion"`` (the weight
+        used, and how it was fitted).
 
     Raises:
         ValueError: bad model name, revision, task name or unknown MTEB task; nothing to evaluate.
@@ -144,8 +171,16 @@ def run_mteb(
     with warnings_quiet():
         builtin = _builtin_tasks(builtin_names, task_languages) if builtin_names else []
 
+    model_ref = model
     model, meta = _load_with_meta(model, model_name, revision, languages, device, meta_kwargs or {})
-    encoder = mteb_model(model, meta)
+    if hybrid:
+        from .hybrid import HybridSearchModel, hybrid_model_meta
+
+        dense_ref = dense_model_name or _dense_part_name(model_ref, meta)
+        meta = hybrid_model_meta(meta, model_name, fusion, dense_ref)
+        encoder = HybridSearchModel(model, meta, fusion, batch_size=batch_size)
+    else:
+        encoder = mteb_model(model, meta)
     cache = mteb.ResultCache(output_folder)
     encode_kwargs = {"batch_size": int(batch_size), "show_progress_bar": False}
     summary: dict[str, Any] = {}
@@ -170,6 +205,8 @@ def run_mteb(
         for task_result in result.task_results:
             file = cache.get_task_result_path(task_result.task_name, meta)
             summary[task_result.task_name] = {**_summarise(task_result), "file": str(file)}
+            if hybrid and task_result.task_name in encoder.fusions:
+                summary[task_result.task_name]["fusion"] = encoder.fusions[task_result.task_name]
         if result.exceptions:
             raise RuntimeError(f"MTEB task {task.metadata.name!r} failed: {result.exceptions[0].exception}")
     # ResultCache.save_to_cache writes model_meta.json next to the task files, as if it were a task's results

@@ -1,0 +1,164 @@
+"""The package's hybrid retriever (a dense model + bm25s, fused per query) as an MTEB search model.
+
+:class:`HybridSearchModel` follows mteb 2's search protocol (``index(corpus, ...)`` then ``search(queries, ...)``):
+``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus, fitting the dense weight to that
+corpus without labels (the default; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`) or using the weight given; ``search`` fuses
+each system's top ``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores
+equal the evaluation's on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
+hybrid's: ``model_type=["hybrid"]``, the two parts, the fusion and how it is fitted in ``loader_kwargs``, the dense
+model as ``adapted_from``, its training data unchanged (the hybrid trains on nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from ...retrieval.fusion import FIT_METHOD, FusionConfig, fuse
+from ...retrieval.hybrid import HybridRetriever
+
+logger = logging.getLogger(__name__)
+
+LEXICAL_PART = "bm25s (lucene BM25, k1 1.5, b 0.75, English stop words and Snowball stemmer)"
+
+
+def _fusion_config(fusion) -> FusionConfig:
+    if fusion is None:
+        return FusionConfig()
+    return fusion if isinstance(fusion, FusionConfig) else FusionConfig(**fusion)
+
+
+def describe_fusion(fusion: FusionConfig) -> dict[str, Any]:
+    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the weight (or how it is fitted), the depth."""
+    out = {"rule": fusion.rule, "depth": fusion.depth, "normalize": fusion.normalize}
+    if fusion.rule == "rrf":
+        out["rrf_k"] = fusion.rrf_k
+    if fusion.needs_fit:
+        out["dense_weight"] = "fitted per task corpus"
+        out["fit"] = FIT_METHOD
+    else:
+        out["dense_weight"] = float(fusion.dense_weight)
+    return out
+
+
+class HybridSearchModel:
+    """mteb's search protocol over :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` (see the module docstring).
+
+    Args:
+        model: a loaded SentenceTransformer (the dense part).
+        meta: the hybrid's ``ModelMeta`` (:func:`hybrid_model_meta`), used by mteb for the results path.
+        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields; default: the package's (weight fitted per
+            corpus). After each task, :attr:`fusions` maps its name to the fusion used (the fitted weight and how).
+    """
+
+    def __init__(self, model, meta=None, fusion=None, batch_size: int = 64, doc_max_length: int | None = None):
+        self.model = model
+        self.mteb_model_meta = meta
+        self.fusion = _fusion_config(fusion)
+        self.batch_size = batch_size
+        self.doc_max_length = doc_max_length
+        self.retriever = None
+        self.fusions: dict[str, dict[str, Any]] = {}
+
+    def index(self, corpus, *, task_metadata, hf_split: str, hf_subset: str, encode_kwargs, num_proc=None, **kwargs):
+        """Encode the task's corpus and index it for BM25; fit the dense weight to it (unless one was given)."""
+        columns = [c for c in ("id", "title", "text") if c in corpus.column_names]
+        docs = corpus.select_columns(columns).rename_column("id", "_id")
+        self.retriever = HybridRetriever.build(
+            self.model,
+            docs,
+            fusion=self.fusion,
+            batch_size=int((encode_kwargs or {}).get("batch_size", self.batch_size)),
+            doc_max_length=self.doc_max_length,
+        )
+        name = getattr(task_metadata, "name", None) or "task"
+        self.fusions[name] = asdict(self.retriever.fusion)
+        logger.info(
+            "%s: hybrid fusion %s, dense weight %s", name, self.fusion.rule, self.retriever.fusion.dense_weight
+        )
+
+    def search(
+        self,
+        queries,
+        *,
+        task_metadata,
+        hf_split: str,
+        hf_subset: str,
+        top_k: int,
+        encode_kwargs,
+        top_ranked=None,
+        num_proc=None,
+        **kwargs,
+    ) -> dict[str, dict[str, float]]:
+        """Each query's fused ranking ``{query_id: {doc_id: score}}`` over each system's top ``fusion.depth``."""
+        if self.retriever is None:
+            raise RuntimeError("HybridSearchModel.search before index: mteb indexes the corpus first")
+        qids = list(queries["id"])
+        texts = list(queries["text"])
+        if "instruction" in queries.column_names:  # as mteb's own models read an instruction task's queries
+            texts = [t if i is None else f"{t} {i}" for t, i in zip(texts, queries["instruction"])]
+        fusion = self.retriever.fusion
+        depth = fusion.depth
+        q_emb = self.retriever.encode_queries(texts, batch_size=int((encode_kwargs or {}).get("batch_size", 64)))
+        ds, di = self.retriever.search_dense(texts, depth, query_embeddings=q_emb)
+        bs, bi = self.retriever.search_bm25(texts, depth)
+        doc_ids = np.asarray(self.retriever.doc_ids, dtype=object)
+        out: dict[str, dict[str, float]] = {}
+        for i, qid in enumerate(qids):
+            valid = di[i] >= 0
+            keep = bs[i] > 0  # BM25 gives zero to a document without any query term: not a candidate
+            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i][keep], bs[i][keep], fusion, min(top_k, 2 * depth))
+            ranked = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
+            if top_ranked is not None and qid in top_ranked:
+                allowed = set(top_ranked[qid])
+                ranked = {d: s for d, s in ranked.items() if d in allowed}
+            out[qid] = ranked
+        return out
+
+
+# Self-contained apart from hf_cocodr: the loader named in the hybrid's model_meta.json.
+def cocodr_hybrid_loader(
+    model_name: str,
+    revision: str | None = None,
+    dense_model: str | None = None,
+    fusion: dict[str, Any] | None = None,
+    device: str | None = None,
+    **kwargs: Any,
+):
+    """Load the hybrid of ``dense_model`` (a sentence-transformers model) and bm25s as an mteb search model; the
+    dense weight is fitted to each task's corpus unless ``fusion["dense_weight"]`` is a number."""
+    from hf_cocodr import load_encoder
+    from hf_cocodr.evaluation.mteb.hybrid import HybridSearchModel
+
+    fields = dict(fusion or {})
+    if not isinstance(fields.get("dense_weight"), (int, float)):
+        fields.pop("dense_weight", None)
+    fields.pop("fit", None)
+    return HybridSearchModel(load_encoder(dense_model or model_name, device=device), fusion=fields)
+
+
+def hybrid_model_meta(dense_meta, model_name: str, fusion, dense_model: str):
+    """The hybrid's ``ModelMeta`` from the dense model's (``dense_meta``, e.g. :func:`model_meta_for`): named
+    ``model_name``, ``model_type=["hybrid"]``, loader :func:`cocodr_hybrid_loader` with ``loader_kwargs`` naming the
+    dense part (``dense_model``: mteb's registry name where mteb knows the model), the lexical part (bm25s) and the
+    fusion (:func:`describe_fusion`); ``adapted_from`` the dense model; everything else (sizes, languages, training
+    data, license) is the dense model's, since BM25 adds no parameters and nothing is trained on the task."""
+    from mteb.models.model_meta import ModelMeta
+
+    fields = {k: getattr(dense_meta, k) for k in ModelMeta.model_fields}
+    fields.update(
+        name=model_name,
+        model_type=["hybrid"],
+        loader=cocodr_hybrid_loader,
+        loader_kwargs={
+            "dense_model": dense_model,
+            "dense_revision": dense_meta.revision,
+            "lexical_model": LEXICAL_PART,
+            "fusion": describe_fusion(_fusion_config(fusion)),
+        },
+        adapted_from=dense_model,
+    )
+    return ModelMeta(**fields)

@@ -1,0 +1,274 @@
+"""Does the label-free fitted fusion pick a good dense weight for starts of different strength?
+
+For each start model and dev split (SciFact ``train`` claims, NFCorpus ``dev``, SQuAD passages ``dev``; documents at
+256 tokens) the corpus and the queries are encoded once and cached under ``--work`` (so arms are resumable); then:
+
+- the fixed convex fusion at every dense weight ``w`` in 0, 0.1, ..., 1 (0: BM25 alone, 1: the dense model alone);
+- the fitted weight (:func:`hf_cocodr.retrieval.fusion.fit_dense_weight` over pseudo-queries drawn from the corpus, no qrels);
+- mteb's own :class:`~mteb.models.hybrid_wrappers.HybridSearch` (rrf / dbsf / rsf, equal weights) over the same two
+  top-``depth`` lists (the same dense model and the package's bm25s index), in the same process.
+
+    python scripts/studies/hybrid_fit_study.py [--starts all-MiniLM-L6-v2,splade-tiny] [--corpora scifact,nfcorpus,squad]
+
+Writes ``reports/studies/hybrid_fit.md`` / ``.json`` (rows are rewritten as each arm finishes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CORPORA = {
+    "scifact": ("scifact", "train", "SciFact dev"),
+    "nfcorpus": ("nfcorpus", "dev", "NFCorpus dev"),
+    "squad": ("squad-v1.1", "dev", "SQuAD dev"),
+}
+WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
+MTEB_RULES = ("rrf", "dbsf", "rsf")
+
+
+def _model(start: str):
+    from hf_cocodr import load_encoder
+    from hf_cocodr.modeling.bundled import BUNDLED_MODELS, bundled_model_path
+
+    return load_encoder(bundled_model_path(start) if start in BUNDLED_MODELS else start)
+
+
+def encodings(start: str, folder: Path, split: str, work: Path, doc_max_length: int):
+    """The BEIR data, the corpus vectors (corpus order) and the split's query vectors, cached as ``.npy``."""
+    import numpy as np
+
+    from hf_cocodr.data.beir import load_beir
+    from hf_cocodr.retrieval.encoding import build_index, encode_texts
+
+    data = load_beir(folder, split)
+    tag = f"{Path(start).name}-{folder.name}-len{doc_max_length}"
+    docs_f, q_f = work / f"{tag}-docs.npy", work / f"{tag}-{split}-queries.npy"
+    st = None
+    work.mkdir(parents=True, exist_ok=True)
+    if not docs_f.is_file():
+        st = st or _model(start)
+        t0 = time.time()
+        index, order = build_index(st, data.corpus, max_length=doc_max_length, show_progress_bar=False)
+        emb = np.empty((len(order), index.reconstruct_all().shape[1]), np.float32)
+        emb[order] = index.reconstruct_all()
+        np.save(work / f"{tag}-docs.tmp.npy", emb)
+        os.replace(work / f"{tag}-docs.tmp.npy", docs_f)
+        print(f"encoded {tag}: {len(emb)} documents in {time.time() - t0:.0f} s", flush=True)
+    if not q_f.is_file():
+        st = st or _model(start)
+        q = encode_texts(st, list(data.queries["text"]), kind="query")
+        np.save(work / f"{tag}-{split}-queries.tmp.npy", q)
+        os.replace(work / f"{tag}-{split}-queries.tmp.npy", q_f)
+    return data, np.load(docs_f), np.load(q_f)
+
+
+class _Cached:
+    """An mteb search model that returns rankings computed beforehand (one sub-model of mteb's HybridSearch)."""
+
+    def __init__(self, name: str, results: dict[str, dict[str, float]]):
+        from mteb.models.model_meta import ModelMeta
+
+        self.results = results
+        self.mteb_model_meta = ModelMeta.create_empty(overwrites={"name": name})
+
+    def index(self, corpus, **kwargs) -> None:
+        pass
+
+    def search(self, queries, *, top_k: int, **kwargs) -> dict[str, dict[str, float]]:
+        return {q: self.results.get(q, {}) for q in queries["id"]}
+
+
+def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
+    """Every fusion of one start on one dev split: fixed weights, the fitted one, mteb's rrf / dbsf / rsf."""
+    import json
+
+    import numpy as np
+
+    from hf_cocodr.data.beir import column_numpy, corpus_texts
+    from hf_cocodr.evaluation.retrieval import summarize
+    from hf_cocodr.retrieval.encoding import encode_texts
+    from hf_cocodr.retrieval.fusion import FusionConfig, fit_fusion, fuse
+    from hf_cocodr.retrieval.index import BM25Index, DenseIndex
+
+    folder, split, label = CORPORA[corpus]
+    data, docs, q_emb = encodings(start, root / folder, split, work, ns.doc_max_length)
+    qids = list(data.queries["_id"])
+    doc_ids = np.asarray(column_numpy(data.corpus, "_id"), dtype=object)
+    texts = [t for _, batch in corpus_texts(data.corpus) for t in batch]
+    depth = ns.depth
+    index = DenseIndex(docs.shape[1], capacity=len(docs))
+    index.add(docs)
+    ds, di = index.search(q_emb, depth)
+    bm25 = BM25Index(texts)
+    bs, bi = bm25.search(list(data.queries["text"]), depth)
+
+    def run_of(cfg: FusionConfig) -> dict:
+        run = {}
+        for i, qid in enumerate(qids):
+            keep = bs[i] > 0
+            rows, fused = fuse(di[i], ds[i], bi[i][keep], bs[i][keep], cfg, 2 * depth)
+            run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
+        return run
+
+    def ndcg(run) -> float:
+        return round(summarize(data.qrels, run, k_values=(10,))["ndcg@10"], 4)
+
+    row: dict = {"start": start, "corpus": label, "queries": len(data.qrels)}
+    row["fixed"] = {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, depth=depth))) for w in WEIGHTS}
+    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit-n{ns.fit_queries}.json"
+    if fit_file.is_file():
+        cfg = FusionConfig(**json.loads(fit_file.read_text()))
+    else:
+        st = _model(start)
+        t0 = time.time()
+        cfg = fit_fusion(
+            FusionConfig(depth=depth),
+            texts,
+            docs,
+            lambda q: encode_texts(st, q, kind="query"),
+            lambda d: encode_texts(st, d, kind="document", max_length=ns.doc_max_length),
+            n_queries=ns.fit_queries,
+        )
+        cfg.fit["seconds"] = round(time.time() - t0, 1)
+        from dataclasses import asdict
+
+        fit_file.write_text(json.dumps(asdict(cfg)))
+    row["fitted_weight"] = cfg.dense_weight
+    row["fit"] = cfg.fit
+    row["fitted"] = ndcg(run_of(cfg))
+
+    import mteb
+    from mteb.models.hybrid_wrappers import HybridSearch
+    from mteb.models.model_implementations.bm25 import BM25Search
+
+    from hf_cocodr.evaluation.mteb import beir_split_data, beir_task
+
+    # mteb's own sub-models where running them costs little: its bm25s baseline over the task's corpus; the dense one
+    # returns the top-depth lists of the same vectors computed above (encoding the corpus again in mteb would only
+    # repeat them)
+    task = beir_task(root / folder, split, f"{folder}-{split}")
+    split_data = beir_split_data(data)
+    judged = split_data["queries"].filter(lambda r: r["id"] in data.qrels)
+    where = dict(task_metadata=task.metadata, hf_split=split, hf_subset="default", encode_kwargs={})
+    dense_res = {q: {doc_ids[j]: float(x) for j, x in zip(di[i], ds[i])} for i, q in enumerate(qids)}
+    subs = [BM25Search(), _Cached(Path(start).name, dense_res)]
+    # as mteb.get_model("mteb/baseline-bm25s") attaches it (its registry entry, read offline)
+    subs[0].mteb_model_meta = mteb.get_model_meta("mteb/baseline-bm25s", fetch_from_hf=False)
+    subs[0].index(split_data["corpus"], **where)
+    row["mteb_bm25s"] = ndcg(subs[0].search(judged, top_k=depth, **where))
+    row["mteb"] = {}
+    for rule in MTEB_RULES:
+        hs = HybridSearch(models=subs, fusion_strategy=rule, sub_model_top_k=depth)
+        row["mteb"][rule] = ndcg(hs.search(judged, top_k=2 * depth, **where))
+    f = row["fixed"]
+    row["dense"], row["bm25"], row["w0.5"] = f["1"], f["0"], f["0.5"]
+    row["best_fixed_w"] = max(f, key=f.get)
+    row["best_fixed"] = f[row["best_fixed_w"]]
+    row["mteb_best"] = max(row["mteb"].values())
+    return row
+
+
+def report(rows: list[dict], ns) -> str:
+    lines = [
+        "# Hybrid retriever: the dense weight fitted without labels, on the dev splits",
+        "",
+        "nDCG@10 on the dev splits (SciFact `train` claims, NFCorpus `dev`, SQuAD passages `dev`), documents at "
+        f"{ns.doc_max_length} tokens, each system's top {ns.depth} fused per query (convex rule: z-normalised scores). "
+        "*fitted w*: the dense weight `fit_fusion` picks from "
+        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read); *w=0.5*: the "
+        "former fixed default; *best fixed*: the best of w = 0, 0.1, ..., 1 (chosen on the judgments, an upper bound "
+        "no label-free rule is promised); *mteb rrf / dbsf / rsf*: `mteb.models.hybrid_wrappers.HybridSearch` with "
+        "equal weights over mteb's own `BM25Search` (the `mteb/baseline-bm25s` model, run here on the task's corpus) and "
+        "the same dense model's top-100 (its vectors computed once and shared by every arm), in the same process; "
+        "*mteb bm25s*: that BM25 alone (the package's BM25 is the *BM25* column). "
+        "Command: `python scripts/studies/hybrid_fit_study.py --starts START[,START] --corpora CORPUS[,CORPUS]` (each arm is "
+        "kept under `--work`; the report holds every arm run so far).",
+        "",
+        "| start | split | dense | BM25 | mteb bm25s | w=0.5 | best fixed (w) | fitted w | fitted | mteb rrf | mteb dbsf "
+        "| mteb rsf | fitted − max(parts) | fitted − best fixed | fitted − mteb best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        parts = max(r["dense"], r["bm25"])
+        lines.append(
+            f"| {r['start']} | {r['corpus']} | {r['dense']:.4f} | {r['bm25']:.4f} | {r['mteb_bm25s']:.4f} | "
+            f"{r['w0.5']:.4f} | "
+            f"{r['best_fixed']:.4f} ({r['best_fixed_w']}) | {r['fitted_weight']:g} | **{r['fitted']:.4f}** | "
+            f"{r['mteb']['rrf']:.4f} | {r['mteb']['dbsf']:.4f} | {r['mteb']['rsf']:.4f} | "
+            f"{r['fitted'] - parts:+.4f} | {r['fitted'] - r['best_fixed']:+.4f} | "
+            f"{r['fitted'] - r['mteb_best']:+.4f} |"
+        )
+    lines += ["", "Fixed weights (nDCG@10 at w = 0, 0.1, ..., 1) and the fit's pseudo-query curve:", ""]
+    for r in rows:
+        at_fit = r["fit"]["grid_ndcg_at_10"].get(f"{r['fitted_weight']:g}")
+        lines.append(
+            f"- {r['start']}, {r['corpus']}: fixed "
+            + " ".join(f"{v:.4f}" for v in r["fixed"].values())
+            + f"; pseudo-query nDCG@10 dense {r['fit'].get('dense_alone')}, BM25 {r['fit'].get('bm25_alone')}, "
+            f"at the fitted w {at_fit}"
+            f" ({r['fit']['pseudo_queries']} pseudo-queries, fit {r['fit'].get('seconds', '?')} s)"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--starts", default="all-MiniLM-L6-v2,splade-tiny")
+    ap.add_argument("--corpora", default="scifact,nfcorpus,squad")
+    ap.add_argument("--doc-max-length", type=int, default=256)
+    ap.add_argument("--work", default="outputs/hybrid_fit")
+    ap.add_argument("--encode-only", action="store_true", help="only fill the encoding cache")
+    ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--fit-queries", type=int, default=400)
+    ap.add_argument("--report", default="reports/studies/hybrid_fit")
+    ns = ap.parse_args()
+
+    from hf_cocodr.utils import get_data_root, setup_logging
+
+    setup_logging()
+    root = get_data_root()
+    for corpus in ns.corpora.split(","):
+        for start in ns.starts.split(","):
+            folder, split, _label = CORPORA[corpus]
+            encodings(start, root / folder, split, Path(ns.work), ns.doc_max_length)
+    if ns.encode_only:
+        return 0
+    import json
+
+    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+
+    work = Path(ns.work)
+    (work / "rows").mkdir(parents=True, exist_ok=True)
+    for corpus in ns.corpora.split(","):
+        for start in ns.starts.split(","):
+            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}.json"
+            if row_file.is_file():
+                continue
+            r = arm(start, corpus, ns, root, work)
+            row_file.write_text(json.dumps(r))
+            print(
+                f"{start} {r['corpus']}: dense {r['dense']:.4f} bm25 {r['bm25']:.4f} w0.5 {r['w0.5']:.4f} best "
+                f"{r['best_fixed']:.4f}@{r['best_fixed_w']} fitted {r['fitted']:.4f}@{r['fitted_weight']:g} "
+                f"mteb {r['mteb']}",
+                flush=True,
+            )
+    # every arm finished so far (this run's and earlier ones'), corpora in the study's order
+    order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
+    rows = [json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}.json"))]
+    rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
+    Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(f"{ns.report}.md", report(rows, ns))
+    atomic_write_json(f"{ns.report}.json", {"depth": ns.depth, "fit_queries": ns.fit_queries, "rows": rows})
+    print(report(rows, ns))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
