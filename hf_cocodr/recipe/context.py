@@ -60,6 +60,7 @@ class RecipeRun:
     arguments: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> its training arguments
     ids: dict[str, str] = field(default_factory=dict)  # stage -> identity of its inputs (skipped when unchanged)
     deadlines: dict[str, float] = field(default_factory=dict)  # stage -> perf_counter reading it must end by
+    load_s: float = 0.0  # the planned seconds of a model load + export (a budgeted run's)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     train_data: Any = None  # the source task draw (the fine-tuning's data, and COCO's source corpus)
     target_data: Any = None  # the target pseudo pairs (their stage's data, or the joint term's)

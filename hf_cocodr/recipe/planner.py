@@ -26,7 +26,7 @@ from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source
 from .plan import Plan
 from .stage import Stage
-from .stages import DISTILL_MAX_PASSES, instantiate, stage_step_seconds
+from .stages import DISTILL_MAX_PASSES, STAGES, instantiate, stage_step_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -316,5 +316,8 @@ def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
             run.train_data = draw_source(run, plan.source_queries)
             set_coco_corpora(run)
     if run.max_minutes is not None:
-        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, stages)
+        run.load_s = STAGE_LOAD_SECONDS
+        # (called with three arguments for the built-in stages, as stage_deadlines is documented)
+        custom = {} if tuple(type(s) for s in stages) == STAGES else {"stages": stages}
+        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, **custom)
     run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)

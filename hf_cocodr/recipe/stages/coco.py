@@ -80,9 +80,6 @@ class CocoStage(Stage):
     settings = CocoSettings
     share_option = "coco_share"
 
-    def __init__(self) -> None:
-        self.run_seconds = 0.0  # planned seconds of one run of a soup (its share of the stage's deadline)
-
     def enabled(self, cfg: RecipeConfig) -> bool:
         return not cfg.skip_coco
 
@@ -132,7 +129,6 @@ class CocoStage(Stage):
         return plan.steps_of(self.name) * step_s * plan.coco_runs
 
     def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        self.run_seconds = plan.steps_of(self.name) * step_s + load_s
         return plan.steps_of(self.name) * step_s * plan.coco_runs + (plan.coco_runs - 1) * load_s
 
     def load_exports(self, cfg: RecipeConfig) -> int:
@@ -200,15 +196,17 @@ class CocoStage(Stage):
         # A soup: `runs` COCO runs from the starting model with seeds seed, seed + 1, ..., each in its own folder
         # (resumable, skipped once finished), then the uniform average of their weights is the stage's model.
         run_dirs, markers = [], []
+        # planned seconds of one run (its steps and its load + export): each run ends early enough to leave the runs
+        # after it theirs
+        run_s = run.plan.steps_of(self.name) * self.step_seconds(run.plan.throughput or {}, run.cfg) + run.load_s
         for i in range(runs):
             run_dir, identity = run.out / "coco-runs" / f"run-{i}", digest({"coco": run.ids[self.name], "run": i})
             marker = read_marker(run_dir, identity)
             if marker is None:
                 run.log_rerun(run_dir)
                 end = run.deadlines.get(self.name)
-                # each run ends early enough to leave the runs after it their planned seconds
                 marker = self._run(
-                    run, run_dir, run.cfg.seed + i, None if end is None else end - (runs - 1 - i) * self.run_seconds
+                    run, run_dir, run.cfg.seed + i, None if end is None else end - (runs - 1 - i) * run_s
                 )
                 marker = {**marker, "identity": identity}
                 write_marker(run_dir, marker)
