@@ -235,6 +235,40 @@ def _local_reason(name: str) -> str:
     return "not a model file"
 
 
+def _push_contents(model_dir: Path) -> dict[str, str | bytes]:
+    """What a push uploads, by path in the repository: the model's own files (:func:`push_plan`), the provenance with
+    local paths reduced to names; refuses, naming what and why, a push that would lack ``modules.json`` or the
+    weights."""
+    upload, skipped = push_plan(model_dir)
+    contents: dict[str, str | bytes] = {}
+    for rel, path in upload.items():
+        if path.name in _PROVENANCE_FILES:
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                skipped[rel] = "not readable JSON"
+                continue
+            contents[rel] = (json.dumps(_without_local_paths(record), indent=2, ensure_ascii=False) + "\n").encode()
+        else:
+            contents[rel] = str(path)
+    _log_skipped(model_dir, skipped)
+    missing = [] if "modules.json" in contents else ["modules.json"]
+    if not any(WEIGHT_FILES.match(Path(rel).name) for rel in contents):
+        missing.append("the model weights (model.safetensors)")
+    if missing:
+        why = "; ".join(
+            f"{k}: {v}"
+            for k, v in skipped.items()
+            if Path(k).name in ("modules.json",) or WEIGHT_FILES.match(Path(k.rstrip("/")).name)
+        )
+        raise HubPushError(
+            f"push of {model_dir}: {' and '.join(missing)} would not be uploaded"
+            f"{f' ({why})' if why else ''}; push uploads only the model's own regular files: copy "
+            "the model into a folder of real files (cp -rL) and push that"
+        )
+    return contents
+
+
 def push_directory(
     model_dir: str | os.PathLike,
     repo_id: str,
@@ -266,33 +300,7 @@ def push_directory(
             f"{model_dir} is not a sentence-transformers directory (no modules.json); "
             "export it first with `hf-cocodr export` or `hf-cocodr convert`"
         )
-    upload, skipped = push_plan(model_dir)
-    contents: dict[str, str | bytes] = {}
-    for rel, path in upload.items():
-        if path.name in _PROVENANCE_FILES:
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                skipped[rel] = "not readable JSON"
-                continue
-            contents[rel] = (json.dumps(_without_local_paths(record), indent=2, ensure_ascii=False) + "\n").encode()
-        else:
-            contents[rel] = str(path)
-    _log_skipped(model_dir, skipped)
-    missing = [] if "modules.json" in contents else ["modules.json"]
-    if not any(WEIGHT_FILES.match(Path(rel).name) for rel in contents):
-        missing.append("the model weights (model.safetensors)")
-    if missing:
-        why = "; ".join(
-            f"{k}: {v}"
-            for k, v in skipped.items()
-            if Path(k).name in ("modules.json",) or WEIGHT_FILES.match(Path(k.rstrip("/")).name)
-        )
-        raise HubPushError(
-            f"push of {model_dir}: {' and '.join(missing)} would not be uploaded"
-            f"{f' ({why})' if why else ''}; push uploads only the model's own regular files: copy "
-            "the model into a folder of real files (cp -rL) and push that"
-        )
+    contents = _push_contents(model_dir)
     api = HfApi(token=token)
     tok = token or _current_token()
     message = commit_message or f"Upload {model_dir.name} with hf_cocodr"

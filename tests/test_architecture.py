@@ -468,3 +468,47 @@ def test_the_cycle_check_sees_a_cycle_closed_inside_a_function(tmp_path):
     (pkg / "model_card.py").write_text("def f():\n    from .evaluation.mteb.meta import g\n")
     (pkg / "evaluation" / "mteb" / "meta.py").write_text("from ...model_card import CITATIONS\n")
     assert strongly_connected(import_graph(pkg)) == [["hf_cocodr.evaluation.mteb.meta", "hf_cocodr.model_card"]]
+
+
+LONG_FUNCTION_LINES = 80  # a function longer than this needs a reason, and at most MAX_LONG_FUNCTIONS have one
+MAX_LONG_FUNCTIONS = 3
+LONG_REASON = "# over 80 lines:"
+
+
+def long_functions(root: Path = PACKAGE) -> list[tuple[str, int, bool]]:
+    """``(where, lines, justified)`` for every function of the package over :data:`LONG_FUNCTION_LINES` lines;
+    justified: the line above its ``def`` (or its first decorator) is a ``# over 80 lines: <reason>`` comment."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > LONG_FUNCTION_LINES:
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    above = lines[first - 2].strip() if first >= 2 else ""
+                    out.append(
+                        (
+                            f"{path.relative_to(root.parent)}:{node.lineno} {node.name}",
+                            length,
+                            above.startswith(LONG_REASON),
+                        )
+                    )
+    return out
+
+
+def test_no_function_is_over_80_lines_without_a_reason():
+    found = long_functions()
+    unjustified = [f"{where} ({n} lines)" for where, n, ok in found if not ok]
+    assert not unjustified, "functions over 80 lines without a '# over 80 lines: <reason>' comment:\n" + "\n".join(
+        unjustified
+    )
+    assert len(found) <= MAX_LONG_FUNCTIONS, f"{len(found)} functions over 80 lines; at most {MAX_LONG_FUNCTIONS}"
+
+
+def test_the_long_function_check_sees_a_long_function(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(85))
+    (pkg / "long.py").write_text(f"def f():\n{body}\n\n\n{LONG_REASON} a reason\ndef g():\n{body}\n")
+    assert [(w.split()[-1], ok) for w, _, ok in long_functions(pkg)] == [("f", False), ("g", True)]

@@ -28,6 +28,7 @@ from .metrics import compute_metrics
 logger = logging.getLogger(__name__)
 
 
+# over 80 lines: the Python twin of `hf-cocodr evaluate`, one documented keyword argument per flag (a 64-line body)
 def evaluate_retrieval(
     model,
     folder: str | os.PathLike | BEIRData,

@@ -202,14 +202,7 @@ class HybridRetriever:
             lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
         )
         fit_s = time.perf_counter() - t2
-        empty_rows = [i for i, text in enumerate(texts) if not text.strip()]
-        if empty_rows:
-            logger.warning(
-                "%d of %d documents of %s have no text: indexed, but never returned by a search",
-                len(empty_rows),
-                len(ids),
-                corpus,
-            )
+        empty_rows = _empty_rows(texts, corpus)
         meta = {
             "model": model_ref,
             "model_fingerprint": model_fingerprint(st)["weights_sha256"],
@@ -454,6 +447,20 @@ def _saved_model_ref(folder: Path, info: dict[str, Any]) -> str:
     if not Path(ref).is_absolute() and not Path(ref).exists() and (folder / ref).exists():
         return str(resolved_path(folder / ref))
     return ref
+
+
+def _empty_rows(texts: list[str], corpus) -> list[int]:
+    """The rows of the documents without text (indexed, so the rows stay aligned, but never returned), with a
+    warning that counts them."""
+    rows = [i for i, text in enumerate(texts) if not text.strip()]
+    if rows:
+        logger.warning(
+            "%d of %d documents of %s have no text: indexed, but never returned by a search",
+            len(rows),
+            len(texts),
+            corpus,
+        )
+    return rows
 
 
 def _fusion(fusion) -> FusionConfig:
