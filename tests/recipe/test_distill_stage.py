@@ -173,13 +173,13 @@ def test_the_cap_on_passes_counts_every_rank_and_accumulated_batch_and_is_the_st
     unless it trained past the cap."""
     from types import SimpleNamespace
 
-    from hf_cocodr.finetuning import IDROTrainingArguments
+    from hf_cocodr.finetuning import DistillationTrainingArguments
     from hf_cocodr.recipe.plan import Plan
     from hf_cocodr.recipe.stages.distill import pass_cap
 
     assert pass_cap(100, 16, 3.0) == 18 and pass_cap(100, 1, 0.29) == 29  # 0.29 x 100 is 28.999... in floats
     assert pass_cap(3, 16, 3.0) == 1 and pass_cap(100, 16, None) is None
-    monkeypatch.setattr(IDROTrainingArguments, "world_size", property(lambda self: 2))
+    monkeypatch.setattr(DistillationTrainingArguments, "world_size", property(lambda self: 2))
     stage = DistillStage()
     stage.queries_digest, stage.num_queries = "digest", 240  # (the queries as read, once per run)
 
