@@ -131,6 +131,7 @@ class DistillStage(Stage):
         self.queries_digest: str | None = None  # the target queries' texts, read once per run
         self.num_queries = 0
         self.per_step: int | None = None  # queries a step: on every rank, every accumulated batch
+        self.targets: list | None = None  # the routed target corpora and queries, as the probe reads them
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return cfg.skip_distill is False and bool(cfg.target_queries)
@@ -182,17 +183,15 @@ class DistillStage(Stage):
         """Seconds of one distillation step (the stage's trainer on rows of its shape: target queries and
         documents, see :meth:`Stage.probe`) and of ranking the queries with the teacher (the corpus too when its
         indexes are not cached), measured on the probe trainer's model."""
-        from ...data.teacher import route_queries
-        from ...retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts
+        from ...retrieval.hybrid import HYBRID_FILE
         from ...retrieval.teacher import teacher_cache_path
         from ..probe import time_trainer_steps
 
         step_s, trainer = time_trainer_steps(self, run)
         st, teacher_docs, queries, docs = trainer.model, 0, [], []
-        for corpus, src in route_queries(run.cfg.target_queries, run.target_corpora):
-            doc_ids, texts = _corpus_ids_texts(corpus)
+        for doc_ids, texts, asked in self._targets(run):
             docs += texts[:64]
-            queries += src.texts
+            queries += asked
             if not (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
                 teacher_docs += len(texts)  # the teacher's indexes of this corpus are to be built
         st.eval()
@@ -284,20 +283,31 @@ class DistillStage(Stage):
         return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
     # ------------------------------------------------------------------------------------------------ helpers
+    def _targets(self, run: RecipeRun) -> list[tuple[list[str], list[str], list[str]]]:
+        """``(doc_ids, texts, queries)`` of each target corpus the queries are routed to, read once per run (the
+        probe's rows and its timing of the teacher both use them)."""
+        from ...data.teacher import route_queries
+        from ...retrieval.hybrid import _corpus_ids_texts
+
+        if self.targets is None:
+            self.targets = [
+                (*_corpus_ids_texts(corpus), list(src.texts))
+                for corpus, src in route_queries(run.cfg.target_queries, run.target_corpora)
+            ]
+        return self.targets
+
     def _probe_rows(self, run: RecipeRun, steps: int):
         """Rows of the training rows' shape for ``steps`` steps: target queries, target documents drawn at random
         as their candidates, random teacher scores (a probe times the step, not what it learns)."""
         import numpy as np
 
-        from ...data.teacher import route_queries, teacher_rows
-        from ...retrieval.hybrid import _corpus_ids_texts
+        from ...data.teacher import teacher_rows
 
         docs: dict[str, str] = {}
         queries: list[str] = []
-        for corpus, src in route_queries(run.cfg.target_queries, run.target_corpora):
-            ids, texts = _corpus_ids_texts(corpus)
+        for ids, texts, asked in self._targets(run):
             docs.update(zip(ids, texts))
-            queries += src.texts
+            queries += asked
         gen, k = np.random.default_rng(0), int(run.cfg.distill_k)
         n = steps * int(run.arguments[self.name]["per_device_train_batch_size"])
         asked = [queries[i] for i in gen.choice(len(queries), n, replace=len(queries) < n)]
