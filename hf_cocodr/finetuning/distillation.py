@@ -38,6 +38,8 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         distill_document_gradients: back-propagate through the candidates (False: a forward pass only).
     Rows:
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
+        packed_forward: embed the queries and their candidates together, ordered by length, in one forward per
+            length group (:mod:`hf_cocodr.modeling.packing`); False: one forward per column.
         overwrite_output_dir: as for :class:`~hf_cocodr.IDROTrainingArguments`.
     """
 
@@ -54,6 +56,12 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
     )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
+    packed_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "embed every text of a step in one forward per length group (False: one forward per column)"
+        },
+    )
 
     @classmethod
     def from_arguments(cls, arguments: Mapping[str, Any], **overrides) -> DistillationTrainingArguments:

@@ -28,6 +28,7 @@ from ..hub import check_push_possible
 from ..methods.base import Method
 from ..model_card import write_model_card
 from ..modeling.limits import check_lengths
+from ..modeling.packing import PackedColumns, pack_columns
 from ..retrieval.encoding import encode_texts
 from ..rundir.run_record import fingerprint, model_fingerprint
 from ..rundir.state import load_state, save_state
@@ -221,8 +222,11 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         columns, doc_keys, pos_keys = data.sample(rows, step=step, seed=self.args.seed, num_negatives=num_negatives)
         names = ["query", "positive"] + [f"negative_{i}" for i in range(1, len(columns) - 1)]
         examples = [dict(zip(names, values)) for values in zip(*columns)]
-        batch = self._prepare_inputs(self.data_collator(examples))
-        features, _ = self.collect_features(batch)
+        batch = self.data_collator(examples)
+        # the length groups of one packed forward, planned here on the host (see hf_cocodr.modeling.packing)
+        packed = pack_columns(self.collect_features(batch)[0]) if self.args.packed_forward else None
+        features = PackedColumns(self.collect_features(self._prepare_inputs(batch))[0])
+        features.packed = packed.to(self._prepare_input) if packed is not None else None
         device = features[0]["input_ids"].device
 
         def as_tensor(x):

@@ -87,6 +87,12 @@ class _IDROFields(SentenceTransformerTrainingArguments):
             "keeps its own limits for inference"
         },
     )
+    packed_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "embed every text of a step in one forward per length group (False: one forward per column)"
+        },
+    )
 
 
 @dataclass
@@ -120,6 +126,8 @@ class IDROTrainingArguments(*reversed(METHOD_SETTINGS), _IDROFields):
             ranking (labelled positives removed).
         recluster_on_refresh: re-cluster whenever negatives are refreshed (as the paper does).
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
+        packed_forward: embed the queries and every document column of a step together, ordered by length, in one
+            forward per length group (:mod:`hf_cocodr.modeling.packing`); False: one forward per column.
     Seed methods (used when ``--method`` / :func:`~hf_cocodr.methods.configure_methods` turns them on): the
         fields of each registered method's settings dataclass (``METHOD_SETTINGS``), e.g. ``modir_lambda``
         (:class:`~hf_cocodr.methods.MoDIRSettings`), ``berm_alpha`` (:class:`~hf_cocodr.methods.BERMSettings`),

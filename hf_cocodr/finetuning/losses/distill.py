@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from ...modeling.packing import embed_packed
+
 __all__ = ["HybridDistillLoss"]
 
 
@@ -86,11 +88,25 @@ class HybridDistillLoss(nn.Module):
         self.in_batch = MultipleNegativesRankingLoss(model, scale=1.0 / self.temperature, similarity_fct=matrix)
 
     def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        return self.compute_loss_from_embeddings(self.embed(sentence_features), labels)
+
+    def embed(self, sentence_features: Iterable[dict[str, Tensor]]) -> list[Tensor]:
+        """``[queries, candidates_1, ..., candidates_k]`` embeddings. Features that carry a packing plan
+        (:class:`~hf_cocodr.modeling.packing.PackedColumns`, what the trainer hands over) go through one forward
+        per length group; others through one forward for the queries and one for every candidate column merged.
+        With ``document_gradients=False`` the candidates are embedded without a graph."""
+        from sentence_transformers.base.losses.merged_forward import embed_columns
+
+        packed = getattr(sentence_features, "packed", None)
         features = list(sentence_features)
-        embeddings = [self.model(features[0])["sentence_embedding"]]
-        with torch.set_grad_enabled(self.document_gradients and torch.is_grad_enabled()):
-            embeddings += [self.model(f)["sentence_embedding"] for f in features[1:]]
-        return self.compute_loss_from_embeddings(embeddings, labels)
+        grad = torch.is_grad_enabled()
+        if self.document_gradients or not grad:
+            if packed is not None:
+                return embed_packed(self.model, features, packed=packed)
+            return embed_columns(self.model, features)
+        queries = self.model(features[0])["sentence_embedding"]
+        with torch.no_grad():
+            return [queries, *embed_columns(self.model, features[1:], separate_first=False)]
 
     def compute_loss_from_embeddings(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
         """The loss of ``[queries, candidates_1, ..., candidates_k]`` embeddings and the teacher's ``(B, k)`` scores."""

@@ -177,9 +177,11 @@ class PooledPositionProbe:
         self.res: list[Tensor] = []
         self.mask1: list[Tensor | None] = []
         self.mask2: list[Tensor | None] = []
+        self.inverse: Tensor | None = None  # rows recorded in another order than the embeddings': their positions
 
     def reset(self) -> None:
         self.ctx, self.res, self.mask1, self.mask2 = [], [], [], []
+        self.inverse = None
 
     def __enter__(self):
         self.reset()
@@ -222,12 +224,16 @@ class PooledPositionProbe:
         return torch.cat([torch.ones_like(x) if m is None else m for m, x in zip(masks, like)])
 
     def tensors(self) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        return (
+        """(context, residual, dropout mask 1, dropout mask 2) of every text, in the embeddings' order."""
+        out = (
             torch.cat(self.ctx),
             torch.cat(self.res),
             self._cat_masks(self.mask1, self.ctx),
             self._cat_masks(self.mask2, self.ctx),
         )
+        if self.inverse is None:
+            return out
+        return tuple(None if t is None else t.index_select(0, self.inverse) for t in out)
 
 
 def _linear_gram(x: Tensor, g: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ... import distributed as D
 from ...citations import CITATIONS
+from ...modeling.packing import embed_packed
 from .grad_gram import (
     ParamSubset,
     PooledPositionProbe,
@@ -241,15 +242,24 @@ class IDROLoss(nn.Module):
 
     # ------------------------------------------------------------------------------------------ encoding
     def _embed(self, sentence_features: Iterable[dict[str, Tensor]], probe: PooledPositionProbe | None):
-        """(features, embeddings per column, full outputs per column or None)."""
+        """(features, embeddings per column, full outputs per column or None). Features that carry a packing plan
+        (:class:`~hf_cocodr.modeling.packing.PackedColumns`, what the trainer hands over) are embedded in one
+        forward per length group; others as sentence-transformers embeds columns (the queries, then the other
+        columns merged)."""
 
         from sentence_transformers.base.losses.merged_forward import embed_columns
 
+        packed = getattr(sentence_features, "packed", None)
         features = list(sentence_features)
         with probe if probe is not None else contextlib.nullcontext():
             if self._token_states:  # auxiliary objectives read token states: one forward per column
                 outputs = [self.model(f) for f in features]
                 return features, [o["sentence_embedding"] for o in outputs], outputs
+            if packed is not None:
+                embeddings = embed_packed(self.model, features, packed=packed)
+                if probe is not None:  # the probe recorded the rows in the groups' order
+                    probe.inverse = packed.inverse
+                return features, embeddings, None
             return features, embed_columns(self.model, features), None
 
     def _layout(self, features, embeddings, doc_keys, pos_keys, world: int):
