@@ -214,7 +214,8 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         features, doc_keys, pos_keys, columns = self._sample_features(
             self.training_data, rows_np, step=self.state.global_step, num_negatives=self._num_negatives or 0
         )
-        labels = torch.as_tensor(self.cluster_ids[rows_np], device=features[0]["input_ids"].device)
+        # the cluster ids stay on the host: the loss checks them and finds the present clusters there (no read-back)
+        labels = torch.as_tensor(self.cluster_ids[rows_np])
         return features, labels, doc_keys, pos_keys, columns
 
     def _sample_features(self, data, rows: np.ndarray, step: int, num_negatives: int):
@@ -397,8 +398,8 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._log_n:
             logs = dict(logs)
-            for k, v in self._log_acc.items():
-                logs[k] = round(v / self._log_n, 6)
+            for k, v in self._log_acc.items():  # (sums of device tensors: read back here, once per log)
+                logs[k] = round(float(v) / self._log_n, 6)
             self._log_acc, self._log_n = {}, 0
             if self._num_negatives is not None:
                 logs["hard_negatives_per_query"] = self._num_negatives

@@ -4,7 +4,6 @@ train()."""
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 import torch
@@ -74,7 +73,7 @@ class IDROTrainer(RowsTrainer):
     def __init__(self, *args, **kwargs):
         self.kmeans_callback: KMeansClusteringCallback | None = None  # (set when the loss is prepared)
         self.negatives_callback: HardNegativeRefreshCallback | None = None
-        self.weight_history: list[dict] = []  # the iDRO weights after each training step
+        self._weight_steps: list[tuple[int, torch.Tensor]] = []  # (step, iDRO weights after it): weight_history
         super().__init__(*args, **kwargs)
 
     def _check_rows(self, args) -> None:
@@ -94,7 +93,7 @@ class IDROTrainer(RowsTrainer):
             num_clusters=args.num_clusters,
             beta=args.idro_beta,
             tau=args.idro_tau,
-            grad_params=args.idro_grad_params if args.idro_preset != "reference" else None,
+            grad_params=args.idro_grad_params,
             in_batch_negatives=args.in_batch_negatives,
             scale=args.idro_scale,
             gather_across_devices=args.world_size > 1,
@@ -218,21 +217,28 @@ class IDROTrainer(RowsTrainer):
         if s.get("skipped"):
             self._flag_skip()
             return
-        w = loss_fn.weights
-        entropy = float(-(w * w.clamp(min=1e-300).log()).sum())
+        w = loss_fn.weights.detach()
+        entropy = -(w * w.clamp(min=1e-300).log()).sum()
+        # kept on the device and summed there; read back when the trainer logs (no host synchronisation per step)
         acc = {
             **s.get("aux_metrics", {}),
             "idro_clusters_present": float(len(s["cluster_ids"])),
-            "idro_weight_max": float(w.max()),
-            "idro_weight_min": float(w.min()),
-            "idro_weight_perplexity": math.exp(entropy) / loss_fn.num_clusters,
-            "idro_worst_cluster_loss": float(s["cluster_losses"].max()),
+            "idro_weight_max": w.max(),
+            "idro_weight_min": w.min(),
+            "idro_weight_perplexity": entropy.exp() / loss_fn.num_clusters,
+            "idro_worst_cluster_loss": s["cluster_losses"].max(),
         }
         for k, v in acc.items():
             self._log_acc[k] = self._log_acc.get(k, 0.0) + v
         self._log_n += 1
         if self.model.training:
-            self.weight_history.append({"step": int(self.state.global_step + 1), "weights": w.float().tolist()})
+            self._weight_steps.append((int(self.state.global_step + 1), w.float().clone()))
+
+    @property
+    def weight_history(self) -> list[dict]:
+        """The iDRO weights after each training step, ``[{"step": ..., "weights": [...]}, ...]`` (kept on the
+        device during training and read back when asked for)."""
+        return [{"step": step, "weights": w.tolist()} for step, w in self._weight_steps]
 
     def _after_log(self, top: int = 3) -> None:
         """The most up- and down-weighted clusters, after each logged training loss."""

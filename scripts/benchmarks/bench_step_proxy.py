@@ -6,7 +6,9 @@ collation, tokenisation, Python, small kernels, host synchronisation. All traine
 
 * ``mnrl``: ``SentenceTransformerTrainer`` + ``MultipleNegativesRankingLoss`` on (query, positive, negative) rows;
 * ``idro_paper`` / ``idro_reference``: ``IDROTrainer`` + ``IDROLoss`` (K = 50) on the same rows;
-* ``distill``: ``DistillationTrainer`` + ``HybridDistillLoss`` on (query, 8 candidates) rows with teacher scores.
+* ``distill``: ``DistillationTrainer`` + ``HybridDistillLoss`` on (query, 8 candidates) rows with teacher scores;
+* ``mnrl_wide``: ST's MNRL trainer on the distillation's own rows (query, positive, 7 negatives) at its batch, so the
+  distillation is also compared with ST on the same texts (8 of its 9 texts are passages, 2 of MNRL's 3).
 
 A step's time is the interval between two successive ``on_step_end`` calls (so the data loading, collation and
 tokenisation of a step count, wherever a trainer does them), the median over the steps after ``--warmup``; the
@@ -34,7 +36,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from transformers import TrainerCallback  # noqa: E402
 
-CONFIGS = ("mnrl", "idro_paper", "idro_reference", "distill")
+CONFIGS = ("mnrl", "idro_paper", "idro_reference", "mnrl_wide", "distill")
 
 
 class StepClock(TrainerCallback):
@@ -118,9 +120,9 @@ def run_config(name: str, model_dir: str, triples, distill_rows, args) -> tuple[
     torch.manual_seed(args.seed)
     model = SentenceTransformer(model_dir)
     clock = StepClock()
-    batch = args.distill_batch if name == "distill" else args.batch
+    batch = args.distill_batch if name in ("distill", "mnrl_wide") else args.batch
     common = dict(
-        output_dir=tempfile.mkdtemp(),
+        output_dir=os.path.join(args.work, name),
         per_device_train_batch_size=batch,
         max_steps=args.steps,
         seed=args.seed,
@@ -132,12 +134,13 @@ def run_config(name: str, model_dir: str, triples, distill_rows, args) -> tuple[
         disable_tqdm=True,
         dataloader_drop_last=True,
     )
-    if name == "mnrl":
+    if name in ("mnrl", "mnrl_wide"):
         loss = MultipleNegativesRankingLoss(model, scale=1.0, similarity_fct=lambda a, b: a @ b.T)
+        rows = triples if name == "mnrl" else distill_rows.remove_columns("label")
         trainer = SentenceTransformerTrainer(
-            model=model, args=SentenceTransformerTrainingArguments(**common), train_dataset=triples, loss=loss
+            model=model, args=SentenceTransformerTrainingArguments(**common), train_dataset=rows, loss=loss
         )
-        texts = batch * 3
+        texts = batch * len(rows.column_names)
     elif name == "distill":
         trainer = DistillationTrainer(
             model=model, args=DistillationTrainingArguments(**common), train_dataset=distill_rows
@@ -182,8 +185,9 @@ def main() -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "mnrl" not in configs:
         ap.error(f"--configs takes {', '.join(CONFIGS)} and must include mnrl; got {args.configs!r}")
-    work = tempfile.mkdtemp()
-    model_dir = build_model(work, args.max_seq_length)
+    work = tempfile.TemporaryDirectory()
+    args.work = work.name
+    model_dir = build_model(work.name, args.max_seq_length)
     n_rows = max(args.batch, args.distill_batch) * (args.steps + 2)
     triples, distill_rows = build_rows(args.data, n_rows, args.candidates, args.seed)
     per_text: dict[str, dict[str, list[float]]] = {c: {"cpu": [], "wall": []} for c in configs}
@@ -219,6 +223,11 @@ def main() -> int:
     for c in configs:
         med = {k: statistics.median(per_text[c][k]) for k in ("cpu", "wall")}
         summary["configs"][c] = {
+            **(
+                {"ratio_vs_mnrl_wide": med["cpu"] / statistics.median(per_text["mnrl_wide"]["cpu"])}
+                if c == "distill" and "mnrl_wide" in per_text
+                else {}
+            ),
             "texts_per_step": texts_per_step[c],
             "median_cpu_step_s": med["cpu"] * texts_per_step[c],
             "median_cpu_s_per_text": med["cpu"],
@@ -230,6 +239,7 @@ def main() -> int:
             f"{c:<16}{texts_per_step[c]:>11}{med['cpu'] * texts_per_step[c]:>11.4f}{med['cpu'] * 1e3:>12.3f}"
             f"{med['cpu'] / base['cpu']:>9.3f}{med['wall'] * 1e3:>13.3f}{med['wall'] / base['wall']:>9.3f}"
         )
+    work.cleanup()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(out.suffix + ".tmp")

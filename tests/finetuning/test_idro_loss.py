@@ -58,7 +58,9 @@ def naive_gram(model, loss, feats, labels):
 @pytest.mark.parametrize("grad_params", ["auto", "last_layer", "last_norm", "last_blocks:2"])
 @pytest.mark.parametrize("dropout_on", [False, True])
 def test_grad_gram_equals_naive(st_model, grad_params, dropout_on):
-    st_model.train(dropout_on)
+    # in double precision: the untrained tiny model's embeddings are nearly equal, so a float32 gradient of the loss
+    # w.r.t. them loses ~1e-4 of its digits to cancellation (the closed-form cotangents are computed in double)
+    st_model.double().train(dropout_on)
     cols = batch(10, seed=1)
     labels = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 4, 1])
     loss = IDROLoss(st_model, preset="paper", num_clusters=5, grad_params=grad_params)
@@ -218,3 +220,52 @@ def test_labelled_positives_are_not_negatives(st_model):
     mask[1, 0] = False
     expected = torch.logsumexp(logits.masked_fill(~mask, -float("inf")), 1) - logits[torch.arange(4), torch.arange(4)]
     torch.testing.assert_close(ell, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_rule_on_the_cheap_gram_equals_per_cluster_backwards(st_model):
+    """The reference preset (cosine of cluster gradients, ω^0.1 pull to uniform, floor 0.01) from the pooled-position
+    Gram equals the same rule from one backward per cluster over the same parameters (the default subset), over two
+    steps (the second starts from the first's ω); and its ω is the rule worked through by hand on the naive Gram."""
+    st_model.double().eval()
+    cols = batch(10, seed=1)
+    labels = torch.tensor([0, 1, 0, 2, 1, 0, 2, 2, 4, 1])
+    cheap = IDROLoss(st_model, preset="reference", num_clusters=5)
+    naive = IDROLoss(st_model, preset="reference", num_clusters=5, gram_engine="autograd")
+    assert cheap.subset.fast and not naive.subset.fast and cheap.subset.names == naive.subset.names
+    for _ in range(2):
+        prev = cheap.weights.clone()
+        values = [loss(features_for(st_model, cols), labels) for loss in (cheap, naive)]
+        torch.testing.assert_close(values[0], values[1], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(cheap.last_stats["grad_gram"], naive.last_stats["grad_gram"], rtol=1e-8, atol=0)
+        torch.testing.assert_close(cheap.weights, naive.weights, rtol=1e-10, atol=0)
+        # by hand from the per-cluster backward Gram: cos, e_i = ρ/K Σ_j (ℓ_iℓ_j)^β cos_ij, ω^0.1·exp(e), floor
+        gram = naive_gram(st_model, naive, features_for(st_model, cols), labels)
+        d = gram.diagonal().sqrt()
+        cos = gram / (d[:, None] * d[None, :])
+        ell = cheap.last_stats["cluster_losses"].double() ** 0.25
+        e = 0.05 * (ell[:, None] * ell[None, :] * cos).sum(1) / 5
+        w = torch.zeros(5, dtype=torch.float64)
+        present = torch.tensor([0, 1, 2, 4])
+        w[present] = prev[present] ** 0.1 * torch.exp(e)
+        torch.testing.assert_close(cheap.weights, (w / w.sum()).clamp(min=0.01), rtol=1e-8, atol=0)
+        assert cheap.weights[3].item() == pytest.approx(0.01)  # the absent cluster, floored
+
+
+@pytest.mark.parametrize("similarity", ["dot", "cosine"])
+def test_closed_form_cotangents_equal_autograd(similarity):
+    """∂(Σ_b w_pb ℓ_b)/∂q and /∂c for every row p at once (what the Gram starts from) == batched autograd."""
+    from hf_cocodr.finetuning.losses.infonce import infonce_cotangents, per_sample_infonce
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(6, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    c = torch.randn(12, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    targets = torch.randint(0, 12, (6,), generator=g)
+    allowed = torch.rand(6, 12, generator=g) > 0.3
+    allowed[torch.arange(6), targets] = True  # some candidates masked, never a row's own positive
+    w = torch.rand(3, 6, dtype=torch.float64, generator=g)
+    ell = per_sample_infonce(q, c, allowed, targets, similarity, 2.0)
+    eye = torch.eye(3, dtype=torch.float64)
+    want = torch.autograd.grad(w @ ell, [q, c], grad_outputs=eye, is_grads_batched=True)
+    got = infonce_cotangents(q.detach(), c.detach(), allowed, targets, w, similarity, 2.0)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)

@@ -48,6 +48,11 @@ _POSITIONWISE = (
 )
 
 
+def at_least_float32(t: Tensor) -> Tensor:
+    """``t`` in float32, or as it is when it is already in a wider float (a double-precision model stays double)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     while hasattr(model, "module") and isinstance(model.module, nn.Module) and not hasattr(model, "encode"):
         model = model.module
@@ -253,7 +258,7 @@ def gram_pooled_position(subset: ParamSubset, probe: PooledPositionProbe, cot: T
     blk = subset.last_block
     ao, inter, out = blk.attention.output, blk.intermediate, blk.output
     # in full precision even under autocast (the probe recorded bf16 activations then): the Gram decides the weights
-    ctx, res, m1, m2 = (t.float() if t is not None else None for t in probe.tensors())
+    ctx, res, m1, m2 = (at_least_float32(t) if t is not None else None for t in probe.tensors())
     if ctx.shape[0] != cot.shape[1]:
         raise RuntimeError(f"probe recorded {ctx.shape[0]} texts but the batch has {cot.shape[1]} embeddings")
     with torch.enable_grad(), torch.autocast(cot.device.type, enabled=False):

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ... import distributed as D
@@ -17,13 +18,13 @@ from ...modeling.packing import embed_packed
 from .grad_gram import (
     ParamSubset,
     PooledPositionProbe,
-    find_blocks,
+    at_least_float32,
     gram_autograd,
     gram_pooled_position,
     has_normalize,
     unwrap,
 )
-from .infonce import BatchLayout, per_sample_infonce
+from .infonce import BatchLayout, infonce_cotangents, per_sample_infonce
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,10 @@ class IDROLoss(nn.Module):
       L = Σ α_i ω_i ℓ_i / Σ α_i ω_i with this step's ω.
     * ``preset="reference"``: what the authors' released code does: L = Σ ω_i ℓ_i with the previous ω and
       no α; e_i = ρ·(1/K) Σ_j (ℓ_iℓ_j)^β cos(∇ℓ_i, ∇ℓ_j); ω ← ω^0.1·exp(e) on present clusters, 0 elsewhere,
-      normalised, floored at 0.01; gradients of the last 3 blocks (2 for 24+ layer models).
+      normalised, floored at 0.01. The released code takes the gradients of the last 3 blocks (2 for 24+ layer
+      models) with one backward pass per cluster (``grad_params="last_blocks:3"`` does that here); by default the
+      cosines come from the same cheap exact Gram as the paper preset's (the last block's position-wise
+      parameters), so the rule costs what the paper rule costs.
     * ``preset="groupdro"``: online GroupDRO (Sagawa et al.): log q_i += η ℓ_i, L = Σ q_i ℓ_i / Σ q_i over
       the present clusters.
     * ``preset="uniform"``: the plain mean of ℓ_b (for ablations); gradients equal plain InfoNCE.
@@ -73,10 +77,10 @@ class IDROLoss(nn.Module):
         num_clusters: K, the number of query clusters (clamped by the callback if there are fewer queries).
         beta: the exponent β of the loss-scaling terms (≥ 0).
         tau: the temperature τ of the ω update (> 0; ``float("inf")`` freezes ω).
-        grad_params: the parameter subset of the gradient similarity: ``"auto"`` (default for the paper
-            preset: the position-wise parameters of the last block for CLS pooling, which is cheap and exact;
-            the last LayerNorm otherwise), ``"last_layer"``, ``"last_norm"``, ``"last_blocks:N"`` (default
-            for the reference preset) or explicit parameter names.
+        grad_params: the parameter subset of the gradient similarity: ``"auto"`` (the default: the position-wise
+            parameters of the last block for CLS pooling, which is cheap and exact; the last LayerNorm otherwise),
+            ``"last_layer"``, ``"last_norm"``, ``"last_blocks:N"`` (the reference code's subset with N = 3: one
+            backward pass per cluster) or explicit parameter names.
         in_batch_negatives: use every other document of the batch as a negative (default) besides the row's
             own hard negatives.
         gather_across_devices: gather candidates from all ranks under DDP (the global batch).
@@ -195,10 +199,7 @@ class IDROLoss(nn.Module):
         preset = self.preset
         self.needs_gram = preset in ("paper", "reference") if compute_gram is None else bool(compute_gram)
         if grad_params is None:
-            grad_params = "auto"
-            if preset == "reference":
-                n_layers = len(find_blocks(st)[1])
-                grad_params = f"last_blocks:{min(n_layers, 2 if n_layers >= 24 else 3)}"
+            grad_params = "auto"  # the cheap exact Gram, for the reference rule too
         self.grad_params_spec = grad_params
         if gram_engine not in ("auto", "autograd", "pooled"):
             raise ValueError(f"gram_engine must be 'auto', 'autograd' or 'pooled', got {gram_engine!r}")
@@ -348,9 +349,10 @@ class IDROLoss(nn.Module):
         probe = PooledPositionProbe(self.subset.last_block) if fast else None
         features, embeddings, outputs = self._embed(sentence_features, probe)
         ell, (B, M, doc_flat, pos_all, world, rank) = self._local_losses(features, embeddings, doc_keys, pos_keys)
+        host_labels = labels.reshape(-1).long() if labels.device.type == "cpu" else None
         labels = self._checked_labels(labels, B, ell.device)
-        q_all, c_all, present, inverse, sizes, cluster_losses, ell_all = self._global_cluster_losses(
-            embeddings, labels, BatchLayout(B, M, world, doc_flat, pos_all)
+        cluster_losses, ell_all, present, inverse, sizes, cot_inputs = self._global_cluster_losses(
+            embeddings, labels, BatchLayout(B, M, world, doc_flat, pos_all), host_labels
         )
         finite = bool(torch.isfinite(ell_all.detach()).all())
         stats: dict[str, Any] = {
@@ -370,7 +372,7 @@ class IDROLoss(nn.Module):
 
         gram = None
         if self.needs_gram:
-            gram = self._cluster_gram(cluster_losses, q_all, c_all, embeddings, probe, B, M, rank)
+            gram = self._cluster_gram(cot_inputs, inverse, sizes, embeddings, probe, B, M, rank)
             stats["grad_gram"] = gram.detach()
         ell_c = cluster_losses.detach().double()
         alpha = self._alpha(ell_c)
@@ -390,57 +392,65 @@ class IDROLoss(nn.Module):
         return world * (row_w * ell).sum(), embeddings, outputs
 
     def _checked_labels(self, labels: Tensor, B: int, device) -> Tensor:
-        labels = labels.to(device).long().reshape(-1)
+        """The cluster ids on ``device``, checked where they are (ids the host drew are checked before they move:
+        no read-back from the device)."""
+        labels = labels.long().reshape(-1)
         if labels.numel() != B:
             raise ValueError(f"got {labels.numel()} cluster ids for a batch of {B} queries")
         if (labels < 0).any() or (labels >= self.num_clusters).any():
             raise ValueError(f"cluster ids must be in [0, {self.num_clusters}), got {labels.min()}..{labels.max()}")
+        labels = labels.to(device)
         if self.log_weights.device != device:
             self.log_weights = self.log_weights.to(device)
         return labels
 
-    def _global_cluster_losses(self, embeddings, labels: Tensor, layout: BatchLayout):
+    def _global_cluster_losses(self, embeddings, labels: Tensor, layout: BatchLayout, host_labels: Tensor | None):
         """Per-cluster mean losses over the global batch, from detached, gathered embeddings (identical on every
-        rank); with the gathered embeddings as leaves when the Gram matrix needs their gradients."""
-        q_all = D.gather_cat(embeddings[0].detach(), 0).requires_grad_(self.needs_gram)
-        c_all = D.gather_cat(torch.cat(embeddings[1:], 0).detach(), 0).requires_grad_(self.needs_gram)
-        cl_all = D.gather_cat(labels, 0)
+        rank): ``(cluster losses, per-row losses, present ids, inverse, sizes, cotangent inputs)``; the last is
+        what :meth:`_cluster_gram` needs (None when the preset needs no Gram)."""
         B, world = layout.batch_size, layout.world_size
         # in full precision even under autocast: in bf16 the per-cluster losses round to one value and their
         # gradients share a common part that swamps the differences the Gram matrix measures (tests/modeling/test_bf16.py)
-        q_all, c_all = q_all.float(), c_all.float()
-        with torch.enable_grad(), torch.autocast(labels.device.type, enabled=False):
+        q_all = at_least_float32(D.gather_cat(embeddings[0].detach(), 0))
+        c_all = at_least_float32(D.gather_cat(torch.cat(embeddings[1:], 0).detach(), 0))
+        with torch.no_grad(), torch.autocast(labels.device.type, enabled=False):
             rows = torch.arange(world * B, device=labels.device)
             allowed, targets = layout.mask_and_targets(
                 rows // B, rows % B, self.in_batch_negatives, cross_rank=self.gather_across_devices or world == 1
             )
             ell_all = per_sample_infonce(q_all, c_all, allowed, targets, self.similarity, self.scale)
-            present, inverse = torch.unique(cl_all, sorted=True, return_inverse=True)
+            if world == 1 and host_labels is not None:  # the cluster ids as the host drew them: no read-back
+                present, inverse = torch.unique(host_labels, sorted=True, return_inverse=True)
+                present, inverse = present.to(labels.device), inverse.to(labels.device)
+            else:
+                present, inverse = torch.unique(D.gather_cat(labels, 0), sorted=True, return_inverse=True)
             P = present.numel()
             sizes = torch.bincount(inverse, minlength=P).to(ell_all.dtype)
             cluster_losses = (
                 torch.zeros(P, dtype=ell_all.dtype, device=labels.device).index_add(0, inverse, ell_all) / sizes
             )
-        return q_all, c_all, present, inverse, sizes, cluster_losses, ell_all
+        cot_inputs = (q_all, c_all, allowed, targets) if self.needs_gram else None
+        return cluster_losses, ell_all, present, inverse, sizes, cot_inputs
 
-    def _cluster_gram(
-        self, cluster_losses: Tensor, q_all: Tensor, c_all: Tensor, embeddings, probe, B: int, M: int, rank: int
-    ) -> Tensor:
-        """The Gram matrix of the per-cluster loss gradients w.r.t. the selected parameters: one batched backward
-        to the embeddings (one row per cluster), then this rank's rows through the encoder's tail."""
-        P = cluster_losses.numel()
-        cot_q, cot_c = torch.autograd.grad(
-            cluster_losses,
-            [q_all, c_all],
-            grad_outputs=torch.eye(P, dtype=cluster_losses.dtype, device=cluster_losses.device),
-            is_grads_batched=True,
-        )
+    def _cluster_gram(self, cot_inputs, inverse, sizes, embeddings, probe, B: int, M: int, rank: int) -> Tensor:
+        """The Gram matrix of the per-cluster loss gradients w.r.t. the selected parameters: the cotangents of
+        every cluster's loss at every embedding in closed form (:func:`infonce_cotangents`, one row per cluster),
+        then this rank's rows through the encoder's tail."""
+        q_all, c_all, allowed, targets = cot_inputs
+        # the cluster means as weights over the rows: w[i, b] = [row b in cluster i] / |cluster i|
+        # in double precision: the closed form's softmax − one-hot loses digits to cancellation in float32
+        weights = F.one_hot(inverse, sizes.numel()).T.double() / sizes.double()[:, None]
+        with torch.no_grad(), torch.autocast(q_all.device.type, enabled=False):
+            cot_q, cot_c = infonce_cotangents(
+                q_all.double(), c_all.double(), allowed, targets, weights, self.similarity, self.scale
+            )
+        cot_q, cot_c = cot_q.to(q_all.dtype), cot_c.to(q_all.dtype)
         local_cot = torch.cat(
             [cot_q[:, rank * B : (rank + 1) * B], cot_c[:, rank * B * M : (rank + 1) * B * M]], dim=1
         )
         if probe is not None:
-            return gram_pooled_position(self.subset, probe, local_cot.detach(), has_normalize(self.model))
-        return gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot.detach())
+            return gram_pooled_position(self.subset, probe, local_cot, has_normalize(self.model))
+        return gram_autograd(self.subset, torch.cat(embeddings, 0), local_cot)
 
     def _alpha(self, ell_c: Tensor) -> Tensor:
         powered = ell_c.clamp(min=0) ** self.beta

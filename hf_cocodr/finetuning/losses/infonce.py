@@ -78,3 +78,31 @@ def per_sample_infonce(
     logits = similarity_matrix(q, c, similarity, scale)
     logits = logits.masked_fill(~allowed, float("-inf"))
     return torch.logsumexp(logits, dim=1) - logits.gather(1, targets[:, None]).squeeze(1)
+
+
+def infonce_cotangents(
+    q: Tensor, c: Tensor, allowed: Tensor, targets: Tensor, weights: Tensor, similarity: str, scale: float
+) -> tuple[Tensor, Tensor]:
+    """The gradients of ``Σ_b weights[p, b] · ℓ_b`` (ℓ of :func:`per_sample_infonce`) with respect to ``q`` (B×d) and
+    ``c`` (N×d), for every row ``p`` of ``weights`` (P×B) at once, in closed form: ``(P×B×d, P×N×d)``.
+
+    With ``G = softmax(logits) − onehot(targets)`` (zero where not allowed), ``∂ℓ_b/∂logit_bj = G_bj``, so for dot
+    products ``∂/∂q_b = scale · w_pb (G C)_b`` and ``∂/∂c_j = scale · Σ_b w_pb G_bj q_b``; for cosine the same with
+    the unit vectors, then through the normalisation (``(g − (g·x̂) x̂) / |x|``). One matrix product per cluster
+    instead of one backward pass through the loss per cluster."""
+    if similarity == "cosine":
+        q_norm, c_norm = q.norm(dim=-1, keepdim=True), c.norm(dim=-1, keepdim=True)
+        qu, cu = F.normalize(q, dim=-1), F.normalize(c, dim=-1)
+    elif similarity == "dot":
+        qu, cu = q, c
+    else:
+        raise ValueError(f"similarity must be 'dot' or 'cosine', got {similarity!r}")
+    logits = (scale * (qu @ cu.T)).masked_fill(~allowed, float("-inf"))
+    g = torch.softmax(logits, dim=1)
+    g = g - F.one_hot(targets, g.shape[1]).to(g.dtype)
+    cot_q = scale * weights[:, :, None] * (g @ cu)[None]
+    cot_c = scale * torch.matmul((weights[:, :, None] * g[None]).transpose(1, 2), qu)
+    if similarity == "cosine":
+        cot_q = (cot_q - (cot_q * qu).sum(-1, keepdim=True) * qu) / q_norm.clamp(min=1e-12)
+        cot_c = (cot_c - (cot_c * cu).sum(-1, keepdim=True) * cu) / c_norm.clamp(min=1e-12)
+    return cot_q, cot_c
