@@ -28,7 +28,7 @@ from ..hub import check_push_possible
 from ..methods.base import Method
 from ..model_card import write_model_card
 from ..modeling.limits import check_lengths
-from ..modeling.packing import PackedColumns, pack_columns
+from ..modeling.packing import PackedColumns, pack_columns, task_blind
 from ..retrieval.encoding import encode_texts
 from ..rundir.run_record import fingerprint, model_fingerprint
 from ..rundir.state import load_state, save_state
@@ -225,7 +225,10 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         examples = [dict(zip(names, values)) for values in zip(*columns)]
         batch = self.data_collator(examples)
         # the length groups of one packed forward, planned here on the host (see hf_cocodr.modeling.packing)
-        packed = pack_columns(self.collect_features(batch)[0]) if self.args.packed_forward else None
+        packed = None
+        if self.args.packed_forward:  # (queries and documents share a forward unless the model routes them apart)
+            ignore = ("task",) if task_blind(self.model) else ()
+            packed = pack_columns(self.collect_features(batch)[0], ignore_keys=ignore)
         features = PackedColumns(self.collect_features(self._prepare_inputs(batch))[0])
         features.packed = packed.to(self._prepare_input) if packed is not None else None
         device = features[0]["input_ids"].device

@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DEFAULT_MAX_GROUPS", "PackedBatch", "PackedColumns", "embed_packed", "length_groups", "pack_columns"]
+__all__ = [
+    "DEFAULT_MAX_GROUPS",
+    "PackedBatch",
+    "PackedColumns",
+    "embed_packed",
+    "length_groups",
+    "pack_columns",
+    "task_blind",
+]
 
 DEFAULT_MAX_GROUPS = 4  # forwards a step may take: few enough for the per-call cost, enough for queries vs documents
 
@@ -87,13 +95,24 @@ def _right_padded(mask: Tensor, lengths: Tensor) -> bool:
     return bool((mask.long().cumprod(1).sum(1) == lengths).all())
 
 
-def pack_columns(columns: list[dict[str, Any]], max_groups: int = DEFAULT_MAX_GROUPS) -> PackedBatch | None:
+def task_blind(model) -> bool:
+    """Whether ``model`` embeds a text the same whatever task it was tokenised for (it has no ``Router`` module):
+    then the ``task`` each column is stamped with (query, document) need not keep the columns apart."""
+    from sentence_transformers.base.modules.router import Router
+
+    return not any(isinstance(m, Router) for m in model.modules())
+
+
+def pack_columns(
+    columns: list[dict[str, Any]], max_groups: int = DEFAULT_MAX_GROUPS, ignore_keys: tuple[str, ...] = ()
+) -> PackedBatch | None:
     """Pack per-column features into length groups (on the columns' device; on the CPU it reads nothing back from
-    an accelerator). None when the columns cannot share a forward pass (different feature keys, shapes or metadata:
+    an accelerator). ``ignore_keys``: metadata left out of the groups (``("task",)`` for a :func:`task_blind`
+    model). None when the columns cannot share a forward pass (different feature keys, shapes or metadata:
     sentence-transformers' ``merge_feature_batches`` decides) or carry no attention mask."""
     from sentence_transformers.base.losses.merged_forward import merge_feature_batches
 
-    columns = list(columns)
+    columns = [{k: v for k, v in c.items() if k not in ignore_keys} for c in columns]
     if not columns or max_groups < 1:
         return None
     merged = merge_feature_batches(columns) if len(columns) > 1 else dict(columns[0])

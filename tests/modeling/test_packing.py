@@ -13,7 +13,7 @@ from helpers import batch, features_for
 
 from hf_cocodr.finetuning.losses import IDROLoss
 from hf_cocodr.finetuning.losses.distill import HybridDistillLoss
-from hf_cocodr.modeling.packing import PackedColumns, embed_packed, length_groups, pack_columns
+from hf_cocodr.modeling.packing import PackedColumns, embed_packed, length_groups, pack_columns, task_blind
 
 
 def padded_tokens(lengths, ends) -> int:
@@ -153,3 +153,44 @@ def test_length_grouping_changes_no_loss_value(model):
         with torch.no_grad():
             values.append(float(IDROLoss(model, preset="paper", num_clusters=3)(feats, labels)))
     assert values == pytest.approx([values[0]] * 3, rel=1e-6)
+
+
+def test_query_and_document_stamps_share_a_forward_only_for_a_task_blind_model(model):
+    """The trainers' collator stamps each column with its task (query, document): a model without a Router embeds
+    them alike, so the stamps are left out of the groups; kept, they keep the columns apart (no plan)."""
+    cols = batch(4, seed=6)
+    feats = [{**model.preprocess(cols[0], task="query"), "task": "query"}]  # as the collator stamps them
+    feats += [{**model.preprocess(c, task="document"), "task": "document"} for c in cols[1:]]
+    assert task_blind(model)
+    assert pack_columns(feats) is None
+    packed = pack_columns(feats, ignore_keys=("task",))
+    assert packed is not None and all("task" not in g for g in packed.groups)
+    with torch.no_grad():
+        got = embed_packed(model, feats, packed=packed)
+        want = [model(f)["sentence_embedding"] for f in feats]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_trainers_hand_their_losses_a_plan(tiny_st_dir, tmp_path):
+    from datasets import Dataset
+
+    from hf_cocodr import DistillationTrainer, DistillationTrainingArguments, load_encoder
+
+    cols = batch(8, seed=7)
+    rows = Dataset.from_dict({"query": cols[0], "doc_1": cols[1], "doc_2": cols[2], "label": [[1.0, 0.0]] * 8})
+    for packed in (True, False):
+        args = DistillationTrainingArguments(
+            output_dir=str(tmp_path / str(packed)),
+            per_device_train_batch_size=4,
+            max_steps=1,
+            use_cpu=True,
+            report_to="none",
+            packed_forward=packed,
+        )
+        trainer = DistillationTrainer(model=load_encoder(str(tiny_st_dir)), args=args, train_dataset=rows)
+        features = trainer.materialize(torch.tensor([0, 3, 5, 6]))[0]
+        assert isinstance(features, PackedColumns) and len(features) == 3
+        assert (features.packed is not None) == packed
+        if packed:
+            assert sum(g["input_ids"].shape[0] for g in features.packed.groups) == 12
