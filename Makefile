@@ -50,6 +50,7 @@ reproduce-minilm: setup
 
 bench: setup
 	$(BIN)/python scripts/benchmarks/bench_evaluate.py
+	$(BIN)/python scripts/benchmarks/bench_step_proxy.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -227,7 +227,9 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         # the length groups of one packed forward, planned here on the host (see hf_cocodr.modeling.packing)
         packed = None
         if self.args.packed_forward:  # (queries and documents share a forward unless the model routes them apart)
-            ignore = ("task",) if task_blind(self.model) else ()
+            if getattr(self, "_task_blind", None) is None:  # (the model's modules do not change during training)
+                self._task_blind = task_blind(self.model)
+            ignore = ("task",) if self._task_blind else ()
             packed = pack_columns(self.collect_features(batch)[0], ignore_keys=ignore)
         features = PackedColumns(self.collect_features(self._prepare_inputs(batch))[0])
         features.packed = packed.to(self._prepare_input) if packed is not None else None

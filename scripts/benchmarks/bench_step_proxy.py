@@ -200,11 +200,48 @@ def main() -> int:
             texts_per_step[c] = texts
             step = {k: round(statistics.median(getattr(clock, k)[args.warmup :]), 5) for k in ("cpu", "wall")}
             print(json.dumps({"round": r, "config": c, "median_step_s": step}), flush=True)
+    tokens = {"mnrl": token_count(model_dir, triples), "distill": token_count(model_dir, distill_rows)}
+    tokens["mnrl_wide"] = tokens["distill"]
+    summary = summarise(per_text, texts_per_step, tokens, args)
+    work.cleanup()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out)
+    print(json.dumps({c: round(v["ratio_vs_mnrl"], 3) for c, v in summary["configs"].items()}))
+    return 0
+
+
+def token_count(model_dir: str, rows) -> float:
+    """The mean number of tokens (not padding) of one row of ``rows`` as the model tokenises it (truncated)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(model_dir)
+    total = 0
+    for column in [c for c in rows.column_names if c != "label"]:
+        total += int(model.preprocess(list(rows[column]))["attention_mask"].sum())
+    return total / len(rows)
+
+
+def summarise(per_text: dict, texts_per_step: dict, tokens_per_row: dict, args) -> dict:
+    """Print the table and return the JSON summary: per-text and per-token CPU time (median, and the 25th
+    percentile, which contention on a shared machine inflates least) and wall time, with ratios to ``mnrl``."""
+    import torch
+
+    def q25(xs):
+        return statistics.quantiles(xs, n=4)[0]
+
+    configs = list(per_text)
+    rows_per_step = {c: args.distill_batch if c in ("distill", "mnrl_wide") else args.batch for c in configs}
+    tokens = {c: tokens_per_row["mnrl" if c.startswith("idro") else c] * rows_per_step[c] for c in configs}
     base = {k: statistics.median(per_text["mnrl"][k]) for k in ("cpu", "wall")}
+    base_q25 = q25(per_text["mnrl"]["cpu"])
+    base_token = base["cpu"] * texts_per_step["mnrl"] / tokens["mnrl"]
     summary = {
         "what": "per-text step time of each trainer vs sentence-transformers MNRL, 1-layer 32-wide BERT (CPU proxy)",
         "ratio_basis": "cpu: the process's CPU time per step (one torch thread), steadier than wall time on a "
-        "shared machine; wall time beside it",
+        "shared machine; median over the measured steps of every round (q25: the 25th percentile); wall time beside",
         "configs": {},
         "batch": args.batch,
         "distill_batch": args.distill_batch,
@@ -217,36 +254,32 @@ def main() -> int:
         "versions": {"torch": torch.__version__},
     }
     print(
-        f"\n{'config':<16}{'texts/step':>11}{'cpu s/step':>11}{'cpu ms/text':>12}{'vs MNRL':>9}"
-        f"{'wall ms/text':>13}{'vs MNRL':>9}"
+        f"\n{'config':<15}{'texts/step':>11}{'tokens/step':>12}{'cpu s/step':>11}{'cpu ms/text':>12}{'vs MNRL':>8}"
+        f"{'(q25)':>7}{'per token':>10}{'wall vs MNRL':>13}"
     )
     for c in configs:
         med = {k: statistics.median(per_text[c][k]) for k in ("cpu", "wall")}
-        summary["configs"][c] = {
-            **(
-                {"ratio_vs_mnrl_wide": med["cpu"] / statistics.median(per_text["mnrl_wide"]["cpu"])}
-                if c == "distill" and "mnrl_wide" in per_text
-                else {}
-            ),
+        step = med["cpu"] * texts_per_step[c]
+        row = {
             "texts_per_step": texts_per_step[c],
-            "median_cpu_step_s": med["cpu"] * texts_per_step[c],
+            "tokens_per_step": round(tokens[c]),
+            "median_cpu_step_s": step,
             "median_cpu_s_per_text": med["cpu"],
             "ratio_vs_mnrl": med["cpu"] / base["cpu"],
+            "q25_ratio_vs_mnrl": q25(per_text[c]["cpu"]) / base_q25,
+            "per_token_ratio_vs_mnrl": step / tokens[c] / base_token,
             "median_wall_s_per_text": med["wall"],
             "wall_ratio_vs_mnrl": med["wall"] / base["wall"],
         }
+        if c == "distill" and "mnrl_wide" in per_text:  # the same rows through ST's MNRL trainer
+            row["ratio_vs_mnrl_wide"] = med["cpu"] / statistics.median(per_text["mnrl_wide"]["cpu"])
+        summary["configs"][c] = row
         print(
-            f"{c:<16}{texts_per_step[c]:>11}{med['cpu'] * texts_per_step[c]:>11.4f}{med['cpu'] * 1e3:>12.3f}"
-            f"{med['cpu'] / base['cpu']:>9.3f}{med['wall'] * 1e3:>13.3f}{med['wall'] / base['wall']:>9.3f}"
+            f"{c:<15}{texts_per_step[c]:>11}{round(tokens[c]):>12}{step:>11.4f}{med['cpu'] * 1e3:>12.3f}"
+            f"{row['ratio_vs_mnrl']:>8.3f}{row['q25_ratio_vs_mnrl']:>7.3f}{row['per_token_ratio_vs_mnrl']:>10.3f}"
+            f"{row['wall_ratio_vs_mnrl']:>13.3f}"
         )
-    work.cleanup()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out)
-    print(json.dumps({c: round(v["ratio_vs_mnrl"], 3) for c, v in summary["configs"].items()}))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
