@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,7 +124,9 @@ def current_precision(model) -> str:
     if any("quantized" in type(m).__module__ for m in model.modules()):
         return "int8"
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
-    return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(dtype, str(dtype))
+    return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(
+        dtype, str(dtype)
+    )
 
 
 def corpus_key(corpus) -> str:
