@@ -69,14 +69,10 @@ def active() -> bool:
 
 
 def document_route(model) -> list:
-    """The modules a document goes through: the ``document`` route of a Router model (its first module), else all."""
-    from sentence_transformers.base.modules import Router
+    """The modules a document goes through (:func:`hf_cocodr.modeling.asymmetric.document_modules`)."""
+    from ..modeling.asymmetric import document_modules
 
-    modules = list(model)
-    if modules and isinstance(modules[0], Router):
-        router = modules[0]
-        return list(router.sub_modules[router._resolve_route(task="document")]) + modules[1:]
-    return modules
+    return document_modules(model)
 
 
 def _module_config(module) -> str:
