@@ -59,7 +59,7 @@ def test_the_document_vectors_of_a_step_are_the_cached_starting_ones(tiny_bert_n
     assert np.allclose(table, fresh, atol=1e-5)
     with cache_corpus_encodings() as again:  # the teacher's index from its cache; the vectors the same
         _, _, cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
-    assert np.array_equal(cached_table, table)
+    assert np.array_equal(cached_table, table) and again == []  # nothing encoded again
     # the candidates a step hands the loss are those rows: the teacher's top-k documents, as the start encodes them
     loss = QuerySideDistillLoss(query_side_model(start), table)
     labels = torch.as_tensor(rows.row_labels([0, 1, 2, 3]))
