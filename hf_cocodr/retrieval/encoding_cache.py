@@ -140,13 +140,16 @@ def corpus_key(corpus) -> str:
     return fp
 
 
-def encoding_key(model, corpus, max_length: int | None, normalize: bool) -> dict[str, Any]:
-    """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring)."""
+def encoding_key(
+    model, corpus, max_length: int | None, normalize: bool, *, corpus_fp: str | None = None, num_docs: int = 0
+) -> dict[str, Any]:
+    """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring); ``corpus_fp`` and
+    ``num_docs`` stand in for a corpus whose content fingerprint is known (``corpus`` None)."""
     return {
         "format": FORMAT,
         "document_encoder": document_encoder_key(model),
-        "corpus": corpus_key(corpus),
-        "num_docs": len(corpus),
+        "corpus": corpus_key(corpus) if corpus_fp is None else corpus_fp,
+        "num_docs": len(corpus) if corpus_fp is None else int(num_docs),
         "max_length": int(max_length) if max_length else int(model.max_seq_length or 0),
         "precision": current_precision(model),
         "normalize": bool(normalize),

@@ -52,3 +52,30 @@ def test_a_run_encodes_each_corpus_once_per_model(tiny_bert_nomlm_dir, tiny_beir
     again = json.loads((tmp_path / "again" / "recipe.json").read_text())["corpus_encodings"]
     start_key = next(r["document_encoder"] for r in record)
     assert all(r["source"] != "encoded" for r in again if r["document_encoder"] == start_key)
+
+
+def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, tiny_beir, tmp_path):
+    """From an empty cache, the plan charges the teacher's encoding of the corpus, its BM25 index and the ranking
+    of the queries as measured, lists each fixed cost in plan.json, and the run records the encodings it did."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "query"}
+    del cfg["distill_steps"]
+    out = tmp_path / "cold"
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=2.0)
+    plan = json.loads((out / "plan.json").read_text())
+    costs = plan["fixed_costs"]
+    assert {"spent_before_the_plan", "model_loads_exports", "distill_teacher_encode", "distill_teacher_bm25"} <= set(
+        costs
+    )
+    assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_rank"] > 0  # cold: 80 documents to encode
+    assert abs(sum(costs.values()) - plan["fixed_seconds"]) <= 0.2
+    assert plan["throughput"]["distill_teacher_s"] == pytest.approx(
+        sum(plan["throughput"][f"distill_teacher_{n}_s"] for n in ("encode", "bm25", "rank")), abs=0.02
+    )
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["steps_trained"]["distill"] >= 1
+    # the teacher's encoding, the only one: the saved hybrid's documents go through the starting model's route
+    assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache"]
+    # warm: the same run again plans no encoding (the teacher's indexes and the encoding are cached)
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "warm", config=cfg, max_minutes=2.0)
+    warm = json.loads((tmp_path / "warm" / "plan.json").read_text())["fixed_costs"]
+    assert warm.get("distill_teacher_encode", 0) == 0 and warm.get("distill_teacher_bm25", 0) == 0

@@ -194,34 +194,62 @@ class DistillStage(Stage):
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
         """Seconds of one distillation step (the stage's trainer on rows of its shape: target queries and
-        documents, see :meth:`Stage.probe`) and of ranking the queries with the teacher (the corpus too when its
-        indexes are not cached), measured on the probe trainer's model."""
-        from ...retrieval.hybrid import HYBRID_FILE
+        documents, see :meth:`Stage.probe`) and of the teacher's fixed costs, measured on the starting model (the
+        teacher): encoding each corpus whose vectors are not cached (neither its teacher's indexes nor the starting
+        model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
+        teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum."""
+        from ...retrieval import encoding_cache
+        from ...retrieval.encoding import model_similarity
+        from ...retrieval.hybrid import HYBRID_FILE, corpus_fingerprint
+        from ...retrieval.index import BM25Index
         from ...retrieval.teacher import teacher_cache_path
         from ..probe import time_trainer_steps
 
         step_s, trainer = time_trainer_steps(self, run)
-        st, teacher_docs, queries, docs = trainer.model, 0, [], []
+        del trainer
+        st = load_encoder(run.model)  # the teacher's encoder, as it encodes (not the probe's trained copy)
+        st.eval()
+        normalize = model_similarity(st) == "cosine"
+        encode_docs, bm25_docs, queries, docs = 0, 0, [], []
         for doc_ids, texts, asked in self._targets(run):
             docs += texts[:64]
             queries += asked
-            if not (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
-                teacher_docs += len(texts)  # the teacher's indexes of this corpus are to be built
-        st.eval()
-        # the teacher encodes the queries, and the documents of a corpus it has no cached indexes of, at the model's
-        # own length
+            if (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
+                continue  # the teacher's indexes are cached: the queries alone
+            bm25_docs += len(texts)
+            key = encoding_cache.encoding_key(
+                st, None, None, normalize, corpus_fp=corpus_fingerprint(doc_ids, texts), num_docs=len(texts)
+            )
+            if encoding_cache.load(key) is None:
+                encode_docs += len(texts)
+        # the teacher encodes the documents and queries at the model's own lengths
         st.encode_document(docs[:8], batch_size=8)  # warm-up
         t0 = time.perf_counter()
         st.encode_document(docs[:64], batch_size=64)
         per_doc = (time.perf_counter() - t0) / min(64, len(docs))
+        t0 = time.perf_counter()
+        BM25Index(docs[:64])
+        per_bm25_doc = (time.perf_counter() - t0) / min(64, len(docs))
         asked = queries[:64]
         t0 = time.perf_counter()
         st.encode_query(asked, batch_size=64)
         per_query = (time.perf_counter() - t0) / len(asked)
-        return {
-            "distill_step_s": step_s,
-            "distill_teacher_s": round(per_doc * teacher_docs + per_query * len(queries), 2),
+        parts = {
+            "distill_teacher_encode_s": round(per_doc * encode_docs, 2),
+            "distill_teacher_bm25_s": round(per_bm25_doc * bm25_docs, 2),
+            "distill_teacher_rank_s": round(per_query * len(queries), 2),
         }
+        return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 2), **parts}
+
+    def fixed_parts(self, throughput: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
+        """The teacher's fixed costs one by one (encoding the corpora, BM25, ranking the queries), as probed."""
+        names = ("encode", "bm25", "rank")
+        parts = {
+            f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
+            for n in names
+            if f"distill_teacher_{n}_s" in throughput
+        }
+        return parts or super().fixed_parts(throughput, cfg)
 
     def build_trainer(
         self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None, info=()
