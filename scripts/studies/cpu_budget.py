@@ -5,7 +5,8 @@ Each row is one ``hf-cocodr recipe`` command, timed from its start, in a subproc
 (``taskset -c CORE``, ``OMP_NUM_THREADS=1``) with a fresh, empty ``HF_COCODR_CACHE`` and a fresh output folder:
 all-MiniLM-L6-v2, target corpora SciFact and NFCorpus, source SQuAD, ``--max-minutes 15``, the target queries of
 the distillation study (SciFact: the even-id half of the ``train`` claims; NFCorpus: ``train`` less the 4 queries
-whose text is a ``dev`` query) and its dev splits (SciFact: the odd-id half; NFCorpus: ``dev``), made by
+whose text is a ``dev`` query), less any query whose text is also a dev query's (:func:`distinct_pools`; the
+recipe refuses to train on a query it evaluates), and its dev splits (SciFact: the odd-id half; NFCorpus: ``dev``), made by
 ``distill_study.prepare_data``. The recipe's own evaluation gives each row: the adapted dense model, its hybrid
 with BM25 and the starting model's, at the model's own 256 tokens.
 
@@ -70,7 +71,7 @@ def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[
         "--source-data", str(data / "squad-v1.1"), "--output_dir", str(out),
         "--max-minutes", f"{ns.budget_minutes:g}", "--seed", str(seed),
         "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
-        "--target-queries", f"{data / 'scifact'}:pool", "--target-queries", f"{data / 'nfcorpus'}:pool",
+        "--target-queries", f"{data / 'scifact'}:{POOL}", "--target-queries", f"{data / 'nfcorpus'}:{POOL}",
     ]  # fmt: skip
     return cmd + ARMS[arm][0]
 
@@ -289,6 +290,33 @@ def write_report(ns, rows: dict) -> None:
     )
 
 
+POOL = "pool-distinct"  # the distillation study's pools less any query whose text is a dev query's
+
+
+def distinct_pools(data: Path) -> None:
+    """``qrels/pool-distinct.tsv`` of each corpus: the distillation study's pool less the queries whose text is also
+    a dev query's (case, spacing and invisible characters ignored, as the recipe compares them: it refuses to train
+    on a query it evaluates). Idempotent."""
+    from hf_cocodr.data.target_queries import _norm
+
+    for name, _ in EVALS:
+        folder = data / name
+        target = folder / "qrels" / f"{POOL}.tsv"
+        if target.is_file():
+            continue
+        texts = {}
+        for line in (folder / "queries.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            texts[rec["_id"]] = rec["text"]
+
+        def rows(split: str, folder: Path = folder) -> list[str]:
+            return [x for x in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:] if x.strip()]
+
+        dev = {_norm(texts[r.split("\t")[0]]) for r in rows("dev")}
+        kept = [r for r in rows("pool") if _norm(texts[r.split("\t")[0]]) not in dev]
+        target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
+
+
 def cached_rows(ns) -> dict:
     rows: dict = {}
     base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
@@ -307,6 +335,7 @@ def main() -> int:
     from hf_cocodr.utils import get_data_root
 
     data = prepare_data(Path(ns.work).absolute(), get_data_root())
+    distinct_pools(data)
     model = bundled_model_path("all-MiniLM-L6-v2")
     if not ns.report_only:
         for seed in [int(s) for s in ns.seeds.split(",")]:
