@@ -296,6 +296,7 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
     rest = round(plan.fixed_seconds - sum(plan.fixed_costs.values()), 1)
     if abs(rest) >= 0.1:  # what a stage's cost charges beyond its named parts (K-Means, refreshes), and rounding
         plan.fixed_costs["other"] = rest
+    logger.info("recipe plan: fixed costs (s) %s", plan.fixed_costs)
     # a budget below one step of each stage is refused before any training
     check_budget_buys_steps(plan.to_dict(), one_step_costs(plan, stage_step_seconds(tp, cfg, stages), cfg, stages))
     logger.info(

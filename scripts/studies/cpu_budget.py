@@ -12,11 +12,14 @@ with BM25 and the starting model's, at the model's own 256 tokens.
 
 Arms: ``full`` (today's default: the whole model, candidates encoded in every step) and ``query``
 (``--distill-side query``: the query side alone against the starting model's frozen vectors; an asymmetric model).
-A refused run is a row too (its refusal message). The machine is shared: each row records the load average before,
+An arm named ``ARM-warm`` is the same command as a repeated run makes it: its cache starts as a copy of one
+built beforehand (the starting model's encodings of both corpora and the teacher's indexes, :func:`warm_cache`), so
+it compares what the steps buy once the corpora are encoded. A refused run is a row too (its refusal message). The machine is shared: each row records the load average before,
 during (sampled every 30 s) and after its command. Rows are cached under ``--work`` (a row whose command did not
 finish is run again from a cold start); the report is rewritten after every row.
 
     python scripts/studies/cpu_budget.py --arms full,query --seeds 42
+    python scripts/studies/cpu_budget.py --arms query-warm,full-warm --seeds 42,43,44
     python scripts/studies/cpu_budget.py --report-only
 """
 
@@ -73,7 +76,7 @@ def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[
         "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
         "--target-queries", f"{data / 'scifact'}:{POOL}", "--target-queries", f"{data / 'nfcorpus'}:{POOL}",
     ]  # fmt: skip
-    return cmd + ARMS[arm][0]
+    return cmd + ARMS[arm.removesuffix(WARM)][0]
 
 
 class LoadSampler(threading.Thread):
@@ -88,6 +91,32 @@ class LoadSampler(threading.Thread):
             self.samples.append(os.getloadavg()[0])
 
 
+WARM = "-warm"  # an arm run with the starting model's encodings and the teacher's indexes already cached
+
+
+def warm_cache(ns, data: Path, model: str) -> Path:
+    """The cache a repeated run starts with: the starting model's encodings of both corpora and the teacher's indexes
+    (built once, on every core; ``build.json`` records the seconds). Each warm row gets a fresh copy."""
+    path = Path(ns.work) / "warm_cache"
+    record = path / "build.json"
+    if record.is_file():
+        return path
+    sys.path.insert(0, str(ROOT))
+    os.environ["HF_COCODR_CACHE"] = str(path)
+    from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
+    from hf_cocodr.retrieval.teacher import teacher_rankings
+    from hf_cocodr.rundir.run_record import fingerprint
+
+    seconds = {}
+    with cache_corpus_encodings() as encodings:
+        for name, _ in EVALS:
+            t0 = time.time()
+            teacher_rankings(model, fingerprint(model), str(data / name), [], 2)
+            seconds[name] = round(time.time() - t0, 1)
+    record.write_text(json.dumps({"seconds": seconds, "encodings": encodings}, indent=2) + "\n")
+    return path
+
+
 def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
     row_file = folder / "row.json"
@@ -96,6 +125,8 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
     folder.mkdir(parents=True)
     out, cache = folder / "run", folder / "cache"
+    if arm.endswith(WARM):  # a repeated run's cache: a copy of the warm one
+        shutil.copytree(warm_cache(ns, data, model), cache)
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -197,6 +228,11 @@ def summarize(rows: dict) -> dict:
     return out
 
 
+def describe(arm: str) -> str:
+    what = ARMS[arm.removesuffix(WARM)][1]
+    return what + ("; a repeated run: the start's encodings and teacher indexes cached" if arm.endswith(WARM) else "")
+
+
 def write_report(ns, rows: dict) -> None:
     sys.path.insert(0, str(ROOT))
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
@@ -241,7 +277,7 @@ def write_report(ns, rows: dict) -> None:
             f"{cell(s, 'NFCorpus dev gain ndcg@10')} | {cell(s, 'SciFact dev gain hybrid_ndcg@10')} | "
             f"{cell(s, 'NFCorpus dev gain hybrid_ndcg@10')} | {s.get('steps', '')} | {s.get('passes', '')} | "
             f"{s.get('planned_optimizer_share', '')} | {s.get('fixed_seconds', '')} | "
-            f"{s['command_seconds'] / 60 if 'command_seconds' in s else 0:.1f} | {ARMS[arm][1]} |"
+            f"{s['command_seconds'] / 60 if 'command_seconds' in s else 0:.1f} | {describe(arm)} |"
         )
     lines += [
         "",
@@ -320,7 +356,7 @@ def distinct_pools(data: Path) -> None:
 def cached_rows(ns) -> dict:
     rows: dict = {}
     base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
-    for arm in ARMS:
+    for arm in [a + w for a in ARMS for w in ("", WARM)]:
         for f in sorted(base.glob(f"{arm}/seed*/row.json")):
             rows.setdefault(arm, {})[int(f.parent.name[4:])] = json.loads(f.read_text())
     return rows
