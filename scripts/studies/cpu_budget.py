@@ -14,12 +14,15 @@ Arms: ``full`` (today's default: the whole model, candidates encoded in every st
 (``--distill-side query``: the query side alone against the starting model's frozen vectors; an asymmetric model).
 An arm named ``ARM-warm`` is the same command as a repeated run makes it: its cache starts as a copy of one
 built beforehand (the starting model's encodings of both corpora and the teacher's indexes, :func:`warm_cache`), so
-it compares what the steps buy once the corpora are encoded. A refused run is a row too (its refusal message). The machine is shared: each row records the load average before,
+it compares what the steps buy once the corpora are encoded. ``ARM@STEPS`` trains that many steps without a budget
+(teacher cached): what a budget buys on an idle core, computed from step times measured elsewhere, trained on a
+loaded machine where a budget would buy fewer. A refused run is a row too (its refusal message). The machine is shared: each row records the load average before,
 during (sampled every 30 s) and after its command. Rows are cached under ``--work`` (a row whose command did not
 finish is run again from a cold start); the report is rewritten after every row.
 
     python scripts/studies/cpu_budget.py --arms full,query --seeds 42
     python scripts/studies/cpu_budget.py --arms query-warm,full-warm --seeds 42,43,44
+    python scripts/studies/cpu_budget.py --arms query@240 --seeds 42,43,44   # fixed steps, teacher cached
     python scripts/studies/cpu_budget.py --report-only
 """
 
@@ -67,16 +70,28 @@ def parse() -> argparse.Namespace:
     return ap.parse_args()
 
 
+def parse_arm(arm: str) -> tuple[str, int | None, bool]:
+    """``BASE[@STEPS][-warm]`` → (base arm, fixed steps or None, warm cache)."""
+    warm = arm.endswith(WARM)
+    name = arm.removesuffix(WARM)
+    base, _, steps = name.partition("@")
+    if base not in ARMS:
+        raise SystemExit(f"unknown arm {arm!r}: {', '.join(ARMS)}, optionally @STEPS and/or -warm")
+    return base, int(steps) if steps else None, warm or bool(steps)
+
+
 def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[str]:
+    base, steps, _ = parse_arm(arm)
+    budget = ["--max-minutes", f"{ns.budget_minutes:g}"] if steps is None else ["--distill-steps", str(steps)]
     cmd = [
         "taskset", "-c", ns.core, sys.executable, "-m", "hf_cocodr", "recipe",
         "--model", model, "--target-corpus", str(data / "scifact"), "--target-corpus", str(data / "nfcorpus"),
         "--source-data", str(data / "squad-v1.1"), "--output_dir", str(out),
-        "--max-minutes", f"{ns.budget_minutes:g}", "--seed", str(seed),
+        *budget, "--seed", str(seed),
         "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
         "--target-queries", f"{data / 'scifact'}:{POOL}", "--target-queries", f"{data / 'nfcorpus'}:{POOL}",
     ]  # fmt: skip
-    return cmd + ARMS[arm.removesuffix(WARM)][0]
+    return cmd + ARMS[base][0]
 
 
 class LoadSampler(threading.Thread):
@@ -125,7 +140,7 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
     folder.mkdir(parents=True)
     out, cache = folder / "run", folder / "cache"
-    if arm.endswith(WARM):  # a repeated run's cache: a copy of the warm one
+    if parse_arm(arm)[2]:  # a repeated run's cache (and every fixed-steps row's): a copy of the warm one
         shutil.copytree(warm_cache(ns, data, model), cache)
     env = {
         **os.environ,
@@ -229,8 +244,11 @@ def summarize(rows: dict) -> dict:
 
 
 def describe(arm: str) -> str:
-    what = ARMS[arm.removesuffix(WARM)][1]
-    return what + ("; a repeated run: the start's encodings and teacher indexes cached" if arm.endswith(WARM) else "")
+    base, steps, warm = parse_arm(arm)
+    what = ARMS[base][1]
+    if steps is not None:
+        return f"{what}; {steps} steps fixed (no budget), teacher cached"
+    return what + ("; a repeated run: the start's encodings and teacher indexes cached" if warm else "")
 
 
 def write_report(ns, rows: dict) -> None:
@@ -356,9 +374,8 @@ def distinct_pools(data: Path) -> None:
 def cached_rows(ns) -> dict:
     rows: dict = {}
     base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
-    for arm in [a + w for a in ARMS for w in ("", WARM)]:
-        for f in sorted(base.glob(f"{arm}/seed*/row.json")):
-            rows.setdefault(arm, {})[int(f.parent.name[4:])] = json.loads(f.read_text())
+    for f in sorted(base.glob("*/seed*/row.json")):
+        rows.setdefault(f.parent.parent.name, {})[int(f.parent.name[4:])] = json.loads(f.read_text())
     return rows
 
 
