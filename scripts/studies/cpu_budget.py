@@ -186,7 +186,7 @@ def read_run(out: Path, data: Path) -> dict:
     passes, the plan's fixed costs and share for optimizer steps, the corpus encodings and the seconds."""
     ev = json.loads((out / "eval.json").read_text())
     rec = json.loads((out / "recipe.json").read_text())
-    plan = json.loads((out / "plan.json").read_text())
+    plan = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else rec["plan"]
     marker = json.loads((out / "distill" / "hf_cocodr_stage.json").read_text())
     metrics = {}
     for name, label in EVALS:
