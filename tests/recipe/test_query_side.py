@@ -17,7 +17,7 @@ from hf_cocodr.data.teacher import frozen_candidate_rows, teacher_rows
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
 from hf_cocodr.modeling.asymmetric import query_side_model
-from hf_cocodr.modeling.loading import load_encoder
+from hf_cocodr.modeling.loading import load_encoder, pooling_mode
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.retrieval.encoding import encode_texts
 from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
@@ -128,6 +128,8 @@ def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_
     route = load_file(str(next((out / "model").glob("document_0_*/model.safetensors"))))
     first = load_file(str(next(tiny_st_dir.glob("**/model.safetensors"))))
     assert route.keys() == first.keys() and all(torch.equal(route[k], first[k]) for k in first)
+    # the card and the recipe read its pooling from the document route
+    assert pooling_mode(adapted) == pooling_mode(start) == "cls"
     # one corpus encoding in the whole run: the adapted model's documents are the start's (served from the cache)
     assert [r["source"] for r in record["corpus_encodings"]].count("encoded") == 1
     assert {"ndcg@10", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
