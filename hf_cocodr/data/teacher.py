@@ -9,6 +9,7 @@ and ``label`` their ``k`` teacher scores, the layout ``HybridDistillLoss`` and s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -103,8 +104,6 @@ class FrozenCandidateRows(RowsSource):
         return len(self.query_texts)
 
     def fingerprint(self) -> dict:
-        import hashlib
-
         h = hashlib.sha256()
         for q in self.query_texts:
             h.update(q.encode("utf-8", "surrogatepass") + b"\x1e")

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from ..data.beir import column_array, doc_text
 from ..rundir.run_record import model_fingerprint
+from . import encoding_cache
 from .index import DenseIndex
 
 logger = logging.getLogger(__name__)
@@ -113,8 +114,6 @@ def build_index(
     encoding again). ``on_chunk(n_done)`` is called after every chunk.
     """
     from tqdm.auto import tqdm
-
-    from . import encoding_cache
 
     t0 = time.perf_counter()
     normalize = model_similarity(model) == "cosine"

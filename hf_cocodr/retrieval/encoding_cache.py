@@ -31,8 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from ..modeling.asymmetric import document_modules
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
+from .hybrid import _corpus_ids_texts, corpus_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +72,6 @@ def active() -> bool:
 
 def document_route(model) -> list:
     """The modules a document goes through (:func:`hf_cocodr.modeling.asymmetric.document_modules`)."""
-    from ..modeling.asymmetric import document_modules
-
     return document_modules(model)
 
 
@@ -128,8 +128,6 @@ def current_precision(model) -> str:
 def corpus_key(corpus) -> str:
     """The content fingerprint of a corpus dataset (ids and ``title + text`` in order), computed once per dataset
     within the block."""
-    from .hybrid import _corpus_ids_texts, corpus_fingerprint
-
     memo_key = (getattr(corpus, "_fingerprint", None), len(corpus))
     memo = _ACTIVE["corpus_keys"] if _ACTIVE is not None else {}
     if memo_key[0] is not None and memo_key in memo:

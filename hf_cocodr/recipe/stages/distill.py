@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import ConfigError
+from ...modeling.asymmetric import query_side_model
 from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
@@ -272,8 +273,6 @@ class DistillStage(Stage):
         options = self._loss_options(run.cfg, run.similarity)
         if query_side:  # only the query route trains, against the starting model's vectors (rows, table)
             import torch
-
-            from ...modeling.asymmetric import query_side_model
 
             rows, table = rows
             model = query_side_model(load_encoder(run.current))
