@@ -41,7 +41,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = {
@@ -116,7 +115,6 @@ def warm_cache(ns, data: Path, model: str) -> Path:
     record = path / "build.json"
     if record.is_file():
         return path
-    sys.path.insert(0, str(ROOT))
     os.environ["HF_COCODR_CACHE"] = str(path)
     from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
     from hf_cocodr.retrieval.teacher import teacher_rankings
@@ -252,7 +250,6 @@ def describe(arm: str) -> str:
 
 
 def write_report(ns, rows: dict) -> None:
-    sys.path.insert(0, str(ROOT))
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
 
     summary = summarize(rows)
@@ -381,7 +378,6 @@ def cached_rows(ns) -> dict:
 
 def main() -> int:
     ns = parse()
-    sys.path.insert(0, str(ROOT))
     from distill_study import prepare_data
 
     from hf_cocodr.modeling.bundled import bundled_model_path
