@@ -241,6 +241,12 @@ def summarize(rows: dict) -> dict:
     return out
 
 
+def why(row: dict) -> str:
+    """The refusal or error of a row that did not finish, from its message on."""
+    text = row.get("refused_or_failed", "")
+    return text[text.find("error:") :] if "error:" in text else text[-400:]
+
+
 def describe(arm: str) -> str:
     base, steps, warm = parse_arm(arm)
     what = ARMS[base][1]
@@ -308,7 +314,7 @@ def write_report(ns, rows: dict) -> None:
             load_txt = f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
             if "metrics" not in r:
                 lines.append(
-                    f"| {arm} | {seed} | refused or failed: {r.get('refused_or_failed', '')[:300]} | | | | | | | | "
+                    f"| {arm} | {seed} | refused or failed: {why(r)} | | | | | | | | "
                     f"{load_txt} | {r['command_seconds']} |"
                 )
                 continue
