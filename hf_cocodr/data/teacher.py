@@ -9,19 +9,23 @@ and ``label`` their ``k`` teacher scores, the layout ``HybridDistillLoss`` and s
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from .beir import CORPUS_FILE, jsonl_file
 from .target_queries import TargetQueries, read_target_queries
+from .training import RowsSource
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["route_queries", "teacher_rows"]
+__all__ = ["FrozenCandidateRows", "frozen_candidate_rows", "route_queries", "teacher_rows"]
 
 
 def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], k: int, *, batch_size: int = 1024):
@@ -64,6 +68,88 @@ def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], 
             f"distillation: none of the {len(queries)} queries got {k} teacher candidates; lower k or check the corpus"
         )
     return Dataset.from_dict(columns)
+
+
+class FrozenCandidateRows(RowsSource):
+    """Distillation rows against a frozen document index (query-side distillation): each row is a query, the
+    teacher's ``k`` scores and its candidates' rows in the index's vectors. Only the query is text (a step encodes
+    it alone); :meth:`row_labels` gives ``(B, 2, k)``: the scores, then the candidates' rows, as
+    :class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss` reads them.
+
+    Args:
+        queries: the query texts, one a row.
+        scores: ``(n, k)`` teacher scores, best first.
+        candidates: ``(n, k)`` rows of the frozen vectors.
+        name: a label for logs and the model card.
+    """
+
+    negatives_source = "none"
+
+    def __init__(self, queries: Sequence[str], scores, candidates, name: str = "teacher rows"):
+        scores = np.asarray(scores, dtype=np.float64)
+        candidates = np.asarray(candidates, dtype=np.int64)
+        if not len(queries):
+            raise ValueError("distillation: no training rows")
+        if scores.shape != candidates.shape or scores.shape[0] != len(queries) or scores.ndim != 2:
+            raise ValueError(
+                f"FrozenCandidateRows: {len(queries)} queries, scores {scores.shape} and candidates "
+                f"{candidates.shape} do not match"
+            )
+        self.query_texts = list(queries)
+        self.query_ids = [str(i) for i in range(len(self.query_texts))]
+        self.scores, self.candidates, self.name = scores, candidates, name
+        self.columns = ["query"]
+
+    def __len__(self) -> int:
+        return len(self.query_texts)
+
+    def fingerprint(self) -> dict:
+        h = hashlib.sha256()
+        for q in self.query_texts:
+            h.update(q.encode("utf-8", "surrogatepass") + b"\x1e")
+        h.update(self.scores.tobytes() + self.candidates.tobytes())
+        return {"frozen_candidate_rows": h.hexdigest()[:16], "rows": len(self)}
+
+    def row_labels(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.stack([self.scores[rows], self.candidates[rows].astype(np.float64)], axis=1)
+
+    def sample(self, rows, *, step: int, seed: int, num_negatives: int):
+        return [[self.query_texts[int(r)] for r in rows]], None, None
+
+    def state_tensors(self) -> dict[str, np.ndarray]:
+        return {}
+
+    def load_state_tensors(self, tensors, source) -> None:  # nothing changes during training
+        pass
+
+
+def frozen_candidate_rows(teacher, queries: Sequence[str], doc_rows: Mapping[str, int], k: int, *, name: str = ""):
+    """:class:`FrozenCandidateRows` from the teacher's top-``k`` of each query (``doc_rows``: document id → its row
+    in the frozen vectors); queries with fewer than ``k`` candidates are left out and counted, as in
+    :func:`teacher_rows`."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ValueError(f"frozen_candidate_rows: k must be a whole number >= 2, got {k!r}")
+    queries = list(queries)
+    ids, scores = teacher.search(queries, k)
+    kept = [i for i, row in enumerate(ids) if len(row) >= k]
+    if len(kept) < len(queries):
+        logger.warning(
+            "distillation: %d of %d queries got fewer than %d teacher candidates and were left out",
+            len(queries) - len(kept),
+            len(queries),
+            k,
+        )
+    if not kept:
+        raise ValueError(
+            f"distillation: none of the {len(queries)} queries got {k} teacher candidates; lower k or check the corpus"
+        )
+    return FrozenCandidateRows(
+        [queries[i] for i in kept],
+        [[float(x) for x in scores[i][:k]] for i in kept],
+        [[doc_rows[d] for d in ids[i][:k]] for i in kept],
+        name=name or "teacher rows",
+    )
 
 
 # ------------------------------------------------------------------------------------------ the recipe's teacher

@@ -174,8 +174,11 @@ def _zero_missing_pooler(transformer, path: str) -> None:
 
 
 def pooling_mode(model) -> str | None:
-    """The pooling mode of a SentenceTransformer (``"cls"``, ``"mean"``, ...), or None if it has no Pooling."""
-    for module in model:
+    """The pooling mode of a SentenceTransformer (``"cls"``, ``"mean"``, ...), or None if it has no Pooling (an
+    asymmetric model's: its document route's, :func:`~hf_cocodr.modeling.asymmetric.document_modules`)."""
+    from .asymmetric import document_modules
+
+    for module in document_modules(model):
         mode = getattr(module, "pooling_mode", None)
         if mode is not None:
             return mode if isinstance(mode, str) else "+".join(mode)

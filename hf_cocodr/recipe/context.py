@@ -67,6 +67,8 @@ class RecipeRun:
     coco_corpora: list = field(default_factory=list)
     current: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
+    # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
+    corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.current = self.current or self.model

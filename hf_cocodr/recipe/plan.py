@@ -44,6 +44,9 @@ class Plan:
         max_minutes: the budget as given.
         throughput: measured seconds per step of each stage (``<stage>_step_s``) and per encoded document / query.
         measure_seconds: seconds the measurement took.
+        fixed_costs: ``fixed_seconds`` one cost by one, by name: the seconds spent before the plan (loading the data,
+            the probes), the model loads and exports, and each stage's own (e.g. the distillation teacher's corpus
+            encoding, BM25 index and ranking of the queries), as measured here.
         identity: digest of the inputs the plan was made for (a resumed run with other inputs plans again).
     """
 
@@ -62,6 +65,7 @@ class Plan:
     max_minutes: float | None = None
     throughput: dict[str, float] | None = None
     measure_seconds: float | None = None
+    fixed_costs: dict[str, float] | None = None
     identity: str | None = None
 
     def steps_of(self, stage: str) -> int:

@@ -276,15 +276,27 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
     tp = measure(run, stages)
     measured_s = time.perf_counter() - t0
     # spent so far, plus a model load + export for the final model and each stage that loads and exports one
-    overhead = (time.perf_counter() - run.t_start) + STAGE_LOAD_SECONDS * (
-        1 + sum(s.load_exports(cfg) for s in stages)
+    spent, loads = (
+        time.perf_counter() - run.t_start,
+        STAGE_LOAD_SECONDS * (1 + sum(s.load_exports(cfg) for s in stages)),
     )
+    overhead = spent + loads
     draw = _sized_draw(run, stages, tp, overhead)
     plan = budget_plan(run.budget_s, tp, cfg, overhead_s=draw["overhead"], stages=stages, **draw["sizes"])
     for key, value in draw["fields"].items():
         setattr(plan, key, value)
     plan.max_minutes, plan.throughput = run.max_minutes, {k: round(v, 4) for k, v in tp.items()}
     plan.measure_seconds, plan.identity = round(measured_s, 1), run.plan_id
+    plan.fixed_costs = {"spent_before_the_plan": round(spent, 1), "model_loads_exports": round(loads, 1)}
+    if draw["overhead"] > overhead:
+        plan.fixed_costs["source_mining"] = round(draw["overhead"] - overhead, 1)
+    for s in stages:
+        if s.trains and s.enabled(cfg):
+            plan.fixed_costs.update(s.fixed_parts(tp, cfg))
+    rest = round(plan.fixed_seconds - sum(plan.fixed_costs.values()), 1)
+    if abs(rest) >= 0.1:  # what a stage's cost charges beyond its named parts (K-Means, refreshes), and rounding
+        plan.fixed_costs["other"] = rest
+    logger.info("recipe plan: fixed costs (s) %s", plan.fixed_costs)
     # a budget below one step of each stage is refused before any training
     check_budget_buys_steps(plan.to_dict(), one_step_costs(plan, stage_step_seconds(tp, cfg, stages), cfg, stages))
     logger.info(

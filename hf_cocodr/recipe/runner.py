@@ -31,6 +31,7 @@ from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
 from ..provenance import PROVENANCE_FILE
 from ..retrieval.encoding import reuse_corpus_encodings
+from ..retrieval.encoding_cache import cache_corpus_encodings
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
 from ..rundir.run_record import RunFolder, digest, fingerprint
 from ..storage import check_before_work
@@ -147,7 +148,10 @@ def run_recipe(
     try:
         inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
         run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
-        return _run_stages(run, stages)
+        # each corpus is encoded once per model: the teacher, the evaluations and the hybrids share the encoding,
+        # and a resumed or repeated run reads it from the cache
+        with cache_corpus_encodings(run.corpus_encodings):
+            return _run_stages(run, stages)
     finally:
         folder.release()
 
@@ -485,6 +489,8 @@ def _write_records(
         **_steps_trained(run, stages),
         "train_seconds": train_seconds,
         "wall_seconds": round(time.perf_counter() - run.t_start, 1),
+        # every corpus encoding (by document encoder and corpus content): "encoded", or reused from the cache
+        "corpus_encodings": run.corpus_encodings,
     }
     if run.max_minutes is not None:
         record["budget_seconds"] = round(run.budget_s, 1)

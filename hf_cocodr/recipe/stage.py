@@ -116,6 +116,12 @@ class Stage:
         """Seconds the stage spends beyond its steps (building its data, say), from the measured ``throughput``."""
         return 0.0
 
+    def fixed_parts(self, throughput: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
+        """:meth:`fixed_seconds` one cost by one, by name (for ``plan.json``'s ``fixed_costs``); by default one
+        entry, ``<name>``, where the stage has fixed costs."""
+        seconds = self.fixed_seconds(throughput, cfg)
+        return {self.name: round(seconds, 2)} if seconds else {}
+
     def load_exports(self, cfg: RecipeConfig) -> int:
         """Model loads + exports the stage costs beyond its steps (charged by the planner)."""
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ import pyarrow.compute as pc
 
 from ..data.beir import column_array, doc_text
 from ..rundir.run_record import model_fingerprint
+from . import encoding_cache
 from .index import DenseIndex
 
 logger = logging.getLogger(__name__)
@@ -107,18 +109,33 @@ def build_index(
     """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
 
     Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy. ``on_chunk(n_done)`` is called after every chunk.
+    one chunk of embeddings, never a second full copy (within :func:`~hf_cocodr.retrieval.encoding_cache.
+    cache_corpus_encodings`, a second copy is written to the disk cache, and a cached encoding is served instead of
+    encoding again). ``on_chunk(n_done)`` is called after every chunk.
     """
     from tqdm.auto import tqdm
 
+    t0 = time.perf_counter()
     normalize = model_similarity(model) == "cosine"
     key = _reuse_key(model, corpus, max_length, backend, normalize)
+    disk_key = encoding_cache.encoding_key(model, corpus, max_length, normalize) if encoding_cache.active() else None
     if key is not None and key in _REUSE:
         logger.info("corpus of %d documents: its encoding by this model is reused", len(corpus))
+        if disk_key is not None:
+            encoding_cache.record(disk_key, "memory", time.perf_counter() - t0)
         return _REUSE[key]
     order = length_sorted_order(corpus)
     dim = model.get_embedding_dimension()
     index = DenseIndex(dim, backend=backend, capacity=len(order))
+    cached = encoding_cache.load(disk_key) if disk_key is not None else None
+    if cached is not None:  # the same exact index a fresh encoding builds: the vectors in length-sorted order
+        index.add(cached[order])
+        logger.info("corpus of %d documents: its encoding by this model is read from the cache", len(corpus))
+        encoding_cache.record(disk_key, "disk cache", time.perf_counter() - t0)
+        if on_chunk is not None:
+            on_chunk(len(order))
+        _keep(key, index, order, dim)
+        return index, order
     bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
     for s in range(0, len(order), chunk_docs):
         rows = order[s : s + chunk_docs]
@@ -134,9 +151,20 @@ def build_index(
         if on_chunk is not None:
             on_chunk(s + len(rows))
     bar.close()
+    if disk_key is not None:
+        seconds = time.perf_counter() - t0
+        embeddings = np.empty((len(order), dim), dtype=np.float32)
+        embeddings[order] = index.reconstruct_all()  # back to corpus row order
+        encoding_cache.store(disk_key, embeddings, seconds)
+        encoding_cache.record(disk_key, "encoded", seconds)
+    _keep(key, index, order, dim)
+    return index, order
+
+
+def _keep(key, index: DenseIndex, order: np.ndarray, dim: int) -> None:
+    """Keep an index for :func:`reuse_corpus_encodings` while the kept ones stay under :data:`REUSE_MAX_BYTES`."""
     if key is not None and 4 * dim * (len(order) + sum(len(o) for _, o in _REUSE.values())) <= REUSE_MAX_BYTES:
         _REUSE[key] = (index, order)
-    return index, order
 
 
 def search_run(

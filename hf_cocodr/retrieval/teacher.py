@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..data.teacher import route_queries, teacher_rows
+from ..data.teacher import FrozenCandidateRows, frozen_candidate_rows, route_queries, teacher_rows
 from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..storage import cache_dir
@@ -21,7 +21,7 @@ from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fing
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["distill_dataset", "teacher_cache_path", "teacher_rankings"]
+__all__ = ["distill_dataset", "query_side_dataset", "teacher_cache_path", "teacher_rankings", "teacher_retriever"]
 
 
 def _as_fusion(fusion):
@@ -54,6 +54,19 @@ def teacher_rankings(
     over ``corpus``, fused with ``fusion``. With ``cache``, its indexes are kept in ``<cache>/teacher`` (see
     :func:`teacher_cache_path`; ``cached`` says whether they were there), so a resumed or repeated run, another
     seed or other settings of the stage encode only the queries, not the corpus again."""
+    hybrid, doc_ids, doc_texts, cached = teacher_retriever(
+        model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache
+    )
+    ids, scores = _Batched(hybrid).search(queries, k)
+    return ids, scores, doc_ids, doc_texts, cached
+
+
+def teacher_retriever(
+    model, model_key: Any, corpus, *, fusion=None, batch_size: int = 64, cache: bool = True
+) -> tuple[HybridRetriever, list[str], list[str], bool]:
+    """The hybrid teacher over ``corpus`` with ``fusion`` set (see :func:`teacher_rankings`): ``(hybrid, doc_ids,
+    doc_texts, cached)``; ``hybrid.embeddings`` are the starting model's vectors of the corpus in ``doc_ids``
+    order."""
     fusion = _as_fusion(fusion)
     doc_ids, doc_texts = _corpus_ids_texts(corpus)
     path = teacher_cache_path(model_key, doc_ids, doc_texts) if cache else None
@@ -87,12 +100,7 @@ def teacher_rankings(
             lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size),
         )
     hybrid.fusion = fusion
-    ids, scores = [], []
-    for start in range(0, len(queries), 1024):
-        i, s = hybrid.search(list(queries[start : start + 1024]), k)
-        ids += i
-        scores += s
-    return ids, scores, doc_ids, doc_texts, cached
+    return hybrid, doc_ids, doc_texts, cached
 
 
 class _Ranked:
@@ -133,3 +141,52 @@ def distill_dataset(
         parts.append(teacher_rows(_Ranked(ids, scores), src.texts, dict(zip(doc_ids, doc_texts)), k))
         info.append({"queries": src.name, "corpus": str(corpus), "num_queries": len(src.texts), "cached": cached})
     return concatenate_datasets(parts) if len(parts) > 1 else parts[0], info
+
+
+def query_side_dataset(
+    model,
+    model_key: Any,
+    target_corpora: Sequence,
+    query_specs: Sequence[str],
+    k: int,
+    *,
+    fusion=None,
+    batch_size: int = 64,
+    cache: bool = True,
+):
+    """The rows of query-side distillation (:class:`~hf_cocodr.data.teacher.FrozenCandidateRows`): as
+    :func:`distill_dataset`, but each candidate is its row in the starting model's vectors of the corpora (the
+    teacher's dense index, the corpora one after the other) instead of its text. Returns ``(rows, info,
+    embeddings)``."""
+    import numpy as np
+
+    queries, scores, candidates, tables, info, offset = [], [], [], [], [], 0
+    for corpus, src in route_queries(query_specs, target_corpora):
+        hybrid, doc_ids, _, cached = teacher_retriever(
+            model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache
+        )
+        doc_rows = {d: offset + i for i, d in enumerate(doc_ids)}
+        part = frozen_candidate_rows(_Batched(hybrid), src.texts, doc_rows, k, name=src.name)
+        queries += part.query_texts
+        scores.append(part.scores)
+        candidates.append(part.candidates)
+        tables.append(np.asarray(hybrid.embeddings, dtype=np.float32))
+        offset += len(doc_ids)
+        info.append({"queries": src.name, "corpus": str(corpus), "num_queries": len(src.texts), "cached": cached})
+    rows = FrozenCandidateRows(queries, np.concatenate(scores), np.concatenate(candidates), name="teacher rows")
+    return rows, info, np.concatenate(tables)
+
+
+class _Batched:
+    """A teacher that searches in chunks of 1,024 queries (the hybrid's working memory)."""
+
+    def __init__(self, hybrid):
+        self.hybrid = hybrid
+
+    def search(self, queries, k):
+        ids, scores = [], []
+        for start in range(0, len(queries), 1024):
+            i, s = self.hybrid.search(list(queries[start : start + 1024]), k)
+            ids += i
+            scores += s
+        return ids, scores

@@ -1,5 +1,5 @@
-from .distill import HybridDistillLoss
+from .distill import HybridDistillLoss, QuerySideDistillLoss
 from .idro import PRESETS, IDROLoss
 from .infonce import BatchLayout, per_sample_infonce
 
-__all__ = ["BatchLayout", "HybridDistillLoss", "IDROLoss", "PRESETS", "per_sample_infonce"]
+__all__ = ["BatchLayout", "HybridDistillLoss", "IDROLoss", "PRESETS", "QuerySideDistillLoss", "per_sample_infonce"]

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from ...modeling.packing import embed_packed
 
-__all__ = ["HybridDistillLoss"]
+__all__ = ["HybridDistillLoss", "QuerySideDistillLoss"]
 
 
 class HybridDistillLoss(nn.Module):
@@ -128,3 +128,56 @@ class HybridDistillLoss(nn.Module):
             "similarity": self.similarity,
             "document_gradients": self.document_gradients,
         }
+
+
+class QuerySideDistillLoss(HybridDistillLoss):
+    """:class:`HybridDistillLoss` against a frozen document index: only the queries are encoded (and trained); each
+    candidate's embedding is a row of ``document_embeddings``, the starting model's vectors of the corpus (the
+    teacher's dense index). A step then costs the queries' forward and backward pass alone.
+
+    The labels of a step are ``(B, 2, k)``: ``labels[:, 0]`` the teacher's scores, ``labels[:, 1]`` the candidates'
+    rows in ``document_embeddings`` (whole numbers, exact in float64 up to 2^53), as
+    :class:`~hf_cocodr.data.teacher.FrozenCandidateRows` gives them. With the same rows, the loss is
+    :class:`HybridDistillLoss`'s with the candidates encoded by the frozen starting model.
+
+    Args:
+        model: the student (its query route trains; its documents are never encoded here).
+        document_embeddings: ``(N, d)`` vectors of the documents the candidates' rows index (normalised for a
+            cosine model, as the index holds them).
+        **kwargs: as :class:`HybridDistillLoss` (``document_gradients`` has no meaning here and is refused).
+    """
+
+    def __init__(self, model, document_embeddings, **kwargs):
+        if "document_gradients" in kwargs:
+            raise ValueError(
+                "QuerySideDistillLoss: the documents are frozen vectors; document_gradients has no meaning"
+            )
+        super().__init__(model, **kwargs)
+        table = torch.as_tensor(document_embeddings, dtype=torch.float32)
+        if table.ndim != 2 or not len(table):
+            raise ValueError(f"QuerySideDistillLoss: document_embeddings must be (N, d), got {tuple(table.shape)}")
+        self.document_embeddings = table  # a plain tensor: never a parameter, never saved with the model
+
+    def candidate_embeddings(self, rows: Tensor, device) -> list[Tensor]:
+        """The candidates' embeddings of a step: ``rows`` ``(B, k)`` of the frozen table, one ``(B, d)`` per column."""
+        if self.document_embeddings.device != torch.device(device):
+            self.document_embeddings = self.document_embeddings.to(device)
+        picked = self.document_embeddings[rows.to(device)]
+        return [picked[:, j] for j in range(picked.shape[1])]
+
+    def forward(self, sentence_features: Iterable[dict[str, Tensor]], labels: Tensor) -> Tensor:
+        features = list(sentence_features)
+        if labels is None or labels.ndim != 3 or labels.shape[1] != 2:
+            raise ValueError(
+                "QuerySideDistillLoss needs labels of shape (batch, 2, k): the teacher's scores and the candidates' "
+                "rows (FrozenCandidateRows)"
+            )
+        queries = self.model(features[0])["sentence_embedding"]
+        rows = labels[:, 1].round().long()
+        return self.compute_loss_from_embeddings(
+            [queries, *self.candidate_embeddings(rows, queries.device)], labels[:, 0]
+        )
+
+    def get_config_dict(self) -> dict:
+        config = {k: v for k, v in super().get_config_dict().items() if k != "document_gradients"}
+        return {**config, "documents": f"frozen ({len(self.document_embeddings)} vectors)"}

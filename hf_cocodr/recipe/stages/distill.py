@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import ConfigError
+from ...modeling.asymmetric import query_side_model
 from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
@@ -37,6 +38,7 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 # the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
+DISTILL_SIDES = ("full", "query")  # what the distillation trains (distill_side)
 
 
 @dataclass
@@ -69,6 +71,13 @@ class DistillSettings:
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
         "steps; the queries' side of the loss trains the model)",
     )
+    distill_side: str = option(
+        "full",
+        "distillation: what trains. full: the whole model, its candidates encoded in every step; query: the query "
+        "side alone, against the starting model's frozen vectors of the corpus (a step encodes its queries only), "
+        "saved as an asymmetric model (a sentence-transformers Router: queries through the adapted encoder, "
+        "documents through the starting one, so an index built with the starting model stays valid)",
+    )
     distill_max_passes: float | None = option(
         DISTILL_MAX_PASSES,
         "distillation: at most this many passes over the target queries, however many steps the budget buys "
@@ -96,6 +105,10 @@ class DistillSettings:
         if self.distill_k > MAX_DISTILL_K:  # the candidates are the rows' document columns (negative_1 ...)
             raise ConfigError(f"recipe option distill_k must be at most {MAX_DISTILL_K}, got {self.distill_k!r}")
         check_flag(self, "distill_document_gradients")
+        if self.distill_side not in DISTILL_SIDES:
+            raise ConfigError(
+                f"recipe option distill_side must be one of {', '.join(DISTILL_SIDES)}, got {self.distill_side!r}"
+            )
         check_switch(self, "skip_distill")
 
 
@@ -174,6 +187,7 @@ class DistillStage(Stage):
                 "teacher_temperature": cfg.distill_teacher_temperature,
                 "in_batch": cfg.distill_in_batch_weight,
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
+                **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
             },
             "settings": trajectory(run.arguments[self.name]),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
@@ -181,34 +195,62 @@ class DistillStage(Stage):
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
         """Seconds of one distillation step (the stage's trainer on rows of its shape: target queries and
-        documents, see :meth:`Stage.probe`) and of ranking the queries with the teacher (the corpus too when its
-        indexes are not cached), measured on the probe trainer's model."""
-        from ...retrieval.hybrid import HYBRID_FILE
+        documents, see :meth:`Stage.probe`) and of the teacher's fixed costs, measured on the starting model (the
+        teacher): encoding each corpus whose vectors are not cached (neither its teacher's indexes nor the starting
+        model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
+        teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum."""
+        from ...retrieval import encoding_cache
+        from ...retrieval.encoding import model_similarity
+        from ...retrieval.hybrid import HYBRID_FILE, corpus_fingerprint
+        from ...retrieval.index import BM25Index
         from ...retrieval.teacher import teacher_cache_path
         from ..probe import time_trainer_steps
 
         step_s, trainer = time_trainer_steps(self, run)
-        st, teacher_docs, queries, docs = trainer.model, 0, [], []
+        del trainer
+        st = load_encoder(run.model)  # the teacher's encoder, as it encodes (not the probe's trained copy)
+        st.eval()
+        normalize = model_similarity(st) == "cosine"
+        encode_docs, bm25_docs, queries, docs = 0, 0, [], []
         for doc_ids, texts, asked in self._targets(run):
             docs += texts[:64]
             queries += asked
-            if not (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
-                teacher_docs += len(texts)  # the teacher's indexes of this corpus are to be built
-        st.eval()
-        # the teacher encodes the queries, and the documents of a corpus it has no cached indexes of, at the model's
-        # own length
+            if (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
+                continue  # the teacher's indexes are cached: the queries alone
+            bm25_docs += len(texts)
+            key = encoding_cache.encoding_key(
+                st, None, None, normalize, corpus_fp=corpus_fingerprint(doc_ids, texts), num_docs=len(texts)
+            )
+            if encoding_cache.load(key) is None:
+                encode_docs += len(texts)
+        # the teacher encodes the documents and queries at the model's own lengths
         st.encode_document(docs[:8], batch_size=8)  # warm-up
         t0 = time.perf_counter()
         st.encode_document(docs[:64], batch_size=64)
         per_doc = (time.perf_counter() - t0) / min(64, len(docs))
+        t0 = time.perf_counter()
+        BM25Index(docs[:64])
+        per_bm25_doc = (time.perf_counter() - t0) / min(64, len(docs))
         asked = queries[:64]
         t0 = time.perf_counter()
         st.encode_query(asked, batch_size=64)
         per_query = (time.perf_counter() - t0) / len(asked)
-        return {
-            "distill_step_s": step_s,
-            "distill_teacher_s": round(per_doc * teacher_docs + per_query * len(queries), 2),
+        parts = {
+            "distill_teacher_encode_s": round(per_doc * encode_docs, 2),
+            "distill_teacher_bm25_s": round(per_bm25_doc * bm25_docs, 2),
+            "distill_teacher_rank_s": round(per_query * len(queries), 2),
         }
+        return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 2), **parts}
+
+    def fixed_parts(self, throughput: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
+        """The teacher's fixed costs one by one (encoding the corpora, BM25, ranking the queries), as probed."""
+        names = ("encode", "bm25", "rank")
+        parts = {
+            f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
+            for n in names
+            if f"distill_teacher_{n}_s" in throughput
+        }
+        return parts or super().fixed_parts(throughput, cfg)
 
     def build_trainer(
         self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None, info=()
@@ -218,31 +260,48 @@ class DistillStage(Stage):
         queries and corpora; in a probe, rows of their shape drawn from the target queries and documents with random
         teacher scores, since the teacher's rankings are not computed yet)."""
         from ...finetuning import DistillationTrainer, DistillationTrainingArguments
-        from ...finetuning.losses.distill import HybridDistillLoss
+        from ...finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
 
+        query_side = self.query_side(run)
         if rows is None:
             rows = self._probe_rows(run, max_steps)
+        # a Router model is trained with the route of each column named (the rows' one column: the queries)
+        forced = {"router_mapping": {"query": "query"}} if query_side else None
         args = self.training_arguments(
-            run, DistillationTrainingArguments, max_steps, output_dir=output_dir, probe=probe
+            run, DistillationTrainingArguments, max_steps, output_dir=output_dir, probe=probe, forced=forced
         )
-        model = load_encoder(run.current)
+        options = self._loss_options(run.cfg, run.similarity)
+        if query_side:  # only the query route trains, against the starting model's vectors (rows, table)
+            import torch
+
+            rows, table = rows
+            model = query_side_model(load_encoder(run.current))
+            if isinstance(table, int):  # a probe's: random vectors of the model's width (their values cost nothing)
+                dim = model.get_embedding_dimension()
+                table = torch.randn(table, dim, generator=torch.Generator().manual_seed(0))
+            del options["document_gradients"]
+            loss = QuerySideDistillLoss(model, table, **options)
+        else:
+            model = load_encoder(run.current)
+            loss = HybridDistillLoss(model, **options)
         return DistillationTrainer(
             model=model,
             args=args,
             train_dataset=rows,
-            loss=HybridDistillLoss(model, **self._loss_options(run.cfg, run.similarity)),
-            card_methods=["hybrid-teacher distillation"],
+            loss=loss,
+            card_methods=["hybrid-teacher distillation" + (" (query side)" if query_side else "")],
             negatives_label="the hybrid teacher's candidates",
             target_queries_read=[i["queries"] for i in info],
             target_corpora_read=[i["corpus"] for i in info],
         )
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        from ...retrieval.teacher import distill_dataset
+        from ...retrieval.teacher import distill_dataset, query_side_dataset
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
-        rows, info = distill_dataset(
+        make = query_side_dataset if self.query_side(run) else distill_dataset
+        made = make(
             run.model,
             run.fps["model"],
             run.target_corpora,
@@ -251,6 +310,7 @@ class DistillStage(Stage):
             fusion=self._fusion(cfg),
             batch_size=cfg.eval_batch_size,
         )
+        rows, info = made[0], made[1]
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
             len(rows),
@@ -266,7 +326,7 @@ class DistillStage(Stage):
                 cfg.distill_max_passes,
                 self.num_queries,
             )
-        trainer = self.build_trainer(run, steps, rows=rows, info=info)
+        trainer = self.build_trainer(run, steps, rows=(rows, made[2]) if len(made) == 3 else rows, info=info)
         guard = run.deadline(trainer, self.name)
         trainer.train(resume_from_checkpoint=True if run.resume else None)
         trainer.finalize()
@@ -283,6 +343,26 @@ class DistillStage(Stage):
         return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
     # ------------------------------------------------------------------------------------------------ helpers
+    @staticmethod
+    def query_side(run: RecipeRun) -> bool:
+        """Whether the query side alone trains (``distill_side: query``); refused where the frozen document side
+        would not be the model the stage starts from, or a later stage would mix the two sides' weights."""
+        if run.cfg.distill_side != "query":
+            return False
+        if str(run.current) != str(run.model):
+            raise ConfigError(
+                "distill_side query trains the query side against the starting model's document vectors, but the "
+                f"distillation starts from {run.current}, not the starting model: switch the stages before it off, "
+                "or set distill_side full"
+            )
+        if run.cfg.wise_alpha is not None:
+            raise ConfigError(
+                "distill_side query saves an asymmetric model (a query route and the starting model's document "
+                "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
+                "distill_side full"
+            )
+        return True
+
     def _targets(self, run: RecipeRun) -> list[tuple[list[str], list[str], list[str]]]:
         """``(doc_ids, texts, queries)`` of each target corpus the queries are routed to, read once per run (the
         probe's rows and its timing of the teacher both use them)."""
@@ -318,6 +398,10 @@ class DistillStage(Stage):
                 picks = [[doc_ids[i] for i in gen.choice(len(doc_ids), kk, replace=len(doc_ids) < kk)] for _ in chunk]
                 return picks, gen.standard_normal((len(chunk), kk)).tolist()
 
+        if self.query_side(run):  # the candidates are rows of frozen vectors (random ones: their values cost nothing)
+            from ...data.teacher import frozen_candidate_rows
+
+            return frozen_candidate_rows(_Random(), asked, {d: i for i, d in enumerate(doc_ids)}, k), len(doc_ids)
         return teacher_rows(_Random(), asked, docs, k)
 
     @staticmethod

@@ -1,0 +1,207 @@
+"""One encoding per model per corpus: a disk cache of corpus encodings, and the record of every encoding a run did.
+
+Within :func:`cache_corpus_encodings` (the recipe runs inside one), :func:`~hf_cocodr.retrieval.encoding.build_index`
+first looks for the corpus's vectors in ``<cache>/encodings``, under a key made of
+
+* the fingerprint of the model's **document encoder** (:func:`document_encoder_key`): the modules a document goes
+  through (the ``document`` route of a :class:`~sentence_transformers.base.modules.Router` model, every module of a
+  plain one), their classes, configurations and weights (names, shapes, dtypes, bytes), the document prompt and the
+  token limit;
+* the **corpus's content** (its ids and ``title + text`` in order, :func:`~hf_cocodr.retrieval.hybrid.corpus_fingerprint`);
+* the **token limit** the documents were cut at and the **precision** they were encoded in (fp32, bf16 autocast or
+  an int8 copy, whose quantized weights have their own fingerprint), and whether the vectors are normalised.
+
+A changed model, corpus, length or precision is a different key, so it is never served a stale encoding. A hit is
+served as the same exact index a fresh encoding builds (the vectors in the corpus's length-sorted order). So the
+recipe's starting model encodes each target corpus once, for its teacher, its evaluation and its hybrid; a resumed or
+repeated run encodes none again; and the document route of a query-side model (its starting encoder) reuses the
+starting model's vectors. Each encoding (``"encoded"``) or reuse (``"disk cache"``, ``"memory"``) is recorded in the
+list :func:`cache_corpus_encodings` yields, with its seconds (the recipe writes it into ``recipe.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..modeling.asymmetric import document_modules
+from ..storage import cache_dir
+from ..utils import atomic_directory, atomic_write_json
+from .hybrid import _corpus_ids_texts, corpus_fingerprint
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["cache_corpus_encodings", "document_encoder_key", "document_route"]
+
+ENCODINGS_KIND = "encodings"  # the cache sub-folder
+ENCODINGS_FILE = "embeddings.npy"  # the vectors in corpus row order
+META_FILE = "encoding.json"
+FORMAT = 1
+CACHE_MAX_BYTES = 4 << 30  # larger encodings are not written to the cache (they are recorded all the same)
+
+_ACTIVE: dict[str, Any] | None = None  # {"record": [...], "corpus_keys": {...}} while cache_corpus_encodings is on
+
+
+@contextlib.contextmanager
+def cache_corpus_encodings(record: list | None = None) -> Iterator[list]:
+    """Within the block, :func:`~hf_cocodr.retrieval.encoding.build_index` serves a corpus's vectors from the disk
+    cache when the same document encoder, corpus, length and precision encoded it before, and stores what it
+    encodes; yields the list each encoding or reuse is appended to (``record`` when given). Nested blocks share the
+    outer block's list."""
+    global _ACTIVE
+    outer = _ACTIVE
+    if outer is None:
+        _ACTIVE = {"record": record if record is not None else [], "corpus_keys": {}}
+    try:
+        yield _ACTIVE["record"]
+    finally:
+        if outer is None:
+            _ACTIVE = None
+
+
+def active() -> bool:
+    return _ACTIVE is not None
+
+
+def document_route(model) -> list:
+    """The modules a document goes through (:func:`hf_cocodr.modeling.asymmetric.document_modules`)."""
+    return document_modules(model)
+
+
+def _module_config(module) -> str:
+    get = getattr(module, "get_config_dict", None)
+    try:
+        config = get() if get is not None else {}
+    except Exception:  # a third-party module whose config cannot be read: its class and weights still count
+        config = {}
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def document_encoder_key(model) -> str:
+    """A fingerprint of what turns a document into a vector: the document route's modules (class, configuration,
+    weights: names, shapes, dtypes and bytes), the document prompt and the model's token limit. The same weights in a
+    plain model and in a Router model's document route have the same key."""
+    import torch
+
+    h = hashlib.sha256()
+    prompts = getattr(model, "prompts", None) or {}
+    h.update(json.dumps({"prompt": prompts.get("document"), "max_seq_length": model.max_seq_length}).encode())
+    with torch.no_grad():
+        for i, module in enumerate(document_route(model)):
+            h.update(f"{i}:{type(module).__module__}.{type(module).__name__}:{_module_config(module)}".encode())
+            for name, t in sorted(module.state_dict().items()):
+                if not isinstance(t, torch.Tensor):  # (quantized modules keep packing parameters beside tensors)
+                    h.update(f"{name}:{t!r}".encode())
+                    continue
+                t = t.detach().cpu().contiguous()
+                if t.is_quantized:
+                    t = t.int_repr()
+                h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+                h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:32]
+
+
+def current_precision(model) -> str:
+    """How the documents are encoded right now: ``bf16`` / ``fp16`` under autocast, ``int8`` for a dynamically
+    quantized copy, the weights' dtype otherwise (``fp32``)."""
+    import torch
+
+    device = getattr(model, "device", torch.device("cpu"))
+    kind = torch.device(device).type
+    if torch.is_autocast_enabled(kind):
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(kind), "autocast")
+    if any("quantized" in type(m).__module__ for m in model.modules()):
+        return "int8"
+    dtype = next((p.dtype for p in model.parameters()), torch.float32)
+    return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(
+        dtype, str(dtype)
+    )
+
+
+def corpus_key(corpus) -> str:
+    """The content fingerprint of a corpus dataset (ids and ``title + text`` in order), computed once per dataset
+    within the block."""
+    memo_key = (getattr(corpus, "_fingerprint", None), len(corpus))
+    memo = _ACTIVE["corpus_keys"] if _ACTIVE is not None else {}
+    if memo_key[0] is not None and memo_key in memo:
+        return memo[memo_key]
+    fp = corpus_fingerprint(*_corpus_ids_texts(corpus))
+    if memo_key[0] is not None:
+        memo[memo_key] = fp
+    return fp
+
+
+def encoding_key(
+    model, corpus, max_length: int | None, normalize: bool, *, corpus_fp: str | None = None, num_docs: int = 0
+) -> dict[str, Any]:
+    """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring); ``corpus_fp`` and
+    ``num_docs`` stand in for a corpus whose content fingerprint is known (``corpus`` None)."""
+    return {
+        "format": FORMAT,
+        "document_encoder": document_encoder_key(model),
+        "corpus": corpus_key(corpus) if corpus_fp is None else corpus_fp,
+        "num_docs": len(corpus) if corpus_fp is None else int(num_docs),
+        "max_length": int(max_length) if max_length else int(model.max_seq_length or 0),
+        "precision": current_precision(model),
+        "normalize": bool(normalize),
+    }
+
+
+def _folder(key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir(ENCODINGS_KIND) / digest
+
+
+def load(key: dict[str, Any]) -> np.ndarray | None:
+    """The cached vectors for ``key`` (corpus row order), or None (absent, or damaged: then encoded again)."""
+    folder = _folder(key)
+    try:
+        meta = json.loads((folder / META_FILE).read_text())
+        if meta.get("key") != key:
+            return None
+        emb = np.load(folder / ENCODINGS_FILE, allow_pickle=False)
+        if emb.shape[0] != key["num_docs"] or emb.dtype != np.float32:
+            raise ValueError(f"its vectors have shape {emb.shape} and dtype {emb.dtype}")
+        return emb
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        logger.warning("the cached corpus encoding in %s cannot be used (%s): encoding again", folder, e)
+        return None
+
+
+def store(key: dict[str, Any], embeddings: np.ndarray, seconds: float) -> None:
+    """Keep ``embeddings`` (corpus row order) under ``key``; a failure only costs the next run the encoding."""
+    if embeddings.nbytes > CACHE_MAX_BYTES:
+        logger.info("corpus encoding of %d bytes not cached (over %d)", embeddings.nbytes, CACHE_MAX_BYTES)
+        return
+    try:
+        with atomic_directory(_folder(key)) as tmp:
+            np.save(tmp / ENCODINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32), allow_pickle=False)
+            atomic_write_json(tmp / META_FILE, {"key": key, "seconds": round(seconds, 2)})
+    except OSError as e:
+        logger.warning("the corpus encoding could not be cached (%s); going on without", e)
+
+
+def record(key: dict[str, Any], source: str, seconds: float) -> None:
+    """Append one encoding (``source``: ``"encoded"``, ``"disk cache"`` or ``"memory"``) to the active record."""
+    if _ACTIVE is None:
+        return
+    _ACTIVE["record"].append(
+        {
+            "document_encoder": key["document_encoder"],
+            "corpus": key["corpus"],
+            "num_docs": key["num_docs"],
+            "max_length": key["max_length"],
+            "precision": key["precision"],
+            "source": source,
+            "seconds": round(seconds, 2),
+        }
+    )

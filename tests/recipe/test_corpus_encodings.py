@@ -1,0 +1,81 @@
+"""A recipe run encodes each corpus once per model: the starting model's encoding serves its teacher, its
+evaluation and (cached) a repeated run; the adapted model's serves its evaluation and its saved hybrid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_cocodr.recipe import run_recipe
+
+CFG = dict(
+    skip_coco=True,
+    target_pairs="none",
+    wise_alpha=None,
+    distill_steps=2,
+    distill_k=3,
+    distill={"per_device_train_batch_size": 4, "save_steps": 2},
+)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+
+
+def test_a_run_encodes_each_corpus_once_per_model(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):
+    import hf_cocodr.retrieval.encoding as enc
+    from hf_cocodr.retrieval.hybrid import _corpus_ids_texts
+
+    calls, real, corpus = [], enc.encode_texts, sorted(_corpus_ids_texts(tiny_beir)[1])
+
+    def counting(model, texts, *, kind, **kw):
+        if kind == "document" and sorted(texts) == corpus:  # the whole toy corpus (80 documents, one chunk)
+            calls.append(id(model))
+        return real(model, texts, kind=kind, **kw)
+
+    monkeypatch.setattr(enc, "encode_texts", counting)
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
+    run_recipe(*args, tmp_path / "run", evals=[f"{tiny_beir}:dev"], config=cfg)
+    record = json.loads((tmp_path / "run" / "recipe.json").read_text())["corpus_encodings"]
+    encoded = [(r["document_encoder"], r["corpus"]) for r in record if r["source"] == "encoded"]
+    # the starting model (teacher, start evaluation) and the adapted one (evaluation, saved hybrid): one each
+    assert len(encoded) == len(set(encoded)) == 2 and len({c for _, c in encoded}) == 1
+    assert len(calls) == 2
+    assert {r["source"] for r in record} == {"encoded", "disk cache", "memory"}
+    assert all(r["seconds"] >= 0 and r["num_docs"] == 80 for r in record)
+    # the same run again into another folder: the starting model encodes nothing (its encoding is cached)
+    calls.clear()
+    run_recipe(*args, tmp_path / "again", evals=[f"{tiny_beir}:dev"], config=cfg)
+    again = json.loads((tmp_path / "again" / "recipe.json").read_text())["corpus_encodings"]
+    start_key = next(r["document_encoder"] for r in record)
+    assert all(r["source"] != "encoded" for r in again if r["document_encoder"] == start_key)
+
+
+def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, tiny_beir, tmp_path):
+    """From an empty cache, the plan charges the teacher's encoding of the corpus, its BM25 index and the ranking
+    of the queries as measured, lists each fixed cost in plan.json, and the run records the encodings it did."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "query"}
+    del cfg["distill_steps"]
+    out = tmp_path / "cold"
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=2.0)
+    plan = json.loads((out / "plan.json").read_text())
+    costs = plan["fixed_costs"]
+    assert {"spent_before_the_plan", "model_loads_exports", "distill_teacher_encode", "distill_teacher_bm25"} <= set(
+        costs
+    )
+    assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_rank"] > 0  # cold: 80 documents to encode
+    assert abs(sum(costs.values()) - plan["fixed_seconds"]) <= 0.2
+    assert plan["throughput"]["distill_teacher_s"] == pytest.approx(
+        sum(plan["throughput"][f"distill_teacher_{n}_s"] for n in ("encode", "bm25", "rank")), abs=0.02
+    )
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["steps_trained"]["distill"] >= 1
+    # the teacher's encoding, the only one: the saved hybrid's documents go through the starting model's route
+    assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache"]
+    # warm: the same run again plans no encoding (the teacher's indexes and the encoding are cached)
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "warm", config=cfg, max_minutes=2.0)
+    warm = json.loads((tmp_path / "warm" / "plan.json").read_text())["fixed_costs"]
+    assert warm.get("distill_teacher_encode", 0) == 0 and warm.get("distill_teacher_bm25", 0) == 0

@@ -1,0 +1,144 @@
+"""Query-side distillation (``distill_side: query``): only the queries are encoded and trained, against the starting
+model's vectors of the corpus (the cached ones); the loss is the full distillation's with the document side frozen;
+the saved model is an asymmetric sentence-transformers model whose document route is the starting model, bit for
+bit."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_cocodr.data.target_queries import read_target_queries
+from hf_cocodr.data.teacher import frozen_candidate_rows, teacher_rows
+from hf_cocodr.errors import ConfigError
+from hf_cocodr.finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
+from hf_cocodr.modeling.asymmetric import query_side_model
+from hf_cocodr.modeling.loading import load_encoder, pooling_mode
+from hf_cocodr.recipe import RecipeConfig, run_recipe
+from hf_cocodr.retrieval.encoding import encode_texts
+from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
+from hf_cocodr.retrieval.hybrid import _corpus_ids_texts
+from hf_cocodr.retrieval.teacher import query_side_dataset, teacher_rankings
+
+CFG = dict(
+    skip_coco=True,
+    target_pairs="none",
+    wise_alpha=None,
+    distill_steps=3,
+    distill_k=3,
+    distill_side="query",
+    distill={"per_device_train_batch_size": 4, "save_steps": 2},
+)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+
+
+class _Fixed:
+    def __init__(self, ids, scores):
+        self.ids, self.scores = ids, scores
+
+    def search(self, queries, k):
+        return self.ids[: len(queries)], self.scores[: len(queries)]
+
+
+def test_the_document_vectors_of_a_step_are_the_cached_starting_ones(tiny_bert_nomlm_dir, tiny_beir):
+    start = load_encoder(str(tiny_bert_nomlm_dir))
+    spec = f"{tiny_beir}:train"
+    with cache_corpus_encodings() as record:
+        rows, info, table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+    assert [r["source"] for r in record] == ["encoded"]  # the teacher's encoding, kept in the cache
+    doc_ids, texts = _corpus_ids_texts(tiny_beir)
+    fresh = encode_texts(start, texts, kind="document")
+    assert np.allclose(table, fresh, atol=1e-5)
+    with cache_corpus_encodings() as again:  # the teacher's index from its cache; the vectors the same
+        _, _, cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+    assert np.array_equal(cached_table, table) and again == []  # nothing encoded again
+    # the candidates a step hands the loss are those rows: the teacher's top-k documents, as the start encodes them
+    loss = QuerySideDistillLoss(query_side_model(start), table)
+    labels = torch.as_tensor(rows.row_labels([0, 1, 2, 3]))
+    picked = loss.candidate_embeddings(labels[:, 1].long(), "cpu")
+    ids = teacher_rankings(start, "key", tiny_beir, rows.query_texts[:4], 3)[0]
+    row_of = {d: i for i, d in enumerate(doc_ids)}
+    for j in range(3):
+        want = encode_texts(start, [texts[row_of[q[j]]] for q in ids], kind="document")
+        assert np.allclose(picked[j].numpy(), want, atol=1e-5)
+    assert np.allclose(labels[:, 0].numpy(), rows.scores[:4])
+
+
+def test_the_loss_is_the_full_distillations_with_the_document_side_frozen(tiny_bert_nomlm_dir, tiny_beir):
+    start = load_encoder(str(tiny_bert_nomlm_dir))
+    queries = read_target_queries(f"{tiny_beir}:train").texts[:6]
+    doc_ids, texts = _corpus_ids_texts(tiny_beir)
+    rng = np.random.default_rng(0)
+    ids = [[doc_ids[i] for i in rng.choice(len(doc_ids), 4, replace=False)] for _ in queries]
+    scores = rng.standard_normal((len(queries), 4)).tolist()
+    full_rows = teacher_rows(_Fixed(ids, scores), queries, dict(zip(doc_ids, texts)), 4)
+    frozen_rows = frozen_candidate_rows(_Fixed(ids, scores), queries, {d: i for i, d in enumerate(doc_ids)}, 4)
+    table = encode_texts(start, texts, kind="document")
+    opts = dict(temperature=0.5, teacher_temperature=1.0, in_batch_weight=1.0)
+
+    full = HybridDistillLoss(start, document_gradients=False, **opts)
+    cols = [full_rows["query"]] + [full_rows[f"doc_{j}"] for j in range(1, 5)]
+    feats = [start.preprocess(c, task="query" if i == 0 else "document") for i, c in enumerate(cols)]
+    start.zero_grad()
+    expected = full(feats, torch.tensor(full_rows["label"]))
+    expected.backward()
+    grads = {n: p.grad.clone() for n, p in start.named_parameters() if p.grad is not None}
+
+    model = query_side_model(start)
+    side = QuerySideDistillLoss(model, table, **opts)
+    got = side(
+        [model.preprocess(frozen_rows.query_texts, task="query")], torch.as_tensor(frozen_rows.row_labels(range(6)))
+    )
+    got.backward()
+    assert torch.allclose(got, expected, atol=1e-5)
+    query_route = model[0].sub_modules["query"]
+    for name, p in query_route.named_parameters():  # "0.model..." as in the plain model
+        if name not in grads:  # (a parameter the loss does not reach, e.g. BERT's unused pooler)
+            assert p.grad is None, name
+            continue
+        assert torch.allclose(p.grad, grads[name], atol=1e-5), name
+    assert len(grads) > 10
+    assert all(p.grad is None for p in model[0].sub_modules["document"].parameters())
+
+
+def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_start(
+    tiny_st_dir, tiny_beir, tmp_path
+):
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "run"
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    res = run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[f"{tiny_beir}:dev"], config=cfg)
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["steps_trained"] == {"distill": 3}
+    adapted, start = SentenceTransformer(str(out / "model")), SentenceTransformer(str(tiny_st_dir))
+    texts = ["alpha beta gamma", "a second text about delta"]
+    assert np.array_equal(adapted.encode_document(texts), start.encode_document(texts))
+    assert np.array_equal(adapted.encode(texts), start.encode(texts))  # the default route: documents
+    assert not np.allclose(adapted.encode_query(texts), start.encode_query(texts), atol=1e-6)  # the query side moved
+    # the document route's weights are the starting model's, bit for bit
+    route = load_file(str(next((out / "model").glob("document_0_*/model.safetensors"))))
+    first = load_file(str(next(tiny_st_dir.glob("**/model.safetensors"))))
+    assert route.keys() == first.keys() and all(torch.equal(route[k], first[k]) for k in first)
+    # the card and the recipe read its pooling from the document route
+    assert pooling_mode(adapted) == pooling_mode(start) == "cls"
+    # one corpus encoding in the whole run: the adapted model's documents are the start's (served from the cache)
+    assert [r["source"] for r in record["corpus_encodings"]].count("encoded") == 1
+    assert {"ndcg@10", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
+    assert res[f"{tiny_beir}:dev"]["recall@100"] > 0
+
+
+def test_query_side_distillation_refuses_what_it_cannot_do(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    with pytest.raises(ConfigError, match="distill_side must be one of full, query"):
+        RecipeConfig(distill_side="documents").validate()
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "wise_alpha": 0.5}
+    with pytest.raises(ConfigError, match="WiSE-FT cannot interpolate"):
+        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "w", config=cfg)
