@@ -258,8 +258,12 @@ def _run_stage(run: RecipeRun, stage: Stage) -> None:
     else:
         run.log_rerun(stage_dir)
         marker = stage.train(run)
+        meter = run.meters.get(stage.name)
+        throughput = {"throughput": meter.summary()} if meter is not None and meter.steps else {}
+        if marker is None and throughput:  # the stage wrote its marker itself
+            marker = read_marker(stage_dir)
         if marker is not None:
-            write_marker(stage_dir, {**marker, "identity": run.ids[stage.name]})
+            write_marker(stage_dir, {**marker, **throughput, "identity": run.ids[stage.name]})
     run.current = str(stage_dir)
     run.stage_seconds[stage.name] = _stage_seconds(stage_dir, t0)
 
@@ -457,7 +461,8 @@ def _save_hybrids(run: RecipeRun, model) -> None:
 
 def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The steps each training stage ran (from its completion marker); where a wall-clock deadline ended a stage
-    before its planned steps, the step it stopped at; where a cap on passes over its data did, the cap."""
+    before its planned steps, the step it stopped at; where a cap on passes over its data did, the cap; the texts and
+    tokens its steps encoded per second (and on CUDA how busy the GPU was), as its throughput meter counted them."""
     markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages if s.trains and s.name in run.ids}
     markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
     return {
@@ -466,6 +471,7 @@ def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
             s: m["stopped_by_deadline_at_step"] for s, m in markers.items() if "stopped_by_deadline_at_step" in m
         },
         "capped_at_passes": {s: m["capped_at_passes"] for s, m in markers.items() if "capped_at_passes" in m},
+        "throughput": {s: m["throughput"] for s, m in markers.items() if "throughput" in m},
     }
 
 
