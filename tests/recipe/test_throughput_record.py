@@ -65,7 +65,9 @@ def test_recipe_json_records_the_texts_and_tokens_each_stage_trained_on(
     monkeypatch.setattr("hf_cocodr.recipe.runner._run_stage", run_stage)
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
     run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out", config=cfg)
-    record = json.loads((tmp_path / "out" / "recipe.json").read_text())["throughput"]
+    full = json.loads((tmp_path / "out" / "recipe.json").read_text())
+    assert full["device"] == {"type": "cpu"} and full["batches"] == {"coco": 4, "finetune": 4, "distill": 4}
+    record = full["throughput"]
     assert set(record) == {"coco", "finetune", "distill"}
     expected_texts = {"coco": 2 * 4 * 2, "finetune": 2 * 4 * 3, "distill": 2 * 4 * (1 + 3)}
     for stage, texts in expected_texts.items():

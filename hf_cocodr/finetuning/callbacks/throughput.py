@@ -128,10 +128,12 @@ class ThroughputMeter(TrainerCallback):
     Args:
         clock: the clock (``time.perf_counter``).
         sample_gpu: whether to sample the GPU's utilisation (on CUDA only).
+        skip_steps: optimizer steps of each ``train()`` not counted (a benchmark's warm-up), 0 in the recipe.
     """
 
-    def __init__(self, clock=time.perf_counter, sample_gpu: bool = True):
-        self.clock, self.sample_gpu = clock, sample_gpu
+    def __init__(self, clock=time.perf_counter, sample_gpu: bool = True, skip_steps: int = 0):
+        self.clock, self.sample_gpu, self.skip_steps = clock, sample_gpu, int(skip_steps)
+        self._skipped = 0
         self.steps = self.texts = self.padded_tokens = 0
         self.seconds = 0.0
         self.gpu_samples: list[float] = []
@@ -177,6 +179,8 @@ class ThroughputMeter(TrainerCallback):
         self._device = getattr(args, "device", None)
 
     def on_step_begin(self, args, state, control, **kwargs):
+        if self._skipped < self.skip_steps:
+            return
         if self._t0 is None:
             self._t0 = self.clock()
             if self.sample_gpu:
@@ -184,11 +188,14 @@ class ThroughputMeter(TrainerCallback):
         self._in_step = True
 
     def on_step_end(self, args, state, control, **kwargs):
+        if not self._in_step:  # a skipped step
+            self._skipped += 1
+            return
         self._in_step = False
         self.steps += 1
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._in_step = False
+        self._in_step, self._skipped = False, 0
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
