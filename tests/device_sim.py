@@ -38,7 +38,10 @@ _INDEXING = (
     torch.ops.aten._index_put_impl_.default,
 )
 _registered: list = []  # the backend registration and its kernels (once per process; PyTorch allows one rename)
-ops_seen: list[int] = [0]  # operations run on simgpu tensors (a test can check the simulation was used)
+ops_seen: list[int] = [0]
+active: list[
+    bool
+] = []  # non-empty inside simulated_gpu: only there is simgpu an available accelerator  # operations run on simgpu tensors (a test can check the simulation was used)
 
 
 class SimTensor(torch.Tensor):
@@ -164,14 +167,25 @@ def _register() -> None:
     """Register ``simgpu`` as PyTorch's PrivateUse1 device with a Python backend (once per process)."""
     if _registered:
         return
-    from torch.utils.backend_registration import _DummyBackendModule, _setup_privateuseone_for_python_backend
+    from torch.utils.backend_registration import (
+        _DummyBackendModule,
+        _DummyPrivateUse1Hook,
+        _setup_privateuseone_for_python_backend,
+    )
 
     class Module(_DummyBackendModule):  # what torch.autocast asks of a device's module
         @staticmethod
         def get_amp_supported_dtype():
             return [torch.bfloat16, torch.float16]
 
-    _setup_privateuseone_for_python_backend(NAME, backend_module=Module())
+        def is_available(self) -> bool:
+            return bool(active)
+
+    class Hook(_DummyPrivateUse1Hook):  # an accelerator only inside simulated_gpu (DataLoaders pin memory for it)
+        def is_available(self) -> bool:
+            return bool(active)
+
+    _setup_privateuseone_for_python_backend(NAME, backend_module=Module(), hook=Hook())
     lib = torch.library.Library("aten", "IMPL")
 
     def empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -212,8 +226,12 @@ def simulated_gpu(monkeypatch) -> Iterator[torch.device]:
         for name in ("save_file", "save"):
             m.setattr(safetensors.torch, name, _on_host(getattr(safetensors.torch, name)))
         m.setattr(PreTrainedModel, "save_pretrained", _saved_from_cpu(PreTrainedModel.save_pretrained))
-        with _Factories():
-            yield DEVICE
+        active.append(True)
+        try:
+            with _Factories():
+                yield DEVICE
+        finally:
+            active.pop()
 
 
 def _on_host(save):

@@ -17,6 +17,9 @@ CFG = dict(
     target_pairs="none",
     wise_alpha=None,
     coco_runs=1,
+    coco_steps=2,
+    finetune_steps=2,
+    distill_steps=2,
     finetune_preset="paper",
     save_hybrid=False,
     distill_k=3,
@@ -48,11 +51,13 @@ def _spy_forwards(monkeypatch) -> list[tuple[str, str]]:
 
 
 def _recipe(model_dir, beir, out, **kw):
+    """The recipe with a budget (so the planner probes every stage) wide enough for a busy machine, and 2 steps a
+    stage."""
     from hf_cocodr.recipe import run_recipe
 
     cfg = {**CFG, "target_queries": [f"{beir}:train"]}
     return run_recipe(
-        str(model_dir), [str(beir)], str(beir), out, config=cfg, max_minutes=1.0, evals=[f"{beir}:dev"], **kw
+        str(model_dir), [str(beir)], str(beir), out, config=cfg, max_minutes=30.0, evals=[f"{beir}:dev"], **kw
     )
 
 
@@ -101,25 +106,29 @@ def test_every_probe_and_stage_of_the_recipe_runs_with_the_model_on_the_device(
 def test_a_step_that_builds_its_inputs_on_the_cpu_fails_the_check(
     tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, stage
 ):
-    """The check can fail: a stage whose step leaves its inputs on the CPU (the COCO batch, the fine-tuning's or the
-    distillation's features not moved to the model's device) stops the recipe with the error a GPU gives, in the
-    planner's probe of that stage."""
+    """The check can fail: a stage whose step hands its model inputs on the CPU (the COCO batch, the features the
+    fine-tuning's or the distillation's loss encodes) stops the recipe with the error a GPU gives, in the planner's
+    probe of that stage."""
     import hf_cocodr.recipe.probe as probe
-    from hf_cocodr.finetuning.distillation import DistillationTrainer
-    from hf_cocodr.finetuning.trainer import IDROTrainer
+    from hf_cocodr.finetuning.losses import HybridDistillLoss, IDROLoss
     from hf_cocodr.pretraining.trainer import CocoPretrainer
+
+    def on_cpu(x):
+        if isinstance(x, torch.Tensor):
+            return x.cpu()
+        if isinstance(x, dict):
+            return {k: on_cpu(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(on_cpu(v) for v in x)
+        return x
 
     if stage == "coco":
         build = CocoPretrainer._inputs
-        monkeypatch.setattr(
-            CocoPretrainer, "_inputs", lambda self, docs: {k: v.cpu() for k, v in build(self, docs).items()}
-        )
-    else:
-        cls = IDROTrainer if stage == "finetune" else DistillationTrainer
-        original = cls._prepare_inputs
-        monkeypatch.setattr(
-            cls, "_prepare_inputs", lambda self, inputs: inputs if "label" not in inputs else original(self, inputs)
-        )
+        monkeypatch.setattr(CocoPretrainer, "_inputs", lambda self, docs: on_cpu(build(self, docs)))
+    else:  # the step's features, as the loss receives them, moved back to the CPU
+        cls = IDROLoss if stage == "finetune" else HybridDistillLoss
+        forward = cls.forward
+        monkeypatch.setattr(cls, "forward", lambda self, features, *a, **kw: forward(self, on_cpu(features), *a, **kw))
     probed = []
     real = probe.time_trainer_steps
     monkeypatch.setattr(

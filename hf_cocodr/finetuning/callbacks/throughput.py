@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import PreTrainedModel, TrainerCallback
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +115,6 @@ class GpuUtilization:
 
 def _base_models(model) -> list[torch.nn.Module]:
     """The base transformers of ``model`` (modules that are their own ``base_model``): what receives the tokens."""
-    from transformers import PreTrainedModel
-
     return [m for m in model.modules() if isinstance(m, PreTrainedModel) and m.base_model is m]
 
 
