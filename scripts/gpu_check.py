@@ -70,7 +70,9 @@ class Setup:
         from hf_cocodr.recipe.settings import device_batch_size, device_record, gpu_bf16
 
         self.smoke = args.smoke
-        self.sizes = SMOKE if args.smoke else FULL
+        self.sizes = dict(SMOKE if args.smoke else FULL)
+        if args.max_minutes is not None:
+            self.sizes["minutes"] = args.max_minutes
         self.work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
         self.model = args.model or bundled_model_path(self.sizes["model"])
         self.data = Path(args.data)
@@ -391,6 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes on any machine (the test suite runs it)")
     ap.add_argument("--model", help="the encoder (default: all-MiniLM-L6-v2; --smoke: splade-tiny, both bundled)")
     ap.add_argument("--data", default=os.environ.get("HF_COCODR_DATA", "../shared/data"), help="BEIR folders")
+    ap.add_argument("--max-minutes", type=float, help="the recipe's budget (default 2; --smoke: 30, fixed steps)")
     args = ap.parse_args(argv)
     result = run(args)
     text = table(result)
