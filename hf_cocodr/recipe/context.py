@@ -69,6 +69,7 @@ class RecipeRun:
     precision: dict[str, Any] = field(default_factory=dict)
     # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
     corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
+    meters: dict[str, Any] = field(default_factory=dict)  # stage -> its ThroughputMeter (texts/s, tokens/s, GPU use)
 
     def __post_init__(self) -> None:
         self.current = self.current or self.model
@@ -92,8 +93,9 @@ class RecipeRun:
             logger.info("stage %s: its inputs changed since it finished; running it again", stage_dir.name)
 
     def deadline(self, trainer, stage: str, end: float | None = None):
-        """Give ``trainer`` the stage's wall-clock deadline (or ``end``; budgeted runs only); returns the callback or
-        None."""
+        """Give ``trainer`` the stage's throughput meter (:meth:`meter`) and its wall-clock deadline (or ``end``;
+        budgeted runs only); returns the deadline's callback or None."""
+        self.meter(trainer, stage)
         if stage not in self.deadlines:
             return None
         from ..finetuning.callbacks import WallClockDeadline
@@ -102,3 +104,13 @@ class RecipeRun:
         logger.info("stage %s: must end within %.0f s (its share of the budget)", stage, guard.seconds_left())
         trainer.add_callback(guard)
         return guard
+
+    def meter(self, trainer, stage: str):
+        """Give ``trainer`` the stage's :class:`~hf_cocodr.finetuning.callbacks.ThroughputMeter` (one per stage: the
+        runs of a soup add up); the runner records its summary in the stage's marker and in ``recipe.json``."""
+        from ..finetuning.callbacks import ThroughputMeter
+
+        meter = self.meters.setdefault(stage, ThroughputMeter())
+        if meter not in trainer.callback_handler.callbacks:
+            trainer.add_callback(meter)
+        return meter

@@ -44,6 +44,7 @@ from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .schedules import choose_schedule
+from .settings import device_record
 from .stage import Stage
 from .stages import STAGES, instantiate, stage_switches
 
@@ -262,8 +263,12 @@ def _run_stage(run: RecipeRun, stage: Stage) -> None:
     else:
         run.log_rerun(stage_dir)
         marker = stage.train(run)
+        meter = run.meters.get(stage.name)
+        throughput = {"throughput": meter.summary()} if meter is not None and meter.steps else {}
+        if marker is None and throughput:  # the stage wrote its marker itself
+            marker = read_marker(stage_dir)
         if marker is not None:
-            write_marker(stage_dir, {**marker, "identity": run.ids[stage.name]})
+            write_marker(stage_dir, {**marker, **throughput, "identity": run.ids[stage.name]})
     run.current = str(stage_dir)
     run.stage_seconds[stage.name] = _stage_seconds(stage_dir, t0)
 
@@ -288,8 +293,8 @@ def _precision_choice(
 ) -> dict[str, Any]:
     """The training precision of the stages and why (logged and kept in ``recipe.json``): bf16 for a stage whose
     options set ``bf16: true``, and for a switched-on stage of ``stages`` whose own default is bf16 (``arguments``:
-    each stage's training arguments; the distillation's default where this machine has native bf16 kernels, see
-    docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
+    each stage's training arguments; the distillation's default where this machine has native bf16 kernels, every
+    stage's on a CUDA GPU with them, see docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
     native, stages = native_bf16(), instantiate(stages)
     off = {s.name for s in stages if not s.enabled(cfg)}  # a stage switched off trains in no precision
     asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16") and stage not in off]
@@ -311,8 +316,8 @@ def _precision_choice(
             )
         if defaulted:
             why.append(
-                ", ".join(defaulted) + ": the stage's default on a machine with native bf16 (bf16: false in its "
-                "options turns it off)"
+                ", ".join(defaulted) + ": the stage's default on a machine with native bf16 (the distillation's) or "
+                "on a CUDA GPU with it (every stage's); bf16: false in its options turns it off"
             )
         on = [stage for stage in STAGE_OPTIONS if stage in asked or stage in defaulted]
         on += [name for name in defaulted if name not in on]
@@ -461,7 +466,8 @@ def _save_hybrids(run: RecipeRun, model) -> None:
 
 def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The steps each training stage ran (from its completion marker); where a wall-clock deadline ended a stage
-    before its planned steps, the step it stopped at; where a cap on passes over its data did, the cap."""
+    before its planned steps, the step it stopped at; where a cap on passes over its data did, the cap; the texts and
+    tokens its steps encoded per second (and on CUDA how busy the GPU was), as its throughput meter counted them."""
     markers = {s.name: read_marker(run.dir(s.name), run.ids[s.name]) for s in stages if s.trains and s.name in run.ids}
     markers = {s: m for s, m in markers.items() if m is not None and "steps" in m}
     return {
@@ -470,6 +476,7 @@ def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
             s: m["stopped_by_deadline_at_step"] for s, m in markers.items() if "stopped_by_deadline_at_step" in m
         },
         "capped_at_passes": {s: m["capped_at_passes"] for s, m in markers.items() if "capped_at_passes" in m},
+        "throughput": {s: m["throughput"] for s, m in markers.items() if "throughput" in m},
     }
 
 
@@ -484,6 +491,13 @@ def _write_records(
         "config": asdict(run.cfg),
         "schedule": run.choice,
         "precision": run.precision,
+        "device": device_record(),
+        # each training stage's per-device batch (a GPU's default is larger than a CPU's: settings.device_batch_size)
+        "batches": {
+            s.name: run.arguments[s.name]["per_device_train_batch_size"]
+            for s in stages
+            if s.trains and s.planned(run) and "per_device_train_batch_size" in run.arguments.get(s.name, {})
+        },
         "plan": run.plan.to_dict(),
         "stage_seconds": run.stage_seconds,
         **_steps_trained(run, stages),

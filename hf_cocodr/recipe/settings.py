@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config_types import check_training_values
 from ..errors import ConfigError
+from ..utils import native_bf16
 
 
 class Auto(str, Enum):
@@ -106,6 +107,56 @@ def no_gpu() -> bool:
     import torch
 
     return not torch.cuda.is_available()
+
+
+# A CUDA GPU trains larger per-device batches than a CPU core: (GiB of GPU memory at least, times the CPU's batch).
+# MiniLM-class encoders at 128-256 tokens use a few GiB at the CPU batches; small models are overhead-bound on a GPU,
+# so a larger batch is what keeps it busy (docs/throughput.md).
+GPU_BATCH_MULTIPLIERS = ((40.0, 4), (16.0, 2))
+
+
+def gpu_memory_gib() -> float | None:
+    """The memory of this process's CUDA device in GiB (None: no CUDA device)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30
+
+
+def device_batch_size(cpu_batch: int, cap: int) -> int:
+    """A stage's default per-device batch on this machine: ``cpu_batch`` on a CPU; on a CUDA GPU ``cpu_batch`` times
+    the multiplier of its memory (:data:`GPU_BATCH_MULTIPLIERS`: x4 from 40 GiB, x2 from 16 GiB), at most ``cap``
+    (never below ``cpu_batch``). A stage's options (``per_device_train_batch_size``) decide instead."""
+    memory = gpu_memory_gib()
+    if memory is None:
+        return cpu_batch
+    times = next((t for gib, t in GPU_BATCH_MULTIPLIERS if memory >= gib), 1)
+    return max(cpu_batch, min(cap, cpu_batch * times))
+
+
+def gpu_bf16() -> bool:
+    """Whether the stages train under bf16 by default: on a CUDA GPU with native bf16 kernels (Ampere and later,
+    :func:`~hf_cocodr.utils.native_bf16`); a CPU keeps fp32 (the distillation's own default also covers CPUs with
+    AMX / AVX-512 BF16)."""
+    return not no_gpu() and native_bf16()
+
+
+def gpu_bf16_default(options: dict[str, Any]) -> dict[str, Any]:
+    """``{"bf16": True}`` where a stage with the training ``options`` trains under bf16 without being told
+    (:func:`gpu_bf16`, and its options set neither ``bf16`` nor ``fp16``); ``{}`` otherwise."""
+    return {"bf16": True} if gpu_bf16() and "bf16" not in options and not options.get("fp16") else {}
+
+
+def device_record() -> dict[str, Any]:
+    """The device the stages train on, for ``recipe.json``: ``{"type": "cuda", "name", "memory_gib"}`` or
+    ``{"type": "cpu"}``."""
+    memory = gpu_memory_gib()
+    if memory is None:
+        return {"type": "cpu"}
+    import torch
+
+    return {"type": "cuda", "name": torch.cuda.get_device_name(), "memory_gib": round(memory, 1)}
 
 
 def _fits(value: Any, hint: Any) -> bool:

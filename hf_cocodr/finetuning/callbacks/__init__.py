@@ -1,5 +1,12 @@
 from .deadline import WallClockDeadline
 from .kmeans import KMeansClusteringCallback
 from .negatives import HardNegativeRefreshCallback
+from .throughput import GpuUtilization, ThroughputMeter
 
-__all__ = ["HardNegativeRefreshCallback", "KMeansClusteringCallback", "WallClockDeadline"]
+__all__ = [
+    "GpuUtilization",
+    "HardNegativeRefreshCallback",
+    "KMeansClusteringCallback",
+    "ThroughputMeter",
+    "WallClockDeadline",
+]

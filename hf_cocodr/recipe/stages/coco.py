@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...rundir.run_record import digest
 from ..outputs import read_marker, stopped, write_marker, write_soup
-from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
+from ..settings import (
+    AUTO,
+    Auto,
+    check_flag,
+    check_number,
+    check_switch,
+    check_whole,
+    device_batch_size,
+    gpu_bf16_default,
+    option,
+)
 from ..stage import UNBUDGETED_STEPS, Stage, run_arguments, source_identity, trajectory
 
 if TYPE_CHECKING:
@@ -20,6 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hf_cocodr.recipe")
 
+COCO_BATCH_SIZE, COCO_GPU_BATCH_CAP = 32, 128  # documents a step on a CPU, and at most on a GPU (device_batch_size)
 # The share of COCO's steps a fresh MLM head (a model without one) trains before MLM gradients reach the encoder.
 MLM_HEAD_WARMUP_SHARE = 0.3
 
@@ -138,7 +149,7 @@ class CocoStage(Stage):
         cfg, similarity = run.cfg, run.similarity
         coco = dict(
             **run_arguments(run, self.name, logging_steps=10, save_steps=100),
-            per_device_train_batch_size=32,
+            per_device_train_batch_size=device_batch_size(COCO_BATCH_SIZE, COCO_GPU_BATCH_CAP),
             pooling=run.pooling,
             contrastive_similarity=similarity,
             contrastive_temperature=0.05 if similarity == "cosine" else 1.0,
@@ -147,7 +158,7 @@ class CocoStage(Stage):
             head_mlm_weight=float(cfg.coco_mlm_weight),
             max_span_length=min(64, cfg.train_max_length),
         )
-        return {**coco, **cfg.coco}
+        return {**coco, **gpu_bf16_default(cfg.coco), **cfg.coco}  # bf16 on a GPU with native bf16
 
     def needs(self, run: RecipeRun) -> set[str]:
         if run.cfg.skip_coco or run.done(self.name):

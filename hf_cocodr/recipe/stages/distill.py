@@ -25,7 +25,7 @@ from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
 from ..outputs import stopped
-from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, option
+from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, device_batch_size, option
 from ..stage import Stage, run_arguments, trajectory
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 DISTILL_MAX_PASSES = 3.0
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("full", "query")  # what the distillation trains (distill_side)
+DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
+MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
 
 
 @dataclass
@@ -160,7 +162,7 @@ class DistillStage(Stage):
         cfg = run.cfg
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
-            per_device_train_batch_size=DISTILL_BATCH_SIZE,
+            per_device_train_batch_size=self._batch_size(run),
             learning_rate=5e-5,  # docs/adaptation.md says why
             warmup_steps=0.1,
             idro_preset="uniform",
@@ -170,6 +172,16 @@ class DistillStage(Stage):
         if bf16_by_default(cfg):  # where the machine computes bf16 natively (docs/precision.md)
             defaults["bf16"] = True
         return {**defaults, **cfg.distill}
+
+    def _batch_size(self, run: RecipeRun) -> int:
+        """The default queries a step: :data:`DISTILL_BATCH_SIZE` on a CPU; on a GPU larger
+        (:func:`~hf_cocodr.recipe.settings.device_batch_size`, at most :data:`DISTILL_GPU_BATCH_CAP`), but leaving at
+        least :data:`MIN_STEPS_A_PASS` steps a pass over the target queries."""
+        batch = device_batch_size(DISTILL_BATCH_SIZE, DISTILL_GPU_BATCH_CAP)
+        if batch > DISTILL_BATCH_SIZE and "per_device_train_batch_size" not in run.cfg.distill:
+            self._read_queries(run)
+            batch = max(DISTILL_BATCH_SIZE, min(batch, self.num_queries // MIN_STEPS_A_PASS))
+        return batch
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         cfg = run.cfg

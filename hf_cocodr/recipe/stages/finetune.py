@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...modeling.loading import load_encoder
 from ..outputs import save_weight_history, stopped
-from ..settings import AUTO, Auto, check_choice, check_number, check_switch, check_whole, is_joint, option
+from ..settings import (
+    AUTO,
+    Auto,
+    check_choice,
+    check_number,
+    check_switch,
+    check_whole,
+    device_batch_size,
+    gpu_bf16_default,
+    is_joint,
+    option,
+)
 from ..stage import Cost, Stage, run_arguments, source_identity, trajectory
 
 if TYPE_CHECKING:
@@ -19,6 +30,7 @@ if TYPE_CHECKING:
 
 # the losses of the source fine-tune (hf_cocodr.finetuning.losses.PRESETS, named here to keep this module torch-free)
 FINETUNE_PRESETS = ("paper", "reference", "groupdro", "uniform")
+FINETUNE_BATCH_SIZE, FINETUNE_GPU_BATCH_CAP = 32, 128  # queries a step on a CPU, and at most on a GPU
 REFRESH_BUDGET_SHARE = 0.1  # self-negative refreshes are planned only while they cost at most this share of the budget
 MAX_PLANNED_REFRESHES = 2
 
@@ -85,7 +97,7 @@ def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
     cfg, similarity = run.cfg, run.similarity
     return dict(
         **run_arguments(run, "finetune", logging_steps=5, save_steps=50),
-        per_device_train_batch_size=32,
+        per_device_train_batch_size=device_batch_size(FINETUNE_BATCH_SIZE, FINETUNE_GPU_BATCH_CAP),
         num_clusters=50,
         learning_rate=2e-5,
         idro_scale=20.0 if similarity == "cosine" else 1.0,
@@ -198,7 +210,8 @@ class FinetuneStage(Stage):
         return seconds
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
-        return {**_finetune_defaults(run), **run.cfg.finetune}
+        # bf16 on a GPU with native bf16 unless the options say otherwise
+        return {**_finetune_defaults(run), **gpu_bf16_default(run.cfg.finetune), **run.cfg.finetune}
 
     def needs(self, run: RecipeRun) -> set[str]:
         if run.cfg.skip_finetune or run.done(self.name):

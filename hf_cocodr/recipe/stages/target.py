@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..settings import AUTO, Auto, check_choice, check_number, check_whole, is_joint, option
+from ..settings import AUTO, Auto, check_choice, check_number, check_whole, gpu_bf16_default, is_joint, option
 from ..stage import UNBUDGETED_STEPS, Stage, trajectory
 from .finetune import _finetune_defaults, idro_trainer, train_idro
 
@@ -85,7 +85,7 @@ class TargetPairsStage(Stage):
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus
         target = {**_finetune_defaults(run), "output_dir": str(run.dir(self.name)), "idro_preset": "uniform"}
-        return {**target, **run.cfg.target}
+        return {**target, **gpu_bf16_default(run.cfg.target), **run.cfg.target}
 
     def needs(self, run: RecipeRun) -> set[str]:
         return {"target_pairs"} if self.enabled(run.cfg) and not run.done(self.name) else set()
