@@ -62,6 +62,10 @@ class FusionConfig:
             a fitted weight; beside a weight given by hand it is ``"z"`` (the rule such weights were given for, and
             what a fusion saved without this field used). ``True`` / ``False`` (what earlier versions saved) read as
             ``"z"`` / ``"none"``.
+        bm25_zeros: ``"convex"`` only: where a query has fewer than ``depth`` BM25 hits, normalise BM25's top
+            ``depth`` as the index returns it, zero scores included (as mteb's hybrids see it), and give every
+            document BM25 did not return the normalised value of 0, its BM25 score (the default); false: normalise
+            the hits alone, a document not among them below the last (what a fusion saved without this field did).
         fit: how a fitted fusion was found (method, pseudo-queries, seed, the mean nDCG@10 over the pseudo-queries at
             each normalisation and weight of the grid); ``None`` for a fusion given by hand.
     """
@@ -71,6 +75,7 @@ class FusionConfig:
     depth: int = 100
     rrf_k: int = 60
     normalize: str = FIT
+    bm25_zeros: bool = True
     fit: dict[str, Any] | None = None
 
     @property
@@ -87,6 +92,8 @@ class FusionConfig:
             raise ConfigError(f"fusion dense_weight must be a number in [0, 1] or {FIT!r}, got {w!r}")
         if self.fit is not None and not isinstance(self.fit, dict):
             raise ConfigError(f"fusion fit must be a mapping (how the weight was fitted) or null, got {self.fit!r}")
+        if not isinstance(self.bm25_zeros, bool):
+            raise ConfigError(f"fusion bm25_zeros must be true or false, got {self.bm25_zeros!r}")
         for name in ("depth", "rrf_k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -149,18 +156,26 @@ def fuse(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fuse one query's two rankings (rows and scores, best first) into its top-``k``: ``(rows, scores)``.
 
-    Ties are broken by the dense rank, then by the row, so the result is deterministic."""
+    ``bm25_rows`` / ``bm25_scores``: BM25's top ``depth`` as the index returns it; entries scoring 0 (no query term)
+    are never candidates, but with ``fusion.bm25_zeros`` they are part of what is normalised (see
+    :class:`FusionConfig`). Ties are broken by the dense rank, then by the row, so the result is deterministic."""
     if fusion.needs_fit:
         raise ConfigError('the fusion weight is "fit" and was not fitted yet: call fit_fusion (or give a weight)')
     w = float(fusion.dense_weight)
-    cand = np.unique(np.concatenate([dense_rows, bm25_rows]))
+    hits = bm25_scores > 0
+    cand = np.unique(np.concatenate([dense_rows, bm25_rows[hits]]))
     pos = {int(r): i for i, r in enumerate(cand)}
     fused = np.zeros(len(cand), np.float64)
     d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
-    b_idx = np.array([pos[int(r)] for r in bm25_rows], np.int64)
+    b_idx = np.array([pos[int(r)] for r in bm25_rows[hits]], np.int64)
     if fusion.rule == "convex":
         nd, missing_d = normalized(dense_scores, fusion.normalize)
-        nb, missing_b = normalized(bm25_scores, fusion.normalize)
+        if fusion.bm25_zeros and not hits.all():
+            padded, _ = normalized(bm25_scores, fusion.normalize)
+            # a document BM25 did not return has no query term: its BM25 score is 0, normalised as the list's zeros
+            nb, missing_b = padded[hits], float(padded[~hits][0])
+        else:
+            nb, missing_b = normalized(bm25_scores[hits], fusion.normalize)
         dense_part = np.full(len(cand), missing_d)
         bm25_part = np.full(len(cand), missing_b)
         dense_part[d_idx], bm25_part[b_idx] = nd, nb
@@ -310,6 +325,5 @@ def _pseudo_rankings(picks, depth, texts, embeddings, encode_queries, encode_doc
     rankings = []
     for i in range(len(picks)):
         cand = top[i][np.argsort(-sims[i, top[i]], kind="stable")]
-        keep = b_scores[i] > 0
-        rankings.append((cand, sims[i, cand], b_rows[i][keep], b_scores[i][keep], int(rows[i])))
+        rankings.append((cand, sims[i, cand], b_rows[i], b_scores[i], int(rows[i])))
     return rankings

@@ -148,8 +148,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     def run_of(cfg: FusionConfig) -> dict:
         run = {}
         for i, qid in enumerate(qids):
-            keep = bs[i] > 0
-            rows, fused = fuse(di[i], ds[i], bi[i][keep], bs[i][keep], cfg, 2 * depth)
+            rows, fused = fuse(di[i], ds[i], bi[i], bs[i], cfg, 2 * depth)
             run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
         return run
 
@@ -161,7 +160,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
         n: {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, normalize=n, depth=depth))) for w in WEIGHTS}
         for n in NORMS
     }
-    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit2-n{ns.fit_queries}.json"
+    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit3-n{ns.fit_queries}.json"
     if fit_file.is_file():
         cfg = FusionConfig(**json.loads(fit_file.read_text()))
     else:
@@ -302,7 +301,7 @@ def main() -> int:
     (work / "rows").mkdir(parents=True, exist_ok=True)
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
-            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit2.json"
+            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit3.json"
             if row_file.is_file():
                 continue
             r = arm(start, corpus, ns, root, work)
@@ -317,7 +316,7 @@ def main() -> int:
     # every arm finished so far (this run's and earlier ones'), corpora in the study's order
     order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
     rows = [
-        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit2.json"))
+        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit3.json"))
     ]
     rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)

@@ -196,20 +196,15 @@ def test_the_fit_reads_no_judgments_and_the_fitted_weight_survives_save_and_load
     assert again.fusion == built.fusion
     queries = ["cardiac artery blood pressure", "neuron cortex memory"]
     assert again.search(queries, k=5) == built.search(queries, k=5)
-    # a retriever saved by an earlier version (normalize true, or no normalize at all) loads as z-scores
-    as_z = HybridRetriever(
-        built.model,
-        built.doc_ids,
-        built.embeddings,
-        built.bm25,
-        FusionConfig(dense_weight=w, depth=20, normalize="z"),
-        built.meta,
-    )
+    # a retriever saved by an earlier version (normalize true, or no normalize at all; no bm25_zeros) loads as it
+    # fused then: z-scores of BM25's hits alone
+    then = FusionConfig(dense_weight=w, depth=20, normalize="z", bm25_zeros=False)
+    as_then = HybridRetriever(built.model, built.doc_ids, built.embeddings, built.bm25, then, built.meta)
     for old in ({"normalize": True}, {}):
-        fusion = {k: v for k, v in saved["fusion"].items() if k not in ("normalize", "fit")} | old
+        fusion = {k: v for k, v in saved["fusion"].items() if k not in ("normalize", "fit", "bm25_zeros")} | old
         (tmp_path / "h" / "hybrid.json").write_text(json.dumps({**saved, "fusion": fusion}))
         loaded = HybridRetriever.load(tmp_path / "h")
-        assert loaded.fusion.normalize == "z" and loaded.search(queries, k=5) == as_z.search(queries, k=5)
+        assert loaded.fusion == then and loaded.search(queries, k=5) == as_then.search(queries, k=5)
     # a weight given by hand is used as is, with no fit
     fixed = HybridRetriever.build(str(tiny_st_dir), no_qrels_beir, fusion={"depth": 20, "dense_weight": 0.3})
     assert fixed.fusion.dense_weight == 0.3 and fixed.fusion.normalize == "z" and fixed.fusion.fit is None
@@ -233,3 +228,28 @@ def test_evaluate_hybrid_shows_the_fitted_weight_and_dense_weight_overrides_it(t
     assert main([*args, "--dense-weight", "0.7", "--fusion-normalize", "minmax"]) == 0
     fusion = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["fusion"]
     assert fusion["dense_weight"] == 0.7 and fusion["normalize"] == "minmax" and fusion["fit"] is None
+
+
+def test_bm25s_zeros_are_normalised_with_its_hits_but_never_candidates():
+    # BM25's top 4 as the index returns it: two hits, then two documents without a query term (score 0)
+    b_rows, b_scores = np.array([2, 3, 4, 5]), np.array([10.0, 5.0, 0.0, 0.0])
+    at = FusionConfig(dense_weight=0.4, normalize="minmax")
+    # min-max over (10, 5, 0, 0): rows 2, 3 at 1, 0.5, every other document at 0 (its BM25 score); fused at 0.4:
+    # row 0: 0.4, row 1: 0.2, row 2: 0.6, row 3: 0.5 * 0.6 = 0.3
+    rows, scores = fuse(D_ROWS, D_SCORES, b_rows, b_scores, at, 10)
+    assert rows.tolist() == [2, 0, 3, 1]
+    np.testing.assert_allclose(scores, [0.6, 0.4, 0.3, 0.2], atol=1e-7)
+    # without: the hits alone are normalised (row 3 at 0, as a missing document), as a fusion saved earlier did
+    old = FusionConfig(dense_weight=0.4, normalize="minmax", bm25_zeros=False)
+    rows, scores = fuse(D_ROWS, D_SCORES, b_rows, b_scores, old, 10)
+    assert rows.tolist() == [2, 0, 1, 3]
+    np.testing.assert_allclose(scores, [0.6, 0.4, 0.2, 0.0], atol=1e-7)
+    assert [r.tolist() for r in fuse(D_ROWS, D_SCORES, b_rows[:2], b_scores[:2], at, 10)] == [
+        r.tolist() for r in fuse(D_ROWS, D_SCORES, b_rows, b_scores, old, 10)
+    ]
+    # z-scores over (10, 5, 0, 0): mean 3.75, std sqrt(17.1875); at w = 0 the documents BM25 did not return sit at
+    # z(0), in the dense order
+    std = np.sqrt(17.1875)
+    rows, scores = fuse(D_ROWS, D_SCORES, b_rows, b_scores, FusionConfig(dense_weight=0.0, normalize="z"), 10)
+    assert rows.tolist() == [2, 3, 0, 1]
+    np.testing.assert_allclose(scores, np.array([6.25, 1.25, -3.75, -3.75]) / std, rtol=1e-6)

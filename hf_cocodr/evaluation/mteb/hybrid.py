@@ -112,8 +112,8 @@ class HybridSearchModel:
         out: dict[str, dict[str, float]] = {}
         for i, qid in enumerate(qids):
             valid = di[i] >= 0
-            keep = bs[i] > 0  # BM25 gives zero to a document without any query term: not a candidate
-            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i][keep], bs[i][keep], fusion, min(top_k, 2 * depth))
+            # BM25's list as the index returns it (fuse keeps its zero-score entries out of the candidates)
+            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i], bs[i], fusion, min(top_k, 2 * depth))
             ranked = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
             if top_ranked is not None and qid in top_ranked:
                 allowed = set(top_ranked[qid])
