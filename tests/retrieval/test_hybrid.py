@@ -177,6 +177,7 @@ def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path)
         "depth": 100,
         "rrf_k": 60,
         "normalize": fitted["normalize"],
+        "bm25_zeros": True,
     }
     assert fitted["normalize"] in ("z", "minmax", "dbsf")
     retriever = HybridRetriever.build(model, folder)  # fits its own fusion on the same corpus: the same one

@@ -32,7 +32,8 @@ def _fusion_config(fusion) -> FusionConfig:
 
 
 def describe_fusion(fusion: FusionConfig) -> dict[str, Any]:
-    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the weight (or how it is fitted), the depth."""
+    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the normalisation and the weight (or how they
+    are fitted), the depth."""
     out: dict[str, Any] = {"rule": fusion.rule, "depth": fusion.depth}
     if fusion.rule == "rrf":
         out["rrf_k"] = fusion.rrf_k
@@ -40,6 +41,8 @@ def describe_fusion(fusion: FusionConfig) -> dict[str, Any]:
         out["normalize"] = f"fitted per task corpus, one of {', '.join(FIT_NORMALIZATIONS)}"
     else:
         out["normalize"] = fusion.normalize
+    if fusion.rule == "convex":
+        out["bm25_zeros"] = fusion.bm25_zeros
     if fusion.needs_fit:
         out["dense_weight"] = "fitted per task corpus"
         out["fit"] = FIT_METHOD
