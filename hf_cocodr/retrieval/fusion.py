@@ -162,10 +162,18 @@ def fuse(
     if fusion.needs_fit:
         raise ConfigError('the fusion weight is "fit" and was not fitted yet: call fit_fusion (or give a weight)')
     w = float(fusion.dense_weight)
+    cand, dense_part, bm25_part, dense_rank = _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion)
+    fused = w * dense_part + (1.0 - w) * bm25_part
+    order = np.lexsort((cand, dense_rank, -fused))[:k]
+    return cand[order], fused[order].astype(np.float32)
+
+
+def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfig):
+    """One query's candidates and what each system gives them: ``(rows, dense_part, bm25_part, dense_rank)``, the
+    fused score at weight ``w`` being ``w · dense_part + (1 − w) · bm25_part`` (``"rrf"``: the reciprocal ranks)."""
     hits = bm25_scores > 0
     cand = np.unique(np.concatenate([dense_rows, bm25_rows[hits]]))
     pos = {int(r): i for i, r in enumerate(cand)}
-    fused = np.zeros(len(cand), np.float64)
     d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
     b_idx = np.array([pos[int(r)] for r in bm25_rows[hits]], np.int64)
     if fusion.rule == "convex":
@@ -176,17 +184,18 @@ def fuse(
             nb, missing_b = padded[hits], float(padded[~hits][0])
         else:
             nb, missing_b = normalized(bm25_scores[hits], fusion.normalize)
-        dense_part = np.full(len(cand), missing_d)
-        bm25_part = np.full(len(cand), missing_b)
-        dense_part[d_idx], bm25_part[b_idx] = nd, nb
-        fused = w * dense_part + (1.0 - w) * bm25_part
-    else:
-        fused[d_idx] += w / (fusion.rrf_k + np.arange(1, len(d_idx) + 1))
-        fused[b_idx] += (1.0 - w) / (fusion.rrf_k + np.arange(1, len(b_idx) + 1))
+    else:  # a system that did not return a candidate adds nothing
+        nd, nb = (
+            1.0 / (fusion.rrf_k + np.arange(1, len(d_idx) + 1)),
+            1.0 / (fusion.rrf_k + np.arange(1, len(b_idx) + 1)),
+        )
+        missing_d = missing_b = 0.0
+    dense_part = np.full(len(cand), missing_d)
+    bm25_part = np.full(len(cand), missing_b)
+    dense_part[d_idx], bm25_part[b_idx] = nd, nb
     dense_rank = np.full(len(cand), len(cand) + 1, np.int64)
     dense_rank[d_idx] = np.arange(len(d_idx))
-    order = np.lexsort((cand, dense_rank, -fused))[:k]
-    return cand[order], fused[order].astype(np.float32)
+    return cand, dense_part, bm25_part, dense_rank
 
 
 # ---------------------------------------------------------------------------------------------------- label-free fit
@@ -236,16 +245,22 @@ def fit_choice(
         norms = (fusion.normalize,)  # given (or irrelevant: "rrf" normalises nothing)
     weights = grid if fusion.dense_weight == FIT else (float(fusion.dense_weight),)
     curves: dict[str, dict[float, float]] = {}
+    at = np.asarray(weights, np.float64)[:, None]
     for norm in norms:
-        curves[norm] = {}
-        for w in weights:
-            cfg = replace(fusion, dense_weight=float(w), normalize=norm if norm != FIT else "z", fit=None)
-            total = 0.0
-            for d_rows, d_scores, b_rows, b_scores, target in rankings:
-                rows, _ = fuse(d_rows, d_scores, b_rows, b_scores, cfg, 10)
-                hit = np.flatnonzero(rows == target)
-                total += 1.0 / np.log2(hit[0] + 2.0) if hit.size else 0.0
-            curves[norm][float(w)] = total / len(rankings)
+        cfg = replace(fusion, dense_weight=0.5, normalize=norm if norm != FIT else "z", fit=None)
+        gains = np.zeros(len(weights))
+        for d_rows, d_scores, b_rows, b_scores, target in rankings:
+            cand, dense_part, bm25_part, dense_rank = _parts(d_rows, d_scores, b_rows, b_scores, cfg)
+            hit = np.flatnonzero(cand == target)
+            if not hit.size:
+                continue
+            t = hit[0]
+            # every weight at once, as fuse computes each: the target's rank is the candidates fuse puts first
+            fused = at * dense_part + (1.0 - at) * bm25_part
+            tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
+            rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
+            gains += np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
+        curves[norm] = {float(w): float(g) / len(rankings) for w, g in zip(weights, gains)}
     best = max(v for curve in curves.values() for v in curve.values())
     tied = [(i, n, w) for i, (n, curve) in enumerate(curves.items()) for w, v in curve.items() if v >= best - 1e-12]
     _, norm, w = min(tied, key=lambda t: (t[0], abs(t[2] - 0.5), t[2]))

@@ -253,3 +253,28 @@ def test_bm25s_zeros_are_normalised_with_its_hits_but_never_candidates():
     rows, scores = fuse(D_ROWS, D_SCORES, b_rows, b_scores, FusionConfig(dense_weight=0.0, normalize="z"), 10)
     assert rows.tolist() == [2, 3, 0, 1]
     np.testing.assert_allclose(scores, np.array([6.25, 1.25, -3.75, -3.75]) / std, rtol=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["convex", "rrf"])
+def test_the_fits_curves_are_the_mean_ndcg_of_fuses_rankings(rule):
+    """fit_choice scores every weight at once; each value is what ranking with :func:`fuse` at that weight gives
+    (ties, BM25 zeros and targets neither system returned included)."""
+    rng = np.random.default_rng(5)
+    rankings = []
+    for _ in range(30):
+        d_rows = rng.choice(25, 12, replace=False)
+        d_scores = np.sort(rng.integers(0, 6, 12).astype(float))[::-1]  # ties
+        b_rows = rng.choice(25, 12, replace=False)
+        b_scores = np.sort(np.maximum(rng.integers(-4, 9, 12), 0).astype(float))[::-1]  # zeros at the tail
+        rankings.append((d_rows, d_scores, b_rows, b_scores, int(rng.integers(25))))
+    fusion = FusionConfig(rule=rule, depth=12)
+    _, _, curves = fit_choice(rankings, fusion)
+    for norm, curve in curves.items():
+        for w, value in curve.items():
+            cfg = FusionConfig(rule=rule, dense_weight=w, normalize=norm if rule == "convex" else "z", depth=12)
+            gains = []
+            for d_rows, d_scores, b_rows, b_scores, target in rankings:
+                rows, _ = fuse(d_rows, d_scores, b_rows, b_scores, cfg, 10)
+                hit = np.flatnonzero(rows == target)
+                gains.append(1.0 / np.log2(hit[0] + 2.0) if hit.size else 0.0)
+            assert value == pytest.approx(np.mean(gains), abs=1e-12), (norm, w)
