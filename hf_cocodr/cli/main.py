@@ -71,6 +71,14 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
     p.add_argument(
+        "--fusion-normalize",
+        dest="fusion_normalize",
+        choices=["z", "minmax", "dbsf", "none"],
+        default=None,
+        help="with --hybrid, convex rule: how each system's scores are normalised per query (default: fitted with the "
+        "weight, z-scores beside a --dense-weight)",
+    )
+    p.add_argument(
         "--dense-weight",
         dest="dense_weight",
         type=float,
@@ -88,9 +96,10 @@ def _run_evaluate(args, _rest) -> int:
     _output_file("--output", args.output)
     from ..data.beir import load_beir
 
-    fusion = {k: v for k, v in (("rule", args.fusion), ("dense_weight", args.dense_weight)) if v is not None}
+    given = (("rule", args.fusion), ("dense_weight", args.dense_weight), ("normalize", args.fusion_normalize))
+    fusion = {k: v for k, v in given if v is not None}
     if fusion and not args.hybrid:
-        raise UsageError("--fusion / --dense-weight need --hybrid")
+        raise UsageError("--fusion / --dense-weight / --fusion-normalize need --hybrid")
     if args.hybrid:
         from ..retrieval.fusion import FusionConfig
 

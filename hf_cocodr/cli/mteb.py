@@ -73,6 +73,14 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
     p.add_argument(
+        "--fusion-normalize",
+        dest="fusion_normalize",
+        choices=["z", "minmax", "dbsf", "none"],
+        default=None,
+        help="with --hybrid, convex rule: how each system's scores are normalised per query (default: fitted with the "
+        "weight, z-scores beside a --dense-weight)",
+    )
+    p.add_argument(
         "--dense-weight",
         dest="dense_weight",
         type=float,
@@ -96,9 +104,10 @@ def _run_mteb(args, _rest) -> int:
         check_revision(args.revision)
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
-    fusion = {k: v for k, v in (("rule", args.fusion), ("dense_weight", args.dense_weight)) if v is not None}
+    given = (("rule", args.fusion), ("dense_weight", args.dense_weight), ("normalize", args.fusion_normalize))
+    fusion = {k: v for k, v in given if v is not None}
     if (fusion or args.dense_model_name) and not args.hybrid:
-        raise UsageError("--fusion / --dense-weight / --dense-model-name need --hybrid")
+        raise UsageError("--fusion / --dense-weight / --fusion-normalize / --dense-model-name need --hybrid")
     if args.hybrid:
         from ..retrieval.fusion import FusionConfig
 

@@ -1,20 +1,29 @@
 """Fusion of a dense and a BM25 ranking for one query, with label-free rules (the hybrid retriever's core).
 
-- ``"convex"``: each system's scores are z-normalised over its own candidates for the query, and a candidate's fused
-  score is ``w · z_dense + (1 − w) · z_bm25``; a candidate one system did not return sits one standard deviation
-  below that system's last candidate (so ``w = 1`` is the dense ranking and ``w = 0`` the BM25 ranking). With
-  ``normalize=False`` the raw scores are combined instead (``w = 1`` then gives the dense scores themselves, which a
-  distillation teacher needs to equal its student exactly).
+- ``"convex"``: each system's scores are normalised over its own candidates for the query, and a candidate's fused
+  score is ``w · n_dense + (1 − w) · n_bm25`` (so ``w = 1`` is the dense ranking and ``w = 0`` the BM25 ranking).
+  The normalisation (``normalize``, :data:`NORMALIZATIONS`):
+
+  - ``"z"``: z-scores, ``(s − mean) / std``; a candidate one system did not return sits one standard deviation below
+    that system's last candidate;
+  - ``"minmax"``: ``(s − min) / (max − min)`` (mteb's *rsf*); a candidate one system did not return scores 0 there,
+    as its last candidate does;
+  - ``"dbsf"``: ``(s − (mean − 3 std)) / (6 std)`` clipped to [0, 1] (mteb's *dbsf*); a missing candidate scores 0;
+  - ``"none"``: the raw scores (a missing candidate one standard deviation below the last); ``w = 1`` then gives the
+    dense scores themselves, which a distillation teacher needs to equal its student exactly.
+
+  A system whose candidates all score the same gives each of them 0 (``"z"``) or 0.5 (``"minmax"``, ``"dbsf"``).
 - ``"rrf"``: weighted reciprocal-rank fusion, ``w / (rrf_k + rank_dense) + (1 − w) / (rrf_k + rank_bm25)`` (ranks from
   1; a system that did not return the candidate adds nothing).
 
-The dense weight is by default *fitted to the corpus without labels* (``dense_weight="fit"``, :func:`fit_fusion`):
-pseudo-queries are drawn from the corpus in the inverse-cloze way (one sentence of a document is the query, the rest
-of that document, which no longer holds the sentence, is its one relevant document), both systems rank the corpus
-for them, and the weight on a grid that gives the best mean nDCG@10 of the fused ranking over the pseudo-queries is
-kept, so the weight follows how well each system, and their fusion, find a document from a passage it no longer
-holds. No judgment of any kind is read. How the weight was found is kept in :attr:`FusionConfig.fit`; the study of
-the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``reports/studies/hybrid_fit.md``).
+The dense weight and the normalisation are by default *fitted to the corpus without labels* (``dense_weight="fit"``,
+``normalize="fit"``, :func:`fit_fusion`): pseudo-queries are drawn from the corpus in the inverse-cloze way (one
+sentence of a document is the query, the rest of that document, which no longer holds the sentence, is its one
+relevant document), both systems rank the corpus for them, and the pair (normalisation, weight) on a grid that gives
+the best mean nDCG@10 of the fused ranking over the pseudo-queries is kept, so the fusion follows how well each
+system, and their fusion, find a document from a passage it no longer holds. Either can be given by hand; only the
+other is then fitted. No judgment of any kind is read. How the fusion was found is kept in :attr:`FusionConfig.fit`;
+the study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``reports/studies/hybrid_fit.md``).
 """
 
 from __future__ import annotations
@@ -29,6 +38,10 @@ import numpy as np
 from ..errors import ConfigError
 
 FUSION_RULES = ("convex", "rrf")
+NORMALIZATIONS = ("z", "minmax", "dbsf", "none")
+# the normalisations a fit chooses among, in the order equal pseudo-query means are broken ("none" mixes the two
+# systems' scales, which only a weight of 0 or 1 makes sense of)
+FIT_NORMALIZATIONS = ("z", "minmax", "dbsf")
 FIT = "fit"
 FIT_METHOD = "inverse-cloze pseudo-queries from the corpus (no labels)"
 FIT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -39,26 +52,36 @@ class FusionConfig:
     """How the dense and the BM25 ranking of one query are fused (see the module docstring).
 
     Args:
-        rule: ``"convex"`` (per-query z-normalised scores, weighted sum) or ``"rrf"`` (weighted reciprocal ranks).
+        rule: ``"convex"`` (per-query normalised scores, weighted sum) or ``"rrf"`` (weighted reciprocal ranks).
         dense_weight: ``w``, the dense system's weight in [0, 1] (1: dense alone, 0: BM25 alone), or ``"fit"`` (the
             default): fitted to the corpus without labels when the retriever is built (:func:`fit_fusion`).
         depth: candidates taken from each system per query (at least the ``k`` asked for).
         rrf_k: the rank offset of ``"rrf"``.
-        normalize: ``"convex"`` only: z-normalise each system's scores per query (the default) or combine raw scores.
-        fit: how a fitted weight was found (method, pseudo-queries, seed, the mean nDCG@10 over the pseudo-queries at
-            each weight of the grid); ``None`` for a weight given by hand.
+        normalize: ``"convex"`` only: how each system's scores are normalised per query, one of
+            :data:`NORMALIZATIONS`, or ``"fit"`` (the default): chosen among :data:`FIT_NORMALIZATIONS` together with
+            a fitted weight; beside a weight given by hand it is ``"z"`` (the rule such weights were given for, and
+            what a fusion saved without this field used). ``True`` / ``False`` (what earlier versions saved) read as
+            ``"z"`` / ``"none"``.
+        bm25_zeros: ``"convex"`` only: where a query has fewer than ``depth`` BM25 hits, normalise BM25's top
+            ``depth`` as the index returns it, zero scores included (as mteb's hybrids see it), and give every
+            document BM25 did not return the normalised value of 0, its BM25 score (the default); false: normalise
+            the hits alone, a document not among them below the last (what a fusion saved without this field did).
+        fit: how a fitted fusion was found (method, pseudo-queries, seed, the mean nDCG@10 over the pseudo-queries at
+            each normalisation and weight of the grid); ``None`` for a fusion given by hand.
     """
 
     rule: str = "convex"
     dense_weight: float | str = FIT
     depth: int = 100
     rrf_k: int = 60
-    normalize: bool = True
+    normalize: str = FIT
+    bm25_zeros: bool = True
     fit: dict[str, Any] | None = None
 
     @property
     def needs_fit(self) -> bool:
-        """Whether the weight still has to be fitted (``dense_weight == "fit"``); false once it is a number."""
+        """Whether the fusion still has to be fitted (``dense_weight == "fit"``; a ``normalize`` of ``"fit"`` is
+        fitted with it); false once the weight is a number."""
         return self.dense_weight == FIT
 
     def __post_init__(self) -> None:
@@ -69,25 +92,58 @@ class FusionConfig:
             raise ConfigError(f"fusion dense_weight must be a number in [0, 1] or {FIT!r}, got {w!r}")
         if self.fit is not None and not isinstance(self.fit, dict):
             raise ConfigError(f"fusion fit must be a mapping (how the weight was fitted) or null, got {self.fit!r}")
+        if not isinstance(self.bm25_zeros, bool):
+            raise ConfigError(f"fusion bm25_zeros must be true or false, got {self.bm25_zeros!r}")
         for name in ("depth", "rrf_k"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"fusion {name} must be a whole number >= 1, got {v!r}")
-        if not isinstance(self.normalize, bool):
-            raise ConfigError(f"fusion normalize must be true or false, got {self.normalize!r}")
+        if isinstance(self.normalize, bool):  # a fusion saved by an earlier version: z-scores or raw scores
+            self.normalize = "z" if self.normalize else "none"
+        if self.normalize == FIT and w != FIT:
+            self.normalize = "z"
+        if self.normalize not in (*NORMALIZATIONS, FIT):
+            raise ConfigError(
+                f"fusion normalize must be one of {(*NORMALIZATIONS, FIT)} (or true / false), got {self.normalize!r}"
+            )
 
 
-def _zscore(scores: np.ndarray) -> np.ndarray:
-    if scores.size == 0:
-        return scores
-    std = scores.std()
-    return (scores - scores.mean()) / std if std > 0 else np.zeros_like(scores)
+def is_fit_of(fitted: FusionConfig, asked: FusionConfig) -> bool:
+    """Whether ``fitted`` is ``asked`` with what ``asked`` leaves to ``"fit"`` fitted (its other settings the same),
+    so a fit made earlier (a cached retriever's) can stand for fitting ``asked`` again on the same corpus and model."""
+    if fitted.fit is None or fitted.needs_fit or not asked.needs_fit:
+        return False
+    fields = fitted.fit.get("fitted", ["dense_weight"])  # earlier versions fitted the weight alone
+    unfitted = replace(fitted, fit=None, dense_weight=FIT, **({"normalize": FIT} if "normalize" in fields else {}))
+    return unfitted == replace(asked, fit=None)
 
 
-def _gap(scores: np.ndarray) -> float:
-    """How far below a system's last candidate one it did not return sits: one standard deviation (1 if none)."""
+def _spread(scores: np.ndarray) -> float:
+    """A system's standard deviation over its candidates (1 where it has none, or they all score the same)."""
     std = float(scores.std()) if scores.size else 0.0
     return std if std > 0 else 1.0
+
+
+def normalized(scores: np.ndarray, how: str) -> tuple[np.ndarray, float]:
+    """One system's candidate scores of one query normalised by ``how`` (one of :data:`NORMALIZATIONS`), and the
+    value a candidate it did not return takes (see the module docstring)."""
+    s = scores.astype(np.float64)
+    if s.size == 0:
+        return s, 0.0
+    if how in ("minmax", "dbsf"):
+        if how == "minmax":
+            low, span = s.min(), s.max() - s.min()
+        else:
+            low, span = s.mean() - 3.0 * s.std(), 6.0 * s.std()
+        if span <= 0 or (how == "dbsf" and s.std() < 1e-9):
+            return np.full_like(s, 0.5), 0.0
+        return np.clip((s - low) / span, 0.0, 1.0), 0.0
+    if how == "z":
+        std = s.std()
+        s = (s - s.mean()) / std if std > 0 else np.zeros_like(s)
+    elif how != "none":
+        raise ConfigError(f"fusion normalize must be one of {NORMALIZATIONS} here, got {how!r}")
+    return s, float(s.min() - _spread(s))
 
 
 def fuse(
@@ -100,31 +156,46 @@ def fuse(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Fuse one query's two rankings (rows and scores, best first) into its top-``k``: ``(rows, scores)``.
 
-    Ties are broken by the dense rank, then by the row, so the result is deterministic."""
-    if fusion.dense_weight == FIT:
+    ``bm25_rows`` / ``bm25_scores``: BM25's top ``depth`` as the index returns it; entries scoring 0 (no query term)
+    are never candidates, but with ``fusion.bm25_zeros`` they are part of what is normalised (see
+    :class:`FusionConfig`). Ties are broken by the dense rank, then by the row, so the result is deterministic."""
+    if fusion.needs_fit:
         raise ConfigError('the fusion weight is "fit" and was not fitted yet: call fit_fusion (or give a weight)')
     w = float(fusion.dense_weight)
-    cand = np.unique(np.concatenate([dense_rows, bm25_rows]))
-    pos = {int(r): i for i, r in enumerate(cand)}
-    fused = np.zeros(len(cand), np.float64)
-    d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
-    b_idx = np.array([pos[int(r)] for r in bm25_rows], np.int64)
-    if fusion.rule == "convex":
-        zd, zb = dense_scores.astype(np.float64), bm25_scores.astype(np.float64)
-        if fusion.normalize:
-            zd, zb = _zscore(zd), _zscore(zb)
-        # a candidate a system did not return sits one standard deviation below that system's last one
-        dense_part = np.full(len(cand), zd.min() - _gap(zd) if zd.size else 0.0)
-        bm25_part = np.full(len(cand), zb.min() - _gap(zb) if zb.size else 0.0)
-        dense_part[d_idx], bm25_part[b_idx] = zd, zb
-        fused = w * dense_part + (1.0 - w) * bm25_part
-    else:
-        fused[d_idx] += w / (fusion.rrf_k + np.arange(1, len(d_idx) + 1))
-        fused[b_idx] += (1.0 - w) / (fusion.rrf_k + np.arange(1, len(b_idx) + 1))
-    dense_rank = np.full(len(cand), len(cand) + 1, np.int64)
-    dense_rank[d_idx] = np.arange(len(d_idx))
+    cand, dense_part, bm25_part, dense_rank = _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion)
+    fused = w * dense_part + (1.0 - w) * bm25_part
     order = np.lexsort((cand, dense_rank, -fused))[:k]
     return cand[order], fused[order].astype(np.float32)
+
+
+def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfig):
+    """One query's candidates and what each system gives them: ``(rows, dense_part, bm25_part, dense_rank)``, the
+    fused score at weight ``w`` being ``w · dense_part + (1 − w) · bm25_part`` (``"rrf"``: the reciprocal ranks)."""
+    hits = bm25_scores > 0
+    cand = np.unique(np.concatenate([dense_rows, bm25_rows[hits]]))
+    pos = {int(r): i for i, r in enumerate(cand)}
+    d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
+    b_idx = np.array([pos[int(r)] for r in bm25_rows[hits]], np.int64)
+    if fusion.rule == "convex":
+        nd, missing_d = normalized(dense_scores, fusion.normalize)
+        if fusion.bm25_zeros and not hits.all():
+            padded, _ = normalized(bm25_scores, fusion.normalize)
+            # a document BM25 did not return has no query term: its BM25 score is 0, normalised as the list's zeros
+            nb, missing_b = padded[hits], float(padded[~hits][0])
+        else:
+            nb, missing_b = normalized(bm25_scores[hits], fusion.normalize)
+    else:  # a system that did not return a candidate adds nothing
+        nd, nb = (
+            1.0 / (fusion.rrf_k + np.arange(1, len(d_idx) + 1)),
+            1.0 / (fusion.rrf_k + np.arange(1, len(b_idx) + 1)),
+        )
+        missing_d = missing_b = 0.0
+    dense_part = np.full(len(cand), missing_d)
+    bm25_part = np.full(len(cand), missing_b)
+    dense_part[d_idx], bm25_part[b_idx] = nd, nb
+    dense_rank = np.full(len(cand), len(cand) + 1, np.int64)
+    dense_rank[d_idx] = np.arange(len(d_idx))
+    return cand, dense_part, bm25_part, dense_rank
 
 
 # ---------------------------------------------------------------------------------------------------- label-free fit
@@ -152,32 +223,48 @@ def pseudo_queries(texts: list[str], n: int = 400, seed: int = 0, min_words: int
     return out
 
 
-def fit_dense_weight(
+def fit_choice(
     rankings: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]],
     fusion: FusionConfig,
     grid: tuple[float, ...] = FIT_GRID,
-) -> tuple[float, dict[float, float]]:
-    """The dense weight of ``grid`` whose fused ranking gives the best mean nDCG@10 over pseudo-queries with one
-    relevant document each: ``(weight, {weight: mean nDCG@10})``.
+) -> tuple[str, float, dict[str, dict[float, float]]]:
+    """The normalisation and dense weight whose fused ranking gives the best mean nDCG@10 over pseudo-queries with
+    one relevant document each: ``(normalize, weight, {normalize: {weight: mean nDCG@10}})``.
 
-    ``rankings``: one ``(dense_rows, dense_scores, bm25_rows, bm25_scores, target_row)`` per pseudo-query (each
-    system's candidates, best first, as :func:`fuse` takes them). A target at fused rank ``r <= 10`` scores
-    ``1 / log2(r + 1)``, else 0. Equal means go to the weight nearest 0.5 (then the lower one)."""
+    What ``fusion`` gives is kept, what it leaves to ``"fit"`` is searched: the weights of ``grid``, and (``"convex"``
+    only) the normalisations of :data:`FIT_NORMALIZATIONS`. ``rankings``: one ``(dense_rows, dense_scores,
+    bm25_rows, bm25_scores, target_row)`` per pseudo-query (each system's candidates, best first, as :func:`fuse`
+    takes them). A target at fused rank ``r <= 10`` scores ``1 / log2(r + 1)``, else 0. Equal means (up to float
+    noise) go to the normalisation first in :data:`FIT_NORMALIZATIONS`, then to the weight nearest 0.5 (then the
+    lower one)."""
     if not rankings:
-        raise ConfigError("fitting the fusion weight needs at least one pseudo-query")
-    curve: dict[float, float] = {}
-    for w in grid:
-        cfg = replace(fusion, dense_weight=float(w), fit=None)
-        total = 0.0
+        raise ConfigError("fitting the fusion needs at least one pseudo-query")
+    if fusion.rule == "convex" and fusion.normalize == FIT:
+        norms: tuple[str, ...] = FIT_NORMALIZATIONS
+    else:
+        norms = (fusion.normalize,)  # given (or irrelevant: "rrf" normalises nothing)
+    weights = grid if fusion.dense_weight == FIT else (float(fusion.dense_weight),)
+    curves: dict[str, dict[float, float]] = {}
+    at = np.asarray(weights, np.float64)[:, None]
+    for norm in norms:
+        cfg = replace(fusion, dense_weight=0.5, normalize=norm if norm != FIT else "z", fit=None)
+        gains = np.zeros(len(weights))
         for d_rows, d_scores, b_rows, b_scores, target in rankings:
-            rows, _ = fuse(d_rows, d_scores, b_rows, b_scores, cfg, 10)
-            hit = np.flatnonzero(rows == target)
-            total += 1.0 / np.log2(hit[0] + 2.0) if hit.size else 0.0
-        curve[float(w)] = total / len(rankings)
-    best = max(curve.values())
-    # equal up to float noise: the same pseudo-queries ranked the same way
-    tied = [w for w, v in curve.items() if v >= best - 1e-12]
-    return min(tied, key=lambda w: (abs(w - 0.5), w)), curve
+            cand, dense_part, bm25_part, dense_rank = _parts(d_rows, d_scores, b_rows, b_scores, cfg)
+            hit = np.flatnonzero(cand == target)
+            if not hit.size:
+                continue
+            t = hit[0]
+            # every weight at once, as fuse computes each: the target's rank is the candidates fuse puts first
+            fused = at * dense_part + (1.0 - at) * bm25_part
+            tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
+            rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
+            gains += np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
+        curves[norm] = {float(w): float(g) / len(rankings) for w, g in zip(weights, gains)}
+    best = max(v for curve in curves.values() for v in curve.values())
+    tied = [(i, n, w) for i, (n, curve) in enumerate(curves.items()) for w, v in curve.items() if v >= best - 1e-12]
+    _, norm, w = min(tied, key=lambda t: (t[0], abs(t[2] - 0.5), t[2]))
+    return norm, w, curves
 
 
 def fit_fusion(
@@ -191,24 +278,43 @@ def fit_fusion(
     seed: int = 0,
     min_queries: int = 8,
 ) -> FusionConfig:
-    """``fusion`` with its dense weight fitted to the corpus without labels (a copy; returned as is when its weight
-    is a number already).
+    """``fusion`` with what it leaves to ``"fit"`` (the dense weight, the normalisation) fitted to the corpus without
+    labels (a copy; returned as is when nothing is left to fit).
 
     ``texts``: the corpus as the BM25 side indexes it (``title + text``, in row order); ``embeddings``: its dense
     vectors in the same order (scored by inner product, as the dense index does); ``encode_queries`` /
     ``encode_documents``: the dense model's encoders. :func:`pseudo_queries` draws the pseudo-queries; each one's
     source document is replaced, in a BM25 index over the corpus and in a copy of the vectors, by the document
-    without the sentence, and :func:`fit_dense_weight` picks the weight. With fewer than ``min_queries``
-    pseudo-queries (a corpus of one-sentence documents) the weight is 0.5 and ``fit`` says why."""
-    from .index import BM25Index
-
+    without the sentence, and :func:`fit_choice` picks the normalisation and the weight. With fewer than
+    ``min_queries`` pseudo-queries (a corpus of one-sentence documents) the weight is 0.5, the normalisation z-scores,
+    and ``fit`` says why."""
     if not fusion.needs_fit:
         return fusion
     picks = pseudo_queries(texts, n_queries, seed)
     record: dict[str, Any] = {"method": FIT_METHOD, "pseudo_queries": len(picks), "seed": seed}
+    record["fitted"] = [n for n in ("normalize", "dense_weight") if getattr(fusion, n) == FIT]
+    if fusion.rule != "convex":  # "rrf" normalises nothing
+        record["fitted"] = [n for n in record["fitted"] if n != "normalize"]
     if len(picks) < min_queries:
-        record["fallback"] = f"only {len(picks)} pseudo-queries (fewer than {min_queries}): weight 0.5"
-        return replace(fusion, dense_weight=0.5, fit=record)
+        record["fallback"] = f"only {len(picks)} pseudo-queries (fewer than {min_queries}): weight 0.5, z-scores"
+        fallback = {"dense_weight": 0.5, "normalize": "z"}
+        return replace(fusion, **{k: fallback[k] for k in record["fitted"]}, fit=record)
+    rankings = _pseudo_rankings(picks, fusion.depth, texts, embeddings, encode_queries, encode_documents)
+    norm, w, curves = fit_choice(rankings, fusion)
+    record["grid_ndcg_at_10"] = {n: {f"{k:g}": round(v, 4) for k, v in c.items()} for n, c in curves.items()}
+    any_curve = next(iter(curves.values()))  # at w = 1 (0) every normalisation gives the dense (BM25) ranking
+    record.update(
+        dense_alone=round(any_curve[1.0], 4) if 1.0 in any_curve else None,
+        bm25_alone=round(any_curve[0.0], 4) if 0.0 in any_curve else None,
+    )
+    return replace(fusion, dense_weight=w, normalize=norm, fit=record)
+
+
+def _pseudo_rankings(picks, depth, texts, embeddings, encode_queries, encode_documents) -> list[tuple]:
+    """Each pseudo-query's two candidate lists over the corpus with its source document replaced by the rest (the
+    form :func:`fit_choice` takes)."""
+    from .index import BM25Index
+
     rows = np.array([p[0] for p in picks], np.int64)
     queries = [p[1] for p in picks]
     rests = [p[2] for p in picks]
@@ -217,7 +323,7 @@ def fit_fusion(
         mod_texts[r] = rest
     bm25 = BM25Index(mod_texts)
     del mod_texts
-    depth = min(fusion.depth, len(texts))
+    depth = min(depth, len(texts))
     b_scores, b_rows = bm25.search(queries, depth)
     del bm25
     emb = np.asarray(embeddings, np.float32)
@@ -234,12 +340,5 @@ def fit_fusion(
     rankings = []
     for i in range(len(picks)):
         cand = top[i][np.argsort(-sims[i, top[i]], kind="stable")]
-        keep = b_scores[i] > 0
-        rankings.append((cand, sims[i, cand], b_rows[i][keep], b_scores[i][keep], int(rows[i])))
-    w, curve = fit_dense_weight(rankings, fusion)
-    record.update(
-        grid_ndcg_at_10={f"{k:g}": round(v, 4) for k, v in curve.items()},
-        dense_alone=round(curve[1.0], 4) if 1.0 in curve else None,
-        bm25_alone=round(curve[0.0], 4) if 0.0 in curve else None,
-    )
-    return replace(fusion, dense_weight=w, fit=record)
+        rankings.append((cand, sims[i, cand], b_rows[i], b_scores[i], int(rows[i])))
+    return rankings

@@ -287,8 +287,8 @@ class HybridRetriever:
         bs, bi = self.search_bm25(asked, depth)
         for j, i in enumerate(live):
             dense_keep = (di[j] >= 0) & ~np.isin(di[j], self.empty_rows)  # (a missing dense row is -1)
-            # BM25 gives zero to a document without any query term: not a candidate
-            keep = (bs[j] > 0) & ~np.isin(bi[j], self.empty_rows)
+            # BM25's list as the index returns it (fuse keeps its zero-score entries out of the candidates)
+            keep = ~np.isin(bi[j], self.empty_rows)
             rows, fused = fuse(di[j][dense_keep], ds[j][dense_keep], bi[j][keep], bs[j][keep], self.fusion, k)
             ids[i] = [self.doc_ids[r] for r in rows]
             scores[i] = fused.astype(float).tolist()
@@ -435,7 +435,9 @@ class HybridRetriever:
         }
         if info.get("model_relative_to_folder"):
             meta["model"] = str(resolved_path(folder / info["model"]))
-        return cls(st, doc_ids, embeddings, bm25, FusionConfig(**info["fusion"]), meta)
+        # a fusion saved before BM25's zeros were normalised with its hits fuses as it did then
+        fusion = FusionConfig(**{"bm25_zeros": False, **info["fusion"]})
+        return cls(st, doc_ids, embeddings, bm25, fusion, meta)
 
 
 def _saved_model_ref(folder: Path, info: dict[str, Any]) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..storage import cache_dir
 from .encoding import encode_texts
-from .fusion import FusionConfig, fit_fusion
+from .fusion import FusionConfig, fit_fusion, is_fit_of
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -89,9 +88,9 @@ def teacher_retriever(
                 hybrid.save(path)
             except OSError as e:  # the cache only saves time: a run goes on without it
                 logger.warning("the teacher's indexes could not be cached in %s (%s); going on without", path, e)
-    if fusion.needs_fit and hybrid.fusion.fit is not None:  # fitted when it was built: the same corpus and model
-        fusion = replace(fusion, dense_weight=hybrid.fusion.dense_weight, fit=hybrid.fusion.fit)
-    elif fusion.needs_fit:  # a cached teacher built with a weight given by hand
+    if is_fit_of(hybrid.fusion, fusion):  # fitted when it was built: the same corpus, model and settings
+        fusion = hybrid.fusion
+    elif fusion.needs_fit:  # a cached teacher built with a weight given by hand, or fitted another way
         fusion = fit_fusion(
             fusion,
             doc_texts,

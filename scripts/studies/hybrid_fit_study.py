@@ -3,8 +3,11 @@
 For each start model and dev split (SciFact ``train`` claims, NFCorpus ``dev``, SQuAD passages ``dev``; documents at
 256 tokens) the corpus and the queries are encoded once and cached under ``--work`` (so arms are resumable); then:
 
-- the fixed convex fusion at every dense weight ``w`` in 0, 0.1, ..., 1 (0: BM25 alone, 1: the dense model alone);
-- the fitted weight (:func:`hf_cocodr.retrieval.fusion.fit_dense_weight` over pseudo-queries drawn from the corpus, no qrels);
+- the fixed convex fusion at every dense weight ``w`` in 0, 0.1, ..., 1 (0: BM25 alone, 1: the dense model alone),
+  for each normalisation of :data:`~hf_cocodr.retrieval.fusion.FIT_NORMALIZATIONS` (z-scores, min-max, dbsf);
+- the fitted fusion (:func:`hf_cocodr.retrieval.fusion.fit_fusion` at its defaults: the normalisation and the weight
+  chosen over pseudo-queries drawn from the corpus, no qrels), and the former rule (z-scores, the weight alone
+  fitted: the best weight of the same fit's z-score curve);
 - mteb's own :class:`~mteb.models.hybrid_wrappers.HybridSearch` (rrf / dbsf / rsf, equal weights) over the same two
   top-``depth`` lists (the same dense model and the package's bm25s index), in the same process.
 
@@ -16,7 +19,9 @@ Writes ``reports/studies/hybrid_fit.md`` / ``.json`` (rows are rewritten as each
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -27,10 +32,42 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 CORPORA = {
     "scifact": ("scifact", "train", "SciFact dev"),
     "nfcorpus": ("nfcorpus", "dev", "NFCorpus dev"),
-    "squad": ("squad-v1.1", "dev", "SQuAD dev"),
+    "squad": ("squad-v1.1-devsub", "dev", "SQuAD dev (subsample)"),
 }
+SQUAD_QUERIES = 1000
 WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
+NORMS = ("z", "minmax", "dbsf")
 MTEB_RULES = ("rrf", "dbsf", "rsf")
+
+
+def squad_subsample(root: Path, work: Path, n_queries: int = SQUAD_QUERIES, seed: int = 0) -> Path:
+    """SQuAD v1.1 passages as a third dev corpus, cut to what this CPU can encode: every passage of the dev articles
+    (the 2,067 that dev questions are judged against; the 18,891 train passages are left out) and ``n_queries`` dev
+    questions drawn at random (``seed``), with their judgments. Lines are copied verbatim into
+    ``work/squad-v1.1-devsub`` (a BEIR folder, written once)."""
+    out = work / "squad-v1.1-devsub"
+    if (out / "qrels" / "dev.tsv").is_file():
+        return out
+    src = root / "squad-v1.1"
+    qrels = [line.split("\t") for line in (src / "qrels" / "dev.tsv").read_text().splitlines()[1:]]
+    passages = {doc for _, doc, _ in qrels}
+    qids = sorted({q for q, _, _ in qrels})
+    picked = set(random.Random(seed).sample(qids, min(n_queries, len(qids))))
+    tmp = work / "squad-v1.1-devsub.tmp"
+    (tmp / "qrels").mkdir(parents=True, exist_ok=True)
+    with open(src / "corpus.jsonl") as f, open(tmp / "corpus.jsonl", "w") as g:
+        g.writelines(line for line in f if json.loads(line)["_id"] in passages)
+    with open(src / "queries.jsonl") as f, open(tmp / "queries.jsonl", "w") as g:
+        g.writelines(line for line in f if json.loads(line)["_id"] in picked)
+    rows = ["query-id\tcorpus-id\tscore"] + ["\t".join(r) for r in qrels if r[0] in picked]
+    (tmp / "qrels" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def data_folder(corpus: str, root: Path, work: Path) -> Path:
+    """The BEIR folder of one of :data:`CORPORA` (SQuAD's subsample is built under ``work`` on first use)."""
+    return squad_subsample(root, work) if corpus == "squad" else root / CORPORA[corpus][0]
 
 
 def _model(start: str):
@@ -87,7 +124,6 @@ class _Cached:
 
 def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     """Every fusion of one start on one dev split: fixed weights, the fitted one, mteb's rrf / dbsf / rsf."""
-    import json
 
     import numpy as np
 
@@ -98,7 +134,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     from hf_cocodr.retrieval.index import BM25Index, DenseIndex
 
     folder, split, label = CORPORA[corpus]
-    data, docs, q_emb = encodings(start, root / folder, split, work, ns.doc_max_length)
+    data, docs, q_emb = encodings(start, data_folder(corpus, root, work), split, work, ns.doc_max_length)
     qids = list(data.queries["_id"])
     doc_ids = np.asarray(column_numpy(data.corpus, "_id"), dtype=object)
     texts = [t for _, batch in corpus_texts(data.corpus) for t in batch]
@@ -112,8 +148,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     def run_of(cfg: FusionConfig) -> dict:
         run = {}
         for i, qid in enumerate(qids):
-            keep = bs[i] > 0
-            rows, fused = fuse(di[i], ds[i], bi[i][keep], bs[i][keep], cfg, 2 * depth)
+            rows, fused = fuse(di[i], ds[i], bi[i], bs[i], cfg, 2 * depth)
             run[qid] = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
         return run
 
@@ -121,8 +156,11 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
         return round(summarize(data.qrels, run, k_values=(10,))["ndcg@10"], 4)
 
     row: dict = {"start": start, "corpus": label, "queries": len(data.qrels)}
-    row["fixed"] = {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, depth=depth))) for w in WEIGHTS}
-    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit-n{ns.fit_queries}.json"
+    row["fixed"] = {
+        n: {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, normalize=n, depth=depth))) for w in WEIGHTS}
+        for n in NORMS
+    }
+    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit3-n{ns.fit_queries}.json"
     if fit_file.is_file():
         cfg = FusionConfig(**json.loads(fit_file.read_text()))
     else:
@@ -141,8 +179,15 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
 
         fit_file.write_text(json.dumps(asdict(cfg)))
     row["fitted_weight"] = cfg.dense_weight
+    row["fitted_normalize"] = cfg.normalize
     row["fit"] = cfg.fit
     row["fitted"] = ndcg(run_of(cfg))
+    # the former rule: z-scores, the weight alone fitted (the best of the same fit's z curve, rounded to 1e-4 as the
+    # record keeps it; equal values go to the weight nearest 0.5, as fit_choice breaks them)
+    z_curve = {float(w): v for w, v in cfg.fit["grid_ndcg_at_10"]["z"].items()}
+    top = max(z_curve.values())
+    row["fitted_z_weight"] = min((w for w, v in z_curve.items() if v == top), key=lambda w: (abs(w - 0.5), w))
+    row["fitted_z"] = ndcg(run_of(FusionConfig(dense_weight=row["fitted_z_weight"], normalize="z", depth=depth)))
 
     import mteb
     from mteb.models.hybrid_wrappers import HybridSearch
@@ -153,7 +198,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     # mteb's own sub-models where running them costs little: its bm25s baseline over the task's corpus; the dense one
     # returns the top-depth lists of the same vectors computed above (encoding the corpus again in mteb would only
     # repeat them)
-    task = beir_task(root / folder, split, f"{folder}-{split}")
+    task = beir_task(data_folder(corpus, root, work), split, f"{folder}-{split}")
     split_data = beir_split_data(data)
     judged = split_data["queries"].filter(lambda r: r["id"] in data.qrels)
     where = dict(task_metadata=task.metadata, hf_split=split, hf_subset="default", encode_kwargs={})
@@ -167,53 +212,62 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     for rule in MTEB_RULES:
         hs = HybridSearch(models=subs, fusion_strategy=rule, sub_model_top_k=depth)
         row["mteb"][rule] = ndcg(hs.search(judged, top_k=2 * depth, **where))
-    f = row["fixed"]
+    f = row["fixed"]["z"]
     row["dense"], row["bm25"], row["w0.5"] = f["1"], f["0"], f["0.5"]
-    row["best_fixed_w"] = max(f, key=f.get)
+    row["best_fixed_w"] = max(f, key=f.get)  # z-scores, the former rule
     row["best_fixed"] = f[row["best_fixed_w"]]
+    n, w = max(((n, w) for n in NORMS for w in row["fixed"][n]), key=lambda nw: row["fixed"][nw[0]][nw[1]])
+    row["best_any"], row["best_any_at"] = row["fixed"][n][w], f"{n} {w}"
     row["mteb_best"] = max(row["mteb"].values())
     return row
 
 
 def report(rows: list[dict], ns) -> str:
     lines = [
-        "# Hybrid retriever: the dense weight fitted without labels, on the dev splits",
+        "# Hybrid retriever: the fusion fitted without labels, on the dev splits",
         "",
-        "nDCG@10 on the dev splits (SciFact `train` claims, NFCorpus `dev`, SQuAD passages `dev`), documents at "
-        f"{ns.doc_max_length} tokens, each system's top {ns.depth} fused per query (convex rule: z-normalised scores). "
-        "*fitted w*: the dense weight `fit_fusion` picks from "
-        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read); *w=0.5*: the "
-        "former fixed default; *best fixed*: the best of w = 0, 0.1, ..., 1 (chosen on the judgments, an upper bound "
-        "no label-free rule is promised); *mteb rrf / dbsf / rsf*: `mteb.models.hybrid_wrappers.HybridSearch` with "
-        "equal weights over mteb's own `BM25Search` (the `mteb/baseline-bm25s` model, run here on the task's corpus) and "
-        "the same dense model's top-100 (its vectors computed once and shared by every arm), in the same process; "
-        "*mteb bm25s*: that BM25 alone (the package's BM25 is the *BM25* column). "
-        "Command: `python scripts/studies/hybrid_fit_study.py --starts START[,START] --corpora CORPUS[,CORPUS]` (each arm is "
-        "kept under `--work`; the report holds every arm run so far).",
+        "nDCG@10 on the dev splits (SciFact `train` claims, NFCorpus `dev`, SQuAD passages `dev`: see the notes for the "
+        f"SQuAD subsample), documents at {ns.doc_max_length} tokens, each system's top {ns.depth} fused per query. "
+        "*fitted*: the normalisation (z-scores, min-max or dbsf) and the dense weight `fit_fusion` picks from "
+        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read), the default; "
+        "*fitted z*: the former default (z-scores, the weight alone fitted); *z w=0.5*: the fixed default before "
+        "that; *best fixed z* / *best fixed any*: the best of w = 0, 0.1, ..., 1 with z-scores / with any of the three "
+        "normalisations (chosen on the judgments, an upper bound no label-free rule is promised); *mteb rrf / dbsf / "
+        "rsf*: `mteb.models.hybrid_wrappers.HybridSearch` with equal weights over mteb's own `BM25Search` (the "
+        "`mteb/baseline-bm25s` model, run here on the task's corpus) and the same dense model's top 100 (its vectors "
+        "computed once and shared by every arm), in the same process; *mteb bm25s*: that BM25 alone (the package's "
+        "BM25 is the *BM25* column). Command: `python scripts/studies/hybrid_fit_study.py --starts START[,START] "
+        "--corpora CORPUS[,CORPUS]` (each arm is kept under `--work`; the report holds every arm run so far).",
         "",
-        "| start | split | dense | BM25 | mteb bm25s | w=0.5 | best fixed (w) | fitted w | fitted | mteb rrf | mteb dbsf "
-        "| mteb rsf | fitted − max(parts) | fitted − best fixed | fitted − mteb best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| start | split | dense | BM25 | mteb bm25s | z w=0.5 | best fixed z (w) | best fixed any | fitted z (w) "
+        "| fitted (rule, w) | **fitted** | mteb rrf | mteb dbsf | mteb rsf | fitted − max(parts) | fitted − best fixed "
+        "z | fitted − mteb best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         parts = max(r["dense"], r["bm25"])
         lines.append(
             f"| {r['start']} | {r['corpus']} | {r['dense']:.4f} | {r['bm25']:.4f} | {r['mteb_bm25s']:.4f} | "
-            f"{r['w0.5']:.4f} | "
-            f"{r['best_fixed']:.4f} ({r['best_fixed_w']}) | {r['fitted_weight']:g} | **{r['fitted']:.4f}** | "
-            f"{r['mteb']['rrf']:.4f} | {r['mteb']['dbsf']:.4f} | {r['mteb']['rsf']:.4f} | "
+            f"{r['w0.5']:.4f} | {r['best_fixed']:.4f} ({r['best_fixed_w']}) | {r['best_any']:.4f} ({r['best_any_at']}) "
+            f"| {r['fitted_z']:.4f} ({r['fitted_z_weight']:g}) | {r['fitted_normalize']} {r['fitted_weight']:g} | "
+            f"**{r['fitted']:.4f}** | {r['mteb']['rrf']:.4f} | {r['mteb']['dbsf']:.4f} | {r['mteb']['rsf']:.4f} | "
             f"{r['fitted'] - parts:+.4f} | {r['fitted'] - r['best_fixed']:+.4f} | "
             f"{r['fitted'] - r['mteb_best']:+.4f} |"
         )
-    lines += ["", "Fixed weights (nDCG@10 at w = 0, 0.1, ..., 1) and the fit's pseudo-query curve:", ""]
+    lines += [
+        "",
+        "Fixed weights (nDCG@10 at w = 0, 0.1, ..., 1, per normalisation) and the fit's pseudo-query curves:",
+        "",
+    ]
     for r in rows:
-        at_fit = r["fit"]["grid_ndcg_at_10"].get(f"{r['fitted_weight']:g}")
+        fit = r["fit"]
+        curves = fit["grid_ndcg_at_10"]
+        peaks = ", ".join(f"{n} {max(c.values()):.4f} at w {max(c, key=c.get)}" for n, c in curves.items())
         lines.append(
             f"- {r['start']}, {r['corpus']}: fixed "
-            + " ".join(f"{v:.4f}" for v in r["fixed"].values())
-            + f"; pseudo-query nDCG@10 dense {r['fit'].get('dense_alone')}, BM25 {r['fit'].get('bm25_alone')}, "
-            f"at the fitted w {at_fit}"
-            f" ({r['fit']['pseudo_queries']} pseudo-queries, fit {r['fit'].get('seconds', '?')} s)"
+            + "; ".join(f"{n} " + " ".join(f"{v:.4f}" for v in c.values()) for n, c in r["fixed"].items())
+            + f". Pseudo-query nDCG@10: dense {fit.get('dense_alone')}, BM25 {fit.get('bm25_alone')}, peaks {peaks}"
+            f" ({fit['pseudo_queries']} pseudo-queries, fit {fit.get('seconds', '?')} s)"
         )
     return "\n".join(lines) + "\n"
 
@@ -237,10 +291,9 @@ def main() -> int:
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
             folder, split, _label = CORPORA[corpus]
-            encodings(start, root / folder, split, Path(ns.work), ns.doc_max_length)
+            encodings(start, data_folder(corpus, root, Path(ns.work)), split, Path(ns.work), ns.doc_max_length)
     if ns.encode_only:
         return 0
-    import json
 
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
 
@@ -248,20 +301,23 @@ def main() -> int:
     (work / "rows").mkdir(parents=True, exist_ok=True)
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
-            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}.json"
+            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit3.json"
             if row_file.is_file():
                 continue
             r = arm(start, corpus, ns, root, work)
             row_file.write_text(json.dumps(r))
             print(
                 f"{start} {r['corpus']}: dense {r['dense']:.4f} bm25 {r['bm25']:.4f} w0.5 {r['w0.5']:.4f} best "
-                f"{r['best_fixed']:.4f}@{r['best_fixed_w']} fitted {r['fitted']:.4f}@{r['fitted_weight']:g} "
+                f"{r['best_fixed']:.4f}@{r['best_fixed_w']} fitted {r['fitted']:.4f}@{r['fitted_normalize']} "
+                f"{r['fitted_weight']:g} (z: {r['fitted_z']:.4f}@{r['fitted_z_weight']:g}) "
                 f"mteb {r['mteb']}",
                 flush=True,
             )
     # every arm finished so far (this run's and earlier ones'), corpora in the study's order
     order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
-    rows = [json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}.json"))]
+    rows = [
+        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit3.json"))
+    ]
     rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(f"{ns.report}.md", report(rows, ns))

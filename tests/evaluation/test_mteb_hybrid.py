@@ -59,6 +59,13 @@ def test_the_hybrid_writes_the_leaderboard_layout_that_mteb_reads(hybrid_run, wi
     assert parts["dense_model"] == str(wide_model.resolve()) == meta["adapted_from"]
     assert parts["lexical_model"].startswith("bm25s")
     assert parts["fusion"]["rule"] == "convex" and parts["fusion"]["dense_weight"] == "fitted per task corpus"
+    assert parts["fusion"]["normalize"] == "fitted per task corpus, one of z, minmax, dbsf"
+    # the loader the meta names rebuilds the fusion it states: both fitted per corpus
+    from hf_cocodr.evaluation.mteb.hybrid import cocodr_hybrid_loader
+    from hf_cocodr.retrieval.fusion import FusionConfig
+
+    loaded_model = cocodr_hybrid_loader(MODEL_NAME, dense_model=parts["dense_model"], fusion=parts["fusion"])
+    assert loaded_model.fusion == FusionConfig()
     result = mteb.TaskResult.from_disk(rev_dir / "toy-dev.json")
     assert result.task_name == "toy-dev" and "dev" in result.scores
     line = json.loads(stdout.strip().splitlines()[-1])
@@ -78,7 +85,7 @@ def test_the_hybrids_scores_equal_evaluate_hybrid_on_the_same_data(hybrid_run, w
         load_encoder(wide_model), tiny_beir, "dev", show_progress_bar=False, batch_size=16, hybrid=True
     )
     line = json.loads(stdout.strip().splitlines()[-1])
-    assert ours["fusion"] == line["tasks"]["toy-dev"]["fusion"]  # the same weight, fitted the same way
+    assert ours["fusion"] == line["tasks"]["toy-dev"]["fusion"]  # the same rule and weight, fitted the same way
     # mteb writes 5 decimals, evaluate 6: equal up to that rounding
     assert entry["main_score"] == pytest.approx(ours["ndcg@10"], abs=1e-5)
     assert entry["mrr_at_10"] == pytest.approx(ours["mrr@10"], abs=1e-5)
@@ -95,7 +102,9 @@ def test_a_given_weight_is_used_and_hybrid_options_need_hybrid(wide_model, tiny_
     meta = json.loads(
         (tmp_path / "o" / "results" / "test-org__tiny-hybrid" / REVISION / "model_meta.json").read_text()
     )
-    assert meta["loader_kwargs"]["fusion"]["dense_weight"] == 0.3
+    assert (
+        meta["loader_kwargs"]["fusion"]["dense_weight"] == 0.3 and meta["loader_kwargs"]["fusion"]["normalize"] == "z"
+    )
     capsys.readouterr()
     code, _ = _mteb(wide_model, tiny_beir, tmp_path / "p", "--dense-weight", "0.3")
     assert code == 2 and "need --hybrid" in capsys.readouterr().err

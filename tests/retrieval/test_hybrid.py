@@ -156,7 +156,7 @@ def test_evaluate_hybrid_at_its_ends_equals_the_dense_and_the_bm25_evaluation(ti
 
 def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path):
     """``evaluate_retrieval(hybrid=True)`` ranks with :class:`HybridRetriever`: at the default fusion (convex, the
-    dense weight fitted to the corpus, depth 100, over 300 documents so the depth cuts), each query's run is, id for id, what a retriever
+    normalisation and dense weight fitted to the corpus, depth 100, over 300 documents so the depth cuts), each query's run is, id for id, what a retriever
     built over the same corpus returns: its default ``search(k=10)`` is the run's top 10, and its every candidate
     (``k = 2 * depth``) is the whole run, scores included. The model is a trained one (the bundled splade-tiny): the
     tiny test BERT ties half its scores, and tied documents come in the order of the index that holds them (the
@@ -176,10 +176,13 @@ def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path)
         "dense_weight": fitted["dense_weight"],
         "depth": 100,
         "rrf_k": 60,
-        "normalize": True,
+        "normalize": fitted["normalize"],
+        "bm25_zeros": True,
     }
-    retriever = HybridRetriever.build(model, folder)  # fits its own weight on the same corpus: the same one
+    assert fitted["normalize"] in ("z", "minmax", "dbsf")
+    retriever = HybridRetriever.build(model, folder)  # fits its own fusion on the same corpus: the same one
     assert retriever.fusion.dense_weight == fitted["dense_weight"] and retriever.fusion.rule == default.rule
+    assert retriever.fusion.normalize == fitted["normalize"]
     qids, texts = list(data.queries["_id"]), list(data.queries["text"])
     top_ids, _ = retriever.search(texts, 10)
     all_ids, all_scores = retriever.search(texts, 2 * default.depth, depth=default.depth)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ...retrieval.fusion import FIT_METHOD, FusionConfig, fuse
+from ...retrieval.fusion import FIT, FIT_METHOD, FIT_NORMALIZATIONS, FusionConfig, fuse
 from ...retrieval.hybrid import HybridRetriever
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,17 @@ def _fusion_config(fusion) -> FusionConfig:
 
 
 def describe_fusion(fusion: FusionConfig) -> dict[str, Any]:
-    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the weight (or how it is fitted), the depth."""
-    out = {"rule": fusion.rule, "depth": fusion.depth, "normalize": fusion.normalize}
+    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the normalisation and the weight (or how they
+    are fitted), the depth."""
+    out: dict[str, Any] = {"rule": fusion.rule, "depth": fusion.depth}
     if fusion.rule == "rrf":
         out["rrf_k"] = fusion.rrf_k
+    elif fusion.normalize == FIT:
+        out["normalize"] = f"fitted per task corpus, one of {', '.join(FIT_NORMALIZATIONS)}"
+    else:
+        out["normalize"] = fusion.normalize
+    if fusion.rule == "convex":
+        out["bm25_zeros"] = fusion.bm25_zeros
     if fusion.needs_fit:
         out["dense_weight"] = "fitted per task corpus"
         out["fit"] = FIT_METHOD
@@ -64,7 +71,7 @@ class HybridSearchModel:
         self.fusions: dict[str, dict[str, Any]] = {}
 
     def index(self, corpus, *, task_metadata, hf_split: str, hf_subset: str, encode_kwargs, num_proc=None, **kwargs):
-        """Encode the task's corpus and index it for BM25; fit the dense weight to it (unless one was given)."""
+        """Encode the task's corpus and index it for BM25; fit the fusion to it (unless a weight was given)."""
         columns = [c for c in ("id", "title", "text") if c in corpus.column_names]
         docs = corpus.select_columns(columns).rename_column("id", "_id")
         self.retriever = HybridRetriever.build(
@@ -76,9 +83,8 @@ class HybridSearchModel:
         )
         name = getattr(task_metadata, "name", None) or "task"
         self.fusions[name] = asdict(self.retriever.fusion)
-        logger.info(
-            "%s: hybrid fusion %s, dense weight %s", name, self.fusion.rule, self.retriever.fusion.dense_weight
-        )
+        used = self.retriever.fusion
+        logger.info("%s: hybrid fusion %s (%s), dense weight %s", name, used.rule, used.normalize, used.dense_weight)
 
     def search(
         self,
@@ -109,8 +115,8 @@ class HybridSearchModel:
         out: dict[str, dict[str, float]] = {}
         for i, qid in enumerate(qids):
             valid = di[i] >= 0
-            keep = bs[i] > 0  # BM25 gives zero to a document without any query term: not a candidate
-            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i][keep], bs[i][keep], fusion, min(top_k, 2 * depth))
+            # BM25's list as the index returns it (fuse keeps its zero-score entries out of the candidates)
+            rows, fused = fuse(di[i][valid], ds[i][valid], bi[i], bs[i], fusion, min(top_k, 2 * depth))
             ranked = dict(zip(doc_ids[rows].tolist(), fused.astype(float).tolist()))
             if top_ranked is not None and qid in top_ranked:
                 allowed = set(top_ranked[qid])
@@ -136,6 +142,8 @@ def cocodr_hybrid_loader(
     fields = dict(fusion or {})
     if not isinstance(fields.get("dense_weight"), (int, float)):
         fields.pop("dense_weight", None)
+    if str(fields.get("normalize", "")).startswith("fitted"):  # as describe_fusion states a fitted one
+        fields.pop("normalize")
     fields.pop("fit", None)
     return HybridSearchModel(load_encoder(dense_model or model_name, device=device), fusion=fields)
 

@@ -420,7 +420,8 @@ class DistillStage(Stage):
     def _fusion(cfg: RecipeConfig):
         from ...retrieval.fusion import FusionConfig
 
-        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight))
+        # z-scores of BM25's hits alone: the teacher the stage's identity has always named (bm25_zeros came later)
+        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False)
 
     @staticmethod
     def _loss_options(cfg: RecipeConfig, similarity: str) -> dict[str, Any]:
