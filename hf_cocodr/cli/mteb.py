@@ -68,7 +68,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--hybrid",
         action="store_true",
-        help="run the hybrid of MODEL and bm25s over each task's corpus (dense weight fitted per corpus without "
+        help="run the hybrid of MODEL and bm25s over each task's corpus (fusion fitted per corpus without "
         "labels) through mteb's search protocol; --model-name names the hybrid (model_type hybrid)",
     )
     p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")

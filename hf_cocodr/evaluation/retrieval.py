@@ -66,8 +66,9 @@ def evaluate_retrieval(
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
             ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
         fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's,
-            its dense weight fitted to the corpus without labels (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; no
-            qrels are read); the result's ``"fusion"`` gives the weight used and, when fitted, how (``"fit"``).
+            its normalisation and dense weight fitted to the corpus without labels
+            (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives the
+            normalisation and weight used and, when fitted, how (``"fit"``).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -182,7 +183,9 @@ def _hybrid_result(
         )
         del embeddings
         fit_s = time.perf_counter() - t_fit
-        logger.info("hybrid: dense weight %s fitted without labels in %.1f s", fusion.dense_weight, fit_s)
+        logger.info(
+            "hybrid: %s, dense weight %s fitted without labels in %.1f s", fusion.normalize, fusion.dense_weight, fit_s
+        )
     del texts
     hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, bm25, fusion)
     t1 = time.perf_counter()

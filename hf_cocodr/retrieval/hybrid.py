@@ -3,10 +3,11 @@
 The lexical channel of a corpus is the largest gain a strong dense model can take without labels: BM25 ranks by the
 corpus's own words, which a model trained elsewhere never saw weighted that way. :class:`HybridRetriever` keeps both
 indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.retrieval.fusion.FusionConfig`:
-z-normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion). By default the dense
-weight is fitted to the corpus when the retriever is built, from pseudo-queries drawn from the corpus itself (no
-labels; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`); the weight and how it was found are saved with the retriever
-(``hybrid.fusion.dense_weight``, ``hybrid.fusion.fit``). A weight given by hand is used as is.
+normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion). By default the
+normalisation (z-scores, min-max or dbsf) and the dense weight are fitted to the corpus when the retriever is built,
+from pseudo-queries drawn from the corpus itself (no labels; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`); what was
+chosen and how are saved with the retriever (``hybrid.fusion.normalize``, ``hybrid.fusion.dense_weight``,
+``hybrid.fusion.fit``). A weight given by hand is used as is (with z-scores unless a normalisation is given too).
 
 Example::
 
@@ -161,7 +162,7 @@ class HybridRetriever:
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
-        FusionConfig` with its dense weight fitted here to the corpus without labels
+        FusionConfig` with its normalisation and dense weight fitted here to the corpus without labels
         (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number as
         ``dense_weight`` is used as is."""
         from ..data.beir import _load_jsonl_dataset, load_corpus

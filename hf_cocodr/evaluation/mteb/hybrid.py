@@ -1,8 +1,9 @@
 """The package's hybrid retriever (a dense model + bm25s, fused per query) as an MTEB search model.
 
 :class:`HybridSearchModel` follows mteb 2's search protocol (``index(corpus, ...)`` then ``search(queries, ...)``):
-``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus, fitting the dense weight to that
-corpus without labels (the default; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`) or using the weight given; ``search`` fuses
+``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus, fitting the normalisation and the
+dense weight to that corpus without labels (the default; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`) or using the weight
+given; ``search`` fuses
 each system's top ``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores
 equal the evaluation's on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
 hybrid's: ``model_type=["hybrid"]``, the two parts, the fusion and how it is fitted in ``loader_kwargs``, the dense
@@ -57,8 +58,9 @@ class HybridSearchModel:
     Args:
         model: a loaded SentenceTransformer (the dense part).
         meta: the hybrid's ``ModelMeta`` (:func:`hybrid_model_meta`), used by mteb for the results path.
-        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields; default: the package's (weight fitted per
-            corpus). After each task, :attr:`fusions` maps its name to the fusion used (the fitted weight and how).
+        fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields; default: the package's (normalisation and
+            weight fitted per corpus). After each task, :attr:`fusions` maps its name to the fusion used (what was
+            fitted and how).
     """
 
     def __init__(self, model, meta=None, fusion=None, batch_size: int = 64, doc_max_length: int | None = None):
@@ -135,7 +137,7 @@ def cocodr_hybrid_loader(
     **kwargs: Any,
 ):
     """Load the hybrid of ``dense_model`` (a sentence-transformers model) and bm25s as an mteb search model; the
-    dense weight is fitted to each task's corpus unless ``fusion["dense_weight"]`` is a number."""
+    normalisation and the dense weight are fitted to each task's corpus unless ``fusion`` gives them."""
     from hf_cocodr import load_encoder
     from hf_cocodr.evaluation.mteb.hybrid import HybridSearchModel
 

@@ -140,15 +140,15 @@ def run_mteb(
             :mod:`.hybrid`) through mteb's search protocol instead of the dense model alone; ``model_name`` is then
             the hybrid's name and its ``ModelMeta`` has ``model_type=["hybrid"]``. Each task's scores equal
             ``hf-cocodr evaluate --hybrid``'s on the same data.
-        fusion: with ``hybrid``: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields (default: the dense weight
-            fitted to each task's corpus without labels).
+        fusion: with ``hybrid``: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields (default: the normalisation
+            and the dense weight fitted to each task's corpus without labels).
         dense_model_name: with ``hybrid``: how ``model_meta.json`` names the dense part (default: the Hub id given,
             else the base model mteb knows for a model no hf_cocodr stage trained, else the model's folder).
 
     Returns:
         ``{"results_folder", "model_meta", "model_name", "revision", "tasks": {name: {"main_score", "ndcg@10",
-        "recall@100", "mrr@10", "splits", "file"}}}``; with ``hybrid`` each task also has ``"fusion"`` (the weight
-        used, and how it was fitted).
+        "recall@100", "mrr@10", "splits", "file"}}}``; with ``hybrid`` each task also has ``"fusion"`` (the
+        normalisation and weight used, and how they were fitted).
 
     Raises:
         ValueError: bad model name, revision, task name or unknown MTEB task; nothing to evaluate.
