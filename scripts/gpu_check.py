@@ -11,8 +11,9 @@ It prints a table and writes JSON (``--out``): for sentence-transformers' ``Mult
 with on this device and in its precision (bf16 on a GPU with native bf16): texts/s, tokens/s (padding not counted)
 and the GPU's mean utilisation while it trained (sampled every 0.5 s), counted by
 :class:`~hf_cocodr.finetuning.callbacks.ThroughputMeter`, with the ratios to MNRL (COCO: to the plain MLM step). Then
-the recipe with target queries (NFCorpus train) under ``--max-minutes 2`` on the device: the steps each stage
-trained, its texts/s and GPU utilisation, and nDCG@10 of the starting and the adapted model on the dev splits.
+the recipe with unlabelled target queries (the distillation study's pools of SciFact and NFCorpus queries, none of
+them a dev query) under ``--max-minutes 2`` on the device: the steps each stage trained, its texts/s and GPU
+utilisation, and nDCG@10 of the starting and the adapted model on the SciFact and NFCorpus dev splits.
 
 ``--smoke`` runs the same code paths on a CPU with tiny sizes (splade-tiny, a slice of NFCorpus) in about a minute;
 ``tests/test_gpu_check.py`` runs it. What a CUDA image lacks and how to bring it: docs/throughput.md.
@@ -263,23 +264,62 @@ def bench_mlm(setup: Setup) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------- the recipe
+def _read_lines(folder: Path, name: str) -> list[str]:
+    """The lines of ``folder/name`` or of ``folder/name.gz``."""
+    import gzip
+
+    path = folder / name
+    opened = open(path) if path.is_file() else gzip.open(path.with_name(name + ".gz"), "rt")
+    with opened as f:
+        return [line for line in f.read().splitlines() if line.strip()]
+
+
+def dev_and_pool(root: Path, out: Path, names=("nfcorpus", "scifact")) -> Path:
+    """The distillation study's splits (scripts/studies/distill_study.py) in ``out``: SciFact's judged claims split by
+    id (even: the unlabelled ``pool``, odd: ``dev``), NFCorpus' train queries (``pool``) and its ``dev`` split; a pool
+    keeps no query whose text a dev query has (the recipe refuses to train on the queries it evaluates). Corpora and
+    queries are linked."""
+    from hf_cocodr.data.target_queries import normalize_query
+
+    for name in names:
+        src, dst = root / name, out / name
+        (dst / "qrels").mkdir(parents=True, exist_ok=True)
+        for f in ("corpus.jsonl", "corpus.jsonl.gz", "queries.jsonl", "queries.jsonl.gz"):
+            if (src / f).is_file() and not (dst / f).exists():
+                (dst / f).symlink_to((src / f).resolve())
+        header, *train = _read_lines(src / "qrels", "train.tsv")
+        if name == "scifact":
+            pool = [r for r in train if int(r.split("\t")[0]) % 2 == 0]
+            dev = [r for r in train if int(r.split("\t")[0]) % 2 == 1]
+        else:
+            pool, dev = train, _read_lines(src / "qrels", "dev.tsv")[1:]
+        texts = {q["_id"]: q["text"] for q in map(json.loads, _read_lines(src, "queries.jsonl"))}
+        dev_texts = {normalize_query(texts[r.split("\t")[0]]) for r in dev}  # (a claim can repeat under two ids)
+        pool = [r for r in pool if normalize_query(texts[r.split("\t")[0]]) not in dev_texts]
+        for split, rows in (("pool", pool), ("dev", dev)):
+            (dst / "qrels" / f"{split}.tsv").write_text("\n".join([header, *rows]) + "\n")
+    return out
+
+
 def check_recipe(setup: Setup) -> dict[str, Any]:
-    """The recipe with target queries (NFCorpus train) under ``--max-minutes`` on the device; what it trained, how
-    busy it kept the device, and nDCG@10 of the starting and the adapted model on the dev splits."""
+    """The recipe with unlabelled target queries (the study's pools) under ``--max-minutes`` on the device; what it
+    trained, how busy it kept the device, and nDCG@10 of the starting and the adapted model on the dev splits."""
     from hf_cocodr.recipe import run_recipe
 
-    nf = setup.data / "nfcorpus"
+    names = ("nfcorpus",) if setup.smoke else ("nfcorpus", "scifact")
+    data = dev_and_pool(setup.data, setup.work / "study", names)
+    targets = [str(data / n) for n in names]
+    evals = [f"{data / n}:dev" for n in names]
+    config: dict[str, Any] = {"target_queries": [f"{data / n}:pool" for n in names]}
     if setup.smoke:  # a slice: NFCorpus is its own source task; the distillation alone, as MiniLM's schedule trains
         # it, and fixed steps keep it short (the probe, the plan and the deadlines of a budget stay; the budget is
         # wide, so that a busy CPU does not refuse it)
-        targets, source, evals = [str(nf)], str(nf), [f"{nf}:dev"]
-        config = {"skip_coco": True, "skip_finetune": True, "distill_steps": 2, "distill_k": 3}
+        source = str(setup.data / "nfcorpus")
+        config.update(skip_coco=True, skip_finetune=True, distill_steps=2, distill_k=3)
         config["distill"] = {"per_device_train_batch_size": 4}
     else:
-        scifact = setup.data / "scifact"
-        targets, source = [str(nf), str(scifact)], str(setup.data / "squad-v1.1")
-        evals, config = [f"{nf}:dev", f"{scifact}:train"], {}
-    config.update(target_queries=[f"{nf}:train"], skip_distill=False, save_hybrid=False)
+        source = str(setup.data / "squad-v1.1")
+    config.update(skip_distill=False, save_hybrid=False)
     out = setup.work / "recipe"
     t0 = time.perf_counter()
     summary = run_recipe(

@@ -222,6 +222,10 @@ def _check_before_work(
     refuse_eval_overlap(cfg.target_queries, evals)  # no run trains on the queries it is evaluated on
     if any(s.reads_target_queries and s.enabled(cfg) for s in stages) and target_corpora:
         check_distill_inputs(cfg, target_corpora)  # before the teacher encodes the corpus
+    for stage in stages:  # what a stage refuses of the other stages' settings (e.g. query-side distillation)
+        check = getattr(stage, "check_before_work", None)
+        if check is not None:
+            check(cfg, stages)
     return methods
 
 

@@ -65,6 +65,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--core", default="0", help="the core the commands are pinned to (taskset -c)")
     ap.add_argument("--work", default="outputs/cpu_budget")
     ap.add_argument("--report", default="reports/studies/cpu_budget")
+    ap.add_argument("--findings", default="reports/studies/cpu_budget_findings.md")
     ap.add_argument("--report-only", action="store_true")
     return ap.parse_args()
 
@@ -263,6 +264,11 @@ def write_report(ns, rows: dict) -> None:
     lines = [
         "# A CPU budget that buys learning: the 15-minute recipe on one core, from a cold start",
         "",
+    ]
+    findings = Path(ns.findings)
+    if findings.is_file():
+        lines += [findings.read_text().strip(), ""]
+    lines += [
         f"all-MiniLM-L6-v2, `--max-minutes {ns.budget_minutes:g}`, one core (`taskset -c {ns.core}`, "
         "`OMP_NUM_THREADS=1`), a fresh `HF_COCODR_CACHE` and output folder per row, timed from the command's start. "
         "Target corpora SciFact + NFCorpus, source SQuAD; target queries SciFact's even-id half of the train claims "

@@ -142,3 +142,8 @@ def test_query_side_distillation_refuses_what_it_cannot_do(tiny_bert_nomlm_dir, 
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "wise_alpha": 0.5}
     with pytest.raises(ConfigError, match="WiSE-FT cannot interpolate"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "w", config=cfg)
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "skip_finetune": False, "finetune_steps": 2}
+    with pytest.raises(ConfigError, match="source fine-tuning would train the model before it"):
+        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "f", config=cfg)
+    # both refused before any work: no folder claimed, no model loaded
+    assert not (tmp_path / "w").exists() and not (tmp_path / "f").exists()

@@ -354,6 +354,26 @@ class DistillStage(Stage):
             )
         return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
 
+    def check_before_work(self, cfg: RecipeConfig, stages) -> None:
+        """Refuse, before any work, a query-side distillation (``distill_side: query``) that a stage before it would
+        start from another model (its frozen documents are the starting model's vectors) or WiSE-FT would follow
+        (it cannot interpolate an asymmetric model with the starting one)."""
+        if cfg.distill_side != "query" or not self.enabled(cfg):
+            return
+        names = [s.name for s in stages]
+        before = [s.label for s in stages[: names.index(self.name)] if s.trains and s.enabled(cfg)]
+        if before:
+            raise ConfigError(
+                "distill_side query trains the query side against the starting model's document vectors, but "
+                f"{', '.join(before)} would train the model before it: switch them off, or set distill_side full"
+            )
+        if cfg.wise_alpha is not None:
+            raise ConfigError(
+                "distill_side query saves an asymmetric model (a query route and the starting model's document "
+                "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
+                "distill_side full"
+            )
+
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
     def query_side(run: RecipeRun) -> bool:
