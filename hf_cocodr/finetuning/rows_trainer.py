@@ -389,17 +389,6 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
                 len(self.skipped_steps),
             )
 
-    def _flag_skip(self) -> None:
-        self._skip_optimizer_step = True
-        step = self.state.global_step + 1
-        if not self.skipped_steps or self.skipped_steps[-1] != step:
-            self.skipped_steps.append(step)
-            logger.warning(
-                "non-finite loss at step %d: the optimizer step is skipped (%d skipped so far)",
-                step,
-                len(self.skipped_steps),
-            )
-
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self._log_n:
             logs = dict(logs)
