@@ -149,10 +149,7 @@ def run_recipe(
     try:
         inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
         run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
-        # each corpus is encoded once per model: the teacher, the evaluations and the hybrids share the encoding,
-        # and a resumed or repeated run reads it from the cache
-        with cache_corpus_encodings(run.corpus_encodings):
-            return _run_stages(run, stages)
+        return _run_stages(run, stages)
     finally:
         folder.release()
 
@@ -230,7 +227,15 @@ def _check_before_work(
 
 
 def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
-    """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations."""
+    """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations; each
+    corpus is encoded once per model (the teacher, the evaluations and the hybrids share it, and a resumed or repeated
+    run reads it from the cache: :func:`~hf_cocodr.retrieval.encoding_cache.cache_corpus_encodings`)."""
+    with cache_corpus_encodings(run.corpus_encodings):
+        return _run_stages_cached(run, stages)
+
+
+def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
+    """:func:`_run_stages` inside its corpus-encoding cache."""
     cfg = run.cfg
     run.pooling, run.similarity = _model_similarity(run.model)
     logger.info(

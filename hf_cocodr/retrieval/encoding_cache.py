@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from ..data.beir import corpus_texts
 from ..modeling.asymmetric import document_modules
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
-from .hybrid import _corpus_ids_texts, corpus_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +125,17 @@ def current_precision(model) -> str:
     )
 
 
+def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
+    """A content hash of a corpus as the hybrid indexes it (its ids and its ``title + text`` in order)."""
+    h = hashlib.sha256()
+    for doc_id, text in zip(doc_ids, texts):
+        h.update(doc_id.encode("utf-8", "surrogatepass"))
+        h.update(b"\x1f")
+        h.update(text.encode("utf-8", "surrogatepass"))
+        h.update(b"\x1e")
+    return h.hexdigest()[:32]
+
+
 def corpus_key(corpus) -> str:
     """The content fingerprint of a corpus dataset (ids and ``title + text`` in order), computed once per dataset
     within the block."""
@@ -132,7 +143,11 @@ def corpus_key(corpus) -> str:
     memo = _ACTIVE["corpus_keys"] if _ACTIVE is not None else {}
     if memo_key[0] is not None and memo_key in memo:
         return memo[memo_key]
-    fp = corpus_fingerprint(*_corpus_ids_texts(corpus))
+    ids, texts = [], []
+    for batch_ids, batch_texts in corpus_texts(corpus):
+        ids += list(batch_ids)
+        texts += batch_texts
+    fp = corpus_fingerprint(ids, texts)
     if memo_key[0] is not None:
         memo[memo_key] = fp
     return fp

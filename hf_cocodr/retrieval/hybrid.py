@@ -41,11 +41,13 @@ from typing import Any
 
 import numpy as np
 
+from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
 from ..errors import ConfigError
 from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_json, resolved_path
+from .encoding_cache import corpus_fingerprint
 from .fusion import FusionConfig, fit_fusion, fuse
 
 logger = logging.getLogger(__name__)
@@ -74,22 +76,9 @@ def check_k(k) -> int:
     return int(k)
 
 
-def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
-    """A content hash of a corpus as the hybrid indexes it (its ids and its ``title + text`` in order)."""
-    h = hashlib.sha256()
-    for doc_id, text in zip(doc_ids, texts):
-        h.update(doc_id.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1f")
-        h.update(text.encode("utf-8", "surrogatepass"))
-        h.update(b"\x1e")
-    return h.hexdigest()[:32]
-
-
 def _corpus_ids_texts(corpus) -> tuple[list[str], list[str]]:
     """Ids and ``title + text`` of a corpus: a BEIR folder, a ``corpus.jsonl`` file or a dataset with ``_id`` /
     ``text`` (and optionally ``title``) columns."""
-    from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
-
     if isinstance(corpus, (str, os.PathLike)):
         path = Path(corpus)
         corpus = _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)
@@ -165,7 +154,6 @@ class HybridRetriever:
         FusionConfig` with its normalisation and dense weight fitted here to the corpus without labels
         (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number as
         ``dense_weight`` is used as is."""
-        from ..data.beir import _load_jsonl_dataset, load_corpus
         from .encoding import build_index, encode_texts, model_similarity
         from .index import BM25Index
 

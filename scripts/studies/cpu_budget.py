@@ -242,6 +242,10 @@ def summarize(rows: dict) -> dict:
     return out
 
 
+def minutes(summary: dict) -> str:
+    return f"{summary['command_seconds'] / 60:.1f}" if "command_seconds" in summary else ""
+
+
 def why(row: dict) -> str:
     """The refusal or error of a row that did not finish, from its message on."""
     text = row.get("refused_or_failed", "")
@@ -304,7 +308,7 @@ def write_report(ns, rows: dict) -> None:
             f"{cell(s, 'NFCorpus dev gain ndcg@10')} | {cell(s, 'SciFact dev gain hybrid_ndcg@10')} | "
             f"{cell(s, 'NFCorpus dev gain hybrid_ndcg@10')} | {s.get('steps', '')} | {s.get('passes', '')} | "
             f"{s.get('planned_optimizer_share', '')} | {s.get('fixed_seconds', '')} | "
-            f"{s['command_seconds'] / 60 if 'command_seconds' in s else 0:.1f} | {describe(arm)} |"
+            f"{minutes(s)} | {describe(arm)} |"
         )
     lines += [
         "",
