@@ -141,3 +141,24 @@ def batch(n=8, seed=0):
         pos.append(tiny.document(rng, t, 2))
         neg.append(tiny.document(rng, topics[(i + 3) % len(topics)], 2))
     return [qs, pos, neg]
+
+
+# Every training stage of the recipe for two steps on tiny batches (COCO, the paper-preset fine-tune, the
+# distillation), no pseudo pairs, no WiSE-FT, no saved hybrid: the runs that check what each stage's steps see.
+EVERY_STAGE_TWO_STEPS = dict(
+    skip_coco=False,
+    skip_finetune=False,
+    skip_distill=False,
+    target_pairs="none",
+    wise_alpha=None,
+    coco_runs=1,
+    coco_steps=2,
+    finetune_steps=2,
+    distill_steps=2,
+    finetune_preset="paper",
+    save_hybrid=False,
+    distill_k=3,
+    coco={"per_device_train_batch_size": 4},
+    finetune={"per_device_train_batch_size": 4, "num_clusters": 3, "num_negatives": 1},
+    distill={"per_device_train_batch_size": 4},
+)

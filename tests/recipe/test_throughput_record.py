@@ -7,25 +7,9 @@ import json
 
 import pytest
 import torch
+from helpers import EVERY_STAGE_TWO_STEPS
 
-CFG = dict(
-    skip_coco=False,
-    skip_finetune=False,
-    skip_distill=False,
-    target_pairs="none",
-    wise_alpha=None,
-    coco_runs=1,
-    coco_steps=2,
-    finetune_steps=2,
-    distill_steps=2,
-    finetune_preset="paper",
-    save_hybrid=False,
-    evaluate_start=False,
-    distill_k=3,
-    coco={"per_device_train_batch_size": 4},
-    finetune={"per_device_train_batch_size": 4, "num_clusters": 3, "num_negatives": 1},
-    distill={"per_device_train_batch_size": 4},
-)
+CFG = {**EVERY_STAGE_TWO_STEPS, "evaluate_start": False}
 
 
 @pytest.fixture(autouse=True)
