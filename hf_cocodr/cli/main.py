@@ -69,21 +69,9 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="evaluate the hybrid of the model and BM25 (top-level metrics; dense and bm25 beside them)",
     )
-    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
-    p.add_argument(
-        "--fusion-normalize",
-        dest="fusion_normalize",
-        choices=["z", "minmax", "dbsf", "none"],
-        default=None,
-        help="with --hybrid, convex rule: how each system's scores are normalised per query (default: fitted with the "
-        "weight, z-scores beside a --dense-weight)",
-    )
-    p.add_argument(
-        "--dense-weight",
-        dest="dense_weight",
-        type=float,
-        default=None,
-        help="with --hybrid: the dense system's weight in [0, 1] (default: fitted to the corpus without labels, "
+    add_fusion_flags(
+        p,
+        "with --hybrid: the dense system's weight in [0, 1] (default: fitted to the corpus without labels, "
         "from pseudo-queries drawn from it; the JSON's fusion says which weight and how)",
     )
 
@@ -162,6 +150,21 @@ def _add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-length", type=int, default=None)
     p.add_argument("--legacy-format", action="store_true", help="write the sentence-transformers 5.x module layout")
     add_overwrite_flag(p)
+
+
+def add_fusion_flags(p: argparse.ArgumentParser, dense_weight_help: str) -> None:
+    """``--fusion``, ``--fusion-normalize`` and ``--dense-weight``: the hybrid's fusion, as ``evaluate`` and ``mteb``
+    take it."""
+    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
+    p.add_argument(
+        "--fusion-normalize",
+        dest="fusion_normalize",
+        choices=["z", "minmax", "dbsf", "none"],
+        default=None,
+        help="with --hybrid, convex rule: how each system's scores are normalised per query (default: fitted with the "
+        "weight, z-scores beside a --dense-weight)",
+    )
+    p.add_argument("--dense-weight", dest="dense_weight", type=float, default=None, help=dense_weight_help)
 
 
 def add_overwrite_flag(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..rundir.run_record import RunFolder, fingerprint
 from ..utils import atomic_write_text
-from .main import UsageError, add_overwrite_flag, register
+from .main import UsageError, add_fusion_flags, add_overwrite_flag, register
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -71,22 +71,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
         help="run the hybrid of MODEL and bm25s over each task's corpus (fusion fitted per corpus without "
         "labels) through mteb's search protocol; --model-name names the hybrid (model_type hybrid)",
     )
-    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
-    p.add_argument(
-        "--fusion-normalize",
-        dest="fusion_normalize",
-        choices=["z", "minmax", "dbsf", "none"],
-        default=None,
-        help="with --hybrid, convex rule: how each system's scores are normalised per query (default: fitted with the "
-        "weight, z-scores beside a --dense-weight)",
-    )
-    p.add_argument(
-        "--dense-weight",
-        dest="dense_weight",
-        type=float,
-        default=None,
-        help="with --hybrid: the dense system's weight in [0, 1] instead of the fitted one",
-    )
+    add_fusion_flags(p, "with --hybrid: the dense system's weight in [0, 1] instead of the fitted one")
     p.add_argument(
         "--dense-model-name",
         default=None,
