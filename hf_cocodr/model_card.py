@@ -90,27 +90,33 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
 
     One row per data set and split: ``dataset`` (the table label), ``name``, ``split``, ``dataset_type`` (a Hub
     dataset id for MTEB's built-in tasks, else the local data set's name), ``dataset_revision``, ``source`` and
-    ``metrics`` (``{"ndcg@10": value, ...}``). MTEB results of the model's hybrid (``hf-cocodr mteb --hybrid``
-    into the same ``mteb_results`` folder: its ``model_meta.json`` says ``model_type`` hybrid) are rows too, with
-    ``system`` set to :data:`HYBRID_SYSTEM` and the label saying so.
+    ``metrics`` (``{"ndcg@10": value, ...}``). Results of the model's hybrid with BM25 (an ``eval.json`` entry of
+    ``evaluate --hybrid`` or the recipe, :func:`_eval_systems`; ``hf-cocodr mteb --hybrid`` into the same
+    ``mteb_results`` folder, whose ``model_meta.json`` says ``model_type`` hybrid) are rows of their own, with
+    ``system`` set to :data:`HYBRID_SYSTEM` and the label saying so: a model's row holds what the model alone scores.
     """
     rows: list[dict[str, Any]] = []
     ev = _read_json(directory / EVAL_FILE)
     if isinstance(ev, dict):
         for key, value in ev.items():
-            if isinstance(value, dict) and "ndcg@10" in value:
-                name, split = _split_spec(key)
-                metrics = {k: v for k, v in value.items() if _metric_label(k) and isinstance(v, (int, float))}
+            if not (isinstance(value, dict) and "ndcg@10" in value):
+                continue
+            name, split = _split_spec(key)
+            for system, result in _eval_systems(value):
                 rows.append(
                     {
-                        "dataset": f"{name}:{split}" if split else name,  # not where the data lies here
+                        # the label is not where the data lies here
+                        "dataset": (f"{name}:{split}" if split else name) + (f", {system}" if system else ""),
                         "name": name,
                         "split": split,
                         "dataset_type": name,
                         "dataset_revision": None,
                         "source": "hf-cocodr evaluate",
-                        "metrics": metrics,
-                        **_metric_subset(value),
+                        "system": system,
+                        "metrics": {
+                            k: v for k, v in result.items() if _metric_label(k) and isinstance(v, (int, float))
+                        },
+                        **_metric_subset(result),
                     }
                 )
     mteb_root = directory / MTEB_DIR
@@ -201,6 +207,21 @@ def eval_results(evaluations: list[dict[str, Any]]) -> list:
                 )
             )
     return out
+
+
+def _eval_systems(value: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """The model's own metrics and, where the evaluation was a hybrid one, the hybrid's, from one ``eval.json``
+    entry: ``(None, model metrics)`` first, then ``(HYBRID_SYSTEM, hybrid metrics)``.
+
+    ``evaluate --hybrid`` (and the recipe's evaluation of its final model) stores the hybrid at the top level with
+    the model's own metrics under ``"dense"``; the recipe's ``OUT/eval.json`` stores the model's at the top level
+    with the hybrid's under ``"hybrid"``. Either way the model's row holds what the model alone scores."""
+    dense, hybrid = value.get("dense"), value.get("hybrid")
+    if isinstance(dense, dict) and "ndcg@10" in dense:
+        return [(None, dense), (HYBRID_SYSTEM, value)]
+    if isinstance(hybrid, dict) and "ndcg@10" in hybrid:
+        return [(None, value), (HYBRID_SYSTEM, hybrid)]
+    return [(None, value)]
 
 
 def _metric_subset(value: dict[str, Any]) -> dict[str, Any]:

@@ -133,3 +133,27 @@ def test_card_lists_the_hybrids_mteb_results_beside_the_models_own(model_dir):
     assert "| SciFact (test), hybrid with BM25 | MTEB | 0.7500 | 0.9600 | 0.6500 |" in body
     values = [m["value"] for r in yaml.safe_load(front)["model-index"][0]["results"] for m in r["metrics"]]
     assert 0.7 in values and 0.75 not in values
+
+
+@pytest.mark.parametrize("layout", ["evaluate_hybrid", "recipe_summary"])
+def test_hybrid_evaluation_is_not_the_models_score(model_dir, layout):
+    """An ``eval.json`` entry of a hybrid evaluation: the model-index and the model's row hold the dense model's
+    metrics (what the model alone scores), and the hybrid gets a row of its own, labelled, outside the model-index.
+    ``evaluate --hybrid`` stores the hybrid at the top level (the model's metrics under "dense"); the recipe's
+    summary stores the model's at the top level (the hybrid under "hybrid")."""
+    dense = {"ndcg@10": 0.4, "recall@100": 0.8, "mrr@10": 0.3}
+    hybrid = {"ndcg@10": 0.7, "recall@100": 0.9, "mrr@10": 0.6}
+    entry = {**hybrid, "dense": dense, "bm25": dict(dense)} if layout == "evaluate_hybrid" else {**dense, "hybrid": hybrid}
+    (model_dir / "eval.json").write_text(json.dumps({"scifact:dev": entry}))
+    text = write_model_card(model_dir, load(model_dir), STAGES).read_text()
+    meta = yaml.safe_load(text.split("---\n", 2)[1])
+    ndcg = [
+        m["value"]
+        for r in meta["model-index"][0]["results"]
+        if r["dataset"]["name"] == "scifact"
+        for m in r["metrics"]
+        if m["type"] == "ndcg_at_10"
+    ]
+    assert ndcg == [0.4]
+    assert "| scifact:dev | hf-cocodr evaluate | 0.4000 | 0.8000 | 0.3000 |" in text
+    assert "| scifact:dev, hybrid with BM25 | hf-cocodr evaluate | 0.7000 | 0.9000 | 0.6000 |" in text
