@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .citations import CITATIONS
+from .modeling.asymmetric import is_asymmetric
 from .modeling.loading import pooling_mode
 from .provenance import (
     LEGACY_TRAINING_INFO_FILE,
@@ -36,6 +37,7 @@ logger = logging.getLogger(__name__)
 TRAINING_INFO_FILE = PROVENANCE_FILE
 EVAL_FILE = "eval.json"
 MTEB_DIR = "mteb_results"
+DISTILL_READER = "the hybrid-teacher distillation"  # the card's name of the distillation as a reader of target data
 HYBRID_SYSTEM = "hybrid with BM25"  # how the card labels the rows of an hf-cocodr mteb --hybrid run
 RETRIEVAL_TASK = ("text-retrieval", "Retrieval")  # the Hub's task id for retrieval (as mteb maps it) and its name
 HF_COCODR_URL = "https://github.com/hf-cocodr/hf_cocodr"
@@ -275,7 +277,9 @@ def build_card_data(
     method_cards = {m: c for m, c in (data.get("method_cards") or {}).items() if m in methods and isinstance(c, dict)}
     known = {**CITATIONS, **{m: c["citation"] for m, c in method_cards.items() if c.get("citation")}}
     pretraining_corpora = sorted({c for s in stages if s.get("type") == "coco" for c in s.get("corpora", [])})
-    finetuning_corpora = sorted({c for s in stages if s.get("type") == "finetune" for c in s.get("corpora", [])})
+    finetuning_corpora = sorted(
+        {c for s in stages if s.get("type") in ("finetune", "distill") for c in s.get("corpora", [])}
+    )
     target_queries_read = sorted({q for s in stages for q in s.get("target queries", [])})
     readers = (
         ["training on target pseudo pairs"]
@@ -283,6 +287,13 @@ def build_card_data(
         else []
     )
     readers += [c["reads_target_corpora"] for c in method_cards.values() if c.get("reads_target_corpora")]
+    distilled = any(s.get("type") == "distill" for s in stages)
+    readers += [DISTILL_READER] if distilled and any(s.get("corpora") for s in stages if s.get("type") == "distill") else []
+    # who read the unlabelled target queries: the distillation (its teacher ranks them), or a method (MoDIR)
+    query_readers = [DISTILL_READER] if any(s.get("type") == "distill" and s.get("target queries") for s in stages) else []
+    if any(s.get("type") != "distill" and s.get("target queries") for s in stages):
+        query_readers += [c["reads_target_queries"] for c in method_cards.values() if c.get("reads_target_queries")]
+        query_readers += [] if query_readers else ["fine-tuning"]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in known and m not in citations]
@@ -312,6 +323,8 @@ def build_card_data(
         recipe_schedule=data.get("recipe_schedule"),
         start_vs_adapted=public_value(data.get("start_vs_adapted")),
         target_queries_read=target_queries_read,
+        query_readers=_sentence_start(" and ".join(dict.fromkeys(query_readers))),
+        asymmetric=is_asymmetric(model),
         source_data=source_data,
         stages=stages,
         datasets=datasets,
@@ -322,6 +335,11 @@ def build_card_data(
         citations=[known[c] for c in citations],
     )
     return data
+
+
+def _sentence_start(text: str) -> str:
+    """``text`` with its first letter upper-cased (and nothing else changed: "MoDIR" stays "MoDIR")."""
+    return text[:1].upper() + text[1:]
 
 
 def _tokenizer_lowercases(transformer) -> bool:

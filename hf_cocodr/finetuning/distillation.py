@@ -107,6 +107,7 @@ class DistillationTrainer(RowsTrainer):
     """
 
     arguments_class = DistillationTrainingArguments
+    stage_type = "distill"  # how the model card and the provenance describe the stage (stage_info)
 
     def _check_rows(self, args) -> None:
         super()._check_rows(args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from ..methods.registry import get_method
 from ..provenance import source_info as previous_training_info
 
@@ -20,6 +22,8 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
     refresh = getattr(a, "refresh_negatives_every_steps", 0)  # (a distillation's arguments have none)
     if refresh:
         negs += f", then self-mined (ANCE-style) every {refresh} steps"
+    if getattr(trainer, "stage_type", None) == "distill":
+        return distill_stage_info(trainer)
     pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
     if pseudo is not None:  # target pseudo pairs: no labels, no source task
         return {
@@ -72,6 +76,42 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["joint target pseudo pairs"] = (
             f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, {joint[0].batch_size} pairs per step"
         )
+    return info
+
+
+def distill_stage_info(trainer) -> dict[str, Any]:
+    """A distillation stage on the card: no relevance labels (the teacher ranks the unlabelled target queries), the
+    side that trained, and the target data read."""
+    a = trainer.args
+    from .losses.distill import QuerySideDistillLoss
+
+    query_side = isinstance(trainer.loss, QuerySideDistillLoss)
+    try:  # the teacher's candidates of a row: one column of scores per candidate
+        labels = trainer.training_data.row_labels([0])
+        candidates = int(np.asarray(labels).shape[-1]) if labels is not None else None
+    except Exception:  # a rows source that cannot say
+        candidates = None
+    info: dict[str, Any] = {
+        "type": "distill",
+        "title": "hybrid-teacher distillation" + (" (query side)" if query_side else ""),
+        "method": "distillation",
+        "teacher": "the starting model fused with BM25 over each target corpus (no relevance labels)",
+        "trained": (
+            "the query encoder only: documents go through the starting model's encoder, unchanged"
+            if query_side
+            else "the whole model (queries and documents)"
+        ),
+        "steps": trainer.state.global_step,
+        "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
+        "candidates per query": candidates,
+        "learning rate": a.learning_rate,
+        "seed": a.seed,
+    }
+    info = {k: v for k, v in info.items() if v is not None}
+    if getattr(trainer, "target_corpora_read", None):
+        info["corpora"] = list(trainer.target_corpora_read)
+    if getattr(trainer, "target_queries_read", None):
+        info["target queries"] = list(trainer.target_queries_read)
     return info
 
 

@@ -153,4 +153,6 @@ class Method:
             meta["citation"] = dict(cls.citation)
         if cls.reads_target_corpora:
             meta["reads_target_corpora"] = cls.label or cls.name
+        if cls.reads_target_queries:
+            meta["reads_target_queries"] = cls.label or cls.name
         return meta

@@ -134,6 +134,20 @@ def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_
     assert [r["source"] for r in record["corpus_encodings"]].count("encoded") == 1
     assert {"ndcg@10", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
     assert res[f"{tiny_beir}:dev"]["recall@100"] > 0
+    # the card says what the model is and what trained it: asymmetric, distilled without labels, the queries read
+    card = (out / "model" / "README.md").read_text()
+    assert "It is **asymmetric**" in card and "| Architecture | asymmetric" in card and "router_config.json" in card
+    assert "### Stage 1: hybrid-teacher distillation (query side)" in card
+    assert "| trained | the query encoder only" in card and "| candidates per query | 3 |" in card
+    assert f"The hybrid-teacher distillation also read the **queries** (never their relevance labels) of: {tiny_beir.name}:train" in card
+    assert "Relevance labels came only from" not in card  # the teacher needs none
+    # the model-index holds the dense model's scores (the recipe also evaluates the hybrid: a row of its own)
+    import yaml
+
+    meta = yaml.safe_load(card.split("---\n", 2)[1])
+    ndcg = [m["value"] for r in meta["model-index"][0]["results"] for m in r["metrics"] if m["type"] == "ndcg_at_10"]
+    assert ndcg == [pytest.approx(res[f"{tiny_beir}:dev"]["ndcg@10"], abs=1e-6)]
+    assert f"| {tiny_beir.name}:dev, hybrid with BM25 | hf-cocodr evaluate |" in card
 
 
 def test_query_side_distillation_refuses_what_it_cannot_do(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
