@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 MODEL_FILES = frozenset(
     {
         "modules.json",
+        "router_config.json",  # an asymmetric model's routes (a sentence-transformers Router)
         "config.json",
         "config_sentence_transformers.json",
         "sentence_bert_config.json",
@@ -119,19 +120,32 @@ def _without_local_paths(obj: Any) -> Any:
     return public_value(obj)
 
 
+def _inside(rel: Any) -> str | None:
+    """The first component of a relative path that stays inside the folder; None otherwise."""
+    if isinstance(rel, str) and rel and not os.path.isabs(rel) and ".." not in Path(rel).parts:
+        return Path(rel).parts[0]
+    return None
+
+
 def _module_folders(model_dir: Path) -> set[str]:
-    """The sub-folders ``modules.json`` names (``1_Pooling``, ``2_Dense``, ...): relative, inside the folder."""
-    if (model_dir / "modules.json").is_symlink():
-        return set()
-    try:
-        modules = json.loads((model_dir / "modules.json").read_text())
-    except (OSError, ValueError):
-        return set()
-    out = set()
-    for m in modules if isinstance(modules, list) else []:
-        rel = m.get("path") if isinstance(m, dict) else None
-        if isinstance(rel, str) and rel and not os.path.isabs(rel) and ".." not in Path(rel).parts:
-            out.add(Path(rel).parts[0])
+    """The sub-folders ``modules.json`` names (``1_Pooling``, ``2_Dense``, ...), and those of a ``Router`` module
+    (an asymmetric model: ``query_0_Transformer``, ``document_1_Pooling``, ... as its ``router_config.json`` lists
+    them): relative, inside the folder."""
+    out: set[str] = set()
+    for name in ("modules.json", "router_config.json"):
+        if (model_dir / name).is_symlink():
+            continue
+        try:
+            data = json.loads((model_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if name == "modules.json":
+            paths = [m.get("path") for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+        else:  # {"structure": {"query": ["query_0_Transformer", ...], "document": [...]}, "types": {...}}
+            structure = data.get("structure") if isinstance(data, dict) else None
+            routes = structure.values() if isinstance(structure, dict) else []
+            paths = [p for route in routes if isinstance(route, list) for p in route]
+        out |= {f for f in map(_inside, paths) if f}
     return out
 
 

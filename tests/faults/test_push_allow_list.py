@@ -136,3 +136,36 @@ def test_a_model_whose_files_are_links_is_refused_by_name(hub, tiny_st_dir, tmp_
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "modules.json" in errors[0] and "symbolic link" in errors[0], proc.stderr
     assert "acme/links" not in state.repos  # refused before the Hub was asked anything
+
+
+def test_an_asymmetric_model_is_pushed_whole(hub, tiny_st_dir, tmp_path):
+    """A query-side model (a sentence-transformers Router): its routes' module folders and ``router_config.json``
+    go up with it (``modules.json`` names only the Router), and what was uploaded loads and encodes as the local
+    model does on both routes."""
+    import numpy as np
+    import torch
+
+    from hf_cocodr.modeling.asymmetric import query_side_model
+
+    state, url = hub
+    model = query_side_model(SentenceTransformer(str(tiny_st_dir)))
+    with torch.no_grad():  # the query route moved, as after a query-side distillation
+        for p in model[0].sub_modules["query"].parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    folder = tmp_path / "asym"
+    model.save(str(folder))
+    write_model_card(folder, SentenceTransformer(str(folder)), {})
+    local = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+    assert "router_config.json" in local and any(p.startswith("query_0_") for p in local)
+    proc = push(folder, "acme/asymmetric", url, tmp_path / "home")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    uploaded = state.repos["acme/asymmetric"]["branches"]["main"]
+    assert set(uploaded) == local  # every file SentenceTransformer.save wrote, the card and the provenance
+    clone = tmp_path / "clone"
+    for rel, data in uploaded.items():
+        (clone / rel).parent.mkdir(parents=True, exist_ok=True)
+        (clone / rel).write_bytes(data)
+    loaded, texts = SentenceTransformer(str(clone)), ["alpha beta", "gamma delta epsilon"]
+    assert np.allclose(loaded.encode_query(texts), model.encode_query(texts), atol=1e-6)
+    assert np.allclose(loaded.encode_document(texts), model.encode_document(texts), atol=1e-6)
+    assert not np.allclose(loaded.encode_query(texts), loaded.encode_document(texts), atol=1e-4)
