@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .model_card import write_model_card
+from .modeling.asymmetric import is_asymmetric
 from .modeling.limits import check_lengths, position_limit
 from .modeling.loading import (
     COCODR_POOLING,
@@ -45,6 +46,12 @@ def _transformer_module(model):
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     first = model[0]
+    if is_asymmetric(model):
+        raise ValueError(
+            "the model is asymmetric (a sentence-transformers Router: a query route and a document route); export "
+            "rebuilds one symmetric Transformer + Pooling model and would lose a route. Its folder is complete as "
+            "SentenceTransformer.save wrote it: load, evaluate or push it as it is."
+        )
     if not isinstance(first, Transformer):
         raise ValueError(f"the model's first module is {type(first).__name__}; export expects a Transformer module.")
     extra = [type(m).__name__ for m in list(model)[1:] if not isinstance(m, (Pooling, Normalize))]
@@ -383,6 +390,12 @@ def convert_checkpoint(
     :func:`export_sentence_transformer`.
     """
     src_s = str(src)
+    if (Path(src_s) / "router_config.json").is_file():
+        raise ValueError(
+            f"{src_s} is an asymmetric sentence-transformers model (router_config.json: a query route and a document "
+            "route, as query-side distillation saves it); convert turns a raw COCO-DR / Condenser checkpoint into a "
+            "CLS/dot model and would lose a route. The folder loads as it is: SentenceTransformer(path)."
+        )
     check_lengths(
         src_s, {"query_length": query_length, "document_length": document_length, "max_seq_length": max_seq_length}
     )

@@ -201,3 +201,22 @@ def test_export_in_place_keeps_checkpoints_and_other_files(tiny_bert_dir, tmp_pa
     with pytest.raises(FileExistsError, match="read from"):  # never in place: the source is what it reads
         export_sentence_transformer(str(out), out)
     assert {k: v for k, v in _digest(out).items() if k in kept} == kept
+
+
+def test_convert_and_export_refuse_an_asymmetric_model_by_name(tiny_st_dir, tmp_path, capsys):
+    """A query-side model (a Router with a query and a document route) would lose a route in a symmetric rebuild:
+    both commands say so, and write nothing."""
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.cli import main
+    from hf_cocodr.export import export_sentence_transformer
+    from hf_cocodr.modeling.asymmetric import query_side_model
+
+    asym = tmp_path / "asym"
+    query_side_model(SentenceTransformer(str(tiny_st_dir))).save(str(asym))
+    assert main(["convert", str(asym), str(tmp_path / "converted")]) == 2
+    err = capsys.readouterr().err
+    assert "asymmetric" in err and "router_config.json" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="the model is asymmetric"):
+        export_sentence_transformer(str(asym), tmp_path / "exported")
+    assert not (tmp_path / "converted").exists() and not (tmp_path / "exported").exists()
