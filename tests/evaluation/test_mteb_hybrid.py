@@ -110,3 +110,33 @@ def test_a_given_weight_is_used_and_hybrid_options_need_hybrid(wide_model, tiny_
     assert code == 2 and "need --hybrid" in capsys.readouterr().err
     code, _ = _mteb(wide_model, tiny_beir, tmp_path / "q", "--hybrid", "--dense-weight", "2")
     assert code == 2 and "dense_weight" in capsys.readouterr().err
+
+
+def test_an_asymmetric_model_is_run_by_mteb_through_its_routes(wide_model, tiny_beir, tmp_path):
+    """A query-side model (a Router): mteb encodes the task's queries through the query route and its documents
+    through the document route, so its scores equal ``evaluate``'s, which routes the same way (and both differ from
+    encoding everything through one route)."""
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.modeling.asymmetric import query_side_model
+
+    model = query_side_model(SentenceTransformer(str(wide_model)))
+    with torch.no_grad():
+        for p in model[0].sub_modules["query"].parameters():
+            p.mul_(1.5)
+    asym = tmp_path / "asym"
+    model.save(str(asym))
+    texts = ["alpha beta", "gamma"]
+    assert not np.allclose(model.encode_query(texts), model.encode_document(texts), atol=1e-4)
+    code, _ = _mteb(asym, tiny_beir, tmp_path / "o")
+    assert code == 0
+    entry = json.loads((tmp_path / "o" / "results" / "test-org__tiny-hybrid" / REVISION / "toy-dev.json").read_text())
+    ours = evaluate_retrieval(SentenceTransformer(str(asym)), tiny_beir, "dev", show_progress_bar=False, batch_size=16)
+    assert entry["scores"]["dev"][0]["main_score"] == pytest.approx(ours["ndcg@10"], abs=1e-5)
+    assert entry["scores"]["dev"][0]["recall_at_100"] == pytest.approx(ours["recall@100"], abs=1e-5)
+    # queries through the document route would score as the starting model does: the routes make a difference here
+    start = evaluate_retrieval(load_encoder(wide_model), tiny_beir, "dev", show_progress_bar=False, batch_size=16)
+    keys = [k for k in ours if k.startswith(("ndcg@", "mrr@", "map@"))]
+    assert any(abs(ours[k] - start[k]) > 1e-4 for k in keys)
