@@ -8,7 +8,9 @@ from typing import Any
 
 from ..errors import ConfigError
 from .config import AUTO, Auto, RecipeConfig
+from .settings import no_gpu
 from .stages import MLM_HEAD_WARMUP_SHARE, instantiate
+from .stages.distill import resolve_distill_side
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
 PAPER_SCHEDULE: dict[str, Any] = dict(
@@ -76,6 +78,13 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     resolved = type(cfg)(**values)
     _share_switched_on_stages(resolved, chosen)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
+    if resolved.distill_side == AUTO:  # what the distillation trains: the query side where it can on a CPU
+        stages = instantiate()
+        side, side_why = resolve_distill_side(resolved, stages, on_gpu=not no_gpu())
+        resolved.distill_side = side
+        if not resolved.skip_distill:
+            chosen["distill_side"] = side
+            record["distill_side"] = side_why
     if has_mlm_head is not True and not resolved.skip_coco:  # absent or not inspectable: a fresh head, warmed up
         record["mlm_head"] = (
             f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"

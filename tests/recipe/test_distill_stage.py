@@ -20,6 +20,7 @@ CFG = dict(
     skip_coco=True,
     target_pairs="none",
     wise_alpha=None,
+    distill_side="full",  # the whole model (auto would train the query side on this CPU: tests/recipe/test_query_side.py)
     distill_steps=4,
     distill_k=3,
     distill={"per_device_train_batch_size": 4, "save_steps": 2},

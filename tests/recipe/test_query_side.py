@@ -151,7 +151,7 @@ def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_
 
 
 def test_query_side_distillation_refuses_what_it_cannot_do(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
-    with pytest.raises(ConfigError, match="distill_side must be one of full, query"):
+    with pytest.raises(ConfigError, match="distill_side must be one of auto, full, query"):
         RecipeConfig(distill_side="documents").validate()
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "wise_alpha": 0.5}
     with pytest.raises(ConfigError, match="WiSE-FT cannot interpolate"):

@@ -52,6 +52,27 @@ def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillatio
     assert record["set_by_user"] == {"wise_alpha": None, "coco_mlm_weight": 0.3}
 
 
+def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_the_model(monkeypatch):
+    """``distill_side: auto`` resolves to ``query`` on a CPU when the distillation starts from the starting model and
+    no WiSE-FT follows, to ``full`` where a stage trains before it, WiSE-FT follows or a GPU trains; a side the user
+    gives is kept; the choice and why are recorded."""
+    queries = ["data/scifact:train"]
+    monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: True)
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
+    assert cfg.distill_side == "query" == record["chosen"]["distill_side"] and "CPU" in record["distill_side"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries, skip_coco=False), False)
+    assert cfg.distill_side == "full" and "COCO" in record["distill_side"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries, wise_alpha=0.5), False)
+    assert cfg.distill_side == "full" and "WiSE-FT" in record["distill_side"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries, distill_side="full"), False)
+    assert cfg.distill_side == "full" and "distill_side" not in record["chosen"]
+    cfg, record = choose_schedule(RecipeConfig(), False)  # no distillation: nothing to choose, nothing recorded
+    assert cfg.distill_side in ("full", "query") and "distill_side" not in record
+    monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: False)
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
+    assert cfg.distill_side == "full" and "GPU" in record["distill_side"]
+
+
 def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
     tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir, tmp_path
 ):

@@ -38,7 +38,7 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 # the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
-DISTILL_SIDES = ("full", "query")  # what the distillation trains (distill_side)
+DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
 MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
 
@@ -74,11 +74,12 @@ class DistillSettings:
         "steps; the queries' side of the loss trains the model)",
     )
     distill_side: str = option(
-        "full",
+        "auto",
         "distillation: what trains. full: the whole model, its candidates encoded in every step; query: the query "
         "side alone, against the starting model's frozen vectors of the corpus (a step encodes its queries only), "
         "saved as an asymmetric model (a sentence-transformers Router: queries through the adapted encoder, "
-        "documents through the starting one, so an index built with the starting model stays valid)",
+        "documents through the starting one, so an index built with the starting model stays valid); auto: query "
+        "on a CPU where the distillation starts from the starting model and no WiSE-FT follows, full otherwise",
     )
     distill_max_passes: float | None = option(
         DISTILL_MAX_PASSES,
@@ -112,6 +113,23 @@ class DistillSettings:
                 f"recipe option distill_side must be one of {', '.join(DISTILL_SIDES)}, got {self.distill_side!r}"
             )
         check_switch(self, "skip_distill")
+
+
+def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
+    """``(side, why)`` for ``distill_side: auto``: ``query`` on a CPU when the distillation runs, starts from the
+    starting model (no training stage before it) and no WiSE-FT follows it; ``full`` otherwise. On one CPU core a
+    query-side step costs a thirtieth of a full one and three seeds gained more at the steps a cold budget buys
+    (reports/studies/cpu_budget.md); on a GPU the full distillation is the one measured on held-out data
+    (docs/adaptation.md)."""
+    names = [s.name for s in stages]
+    before = [s.label for s in stages[: names.index("distill")] if s.trains and s.enabled(cfg)]
+    if on_gpu:
+        return "full", "a GPU trains the whole model (the full distillation is the one measured there)"
+    if before:
+        return "full", f"{', '.join(before)} train(s) the model before the distillation"
+    if cfg.wise_alpha is not None:
+        return "full", "WiSE-FT follows, which cannot interpolate an asymmetric model"
+    return "query", "on a CPU the query side buys many more steps (a step encodes its queries only)"
 
 
 def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
