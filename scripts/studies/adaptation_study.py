@@ -307,8 +307,8 @@ STARTS = {
     # questions many times, so it reads 20,000 SQuAD questions (COCO-DR's source is MS MARCO's 500k).
     "splade-tiny": {
         "work": "outputs/paper_setting",
-        "report": "reports/studies/paper_setting",
-        "findings": "reports/studies/paper_setting_findings.md",
+        "report": "reports/paper_setting",
+        "findings": "reports/paper_setting_findings.md",
         "doc_max_length": 256,
         "base": {"max_queries": 20000, "corpus_pool": 2, "save_hybrid": False},
         "describe": "splade-tiny (2 layers, hidden 128, trained MLM head; MS MARCO SPLADE only; CLS "
