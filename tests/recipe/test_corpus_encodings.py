@@ -36,7 +36,8 @@ def test_a_run_encodes_each_corpus_once_per_model(tiny_bert_nomlm_dir, tiny_beir
         return real(model, texts, kind=kind, **kw)
 
     monkeypatch.setattr(enc, "encode_texts", counting)
-    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"]}
+    # the full distillation: two models encode the corpus (a query-side run encodes it once: test_query_side.py)
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "full"}
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "run", evals=[f"{tiny_beir}:dev"], config=cfg)
     record = json.loads((tmp_path / "run" / "recipe.json").read_text())["corpus_encodings"]
