@@ -288,9 +288,13 @@ def build_card_data(
     )
     readers += [c["reads_target_corpora"] for c in method_cards.values() if c.get("reads_target_corpora")]
     distilled = any(s.get("type") == "distill" for s in stages)
-    readers += [DISTILL_READER] if distilled and any(s.get("corpora") for s in stages if s.get("type") == "distill") else []
+    readers += (
+        [DISTILL_READER] if distilled and any(s.get("corpora") for s in stages if s.get("type") == "distill") else []
+    )
     # who read the unlabelled target queries: the distillation (its teacher ranks them), or a method (MoDIR)
-    query_readers = [DISTILL_READER] if any(s.get("type") == "distill" and s.get("target queries") for s in stages) else []
+    query_readers = (
+        [DISTILL_READER] if any(s.get("type") == "distill" and s.get("target queries") for s in stages) else []
+    )
     if any(s.get("type") != "distill" and s.get("target queries") for s in stages):
         query_readers += [c["reads_target_queries"] for c in method_cards.values() if c.get("reads_target_queries")]
         query_readers += [] if query_readers else ["fine-tuning"]

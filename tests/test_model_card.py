@@ -143,7 +143,9 @@ def test_hybrid_evaluation_is_not_the_models_score(model_dir, layout):
     summary stores the model's at the top level (the hybrid under "hybrid")."""
     dense = {"ndcg@10": 0.4, "recall@100": 0.8, "mrr@10": 0.3}
     hybrid = {"ndcg@10": 0.7, "recall@100": 0.9, "mrr@10": 0.6}
-    entry = {**hybrid, "dense": dense, "bm25": dict(dense)} if layout == "evaluate_hybrid" else {**dense, "hybrid": hybrid}
+    entry = (
+        {**hybrid, "dense": dense, "bm25": dict(dense)} if layout == "evaluate_hybrid" else {**dense, "hybrid": hybrid}
+    )
     (model_dir / "eval.json").write_text(json.dumps({"scifact:dev": entry}))
     text = write_model_card(model_dir, load(model_dir), STAGES).read_text()
     meta = yaml.safe_load(text.split("---\n", 2)[1])

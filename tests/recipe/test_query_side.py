@@ -139,7 +139,10 @@ def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_
     assert "It is **asymmetric**" in card and "| Architecture | asymmetric" in card and "router_config.json" in card
     assert "### Stage 1: hybrid-teacher distillation (query side)" in card
     assert "| trained | the query encoder only" in card and "| candidates per query | 3 |" in card
-    assert f"The hybrid-teacher distillation also read the **queries** (never their relevance labels) of: {tiny_beir.name}:train" in card
+    assert (
+        f"The hybrid-teacher distillation also read the **queries** (never their relevance labels) of: {tiny_beir.name}:train"
+        in card
+    )
     assert "Relevance labels came only from" not in card  # the teacher needs none
     # the model-index holds the dense model's scores (the recipe also evaluates the hybrid: a row of its own)
     import yaml
