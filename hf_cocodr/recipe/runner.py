@@ -44,7 +44,7 @@ from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .schedules import choose_schedule
-from .settings import device_record
+from .settings import device_record, encode_batch_size
 from .stage import Stage
 from .stages import STAGES, instantiate, stage_switches
 
@@ -404,7 +404,7 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     t0 = time.perf_counter()
     final = load_encoder(str(final_dir))
     with reuse_corpus_encodings():  # a target corpus that is also evaluated is encoded once by the final model
-        results = evaluate_all(final, run.evals, final_dir, batch_size=cfg.eval_batch_size, hybrid=True)
+        results = evaluate_all(final, run.evals, final_dir, batch_size=encode_batch_size(cfg), hybrid=True)
         summary = {spec: split_hybrid(r) for spec, r in results.items()}
         seconds["evaluation"] = round(time.perf_counter() - t0, 1)
         if cfg.save_hybrid and run.target_corpora:
@@ -413,7 +413,7 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
             seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     if run.evals and cfg.evaluate_start:
         t0 = time.perf_counter()
-        for spec, start in _run_start_eval(run.model, run.evals, run.out, cfg.eval_batch_size).items():
+        for spec, start in _run_start_eval(run.model, run.evals, run.out, encode_batch_size(cfg)).items():
             summary[spec]["start"] = start
             logger.info(
                 "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
@@ -465,7 +465,7 @@ def _save_hybrids(run: RecipeRun, model) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
     for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
-            hybrid = HybridRetriever.build(model, corpus, batch_size=run.cfg.eval_batch_size)
+            hybrid = HybridRetriever.build(model, corpus, batch_size=encode_batch_size(run.cfg))
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
             logger.warning("no hybrid retriever for %s: %s", corpus, e)
             continue

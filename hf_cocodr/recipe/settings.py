@@ -135,6 +135,19 @@ def device_batch_size(cpu_batch: int, cap: int) -> int:
     return max(cpu_batch, min(cap, cpu_batch * times))
 
 
+# Corpus encodings and evaluations on a CPU core run faster in small batches (sentence-transformers sorts the texts by
+# length, so a batch pads little, and a batch of 16 x 256 tokens keeps its activations in cache): batch 16 encoded
+# 1.14-1.25x faster than 64 on an AVX2 EPYC core (reports/benchmarks/bench_encode_levers.json). A GPU wants larger.
+CPU_ENCODE_BATCH, GPU_ENCODE_BATCH = 16, 64
+
+
+def encode_batch_size(cfg: Any) -> int:
+    """The batch of the recipe's corpus encodings and evaluations: ``eval_batch_size`` when set, else
+    :data:`CPU_ENCODE_BATCH` on a CPU and :data:`GPU_ENCODE_BATCH` on a CUDA GPU."""
+    given = getattr(cfg, "eval_batch_size", None)
+    return given if given is not None else CPU_ENCODE_BATCH if no_gpu() else GPU_ENCODE_BATCH
+
+
 def gpu_bf16() -> bool:
     """Whether the stages train under bf16 by default: on a CUDA GPU with native bf16 kernels (Ampere and later,
     :func:`~hf_cocodr.utils.native_bf16`); a CPU keeps fp32 (the distillation's own default also covers CPUs with

@@ -171,3 +171,17 @@ def test_the_fine_tune_loss_follows_the_schedule_unless_the_user_names_one():
     assert cfg.finetune_preset == "groupdro" and record["set_by_user"]["finetune_preset"] == "groupdro"
     cfg, record = choose_schedule(RecipeConfig(finetune_preset="reference"), True)
     assert cfg.finetune_preset == "reference" and "finetune_preset" in record["set_by_user"]
+
+
+def test_the_encoding_batch_is_small_on_a_cpu_and_the_users_when_given(monkeypatch):
+    """``eval_batch_size`` unset: 16 on a CPU (small batches encode faster there), 64 on a GPU; a given one is kept
+    and a bad one refused by name."""
+    import hf_cocodr.recipe.settings as settings
+
+    monkeypatch.setattr(settings, "no_gpu", lambda: True)
+    assert settings.encode_batch_size(RecipeConfig()) == settings.CPU_ENCODE_BATCH == 16
+    assert settings.encode_batch_size(RecipeConfig(eval_batch_size=40)) == 40
+    monkeypatch.setattr(settings, "no_gpu", lambda: False)
+    assert settings.encode_batch_size(RecipeConfig()) == settings.GPU_ENCODE_BATCH == 64
+    with pytest.raises(ConfigError, match="eval_batch_size must be a whole number >= 1"):
+        RecipeConfig(eval_batch_size=0).validate()

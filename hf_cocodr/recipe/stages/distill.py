@@ -25,7 +25,17 @@ from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
 from ..outputs import stopped
-from ..settings import AUTO, Auto, check_flag, check_number, check_switch, check_whole, device_batch_size, option
+from ..settings import (
+    AUTO,
+    Auto,
+    check_flag,
+    check_number,
+    check_switch,
+    check_whole,
+    device_batch_size,
+    encode_batch_size,
+    option,
+)
 from ..stage import Stage, run_arguments, trajectory
 
 if TYPE_CHECKING:
@@ -254,16 +264,17 @@ class DistillStage(Stage):
             if encoding_cache.load(key) is None:
                 encode_docs += len(texts)
         # the teacher encodes the documents and queries at the model's own lengths
+        batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
         st.encode_document(docs[:8], batch_size=8)  # warm-up
         t0 = time.perf_counter()
-        st.encode_document(docs[:64], batch_size=64)
+        st.encode_document(docs[:64], batch_size=batch)
         per_doc = (time.perf_counter() - t0) / min(64, len(docs))
         t0 = time.perf_counter()
         BM25Index(docs[:64])
         per_bm25_doc = (time.perf_counter() - t0) / min(64, len(docs))
         asked = queries[:64]
         t0 = time.perf_counter()
-        st.encode_query(asked, batch_size=64)
+        st.encode_query(asked, batch_size=batch)
         per_query = (time.perf_counter() - t0) / len(asked)
         parts = {
             "distill_teacher_encode_s": round(per_doc * encode_docs, 2),
@@ -338,7 +349,7 @@ class DistillStage(Stage):
             cfg.target_queries,
             cfg.distill_k,
             fusion=self._fusion(cfg),
-            batch_size=cfg.eval_batch_size,
+            batch_size=encode_batch_size(cfg),
         )
         rows, info = made[0], made[1]
         logger.info(
