@@ -19,7 +19,8 @@ from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
-from ..retrieval.fusion import FusionConfig, fit_fusion
+from ..retrieval.encoding_cache import fit_fusion_once
+from ..retrieval.fusion import FusionConfig
 from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
@@ -132,6 +133,7 @@ def evaluate_retrieval(
             top_k,
             k_values,
             encode_for_fit,
+            fit_settings=(encode_precision, query_max_length, doc_max_length),
         )
     if output is not None:
         write_result(output, result, run)
@@ -154,6 +156,7 @@ def _hybrid_result(
     top_k: int,
     k_values,
     encode_for_fit=None,
+    fit_settings: tuple = ("fp32", None, None),
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
@@ -174,12 +177,14 @@ def _hybrid_result(
         embeddings = np.empty_like(in_index_order)
         embeddings[order] = in_index_order
         del in_index_order
-        fusion = fit_fusion(
+        fusion = fit_fusion_once(  # once per model, corpus and settings within the recipe's run
+            model,
             fusion,
             texts,
             embeddings,
             lambda q: encode_for_fit(q, "query"),
             lambda d: encode_for_fit(d, "document"),
+            settings=fit_settings,
         )
         del embeddings
         fit_s = time.perf_counter() - t_fit

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-__all__ = ["document_modules", "is_asymmetric", "query_side_model"]
+__all__ = ["document_modules", "is_asymmetric", "query_modules", "query_side_model"]
 
 
 def is_asymmetric(model) -> bool:
@@ -29,6 +29,14 @@ def document_modules(model) -> list:
         return list(model)
     router = list(model)[0]
     return list(router.sub_modules[router._resolve_route(task="document")]) + list(model)[1:]
+
+
+def query_modules(model) -> list:
+    """The modules a query goes through: the query route of an asymmetric model, all of a plain one."""
+    if not is_asymmetric(model):
+        return list(model)
+    router = list(model)[0]
+    return list(router.sub_modules[router._resolve_route(task="query")]) + list(model)[1:]
 
 
 def query_side_model(model):

@@ -22,6 +22,7 @@ list :func:`cache_corpus_encodings` yields, with its seconds (the recipe writes 
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -32,13 +33,13 @@ from typing import Any
 import numpy as np
 
 from ..data.beir import corpus_texts
-from ..modeling.asymmetric import document_modules
+from ..modeling.asymmetric import document_modules, query_modules
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cache_corpus_encodings", "document_encoder_key", "document_route"]
+__all__ = ["cache_corpus_encodings", "document_encoder_key", "document_route", "fit_fusion_once", "query_encoder_key"]
 
 ENCODINGS_KIND = "encodings"  # the cache sub-folder
 ENCODINGS_FILE = "embeddings.npy"  # the vectors in corpus row order
@@ -88,13 +89,22 @@ def document_encoder_key(model) -> str:
     """A fingerprint of what turns a document into a vector: the document route's modules (class, configuration,
     weights: names, shapes, dtypes and bytes), the document prompt and the model's token limit. The same weights in a
     plain model and in a Router model's document route have the same key."""
+    return _encoder_key(model, document_route(model), "document")
+
+
+def query_encoder_key(model) -> str:
+    """:func:`document_encoder_key` of the query side: the query route's modules and the query prompt."""
+    return _encoder_key(model, query_modules(model), "query")
+
+
+def _encoder_key(model, modules, task: str) -> str:
     import torch
 
     h = hashlib.sha256()
     prompts = getattr(model, "prompts", None) or {}
-    h.update(json.dumps({"prompt": prompts.get("document"), "max_seq_length": model.max_seq_length}).encode())
+    h.update(json.dumps({"prompt": prompts.get(task), "max_seq_length": model.max_seq_length}).encode())
     with torch.no_grad():
-        for i, module in enumerate(document_route(model)):
+        for i, module in enumerate(modules):
             h.update(f"{i}:{type(module).__module__}.{type(module).__name__}:{_module_config(module)}".encode())
             for name, t in sorted(module.state_dict().items()):
                 if not isinstance(t, torch.Tensor):  # (quantized modules keep packing parameters beside tensors)
@@ -123,6 +133,47 @@ def current_precision(model) -> str:
     return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(
         dtype, str(dtype)
     )
+
+
+def texts_digest(texts: list[str]) -> str:
+    """A content hash of a list of texts, in order."""
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
+    return h.hexdigest()[:32]
+
+
+def remembered(kind: str, key: tuple, compute):
+    """Within :func:`cache_corpus_encodings`, the value ``compute()`` gave for the same ``(kind, key)`` earlier in the
+    block (computed once; kept in memory only); outside a block, ``compute()``. The recipe fits the hybrid's fusion
+    for its final model twice per corpus (its evaluation, its saved retriever) and, for a query-side model, encodes
+    the fit's documents with the starting model's document route as the starting model's evaluation did."""
+    if _ACTIVE is None:
+        return compute()
+    memo = _ACTIVE.setdefault("memo", {})
+    if (kind, key) not in memo:
+        memo[(kind, key)] = compute()
+    return memo[(kind, key)]
+
+
+def fit_fusion_once(model, fusion, texts: list[str], embeddings, encode_queries, encode_documents, settings: tuple):
+    """:func:`~hf_cocodr.retrieval.fusion.fit_fusion` of ``model`` over a corpus's ``texts``, computed once per
+    :func:`cache_corpus_encodings` block for the same query encoder, document encoder, corpus, fusion settings and
+    encoding ``settings`` (precision, token limits); the documents the fit encodes are remembered by document
+    encoder, so a model sharing its document route (a query-side model and its start) encodes them once."""
+    from .fusion import fit_fusion
+
+    if _ACTIVE is None or not fusion.needs_fit:
+        return fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents)
+    doc_key = document_encoder_key(model)
+    corpus = texts_digest(texts)
+
+    def documents(batch: list[str]):
+        return remembered("fit documents", (doc_key, settings, texts_digest(batch)), lambda: encode_documents(batch))
+
+    key = (doc_key, query_encoder_key(model), corpus, repr(fusion), settings)
+    fitted = remembered("fusion fit", key, lambda: fit_fusion(fusion, texts, embeddings, encode_queries, documents))
+    return copy.deepcopy(fitted)  # each caller its own (a FusionConfig can be changed in place)
 
 
 def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:

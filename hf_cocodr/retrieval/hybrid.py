@@ -47,8 +47,8 @@ from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_json, resolved_path
-from .encoding_cache import corpus_fingerprint
-from .fusion import FusionConfig, fit_fusion, fuse
+from .encoding_cache import corpus_fingerprint, fit_fusion_once
+from .fusion import FusionConfig, fuse
 
 logger = logging.getLogger(__name__)
 
@@ -183,12 +183,14 @@ class HybridRetriever:
         bm25 = BM25Index(texts)
         bm25_s = time.perf_counter() - t1
         t2 = time.perf_counter()
-        fusion = fit_fusion(
+        fusion = fit_fusion_once(
+            st,
             fusion,
             texts,
             embeddings,
             lambda q: encode_texts(st, q, kind="query", batch_size=batch_size),
             lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
+            settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
         )
         fit_s = time.perf_counter() - t2
         empty_rows = _empty_rows(texts, corpus)

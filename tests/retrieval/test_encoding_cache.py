@@ -85,3 +85,47 @@ def test_the_document_route_of_a_router_model_shares_the_plain_models_encoding(t
         a = _vectors(start, corpus)[0]
         b = _vectors(asym, corpus)[0]
     assert [r["source"] for r in record] == ["encoded", "disk cache"] and np.array_equal(a, b)
+
+
+def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tiny_beir, monkeypatch):
+    """Inside a run's block, the hybrid evaluation and the saved retriever of one model over one corpus fit the
+    fusion once, to what a fit outside any block gives; a query-side model (its own query route, its start's
+    document route) fits again but encodes none of the fit's documents (those without their pseudo-query's sentence)
+    that its start encoded already."""
+    import hf_cocodr.retrieval.encoding as encoding
+    import hf_cocodr.retrieval.fusion as fusion_module
+    from hf_cocodr import evaluate_retrieval
+    from hf_cocodr.modeling.asymmetric import query_side_model
+    from hf_cocodr.retrieval.hybrid import HybridRetriever, _corpus_ids_texts
+
+    corpus = set(_corpus_ids_texts(tiny_beir)[1])
+    fits, fit_docs = [], []
+    real_fit, real_encode = fusion_module.fit_fusion, encoding.encode_texts
+
+    def fit(*args, **kw):
+        fits.append(1)
+        return real_fit(*args, **kw)
+
+    def encode(model, texts, *, kind, **kw):
+        if kind == "document" and not set(texts) <= corpus:  # documents with a sentence taken out: the fit's
+            fit_docs.append(len(texts))
+        return real_encode(model, texts, kind=kind, **kw)
+
+    model = load_encoder(str(tiny_st_dir))
+    fresh = HybridRetriever.build(model, tiny_beir).fusion  # no block: nothing remembered
+    monkeypatch.setattr(fusion_module, "fit_fusion", fit)
+    monkeypatch.setattr(encoding, "encode_texts", encode)
+    monkeypatch.setattr("hf_cocodr.evaluation.retrieval.encode_texts", encode)
+    with cache_corpus_encodings():
+        evaluated = evaluate_retrieval(model, tiny_beir, "dev", hybrid=True, show_progress_bar=False)["fusion"]
+        built = HybridRetriever.build(model, tiny_beir).fusion
+        assert len(fits) == 1 and built == fresh
+        assert evaluated["dense_weight"] == fresh.dense_weight and evaluated["normalize"] == fresh.normalize
+        assert len(fit_docs) >= 1
+        asym = query_side_model(model)
+        with torch.no_grad():  # the query route moved: its fit is its own, its fit documents are the start's
+            for p in asym[0].sub_modules["query"].parameters():
+                p.mul_(1.5)
+        before = len(fit_docs)
+        HybridRetriever.build(asym, tiny_beir)
+        assert len(fits) == 2 and len(fit_docs) == before
