@@ -64,10 +64,15 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--budget-minutes", type=float, default=15.0)
     ap.add_argument("--core", default="0", help="the core the commands are pinned to (taskset -c)")
     ap.add_argument("--work", default="outputs/cpu_budget")
-    ap.add_argument("--report", default="reports/studies/cpu_budget")
+    ap.add_argument(
+        "--report", default=None, help="report path without suffix (default: reports/studies/cpu_budget[_Nmin])"
+    )
     ap.add_argument("--findings", default="reports/studies/cpu_budget_findings.md")
     ap.add_argument("--report-only", action="store_true")
-    return ap.parse_args()
+    ns = ap.parse_args()
+    if ns.report is None:  # one report per budget: the 15-minute one keeps its name
+        ns.report = "reports/studies/cpu_budget" + ("" if ns.budget_minutes == 15 else f"_{ns.budget_minutes:g}min")
+    return ns
 
 
 def parse_arm(arm: str) -> tuple[str, int | None, bool]:
@@ -266,7 +271,7 @@ def write_report(ns, rows: dict) -> None:
     summary = summarize(rows)
     start = next((r["metrics"] for rs in rows.values() for r in rs.values() if "metrics" in r), None)
     lines = [
-        "# A CPU budget that buys learning: the 15-minute recipe on one core, from a cold start",
+        f"# A CPU budget that buys learning: the {ns.budget_minutes:g}-minute recipe on one core, from a cold start",
         "",
     ]
     findings = Path(ns.findings)
