@@ -36,6 +36,7 @@ from ..data.beir import corpus_texts
 from ..modeling.asymmetric import document_modules, query_modules
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
+from . import fusion as fusion_module
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +162,8 @@ def fit_fusion_once(model, fusion, texts: list[str], embeddings, encode_queries,
     :func:`cache_corpus_encodings` block for the same query encoder, document encoder, corpus, fusion settings and
     encoding ``settings`` (precision, token limits); the documents the fit encodes are remembered by document
     encoder, so a model sharing its document route (a query-side model and its start) encodes them once."""
-    from .fusion import fit_fusion
-
     if _ACTIVE is None or not fusion.needs_fit:
-        return fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents)
+        return fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents)
     doc_key = document_encoder_key(model)
     corpus = texts_digest(texts)
 
@@ -172,7 +171,9 @@ def fit_fusion_once(model, fusion, texts: list[str], embeddings, encode_queries,
         return remembered("fit documents", (doc_key, settings, texts_digest(batch)), lambda: encode_documents(batch))
 
     key = (doc_key, query_encoder_key(model), corpus, repr(fusion), settings)
-    fitted = remembered("fusion fit", key, lambda: fit_fusion(fusion, texts, embeddings, encode_queries, documents))
+    fitted = remembered(
+        "fusion fit", key, lambda: fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, documents)
+    )
     return copy.deepcopy(fitted)  # each caller its own (a FusionConfig can be changed in place)
 
 
