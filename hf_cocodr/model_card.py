@@ -287,17 +287,13 @@ def build_card_data(
         else []
     )
     readers += [c["reads_target_corpora"] for c in method_cards.values() if c.get("reads_target_corpora")]
-    distilled = any(s.get("type") == "distill" for s in stages)
-    readers += (
-        [DISTILL_READER] if distilled and any(s.get("corpora") for s in stages if s.get("type") == "distill") else []
-    )
+    distill_stages = [s for s in stages if s.get("type") == "distill"]
+    readers += [DISTILL_READER] if any(s.get("corpora") for s in distill_stages) else []
     # who read the unlabelled target queries: the distillation (its teacher ranks them), or a method (MoDIR)
-    query_readers = (
-        [DISTILL_READER] if any(s.get("type") == "distill" and s.get("target queries") for s in stages) else []
-    )
-    if any(s.get("type") != "distill" and s.get("target queries") for s in stages):
-        query_readers += [c["reads_target_queries"] for c in method_cards.values() if c.get("reads_target_queries")]
-        query_readers += [] if query_readers else ["fine-tuning"]
+    query_readers = [DISTILL_READER] if any(s.get("target queries") for s in distill_stages) else []
+    if any(s.get("target queries") for s in stages if s.get("type") != "distill"):
+        by_methods = [c["reads_target_queries"] for c in method_cards.values() if c.get("reads_target_queries")]
+        query_readers += by_methods or ["fine-tuning"]
     source_data = [s.get("source_data") for s in stages if s.get("type") == "finetune" and s.get("source_data")]
     citations = (["cocodr"] if is_cocodr_model(data) else []) + (["condenser"] if "coco" in methods else [])
     citations += [m for m in methods if m in known and m not in citations]

@@ -159,3 +159,22 @@ def test_hybrid_evaluation_is_not_the_models_score(model_dir, layout):
     assert ndcg == [0.4]
     assert "| scifact:dev | hf-cocodr evaluate | 0.4000 | 0.8000 | 0.3000 |" in text
     assert "| scifact:dev, hybrid with BM25 | hf-cocodr evaluate | 0.7000 | 0.9000 | 0.6000 |" in text
+
+
+def test_each_reader_of_the_target_queries_is_named(model_dir):
+    """A distillation and a fine-tuning stage that both read unlabelled target queries: the card names both readers
+    (a fine-tuning stage without a method that says it reads them is "fine-tuning")."""
+    stages = [
+        {"type": "finetune", "title": "contrastive fine-tuning", "method": "finetune", "target queries": ["a:train"]},
+        {
+            "type": "distill",
+            "title": "hybrid-teacher distillation",
+            "method": "distillation",
+            "corpora": ["scifact"],
+            "target queries": ["b:train"],
+        },
+    ]
+    card = {"stages": stages, "methods": ["finetune"], "model_name": "acme/two-readers"}
+    text = write_model_card(model_dir, load(model_dir), card).read_text()
+    assert "The hybrid-teacher distillation and fine-tuning also read the **queries**" in text
+    assert "the hybrid-teacher distillation read the **documents** of: scifact" in text

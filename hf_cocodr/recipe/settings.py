@@ -136,8 +136,8 @@ def device_batch_size(cpu_batch: int, cap: int) -> int:
 
 
 # Corpus encodings and evaluations on a CPU core run faster in small batches (sentence-transformers sorts the texts by
-# length, so a batch pads little, and a batch of 16 x 256 tokens keeps its activations in cache): batch 16 encoded
-# 1.14x faster than 64 on an idle AVX2 EPYC core (reports/benchmarks/bench_encode_levers.json). A GPU wants larger.
+# length, so a batch pads little, and a batch of 16 x 256 tokens keeps its activations in cache; measured by
+# scripts/benchmarks/bench_encode_levers.py, docs/precision.md). A GPU wants larger ones.
 CPU_ENCODE_BATCH, GPU_ENCODE_BATCH = 16, 64
 
 

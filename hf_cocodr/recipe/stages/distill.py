@@ -127,10 +127,8 @@ class DistillSettings:
 
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
     """``(side, why)`` for ``distill_side: auto``: ``query`` on a CPU when the distillation runs, starts from the
-    starting model (no training stage before it) and no WiSE-FT follows it; ``full`` otherwise. On one CPU core a
-    query-side step costs a thirtieth of a full one and three seeds gained more at the steps a cold budget buys
-    (reports/studies/cpu_budget.md); on a GPU the full distillation is the one measured on held-out data
-    (docs/adaptation.md)."""
+    starting model (no training stage before it) and no WiSE-FT follows it; ``full`` otherwise (why: the
+    "Which side trains by default" paragraph of docs/adaptation.md)."""
     names = [s.name for s in stages]
     before = [s.label for s in stages[: names.index("distill")] if s.trains and s.enabled(cfg)]
     if on_gpu:
