@@ -52,6 +52,13 @@ def _split_spec(spec: str) -> tuple[Path, str | None]:
     return Path(str(spec)).expanduser(), None
 
 
+def target_query_folder(spec: str | os.PathLike) -> Path | None:
+    """The BEIR folder a ``--target-queries`` source reads (``DIR`` or ``DIR:SPLIT``), resolved; ``None`` for a
+    JSONL file."""
+    path, _ = _split_spec(str(spec))
+    return path.resolve() if path.is_dir() else None
+
+
 def judged_query_ids(folder: Path, split: str) -> list[str]:
     """The query ids of ``qrels/SPLIT.tsv`` in file order, reading the first column only (the labels are never
     parsed)."""

@@ -185,6 +185,7 @@ def _hybrid_result(
             lambda q: encode_for_fit(q, "query"),
             lambda d: encode_for_fit(d, "document"),
             settings=fit_settings,
+            queries=list(query_texts),  # their text only: the pseudo-queries are made as easy for BM25 as they are
         )
         del embeddings
         fit_s = time.perf_counter() - t_fit

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.beir import BEIRFormatError, parse_eval_spec
-from ..data.target_queries import refuse_eval_overlap
+from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
@@ -461,11 +461,25 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
             )
 
 
+def _queries_of(corpus, specs) -> list[str] | None:
+    """The ``--target-queries`` given from the BEIR folder of ``corpus`` (``DIR`` or ``DIR:SPLIT``): the queries its
+    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given."""
+    here = Path(corpus).expanduser().resolve()
+    texts = [t for spec in specs or () if target_query_folder(spec) == here for t in read_target_queries(spec).texts]
+    return texts or None
+
+
 def _save_hybrids(run: RecipeRun, model) -> None:
-    """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``."""
+    """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
+    fitted to that corpus and calibrated to the target queries given from its folder, if any."""
     for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
-            hybrid = HybridRetriever.build(model, corpus, batch_size=encode_batch_size(run.cfg))
+            hybrid = HybridRetriever.build(
+                model,
+                corpus,
+                queries=_queries_of(corpus, run.cfg.target_queries),
+                batch_size=encode_batch_size(run.cfg),
+            )
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
             logger.warning("no hybrid retriever for %s: %s", corpus, e)
             continue

@@ -157,22 +157,28 @@ def remembered(kind: str, key: tuple, compute):
     return memo[(kind, key)]
 
 
-def fit_fusion_once(model, fusion, texts: list[str], embeddings, encode_queries, encode_documents, settings: tuple):
-    """:func:`~hf_cocodr.retrieval.fusion.fit_fusion` of ``model`` over a corpus's ``texts``, computed once per
-    :func:`cache_corpus_encodings` block for the same query encoder, document encoder, corpus, fusion settings and
-    encoding ``settings`` (precision, token limits); the documents the fit encodes are remembered by document
-    encoder, so a model sharing its document route (a query-side model and its start) encodes them once."""
+def fit_fusion_once(
+    model, fusion, texts: list[str], embeddings, encode_queries, encode_documents, settings: tuple, queries=None
+):
+    """:func:`~hf_cocodr.retrieval.fusion.fit_fusion` of ``model`` over a corpus's ``texts`` (calibrated to the
+    unlabelled ``queries`` when given), computed once per :func:`cache_corpus_encodings` block for the same query
+    encoder, document encoder, corpus, queries, fusion settings and encoding ``settings`` (precision, token limits);
+    the documents the fit encodes are remembered by document encoder, so a model sharing its document route (a
+    query-side model and its start) encodes them once."""
     if _ACTIVE is None or not fusion.needs_fit:
-        return fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents)
+        return fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents, queries=queries)
     doc_key = document_encoder_key(model)
     corpus = texts_digest(texts)
 
     def documents(batch: list[str]):
         return remembered("fit documents", (doc_key, settings, texts_digest(batch)), lambda: encode_documents(batch))
 
-    key = (doc_key, query_encoder_key(model), corpus, repr(fusion), settings)
+    asked = texts_digest(list(queries)) if queries else None
+    key = (doc_key, query_encoder_key(model), corpus, asked, repr(fusion), settings)
     fitted = remembered(
-        "fusion fit", key, lambda: fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, documents)
+        "fusion fit",
+        key,
+        lambda: fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, documents, queries=queries),
     )
     return copy.deepcopy(fitted)  # each caller its own (a FusionConfig can be changed in place)
 

@@ -21,9 +21,14 @@ The dense weight and the normalisation are by default *fitted to the corpus with
 sentence of a document is the query, the rest of that document, which no longer holds the sentence, is its one
 relevant document), both systems rank the corpus for them, and the pair (normalisation, weight) on a grid that gives
 the best mean nDCG@10 of the fused ranking over the pseudo-queries is kept, so the fusion follows how well each
-system, and their fusion, find a document from a passage it no longer holds. Either can be given by hand; only the
-other is then fitted. No judgment of any kind is read. How the fusion was found is kept in :attr:`FusionConfig.fit`;
-the study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``reports/studies/hybrid_fit.md``).
+system, and their fusion, find a document from a passage it no longer holds. Given the real queries (unlabelled:
+``evaluate --hybrid`` and ``mteb --hybrid`` pass the ones they rank), the pseudo-queries are first made as easy for
+BM25 as those queries are: a share of the sentence's words (:data:`KEEP_SHARES`) stays in its document, the smallest
+share whose pseudo-queries' median BM25 top-score z (:func:`bm25_top_z`) reaches the real queries' (or the one
+nearest it), so a corpus whose queries copy its words (SQuAD's questions copy a sentence of their passage) is not fitted
+to pseudo-queries that share none. Either the weight or the normalisation can be given by hand; only the other is
+then fitted. No judgment of any kind is read. How the fusion was found is kept in :attr:`FusionConfig.fit`; the
+study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``reports/studies/hybrid_fit.md``).
 """
 
 from __future__ import annotations
@@ -43,8 +48,13 @@ NORMALIZATIONS = ("z", "minmax", "dbsf", "none")
 # systems' scales, which only a weight of 0 or 1 makes sense of)
 FIT_NORMALIZATIONS = ("z", "minmax", "dbsf")
 FIT = "fit"
-FIT_METHOD = "inverse-cloze pseudo-queries from the corpus (no labels)"
+FIT_METHOD = (
+    "inverse-cloze pseudo-queries from the corpus, as easy for BM25 as the queries ranked (their text only; no labels)"
+)
 FIT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
+# the shares of a pseudo-query's words that may stay in its document, tried in this order until its pseudo-queries
+# are as easy for BM25 as the real queries (0: the plain inverse cloze)
+KEEP_SHARES = (0.0, 0.125, 0.25, 0.375, 0.5, 0.75, 1.0)
 
 
 @dataclass
@@ -55,7 +65,8 @@ class FusionConfig:
         rule: ``"convex"`` (per-query normalised scores, weighted sum) or ``"rrf"`` (weighted reciprocal ranks).
         dense_weight: ``w``, the dense system's weight in [0, 1] (1: dense alone, 0: BM25 alone), or ``"fit"`` (the
             default): fitted to the corpus without labels when the retriever is built (:func:`fit_fusion`).
-        depth: candidates taken from each system per query (at least the ``k`` asked for).
+        depth: candidates taken from each system per query (at least the ``k`` asked for); 200 by default, so a
+            document one system ranks low is still normalised against the other's list rather than missing from it.
         rrf_k: the rank offset of ``"rrf"``.
         normalize: ``"convex"`` only: how each system's scores are normalised per query, one of
             :data:`NORMALIZATIONS`, or ``"fit"`` (the default): chosen among :data:`FIT_NORMALIZATIONS` together with
@@ -72,7 +83,7 @@ class FusionConfig:
 
     rule: str = "convex"
     dense_weight: float | str = FIT
-    depth: int = 100
+    depth: int = 200
     rrf_k: int = 60
     normalize: str = FIT
     bm25_zeros: bool = True
@@ -202,12 +213,10 @@ def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfi
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-def pseudo_queries(texts: list[str], n: int = 400, seed: int = 0, min_words: int = 4) -> list[tuple[int, str, str]]:
-    """Inverse-cloze pseudo-queries drawn from a corpus: ``(row, query, rest)`` for up to ``n`` documents taken at
-    random (``seed``), where ``query`` is one sentence of the document (of at least ``min_words`` words) and ``rest``
-    the document without it. Documents of one sentence are skipped (nothing would be left to find)."""
+def _drawn(texts: list[str], n: int, seed: int, min_words: int) -> list[tuple[int, list[str], int]]:
+    """The documents and sentences :func:`pseudo_queries` draws: ``(row, sentences, picked sentence)``."""
     rng = np.random.default_rng(seed)
-    out: list[tuple[int, str, str]] = []
+    out: list[tuple[int, list[str], int]] = []
     for row in rng.permutation(len(texts)).tolist():
         sentences = [x for x in _SENTENCE_END.split(texts[row].strip()) if x]
         if len(sentences) < 2:
@@ -215,21 +224,66 @@ def pseudo_queries(texts: list[str], n: int = 400, seed: int = 0, min_words: int
         usable = [i for i, x in enumerate(sentences) if len(x.split()) >= min_words]
         if not usable:
             continue
-        pick = usable[int(rng.integers(len(usable)))]
-        rest = " ".join(x for i, x in enumerate(sentences) if i != pick)
-        out.append((row, sentences[pick], rest))
+        out.append((row, sentences, usable[int(rng.integers(len(usable)))]))
         if len(out) == n:
             break
     return out
+
+
+def pseudo_queries(
+    texts: list[str], n: int = 400, seed: int = 0, min_words: int = 4, keep_share: float = 0.0
+) -> list[tuple[int, str, str]]:
+    """Inverse-cloze pseudo-queries drawn from a corpus: ``(row, query, rest)`` for up to ``n`` documents taken at
+    random (``seed``), where ``query`` is one sentence of the document (of at least ``min_words`` words) and ``rest``
+    the document without it. Documents of one sentence are skipped (nothing would be left to find).
+
+    ``keep_share``: the share of the sentence's words left in its place in ``rest`` (each word kept with that
+    probability, drawn once per word from ``seed``, so the words kept at a share are also kept at every larger one;
+    1: the whole sentence stays)."""
+    drawn = _drawn(texts, n, seed, min_words)
+    words_rng = np.random.default_rng([seed, 1])
+    out: list[tuple[int, str, str]] = []
+    for row, sentences, pick in drawn:
+        words = sentences[pick].split()
+        kept = [w for w, u in zip(words, words_rng.random(len(words))) if u < keep_share]
+        parts = [" ".join(kept) if i == pick else x for i, x in enumerate(sentences)]
+        out.append((row, sentences[pick], " ".join(x for x in parts if x)))
+    return out
+
+
+def bm25_top_z(scores: np.ndarray) -> np.ndarray:
+    """How far each query's best BM25 score stands above its list: ``(s_1 − mean) / std`` over each row of
+    ``scores`` (a query's top ``depth`` as the index returns it, zeros included; 0 where the row is constant)."""
+    s = np.asarray(scores, np.float64)
+    if s.ndim != 2 or s.shape[1] == 0:
+        return np.zeros(len(s))
+    std = s.std(axis=1)
+    return np.where(std > 0, (s[:, 0] - s.mean(axis=1)) / np.where(std > 0, std, 1.0), 0.0)
+
+
+def keep_share_for(medians: dict[float, float], target: float) -> float:
+    """The share whose pseudo-queries' median BM25 top-score z is nearest ``target`` (the real queries'), among the
+    shares tried in order until one reached it (``medians``: share → median, in that order); equal distances go to
+    the smaller share."""
+    shares = list(medians)
+    return min(shares, key=lambda f: (abs(medians[f] - target), f))
 
 
 def fit_choice(
     rankings: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]],
     fusion: FusionConfig,
     grid: tuple[float, ...] = FIT_GRID,
+    within_one_se: bool = True,
 ) -> tuple[str, float, dict[str, dict[float, float]]]:
-    """The normalisation and dense weight whose fused ranking gives the best mean nDCG@10 over pseudo-queries with
+    """The normalisation and dense weight chosen by the mean nDCG@10 of their fused ranking over pseudo-queries with
     one relevant document each: ``(normalize, weight, {normalize: {weight: mean nDCG@10}})``.
+
+    The *peak* is the pair with the best mean. With ``within_one_se`` (the default) the choice is, among the pairs
+    whose mean is below the peak's by at most one standard error of the per-query difference (paired over the
+    pseudo-queries; the one-standard-error rule), the one whose weight is nearest 0.5 (equal weights: the
+    normalisation first in :data:`FIT_NORMALIZATIONS`, then the lower weight): pseudo-queries are a noisy proxy for
+    the real ones, and a difference within their noise is no reason to move from equal weights. Without it the peak
+    is the choice.
 
     What ``fusion`` gives is kept, what it leaves to ``"fit"`` is searched: the weights of ``grid``, and (``"convex"``
     only) the normalisations of :data:`FIT_NORMALIZATIONS`. ``rankings``: one ``(dense_rows, dense_scores,
@@ -245,11 +299,12 @@ def fit_choice(
         norms = (fusion.normalize,)  # given (or irrelevant: "rrf" normalises nothing)
     weights = grid if fusion.dense_weight == FIT else (float(fusion.dense_weight),)
     curves: dict[str, dict[float, float]] = {}
+    per_query: dict[str, np.ndarray] = {}  # normalisation -> (pseudo-query, weight) nDCG@10
     at = np.asarray(weights, np.float64)[:, None]
     for norm in norms:
         cfg = replace(fusion, dense_weight=0.5, normalize=norm if norm != FIT else "z", fit=None)
-        gains = np.zeros(len(weights))
-        for d_rows, d_scores, b_rows, b_scores, target in rankings:
+        gains = np.zeros((len(rankings), len(weights)))
+        for q, (d_rows, d_scores, b_rows, b_scores, target) in enumerate(rankings):
             cand, dense_part, bm25_part, dense_rank = _parts(d_rows, d_scores, b_rows, b_scores, cfg)
             hit = np.flatnonzero(cand == target)
             if not hit.size:
@@ -259,12 +314,22 @@ def fit_choice(
             fused = at * dense_part + (1.0 - at) * bm25_part
             tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
             rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
-            gains += np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
-        curves[norm] = {float(w): float(g) / len(rankings) for w, g in zip(weights, gains)}
+            gains[q] = np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
+        per_query[norm] = gains
+        curves[norm] = {float(w): float(g) for w, g in zip(weights, gains.mean(axis=0))}
     best = max(v for curve in curves.values() for v in curve.values())
     tied = [(i, n, w) for i, (n, curve) in enumerate(curves.items()) for w, v in curve.items() if v >= best - 1e-12]
     _, norm, w = min(tied, key=lambda t: (t[0], abs(t[2] - 0.5), t[2]))
-    return norm, w, curves
+    if not within_one_se or len(rankings) < 2:
+        return norm, w, curves
+    peak = per_query[norm][:, list(weights).index(w)]
+    close = []
+    for i, (n, gains) in enumerate(per_query.items()):
+        diff = peak[:, None] - gains  # per query, per weight
+        se = diff.std(axis=0, ddof=1) / np.sqrt(len(rankings))
+        close += [(abs(x - 0.5), i, x, n) for x, m, e in zip(weights, diff.mean(axis=0), se) if m <= e + 1e-12]
+    _, _, w, norm = min(close)
+    return norm, float(w), curves
 
 
 def fit_fusion(
@@ -274,6 +339,7 @@ def fit_fusion(
     encode_queries: Callable[[list[str]], np.ndarray],
     encode_documents: Callable[[list[str]], np.ndarray],
     *,
+    queries: list[str] | None = None,
     n_queries: int = 400,
     seed: int = 0,
     min_queries: int = 8,
@@ -285,7 +351,10 @@ def fit_fusion(
     vectors in the same order (scored by inner product, as the dense index does); ``encode_queries`` /
     ``encode_documents``: the dense model's encoders. :func:`pseudo_queries` draws the pseudo-queries; each one's
     source document is replaced, in a BM25 index over the corpus and in a copy of the vectors, by the document
-    without the sentence, and :func:`fit_choice` picks the normalisation and the weight. With fewer than
+    without the sentence, and :func:`fit_choice` picks the normalisation and the weight. ``queries``: the real
+    queries the hybrid will rank (their text only, no judgments), if known: the share of each pseudo-query's words
+    left in its document is then chosen among :data:`KEEP_SHARES` so the pseudo-queries' median BM25 top-score z
+    (:func:`bm25_top_z`) meets the queries' (:func:`keep_share_for`); without them the share is 0. With fewer than
     ``min_queries`` pseudo-queries (a corpus of one-sentence documents) the weight is 0.5, the normalisation z-scores,
     and ``fit`` says why."""
     if not fusion.needs_fit:
@@ -299,9 +368,36 @@ def fit_fusion(
         record["fallback"] = f"only {len(picks)} pseudo-queries (fewer than {min_queries}): weight 0.5, z-scores"
         fallback = {"dense_weight": 0.5, "normalize": "z"}
         return replace(fusion, **{k: fallback[k] for k in record["fitted"]}, fit=record)
-    rankings = _pseudo_rankings(picks, fusion.depth, texts, embeddings, encode_queries, encode_documents)
+    depth = min(fusion.depth, len(texts))
+    bm25_side = _bm25_side(picks, texts, depth)
+    real = [q for q in (queries or []) if isinstance(q, str) and q.strip()]
+    record["keep_share"] = 0.0
+    if real:
+        from .index import BM25Index
+
+        target = float(np.median(bm25_top_z(BM25Index(texts).search(real, depth)[0])))
+        medians = {0.0: float(np.median(bm25_top_z(bm25_side[0])))}
+        sides = {0.0: bm25_side}
+        for share in KEEP_SHARES[1:]:
+            if max(medians.values()) >= target:
+                break
+            picks_at = pseudo_queries(texts, n_queries, seed, keep_share=share)
+            sides[share] = _bm25_side(picks_at, texts, depth)
+            medians[share] = float(np.median(bm25_top_z(sides[share][0])))
+        share = keep_share_for(medians, target)
+        if share:
+            picks, bm25_side = pseudo_queries(texts, n_queries, seed, keep_share=share), sides[share]
+        record.update(
+            keep_share=share,
+            real_queries=len(real),
+            bm25_top_z_median={"queries": round(target, 4), **{f"{f:g}": round(m, 4) for f, m in medians.items()}},
+        )
+    rankings = _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side)
     norm, w, curves = fit_choice(rankings, fusion)
     record["grid_ndcg_at_10"] = {n: {f"{k:g}": round(v, 4) for k, v in c.items()} for n, c in curves.items()}
+    peak = max(curves, key=lambda n: max(curves[n].values()))  # the best mean (the choice: within one SE of it)
+    record["peak"] = {"normalize": peak, "ndcg_at_10": round(max(curves[peak].values()), 4)}
+    record["choice"] = "the weight nearest 0.5 within one standard error of the peak"
     any_curve = next(iter(curves.values()))  # at w = 1 (0) every normalisation gives the dense (BM25) ranking
     record.update(
         dense_alone=round(any_curve[1.0], 4) if 1.0 in any_curve else None,
@@ -310,27 +406,31 @@ def fit_fusion(
     return replace(fusion, dense_weight=w, normalize=norm, fit=record)
 
 
-def _pseudo_rankings(picks, depth, texts, embeddings, encode_queries, encode_documents) -> list[tuple]:
-    """Each pseudo-query's two candidate lists over the corpus with its source document replaced by the rest (the
-    form :func:`fit_choice` takes)."""
+def _bm25_side(picks, texts, depth) -> tuple[np.ndarray, np.ndarray]:
+    """BM25's top ``depth`` ``(scores, rows)`` for each pseudo-query over the corpus with each source document
+    replaced by its ``rest``."""
     from .index import BM25Index
 
+    mod_texts = list(texts)
+    for row, _, rest in picks:
+        mod_texts[row] = rest
+    bm25 = BM25Index(mod_texts)
+    del mod_texts
+    return bm25.search([p[1] for p in picks], depth)
+
+
+def _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side) -> list[tuple]:
+    """Each pseudo-query's two candidate lists over the corpus with its source document replaced by its ``rest``
+    (the form :func:`fit_choice` takes); ``bm25_side``: BM25's, from :func:`_bm25_side`."""
     rows = np.array([p[0] for p in picks], np.int64)
     queries = [p[1] for p in picks]
     rests = [p[2] for p in picks]
-    mod_texts = list(texts)
-    for r, rest in zip(rows.tolist(), rests):
-        mod_texts[r] = rest
-    bm25 = BM25Index(mod_texts)
-    del mod_texts
-    depth = min(depth, len(texts))
-    b_scores, b_rows = bm25.search(queries, depth)
-    del bm25
+    b_scores, b_rows = bm25_side
     emb = np.asarray(embeddings, np.float32)
     rest_emb = np.asarray(encode_documents(rests), np.float32)
     q_emb = np.asarray(encode_queries(queries), np.float32)
     sims = q_emb @ emb.T
-    # the source documents' vectors are those of the documents without the sentence
+    # the source documents' vectors are those of their rests
     sims[:, rows] = q_emb @ rest_emb.T
     top = (
         np.argpartition(-sims, depth - 1, axis=1)[:, :depth]

@@ -143,6 +143,8 @@ class HybridRetriever:
         corpus,
         *,
         fusion: FusionConfig | dict | None = None,
+        queries: list[str] | None = None,
+        fit: bool = True,
         batch_size: int = 64,
         doc_max_length: int | None = None,
         show_progress_bar: bool = False,
@@ -153,8 +155,10 @@ class HybridRetriever:
         (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
         FusionConfig` with its normalisation and dense weight fitted here to the corpus without labels
         (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number as
-        ``dense_weight`` is used as is."""
-        from .encoding import build_index, encode_texts, model_similarity
+        ``dense_weight`` is used as is. ``queries``: the queries it will rank, if known (their text only; no
+        judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
+        still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then)."""
+        from .encoding import build_index, model_similarity
         from .index import BM25Index
 
         fusion = _fusion(fusion)
@@ -182,17 +186,6 @@ class HybridRetriever:
         t1 = time.perf_counter()
         bm25 = BM25Index(texts)
         bm25_s = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        fusion = fit_fusion_once(
-            st,
-            fusion,
-            texts,
-            embeddings,
-            lambda q: encode_texts(st, q, kind="query", batch_size=batch_size),
-            lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
-            settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
-        )
-        fit_s = time.perf_counter() - t2
         empty_rows = _empty_rows(texts, corpus)
         meta = {
             "model": model_ref,
@@ -204,16 +197,42 @@ class HybridRetriever:
             "num_docs": len(ids),
             "doc_ids_sha256": doc_ids_digest(ids),
             "empty_rows": empty_rows,
-            "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2), "fusion_fit": round(fit_s, 2)},
+            "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
         }
-        logger.info(
-            "hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s; fusion %s",
-            len(ids),
-            dense_s,
-            bm25_s,
-            asdict(fusion),
+        logger.info("hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s", len(ids), dense_s, bm25_s)
+        built = cls(st, ids, embeddings, bm25, fusion, meta)
+        built._texts, built._batch_size = texts, batch_size
+        if fit:
+            built.fit_fusion(queries)
+        return built
+
+    def fit_fusion(self, queries: list[str] | None = None) -> FusionConfig:
+        """Fit what the fusion leaves to ``"fit"`` to the corpus without labels, calibrated to ``queries`` (their
+        text only) when given (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`); a fusion already fitted, or given by
+        hand, stays as it is. Only a retriever built here (:meth:`build`) holds the corpus's texts this needs."""
+        if not self.fusion.needs_fit:
+            return self.fusion
+        texts = getattr(self, "_texts", None)
+        if texts is None:
+            raise ConfigError("fit_fusion needs the corpus's texts, which only a retriever made by build holds")
+        from .encoding import encode_texts
+
+        st, batch_size, doc_max_length = self.model, self._batch_size, self.meta.get("doc_max_length")
+        t0 = time.perf_counter()
+        self.fusion = fit_fusion_once(
+            st,
+            self.fusion,
+            texts,
+            self.embeddings,
+            lambda q: encode_texts(st, q, kind="query", batch_size=batch_size),
+            lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
+            settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
+            queries=queries,
         )
-        return cls(st, ids, embeddings, bm25, fusion, meta)
+        self._texts = None  # a fitted fusion is not fitted again
+        self.meta.setdefault("build_seconds", {})["fusion_fit"] = round(time.perf_counter() - t0, 2)
+        logger.info("hybrid fusion fitted without labels: %s", asdict(self.fusion))
+        return self.fusion
 
     # ------------------------------------------------------------------------------------------------ search
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
@@ -293,6 +312,10 @@ class HybridRetriever:
         (:data:`HYBRID_ENTRIES`): anything else in the folder is carried over. A model that is a local folder is
         recorded relative to ``path``."""
 
+        if self.fusion.needs_fit:
+            raise ConfigError(
+                f"save {path}: the fusion is not fitted yet (built with fit=False): call fit_fusion first"
+            )
         out = resolved_path(path)
         if out.exists() and not (out / HYBRID_FILE).is_file():
             where = "" if str(out) == str(path) else f" ({path} resolves to it)"

@@ -33,7 +33,11 @@ CORPORA = {
     "scifact": ("scifact", "train", "SciFact dev"),
     "nfcorpus": ("nfcorpus", "dev", "NFCorpus dev"),
     "squad": ("squad-v1.1-devsub", "dev", "SQuAD dev (subsample)"),
+    # the claims a distilled start of the distillation / cpu_budget studies did not train on (it trained on the even
+    # ids); the documents are SciFact's, so their vectors are shared with "scifact"
+    "scifact-odd": ("scifact-odd", "dev", "SciFact dev (odd-id half)"),
 }
+DOCUMENTS = {"scifact-odd": "scifact"}  # corpora whose documents (and their cached vectors) are another's
 SQUAD_QUERIES = 1000
 WEIGHTS = [round(0.1 * i, 1) for i in range(11)]
 NORMS = ("z", "minmax", "dbsf")
@@ -65,15 +69,49 @@ def squad_subsample(root: Path, work: Path, n_queries: int = SQUAD_QUERIES, seed
     return out
 
 
+def scifact_odd(root: Path, work: Path) -> Path:
+    """SciFact's ``train`` claims with an odd id as a ``dev`` split (``work/scifact-odd``: the corpus and the queries
+    linked, the judgments of those claims copied), the half the distillation study holds out."""
+    out = work / "scifact-odd"
+    if (out / "qrels" / "dev.tsv").is_file():
+        return out
+    src = root / "scifact"
+    tmp = work / "scifact-odd.tmp"
+    (tmp / "qrels").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus.jsonl", "queries.jsonl"):
+        if not (tmp / name).exists():
+            (tmp / name).symlink_to((src / name).resolve())
+    lines = (src / "qrels" / "train.tsv").read_text().splitlines()
+    odd = [line for line in lines[1:] if int(line.split("\t")[0]) % 2 == 1]
+    (tmp / "qrels" / "dev.tsv").write_text("\n".join([lines[0], *odd]) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
 def data_folder(corpus: str, root: Path, work: Path) -> Path:
-    """The BEIR folder of one of :data:`CORPORA` (SQuAD's subsample is built under ``work`` on first use)."""
-    return squad_subsample(root, work) if corpus == "squad" else root / CORPORA[corpus][0]
+    """The BEIR folder of one of :data:`CORPORA` (SQuAD's subsample and SciFact's odd half are built under ``work`` on
+    first use)."""
+    if corpus == "squad":
+        return squad_subsample(root, work)
+    if corpus == "scifact-odd":
+        return scifact_odd(root, work)
+    return root / CORPORA[corpus][0]
+
+
+def start_name(start: str) -> str:
+    """A start's name in tags and tables: ``NAME=PATH`` names a model folder, else its last path part."""
+    return start.split("=", 1)[0] if "=" in start else Path(start).name
+
+
+def start_path(start: str) -> str:
+    return start.split("=", 1)[1] if "=" in start else start
 
 
 def _model(start: str):
     from hf_cocodr import load_encoder
     from hf_cocodr.modeling.bundled import BUNDLED_MODELS, bundled_model_path
 
+    start = start_path(start)
     return load_encoder(bundled_model_path(start) if start in BUNDLED_MODELS else start)
 
 
@@ -85,8 +123,9 @@ def encodings(start: str, folder: Path, split: str, work: Path, doc_max_length: 
     from hf_cocodr.retrieval.encoding import build_index, encode_texts
 
     data = load_beir(folder, split)
-    tag = f"{Path(start).name}-{folder.name}-len{doc_max_length}"
-    docs_f, q_f = work / f"{tag}-docs.npy", work / f"{tag}-{split}-queries.npy"
+    tag = f"{start_name(start)}-{folder.name}-len{doc_max_length}"
+    docs_tag = f"{start_name(start)}-{DOCUMENTS.get(folder.name, folder.name)}-len{doc_max_length}"
+    docs_f, q_f = work / f"{docs_tag}-docs.npy", work / f"{tag}-{split}-queries.npy"
     st = None
     work.mkdir(parents=True, exist_ok=True)
     if not docs_f.is_file():
@@ -95,9 +134,9 @@ def encodings(start: str, folder: Path, split: str, work: Path, doc_max_length: 
         index, order = build_index(st, data.corpus, max_length=doc_max_length, show_progress_bar=False)
         emb = np.empty((len(order), index.reconstruct_all().shape[1]), np.float32)
         emb[order] = index.reconstruct_all()
-        np.save(work / f"{tag}-docs.tmp.npy", emb)
-        os.replace(work / f"{tag}-docs.tmp.npy", docs_f)
-        print(f"encoded {tag}: {len(emb)} documents in {time.time() - t0:.0f} s", flush=True)
+        np.save(work / f"{docs_tag}-docs.tmp.npy", emb)
+        os.replace(work / f"{docs_tag}-docs.tmp.npy", docs_f)
+        print(f"encoded {docs_tag}: {len(emb)} documents in {time.time() - t0:.0f} s", flush=True)
     if not q_f.is_file():
         st = st or _model(start)
         q = encode_texts(st, list(data.queries["text"]), kind="query")
@@ -155,12 +194,12 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     def ndcg(run) -> float:
         return round(summarize(data.qrels, run, k_values=(10,))["ndcg@10"], 4)
 
-    row: dict = {"start": start, "corpus": label, "queries": len(data.qrels)}
+    row: dict = {"start": start_name(start), "corpus": label, "queries": len(data.qrels)}
     row["fixed"] = {
         n: {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, normalize=n, depth=depth))) for w in WEIGHTS}
         for n in NORMS
     }
-    fit_file = work / f"{Path(start).name}-{folder}-len{ns.doc_max_length}-fit3-n{ns.fit_queries}.json"
+    fit_file = work / f"{start_name(start)}-{folder}-len{ns.doc_max_length}-fit5-d{depth}-n{ns.fit_queries}.json"
     if fit_file.is_file():
         cfg = FusionConfig(**json.loads(fit_file.read_text()))
     else:
@@ -172,12 +211,14 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
             docs,
             lambda q: encode_texts(st, q, kind="query"),
             lambda d: encode_texts(st, d, kind="document", max_length=ns.doc_max_length),
+            queries=list(data.queries["text"]),  # as evaluate --hybrid passes them: their text only
             n_queries=ns.fit_queries,
         )
         cfg.fit["seconds"] = round(time.time() - t0, 1)
         from dataclasses import asdict
 
         fit_file.write_text(json.dumps(asdict(cfg)))
+    row["keep_share"] = cfg.fit.get("keep_share", 0.0)
     row["fitted_weight"] = cfg.dense_weight
     row["fitted_normalize"] = cfg.normalize
     row["fit"] = cfg.fit
@@ -203,15 +244,16 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     judged = split_data["queries"].filter(lambda r: r["id"] in data.qrels)
     where = dict(task_metadata=task.metadata, hf_split=split, hf_subset="default", encode_kwargs={})
     dense_res = {q: {doc_ids[j]: float(x) for j, x in zip(di[i], ds[i])} for i, q in enumerate(qids)}
-    subs = [BM25Search(), _Cached(Path(start).name, dense_res)]
+    subs = [BM25Search(), _Cached(start_name(start), dense_res)]
     # as mteb.get_model("mteb/baseline-bm25s") attaches it (its registry entry, read offline)
     subs[0].mteb_model_meta = mteb.get_model_meta("mteb/baseline-bm25s", fetch_from_hf=False)
     subs[0].index(split_data["corpus"], **where)
     row["mteb_bm25s"] = ndcg(subs[0].search(judged, top_k=depth, **where))
     row["mteb"] = {}
     for rule in MTEB_RULES:
+        # each sub-model is asked for max(top_k, sub_model_top_k) = depth: the same two lists the package fuses
         hs = HybridSearch(models=subs, fusion_strategy=rule, sub_model_top_k=depth)
-        row["mteb"][rule] = ndcg(hs.search(judged, top_k=2 * depth, **where))
+        row["mteb"][rule] = ndcg(hs.search(judged, top_k=depth, **where))
     f = row["fixed"]["z"]
     row["dense"], row["bm25"], row["w0.5"] = f["1"], f["0"], f["0.5"]
     row["best_fixed_w"] = max(f, key=f.get)  # z-scores, the former rule
@@ -229,18 +271,21 @@ def report(rows: list[dict], ns) -> str:
         "nDCG@10 on the dev splits (SciFact `train` claims, NFCorpus `dev`, SQuAD passages `dev`: see the notes for the "
         f"SQuAD subsample), documents at {ns.doc_max_length} tokens, each system's top {ns.depth} fused per query. "
         "*fitted*: the normalisation (z-scores, min-max or dbsf) and the dense weight `fit_fusion` picks from "
-        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read), the default; "
+        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read), made as easy "
+        "for BM25 as the split's queries (their text only: *keep* is the share of the sentence's words left in its "
+        "document, chosen so the pseudo-queries' median BM25 top-score z meets the queries'), the weight nearest 0.5 "
+        "within one standard error of the pseudo-queries' best mean; the default; "
         "*fitted z*: the former default (z-scores, the weight alone fitted); *z w=0.5*: the fixed default before "
         "that; *best fixed z* / *best fixed any*: the best of w = 0, 0.1, ..., 1 with z-scores / with any of the three "
         "normalisations (chosen on the judgments, an upper bound no label-free rule is promised); *mteb rrf / dbsf / "
         "rsf*: `mteb.models.hybrid_wrappers.HybridSearch` with equal weights over mteb's own `BM25Search` (the "
-        "`mteb/baseline-bm25s` model, run here on the task's corpus) and the same dense model's top 100 (its vectors "
+        f"`mteb/baseline-bm25s` model, run here on the task's corpus) and the same dense model, each system's top {ns.depth} as the package fuses (its vectors "
         "computed once and shared by every arm), in the same process; *mteb bm25s*: that BM25 alone (the package's "
         "BM25 is the *BM25* column). Command: `python scripts/studies/hybrid_fit_study.py --starts START[,START] "
         "--corpora CORPUS[,CORPUS]` (each arm is kept under `--work`; the report holds every arm run so far).",
         "",
         "| start | split | dense | BM25 | mteb bm25s | z w=0.5 | best fixed z (w) | best fixed any | fitted z (w) "
-        "| fitted (rule, w) | **fitted** | mteb rrf | mteb dbsf | mteb rsf | fitted − max(parts) | fitted − best fixed "
+        "| fitted (keep, rule, w) | **fitted** | mteb rrf | mteb dbsf | mteb rsf | fitted − max(parts) | fitted − best fixed "
         "z | fitted − mteb best |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -249,7 +294,8 @@ def report(rows: list[dict], ns) -> str:
         lines.append(
             f"| {r['start']} | {r['corpus']} | {r['dense']:.4f} | {r['bm25']:.4f} | {r['mteb_bm25s']:.4f} | "
             f"{r['w0.5']:.4f} | {r['best_fixed']:.4f} ({r['best_fixed_w']}) | {r['best_any']:.4f} ({r['best_any_at']}) "
-            f"| {r['fitted_z']:.4f} ({r['fitted_z_weight']:g}) | {r['fitted_normalize']} {r['fitted_weight']:g} | "
+            f"| {r['fitted_z']:.4f} ({r['fitted_z_weight']:g}) | {r.get('keep_share', 0):g}, {r['fitted_normalize']} "
+            f"{r['fitted_weight']:g} | "
             f"**{r['fitted']:.4f}** | {r['mteb']['rrf']:.4f} | {r['mteb']['dbsf']:.4f} | {r['mteb']['rsf']:.4f} | "
             f"{r['fitted'] - parts:+.4f} | {r['fitted'] - r['best_fixed']:+.4f} | "
             f"{r['fitted'] - r['mteb_best']:+.4f} |"
@@ -279,7 +325,7 @@ def main() -> int:
     ap.add_argument("--doc-max-length", type=int, default=256)
     ap.add_argument("--work", default="outputs/hybrid_fit")
     ap.add_argument("--encode-only", action="store_true", help="only fill the encoding cache")
-    ap.add_argument("--depth", type=int, default=100)
+    ap.add_argument("--depth", type=int, default=200)
     ap.add_argument("--fit-queries", type=int, default=400)
     ap.add_argument("--report", default="reports/studies/hybrid_fit")
     ns = ap.parse_args()
@@ -301,7 +347,7 @@ def main() -> int:
     (work / "rows").mkdir(parents=True, exist_ok=True)
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
-            row_file = work / "rows" / f"{Path(start).name}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit3.json"
+            row_file = work / "rows" / f"{start_name(start)}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit5.json"
             if row_file.is_file():
                 continue
             r = arm(start, corpus, ns, root, work)
@@ -316,7 +362,7 @@ def main() -> int:
     # every arm finished so far (this run's and earlier ones'), corpora in the study's order
     order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
     rows = [
-        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit3.json"))
+        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit5.json"))
     ]
     rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)

@@ -90,7 +90,9 @@ def test_a_target_corpus_spelled_with_dotdot_names_its_own_retriever_folder(hybr
     out.mkdir()
     (out / "keep.txt").write_text("the user's")
     run = SimpleNamespace(
-        target_corpora=[str(tiny_beir / "qrels" / "..")], out=out, cfg=SimpleNamespace(eval_batch_size=16)
+        target_corpora=[str(tiny_beir / "qrels" / "..")],
+        out=out,
+        cfg=SimpleNamespace(eval_batch_size=16, target_queries=[]),
     )
     _save_hybrids(run, hybrid.model)
     assert (out / "hybrid" / tiny_beir.name / "hybrid.json").is_file()

@@ -88,8 +88,8 @@ def test_the_document_route_of_a_router_model_shares_the_plain_models_encoding(t
 
 
 def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tiny_beir, monkeypatch):
-    """Inside a run's block, the hybrid evaluation and the saved retriever of one model over one corpus fit the
-    fusion once, to what a fit outside any block gives; a query-side model (its own query route, its start's
+    """Inside a run's block, the hybrid evaluation and a retriever of one model over one corpus for the same queries
+    fit the fusion once, to what a fit outside any block gives; a query-side model (its own query route, its start's
     document route) fits again but encodes none of the fit's documents (those without their pseudo-query's sentence)
     that its start encoded already."""
     import hf_cocodr.retrieval.encoding as encoding
@@ -111,15 +111,20 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
             fit_docs.append(len(texts))
         return real_encode(model, texts, kind=kind, **kw)
 
+    from hf_cocodr.data import load_beir
+
+    queries = list(load_beir(tiny_beir, "dev").queries["text"])  # what the evaluation calibrates its fit to
     model = load_encoder(str(tiny_st_dir))
-    fresh = HybridRetriever.build(model, tiny_beir).fusion  # no block: nothing remembered
+    fresh = HybridRetriever.build(model, tiny_beir, queries=queries).fusion  # no block: nothing remembered
     monkeypatch.setattr(fusion_module, "fit_fusion", fit)
     monkeypatch.setattr(encoding, "encode_texts", encode)
     monkeypatch.setattr("hf_cocodr.evaluation.retrieval.encode_texts", encode)
     with cache_corpus_encodings():
         evaluated = evaluate_retrieval(model, tiny_beir, "dev", hybrid=True, show_progress_bar=False)["fusion"]
-        built = HybridRetriever.build(model, tiny_beir).fusion
+        built = HybridRetriever.build(model, tiny_beir, queries=queries).fusion
         assert len(fits) == 1 and built == fresh
+        HybridRetriever.build(model, tiny_beir)  # other queries (none): a fit of its own
+        assert len(fits) == 2
         assert evaluated["dense_weight"] == fresh.dense_weight and evaluated["normalize"] == fresh.normalize
         assert len(fit_docs) >= 1
         asym = query_side_model(model)
@@ -127,5 +132,5 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
             for p in asym[0].sub_modules["query"].parameters():
                 p.mul_(1.5)
         before = len(fit_docs)
-        HybridRetriever.build(asym, tiny_beir)
-        assert len(fits) == 2 and len(fit_docs) == before
+        HybridRetriever.build(asym, tiny_beir, queries=queries)
+        assert len(fits) == 3 and len(fit_docs) == before

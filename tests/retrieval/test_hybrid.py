@@ -156,15 +156,16 @@ def test_evaluate_hybrid_at_its_ends_equals_the_dense_and_the_bm25_evaluation(ti
 
 def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path):
     """``evaluate_retrieval(hybrid=True)`` ranks with :class:`HybridRetriever`: at the default fusion (convex, the
-    normalisation and dense weight fitted to the corpus, depth 100, over 300 documents so the depth cuts), each query's run is, id for id, what a retriever
-    built over the same corpus returns: its default ``search(k=10)`` is the run's top 10, and its every candidate
+    normalisation and dense weight fitted to the corpus and calibrated to the queries, depth 200, over 500 documents
+    so the depth cuts), each query's run is, id for id, what a retriever built over the same corpus for the same
+    queries returns: its default ``search(k=10)`` is the run's top 10, and its every candidate
     (``k = 2 * depth``) is the whole run, scores included. The model is a trained one (the bundled splade-tiny): the
     tiny test BERT ties half its scores, and tied documents come in the order of the index that holds them (the
     evaluator's is length-sorted, a built retriever's in corpus order)."""
     from hf_cocodr import bundled_model_path, evaluate_retrieval, load_encoder
     from hf_cocodr.data import load_beir
 
-    folder = tiny.make_beir(tmp_path / "beir", n_docs=300, n_queries=24, seed=3)
+    folder = tiny.make_beir(tmp_path / "beir", n_docs=500, n_queries=24, seed=3)
     model = load_encoder(bundled_model_path("splade-tiny"))
     data = load_beir(folder, "train")
     result = evaluate_retrieval(model, data, hybrid=True, return_run=True, show_progress_bar=False)
@@ -174,16 +175,18 @@ def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path)
     assert fitted == {
         "rule": "convex",
         "dense_weight": fitted["dense_weight"],
-        "depth": 100,
+        "depth": 200,
         "rrf_k": 60,
         "normalize": fitted["normalize"],
         "bm25_zeros": True,
     }
     assert fitted["normalize"] in ("z", "minmax", "dbsf")
-    retriever = HybridRetriever.build(model, folder)  # fits its own fusion on the same corpus: the same one
+    qids, texts = list(data.queries["_id"]), list(data.queries["text"])
+    assert result["fusion"]["fit"]["real_queries"] == len(texts)  # the evaluated queries calibrated the pseudo-queries
+    # fits its own fusion on the same corpus for the same queries: the same one
+    retriever = HybridRetriever.build(model, folder, queries=texts)
     assert retriever.fusion.dense_weight == fitted["dense_weight"] and retriever.fusion.rule == default.rule
     assert retriever.fusion.normalize == fitted["normalize"]
-    qids, texts = list(data.queries["_id"]), list(data.queries["text"])
     top_ids, _ = retriever.search(texts, 10)
     all_ids, all_scores = retriever.search(texts, 2 * default.depth, depth=default.depth)
     cut = 0
@@ -192,7 +195,7 @@ def test_the_evaluators_hybrid_ranking_is_the_hybrid_retrievers_search(tmp_path)
         assert list(run)[:10] == top
         assert list(run) == ids
         np.testing.assert_allclose(list(run.values()), scores, rtol=1e-5, atol=1e-6)
-        cut += len(ids) < 300
+        cut += len(ids) < 500
     assert cut == len(qids)  # the depth left documents out of every query's candidates
 
 

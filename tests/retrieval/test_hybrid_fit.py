@@ -14,10 +14,13 @@ from hf_cocodr.errors import ConfigError
 from hf_cocodr.retrieval.fusion import (
     FIT,
     FIT_GRID,
+    KEEP_SHARES,
     FusionConfig,
+    bm25_top_z,
     fit_choice,
     fuse,
     is_fit_of,
+    keep_share_for,
     normalized,
     pseudo_queries,
 )
@@ -39,7 +42,7 @@ def _pseudo(target):
 
 def test_the_fitted_weight_of_hand_made_rankings_is_the_hand_computed_one():
     cfg = FusionConfig(depth=10, normalize="z")  # the weight alone is fitted
-    norm, w, curves = fit_choice([_pseudo(0), _pseudo(3)], cfg)
+    norm, w, curves = fit_choice([_pseudo(0), _pseudo(3)], cfg, within_one_se=False)  # the peak
     assert norm == "z" and list(curves) == ["z"]
     curve = curves["z"]
     # w >= 0.6: row 0 first, row 3 fourth: (1 + 1/log2 5) / 2, the best; of the equal weights 0.6 is nearest 0.5
@@ -50,8 +53,25 @@ def test_the_fitted_weight_of_hand_made_rankings_is_the_hand_computed_one():
     np.testing.assert_allclose(curve[0.25], (GAIN[2] + GAIN[3]) / 2)  # row 0 second, row 3 third
     np.testing.assert_allclose(curve[0.4], (GAIN[2] + GAIN[4]) / 2)
     # a document only BM25 finds well: weights 0 to 0.2 keep it second; 0.2 is the one nearest 0.5
-    _, w, curves = fit_choice([_pseudo(3)], cfg)
+    _, w, curves = fit_choice([_pseudo(3)], cfg)  # one pseudo-query: no standard error, the peak
     assert w == 0.2 and curves["z"][0.2] == pytest.approx(GAIN[2]) and curves["z"][0.25] == pytest.approx(GAIN[3])
+
+
+def test_the_weight_nearest_half_within_one_standard_error_of_the_peak_is_chosen():
+    cfg = FusionConfig(depth=10, normalize="z")
+    # row 2 (BM25's first) is first while w < 3 / 5.4495 = 0.5505, then second. Targets 0, 0, 3, 2:
+    #   w in [0.35, 0.55]: gains (GAIN2, GAIN2, GAIN4, 1)    w in [0.6, 0.7]: (1, 1, GAIN4, GAIN2), the peak
+    # per-query differences at 0.5 from the peak: (a, a, 0, -a), a = 1 - GAIN2 = 0.3691: mean a / 4 = 0.0923, sample
+    # std a * sqrt(((3/4)² · 2 + (1/4)² + (5/4)²) / 3) = 0.9574 a, standard error 0.9574 a / 2 = 0.1767 >= 0.0923
+    rankings = [_pseudo(0), _pseudo(0), _pseudo(3), _pseudo(2)]
+    assert fit_choice(rankings, cfg, within_one_se=False)[1] == 0.6
+    norm, w, curves = fit_choice(rankings, cfg)
+    assert (norm, w) == ("z", 0.5)
+    np.testing.assert_allclose(curves["z"][0.6] - curves["z"][0.5], (1 - GAIN[2]) / 4)
+    # ten of row 0 and nine of row 3: at 0.5 the differences are a (ten times) and 0: mean 10 a / 19 = 0.1943, standard
+    # error a sqrt(10 · 9 / 19²  · 19 / 18) / sqrt(19) = 0.0434: outside; every weight below 0.6 is further: the peak
+    many = [_pseudo(0)] * 10 + [_pseudo(3)] * 9
+    assert fit_choice(many, cfg)[1] == fit_choice(many, cfg, within_one_se=False)[1] == 0.6
 
 
 def test_min_max_and_dbsf_normalisations_by_hand():
@@ -92,8 +112,11 @@ SECOND = (np.array([1, 0, 3]), np.array([5.0, 1.0, 0.0]), B_ROWS, B_SCORES, 0)
 
 
 def test_the_fitted_normalisation_of_hand_made_rankings_is_the_hand_computed_one():
-    norm, w, curves = fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10))
+    norm, w, curves = fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10), within_one_se=False)  # the peak
     assert (norm, w) == ("minmax", 0.45)
+    # within one standard error of it: z-scores at 0.5 differ from it by (0, 1/2 - 1/log2 5), and one non-zero
+    # difference of two has a mean equal to its standard error; the first normalisation at the weight nearest 0.5
+    assert fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10))[:2] == ("z", 0.5)
     assert list(curves) == ["z", "minmax", "dbsf"]
     best = {n: max(c.values()) for n, c in curves.items()}
     np.testing.assert_allclose([best["minmax"], best["z"], best["dbsf"]], [0.75, (1 + GAIN[4]) / 2, (1 + GAIN[4]) / 2])
@@ -159,6 +182,46 @@ def test_pseudo_queries_are_one_sentence_and_the_rest_of_its_document():
     assert pseudo_queries(texts, n=10, seed=3) == picks and len(pseudo_queries(texts, n=1, seed=3)) == 1
 
 
+def test_the_words_a_share_keeps_in_the_document_are_kept_at_every_larger_share():
+    texts = [
+        "The first sentence of this document has quite a few words in it. A second sentence follows it here. End.",
+        "Another document starts with a long opening sentence about many things. Then it closes with one more line.",
+        "Short one. The middle sentence of the third document is the longest of them all by far. Last words here.",
+    ]
+    plain = pseudo_queries(texts, n=10, seed=3)
+    assert pseudo_queries(texts, n=10, seed=3, keep_share=0.0) == plain
+    shares = (0.25, 0.5, 1.0)
+    at = {f: pseudo_queries(texts, n=10, seed=3, keep_share=f) for f in shares}
+    for i, (row, query, rest) in enumerate(plain):
+        full = at[1.0][i][2].split()  # the whole sentence stays: the document, word for word
+        assert at[1.0][i][:2] == (row, query) and full == texts[row].split()
+        words = query.split()
+        start = next(j for j in range(len(full)) if full[j : j + len(words)] == words)
+        before, after = full[:start], full[start + len(words) :]
+        assert rest.split() == before + after
+        kept = {}
+        for f in shares:
+            got = at[f][i][2].split()
+            assert got[: len(before)] == before and got[len(got) - len(after) :] == after
+            kept[f] = got[len(before) : len(got) - len(after)]
+        # each share's words are a subsequence of the next share's, in the sentence's order
+        for small, big in ((0.25, 0.5), (0.5, 1.0)):
+            it = iter(kept[big])
+            assert all(w in it for w in kept[small])
+
+
+def test_bm25_top_z_and_the_keep_share_by_hand():
+    # [4, 2, 0, 0]: mean 1.5, variance (2.5² + 0.5² + 1.5² + 1.5²) / 4 = 2.75; a constant list stands out nowhere
+    np.testing.assert_allclose(
+        bm25_top_z(np.array([[4.0, 2.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])), [2.5 / 2.75**0.5, 0]
+    )
+    # the share whose pseudo-queries' median is nearest the queries' among those tried; equal distances: the smaller
+    assert keep_share_for({0.0: 4.4, 0.125: 5.0, 0.25: 5.5}, 5.64) == 0.25
+    assert keep_share_for({0.0: 4.4, 0.125: 5.0, 0.25: 5.9}, 5.64) == 0.25
+    assert keep_share_for({0.0: 4.0, 0.125: 5.0, 0.25: 6.0}, 5.5) == 0.125
+    assert keep_share_for({0.0: 6.0}, 5.5) == 0.0
+
+
 @pytest.fixture(scope="module")
 def no_qrels_beir(tiny_beir, tmp_path_factory):
     """The tiny BEIR folder whose qrels files cannot be read (each is a folder: opening it raises)."""
@@ -186,7 +249,8 @@ def test_the_fit_reads_no_judgments_and_the_fitted_weight_survives_save_and_load
     grid = fit["grid_ndcg_at_10"]
     assert fit["pseudo_queries"] >= 8 and fit["fitted"] == ["normalize", "dense_weight"]
     assert list(grid) == ["z", "minmax", "dbsf"]
-    assert grid[norm][f"{w:g}"] == max(v for curve in grid.values() for v in curve.values())
+    assert fit["peak"]["ndcg_at_10"] == max(v for curve in grid.values() for v in curve.values())
+    assert max(grid[fit["peak"]["normalize"]].values()) == fit["peak"]["ndcg_at_10"] >= grid[norm][f"{w:g}"]
     built.save(tmp_path / "h")
     saved = json.loads((tmp_path / "h" / "hybrid.json").read_text())
     assert (
@@ -212,6 +276,84 @@ def test_the_fit_reads_no_judgments_and_the_fitted_weight_survives_save_and_load
     given = HybridRetriever.build(str(tiny_st_dir), no_qrels_beir, fusion={"depth": 20, "normalize": "dbsf"})
     assert given.fusion.normalize == "dbsf" and list(given.fusion.fit["grid_ndcg_at_10"]) == ["dbsf"]
     assert given.fusion.fit["fitted"] == ["dense_weight"]
+
+
+@pytest.fixture(scope="module")
+def worded_corpus(tmp_path_factory):
+    """A corpus (JSONL) of 80 documents of three six-word sentences over 400 made-up words: a sentence shares few
+    words with the rest of its document, so a sentence taken out of it is hard for BM25 and one left in it is easy."""
+    rng = np.random.default_rng(0)
+    vocab = [f"w{i}x" for i in range(400)]
+    docs = []
+    for i in range(80):
+        sentences = [" ".join(rng.choice(vocab, 6)) + "." for _ in range(3)]
+        docs.append({"_id": f"d{i}", "title": "", "text": " ".join(sentences)})
+    path = tmp_path_factory.mktemp("worded") / "corpus.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    return path
+
+
+def _sentences_of(corpus, n):
+    """Whole sentences of the corpus's documents: queries that copy its words, as SQuAD's questions do."""
+    texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    return [t.split(". ")[1] for t in texts][:n]
+
+
+def test_the_queries_set_the_share_of_words_kept(tiny_st_dir, worded_corpus):
+    copying = _sentences_of(worded_corpus, 12)
+    built = HybridRetriever.build(str(tiny_st_dir), worded_corpus, fusion={"depth": 20}, queries=copying)
+    fit = built.fusion.fit
+    medians = {float(f): m for f, m in fit["bm25_top_z_median"].items() if f != "queries"}
+    target = fit["bm25_top_z_median"]["queries"]
+    # whole copied sentences stand out in BM25 more than sentences taken out of their documents
+    assert fit["real_queries"] == 12 and medians[0.0] < target and fit["keep_share"] > 0
+    assert fit["keep_share"] == keep_share_for(medians, target) and max(medians.values()) >= target
+    # the shares are tried in order and stop at the first that reaches the queries' median
+    assert list(medians) == list(KEEP_SHARES[: len(medians)]) and all(m < target for m in list(medians.values())[:-1])
+    # queries BM25 finds nothing for stand out nowhere (z 0): the plain inverse cloze, no other share tried
+    unmatched = HybridRetriever.build(
+        str(tiny_st_dir), worded_corpus, fusion={"depth": 20}, queries=["qqqq zzzz xxxx"] * 3
+    )
+    assert unmatched.fusion.fit["keep_share"] == 0.0 and list(unmatched.fusion.fit["bm25_top_z_median"]) == [
+        "queries",
+        "0",
+    ]
+    # without queries: the plain inverse cloze, the same fit as queries that ask for no share
+    plain = HybridRetriever.build(str(tiny_st_dir), worded_corpus, fusion={"depth": 20})
+    assert plain.fusion.fit["keep_share"] == 0.0 and "real_queries" not in plain.fusion.fit
+    drop = ("real_queries", "bm25_top_z_median")
+    assert {k: v for k, v in unmatched.fusion.fit.items() if k not in drop} == plain.fusion.fit
+    assert (unmatched.fusion.dense_weight, unmatched.fusion.normalize) == (
+        plain.fusion.dense_weight,
+        plain.fusion.normalize,
+    )
+
+
+def test_the_fit_with_queries_reads_no_judgments(tiny_st_dir, no_qrels_beir, monkeypatch):
+    from hf_cocodr.data import beir
+
+    def refuse(*a, **k):
+        raise AssertionError("the fit read qrels")
+
+    monkeypatch.setattr(beir, "_parse_qrels", refuse)
+    queries = [json.loads(line)["text"] for line in (no_qrels_beir / "queries.jsonl").read_text().splitlines()]
+    built = HybridRetriever.build(str(tiny_st_dir), no_qrels_beir, fusion={"depth": 20}, queries=queries)
+    assert built.fusion.fit["real_queries"] == len(queries) and not built.fusion.needs_fit
+
+
+def test_a_fusion_left_to_fit_is_fitted_once_the_queries_are_known(tiny_st_dir, worded_corpus, tmp_path):
+    queries = _sentences_of(worded_corpus, 6)
+    later = HybridRetriever.build(str(tiny_st_dir), worded_corpus, fusion={"depth": 20}, fit=False)
+    assert later.fusion.needs_fit
+    with pytest.raises(ConfigError, match="not fitted"):
+        later.save(tmp_path / "h")
+    assert not (tmp_path / "h").exists()
+    with pytest.raises(ConfigError, match="not fitted"):
+        later.search(queries, k=3)
+    fitted = later.fit_fusion(queries)
+    now = HybridRetriever.build(str(tiny_st_dir), worded_corpus, fusion={"depth": 20}, queries=queries)
+    assert fitted == now.fusion == later.fusion and later.search(queries, k=5) == now.search(queries, k=5)
+    assert later.fit_fusion(["something else entirely"]) == fitted  # fitted once: a later call changes nothing
 
 
 def test_evaluate_hybrid_shows_the_fitted_weight_and_dense_weight_overrides_it(tiny_st_dir, tiny_beir, capsys):
@@ -278,3 +420,29 @@ def test_the_fits_curves_are_the_mean_ndcg_of_fuses_rankings(rule):
                 hit = np.flatnonzero(rows == target)
                 gains.append(1.0 / np.log2(hit[0] + 2.0) if hit.size else 0.0)
             assert value == pytest.approx(np.mean(gains), abs=1e-12), (norm, w)
+
+
+def test_the_recipes_saved_retriever_is_calibrated_to_the_target_queries_of_its_corpus(
+    tiny_st_dir, tiny_beir, tmp_path
+):
+    """A target corpus whose folder also gave ``--target-queries`` (``DIR:SPLIT``, however spelled) gets a fusion
+    calibrated to those queries; queries from another folder calibrate nothing."""
+    from types import SimpleNamespace
+
+    from hf_cocodr import load_encoder
+    from hf_cocodr.data.target_queries import read_target_queries
+    from hf_cocodr.recipe.runner import _save_hybrids
+
+    model = load_encoder(str(tiny_st_dir))
+    other = tmp_path / "other"
+    shutil.copytree(tiny_beir, other)
+    for name, specs in (("own", [f"{tiny_beir / 'qrels' / '..'}:train"]), ("other", [f"{other}:train"])):
+        out = tmp_path / f"out-{name}"
+        out.mkdir()
+        cfg = SimpleNamespace(eval_batch_size=16, target_queries=specs)
+        _save_hybrids(SimpleNamespace(target_corpora=[str(tiny_beir)], out=out, cfg=cfg), model)
+        fit = HybridRetriever.load(out / "hybrid" / tiny_beir.name).fusion.fit
+        if name == "own":
+            assert fit["real_queries"] == len(read_target_queries(f"{tiny_beir}:train").texts) > 0
+        else:
+            assert "real_queries" not in fit and fit["keep_share"] == 0.0

@@ -1,11 +1,11 @@
 """The package's hybrid retriever (a dense model + bm25s, fused per query) as an MTEB search model.
 
 :class:`HybridSearchModel` follows mteb 2's search protocol (``index(corpus, ...)`` then ``search(queries, ...)``):
-``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus, fitting the normalisation and the
-dense weight to that corpus without labels (the default; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`) or using the weight
-given; ``search`` fuses
-each system's top ``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores
-equal the evaluation's on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
+``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus; ``search`` fits the
+normalisation and the dense weight to that corpus without labels, calibrated to the task's queries (their text only;
+the default, :func:`~hf_cocodr.retrieval.fusion.fit_fusion`), or uses the weight given, and fuses each system's top
+``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores equal the evaluation's
+on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
 hybrid's: ``model_type=["hybrid"]``, the two parts, the fusion and how it is fitted in ``loader_kwargs``, the dense
 model as ``adapted_from``, its training data unchanged (the hybrid trains on nothing).
 """
@@ -73,20 +73,18 @@ class HybridSearchModel:
         self.fusions: dict[str, dict[str, Any]] = {}
 
     def index(self, corpus, *, task_metadata, hf_split: str, hf_subset: str, encode_kwargs, num_proc=None, **kwargs):
-        """Encode the task's corpus and index it for BM25; fit the fusion to it (unless a weight was given)."""
+        """Encode the task's corpus and index it for BM25; the fusion (unless a weight was given) is fitted to it when
+        the queries arrive (:meth:`search`), calibrated to them."""
         columns = [c for c in ("id", "title", "text") if c in corpus.column_names]
         docs = corpus.select_columns(columns).rename_column("id", "_id")
         self.retriever = HybridRetriever.build(
             self.model,
             docs,
             fusion=self.fusion,
+            fit=False,
             batch_size=int((encode_kwargs or {}).get("batch_size", self.batch_size)),
             doc_max_length=self.doc_max_length,
         )
-        name = getattr(task_metadata, "name", None) or "task"
-        self.fusions[name] = asdict(self.retriever.fusion)
-        used = self.retriever.fusion
-        logger.info("%s: hybrid fusion %s (%s), dense weight %s", name, used.rule, used.normalize, used.dense_weight)
 
     def search(
         self,
@@ -108,7 +106,14 @@ class HybridSearchModel:
         texts = list(queries["text"])
         if "instruction" in queries.column_names:  # as mteb's own models read an instruction task's queries
             texts = [t if i is None else f"{t} {i}" for t, i in zip(texts, queries["instruction"])]
+        if self.retriever.fusion.needs_fit:  # once per indexed corpus, with the queries of its first search
+            self.retriever.fit_fusion(texts)
+        name = getattr(task_metadata, "name", None) or "task"
         fusion = self.retriever.fusion
+        self.fusions[name] = asdict(fusion)
+        logger.info(
+            "%s: hybrid fusion %s (%s), dense weight %s", name, fusion.rule, fusion.normalize, fusion.dense_weight
+        )
         depth = fusion.depth
         q_emb = self.retriever.encode_queries(texts, batch_size=int((encode_kwargs or {}).get("batch_size", 64)))
         ds, di = self.retriever.search_dense(texts, depth, query_embeddings=q_emb)
