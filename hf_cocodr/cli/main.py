@@ -72,7 +72,8 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     add_fusion_flags(
         p,
         "with --hybrid: the dense system's weight in [0, 1] (default: fitted to the corpus without labels, "
-        "from pseudo-queries drawn from it; the JSON's fusion says which weight and how)",
+        "from pseudo-queries drawn from it and made as easy for BM25 as the evaluated queries; the JSON's fusion says "
+        "which weight and how)",
     )
 
 

@@ -65,7 +65,7 @@ def evaluate_retrieval(
         hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.retrieval.fusion`): the
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
-            ``fusion.depth`` (default 100): its cut-offs beyond that are over those candidates only.
+            ``fusion.depth`` (default 200): its cut-offs beyond that are over those candidates only.
         fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's,
             its normalisation and dense weight fitted to the corpus without labels
             (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives the
@@ -177,16 +177,10 @@ def _hybrid_result(
         embeddings = np.empty_like(in_index_order)
         embeddings[order] = in_index_order
         del in_index_order
-        fusion = fit_fusion_once(  # once per model, corpus and settings within the recipe's run
-            model,
-            fusion,
-            texts,
-            embeddings,
-            lambda q: encode_for_fit(q, "query"),
-            lambda d: encode_for_fit(d, "document"),
-            settings=fit_settings,
-            queries=list(query_texts),  # their text only: the pseudo-queries are made as easy for BM25 as they are
-        )
+        # once per model, corpus, queries and settings within the recipe's run; the queries' text only: the
+        # pseudo-queries are made as easy for BM25 as they are
+        encoders = (lambda q: encode_for_fit(q, "query"), lambda d: encode_for_fit(d, "document"))
+        fusion = fit_fusion_once(model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts))
         del embeddings
         fit_s = time.perf_counter() - t_fit
         logger.info(

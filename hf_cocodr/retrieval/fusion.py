@@ -274,6 +274,7 @@ def fit_choice(
     fusion: FusionConfig,
     grid: tuple[float, ...] = FIT_GRID,
     within_one_se: bool = True,
+    details: dict[str, Any] | None = None,
 ) -> tuple[str, float, dict[str, dict[float, float]]]:
     """The normalisation and dense weight chosen by the mean nDCG@10 of their fused ranking over pseudo-queries with
     one relevant document each: ``(normalize, weight, {normalize: {weight: mean nDCG@10}})``.
@@ -283,7 +284,8 @@ def fit_choice(
     pseudo-queries; the one-standard-error rule), the one whose weight is nearest 0.5 (equal weights: the
     normalisation first in :data:`FIT_NORMALIZATIONS`, then the lower weight): pseudo-queries are a noisy proxy for
     the real ones, and a difference within their noise is no reason to move from equal weights. Without it the peak
-    is the choice.
+    is the choice. ``details``, if given, receives the peak (``"peak"``) and the pairs within one standard error of
+    it (``"within_one_se"``).
 
     What ``fusion`` gives is kept, what it leaves to ``"fit"`` is searched: the weights of ``grid``, and (``"convex"``
     only) the normalisations of :data:`FIT_NORMALIZATIONS`. ``rankings``: one ``(dense_rows, dense_scores,
@@ -320,6 +322,8 @@ def fit_choice(
     best = max(v for curve in curves.values() for v in curve.values())
     tied = [(i, n, w) for i, (n, curve) in enumerate(curves.items()) for w, v in curve.items() if v >= best - 1e-12]
     _, norm, w = min(tied, key=lambda t: (t[0], abs(t[2] - 0.5), t[2]))
+    if details is not None:
+        details["peak"] = {"normalize": norm, "dense_weight": w, "ndcg_at_10": round(curves[norm][w], 4)}
     if not within_one_se or len(rankings) < 2:
         return norm, w, curves
     peak = per_query[norm][:, list(weights).index(w)]
@@ -328,6 +332,10 @@ def fit_choice(
         diff = peak[:, None] - gains  # per query, per weight
         se = diff.std(axis=0, ddof=1) / np.sqrt(len(rankings))
         close += [(abs(x - 0.5), i, x, n) for x, m, e in zip(weights, diff.mean(axis=0), se) if m <= e + 1e-12]
+    if details is not None:
+        details["within_one_se"] = {
+            n: [float(x) for _, i, x, m in sorted(close, key=lambda c: c[2]) if m == n] for n in per_query
+        }
     _, _, w, norm = min(close)
     return norm, float(w), curves
 
@@ -393,11 +401,10 @@ def fit_fusion(
             bm25_top_z_median={"queries": round(target, 4), **{f"{f:g}": round(m, 4) for f, m in medians.items()}},
         )
     rankings = _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side)
-    norm, w, curves = fit_choice(rankings, fusion)
+    details: dict[str, Any] = {}
+    norm, w, curves = fit_choice(rankings, fusion, details=details)
     record["grid_ndcg_at_10"] = {n: {f"{k:g}": round(v, 4) for k, v in c.items()} for n, c in curves.items()}
-    peak = max(curves, key=lambda n: max(curves[n].values()))  # the best mean (the choice: within one SE of it)
-    record["peak"] = {"normalize": peak, "ndcg_at_10": round(max(curves[peak].values()), 4)}
-    record["choice"] = "the weight nearest 0.5 within one standard error of the peak"
+    record.update(details, choice="the weight nearest 0.5 within one standard error of the peak")
     any_curve = next(iter(curves.values()))  # at w = 1 (0) every normalisation gives the dense (BM25) ranking
     record.update(
         dense_alone=round(any_curve[1.0], 4) if 1.0 in any_curve else None,

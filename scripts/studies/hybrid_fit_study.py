@@ -222,7 +222,8 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     row["fitted_weight"] = cfg.dense_weight
     row["fitted_normalize"] = cfg.normalize
     row["fit"] = cfg.fit
-    row["fitted"] = ndcg(run_of(cfg))
+    fitted_run = run_of(cfg)
+    row["fitted"] = ndcg(fitted_run)
     # the former rule: z-scores, the weight alone fitted (the best of the same fit's z curve, rounded to 1e-4 as the
     # record keeps it; equal values go to the weight nearest 0.5, as fit_choice breaks them)
     z_curve = {float(w): v for w, v in cfg.fit["grid_ndcg_at_10"]["z"].items()}
@@ -250,10 +251,12 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     subs[0].index(split_data["corpus"], **where)
     row["mteb_bm25s"] = ndcg(subs[0].search(judged, top_k=depth, **where))
     row["mteb"] = {}
+    mteb_runs = {}
     for rule in MTEB_RULES:
         # each sub-model is asked for max(top_k, sub_model_top_k) = depth: the same two lists the package fuses
         hs = HybridSearch(models=subs, fusion_strategy=rule, sub_model_top_k=depth)
-        row["mteb"][rule] = ndcg(hs.search(judged, top_k=depth, **where))
+        mteb_runs[rule] = hs.search(judged, top_k=depth, **where)
+        row["mteb"][rule] = ndcg(mteb_runs[rule])
     f = row["fixed"]["z"]
     row["dense"], row["bm25"], row["w0.5"] = f["1"], f["0"], f["0.5"]
     row["best_fixed_w"] = max(f, key=f.get)  # z-scores, the former rule
@@ -261,7 +264,22 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     n, w = max(((n, w) for n in NORMS for w in row["fixed"][n]), key=lambda nw: row["fixed"][nw[0]][nw[1]])
     row["best_any"], row["best_any_at"] = row["fixed"][n][w], f"{n} {w}"
     row["mteb_best"] = max(row["mteb"].values())
+    # the paired standard error of fitted − mteb's best over the judged queries (a difference within it is none)
+    best_rule = max(row["mteb"], key=row["mteb"].get)
+    a, b = per_query_ndcg(data.qrels, fitted_run), per_query_ndcg(data.qrels, mteb_runs[best_rule])
+    diff = np.array([a.get(q, 0.0) - b.get(q, 0.0) for q in data.qrels])
+    row["vs_mteb_best_se"] = round(float(diff.std(ddof=1) / np.sqrt(len(diff))), 4)
     return row
+
+
+def per_query_ndcg(qrels, run) -> dict[str, float]:
+    """nDCG@10 of each judged query (pytrec_eval; a query with no ranking scores 0)."""
+    import pytrec_eval
+
+    judged = {q: {d: int(r) for d, r in docs.items()} for q, docs in qrels.items()}
+    ranked = {q: {d: float(x) for d, x in run.get(q, {}).items()} for q in judged}
+    out = pytrec_eval.RelevanceEvaluator(judged, {"ndcg_cut.10"}).evaluate(ranked)
+    return {q: out.get(q, {}).get("ndcg_cut_10", 0.0) for q in judged}
 
 
 def report(rows: list[dict], ns) -> str:
@@ -286,7 +304,7 @@ def report(rows: list[dict], ns) -> str:
         "",
         "| start | split | dense | BM25 | mteb bm25s | z w=0.5 | best fixed z (w) | best fixed any | fitted z (w) "
         "| fitted (keep, rule, w) | **fitted** | mteb rrf | mteb dbsf | mteb rsf | fitted − max(parts) | fitted − best fixed "
-        "z | fitted − mteb best |",
+        "z | fitted − mteb best (± paired SE) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -298,7 +316,7 @@ def report(rows: list[dict], ns) -> str:
             f"{r['fitted_weight']:g} | "
             f"**{r['fitted']:.4f}** | {r['mteb']['rrf']:.4f} | {r['mteb']['dbsf']:.4f} | {r['mteb']['rsf']:.4f} | "
             f"{r['fitted'] - parts:+.4f} | {r['fitted'] - r['best_fixed']:+.4f} | "
-            f"{r['fitted'] - r['mteb_best']:+.4f} |"
+            f"{r['fitted'] - r['mteb_best']:+.4f} (± {r.get('vs_mteb_best_se', float('nan')):.4f}) |"
         )
     lines += [
         "",
