@@ -19,9 +19,11 @@
 The dense weight and the normalisation are by default *fitted to the corpus without labels* (``dense_weight="fit"``,
 ``normalize="fit"``, :func:`fit_fusion`): pseudo-queries are drawn from the corpus in the inverse-cloze way (one
 sentence of a document is the query, the rest of that document, which no longer holds the sentence, is its one
-relevant document), both systems rank the corpus for them, and the pair (normalisation, weight) on a grid that gives
-the best mean nDCG@10 of the fused ranking over the pseudo-queries is kept, so the fusion follows how well each
-system, and their fusion, find a document from a passage it no longer holds. Given the real queries (unlabelled:
+relevant document), both systems rank the corpus for them, and of the pairs (normalisation, weight) on a grid whose
+mean nDCG@10 of the fused ranking over the pseudo-queries is within one standard error of the best, the one nearest
+equal weights is kept (:func:`fit_choice`), so the fusion follows how well each system, and their fusion, find a
+document from a passage it no longer holds, and leaves equal weights only for a difference beyond the
+pseudo-queries' noise. Given the real queries (unlabelled:
 ``evaluate --hybrid`` and ``mteb --hybrid`` pass the ones they rank), the pseudo-queries are first made as easy for
 BM25 as those queries are: a share of the sentence's words (:data:`KEEP_SHARES`) stays in its document, the smallest
 share whose pseudo-queries' median BM25 top-score z (:func:`bm25_top_z`) reaches the real queries' (or the one
