@@ -467,8 +467,9 @@ class DistillStage(Stage):
     def _fusion(cfg: RecipeConfig):
         from ...retrieval.fusion import FusionConfig
 
-        # z-scores of BM25's hits alone: the teacher the stage's identity has always named (bm25_zeros came later)
-        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False)
+        # z-scores of BM25's hits alone over each system's top 100: the teacher the stage's identity has always named
+        # (bm25_zeros and the default depth of 200 came later)
+        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
 
     @staticmethod
     def _loss_options(cfg: RecipeConfig, similarity: str) -> dict[str, Any]:
