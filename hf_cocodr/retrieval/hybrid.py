@@ -110,6 +110,9 @@ class HybridRetriever:
         self.meta = meta
         # rows of documents without text: indexed (the rows stay aligned) but never returned
         self.empty_rows = np.asarray(meta.get("empty_rows") or [], np.int64)
+        # the corpus's texts and the encoding batch size, kept by build while the fusion is left to fit
+        self._texts: list[str] | None = None
+        self._batch_size = 64
 
     @classmethod
     def from_index(
@@ -124,6 +127,7 @@ class HybridRetriever:
         self._embeddings, self._order = None, np.asarray(order, dtype=np.int64)
         self.fusion, self.meta = fusion, dict(meta or {})
         self.empty_rows = np.asarray(self.meta.get("empty_rows") or [], np.int64)
+        self._texts, self._batch_size = None, 64
         return self
 
     @property
@@ -211,8 +215,9 @@ class HybridRetriever:
         text only) when given (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`); a fusion already fitted, or given by
         hand, stays as it is. Only a retriever built here (:meth:`build`) holds the corpus's texts this needs."""
         if not self.fusion.needs_fit:
+            self._texts = None  # nothing left to fit: the corpus's texts are not kept
             return self.fusion
-        texts = getattr(self, "_texts", None)
+        texts = self._texts
         if texts is None:
             raise ConfigError("fit_fusion needs the corpus's texts, which only a retriever made by build holds")
         from .encoding import encode_texts
