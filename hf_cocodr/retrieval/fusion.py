@@ -20,8 +20,8 @@ The dense weight and the normalisation are by default *fitted to the corpus with
 ``normalize="fit"``, :func:`fit_fusion`): pseudo-queries are drawn from the corpus in the inverse-cloze way (one
 sentence of a document is the query, the rest of that document, which no longer holds the sentence, is its one
 relevant document), both systems rank the corpus for them, and of the pairs (normalisation, weight) on a grid whose
-mean nDCG@10 of the fused ranking over the pseudo-queries is within one standard error of the best, the one nearest
-equal weights is kept (:func:`fit_choice`), so the fusion follows how well each system, and their fusion, find a
+mean nDCG@10 of the fused ranking over the pseudo-queries stays within one standard error of the best on the way from
+the best toward equal weights, the one nearest equal weights is kept (:func:`fit_choice`), so the fusion follows how well each system, and their fusion, find a
 document from a passage it no longer holds, and leaves equal weights only for a difference beyond the
 pseudo-queries' noise. Given the real queries (unlabelled:
 ``evaluate --hybrid`` and ``mteb --hybrid`` pass the ones they rank), the pseudo-queries are first made as easy for
@@ -281,12 +281,13 @@ def fit_choice(
     """The normalisation and dense weight chosen by the mean nDCG@10 of their fused ranking over pseudo-queries with
     one relevant document each: ``(normalize, weight, {normalize: {weight: mean nDCG@10}})``.
 
-    The *peak* is the pair with the best mean. With ``within_one_se`` (the default) the choice is, among the pairs
-    whose mean is below the peak's by at most one standard error of the per-query difference (paired over the
-    pseudo-queries; the one-standard-error rule), the one whose weight is nearest 0.5 (equal weights: the
-    normalisation first in :data:`FIT_NORMALIZATIONS`, then the lower weight): pseudo-queries are a noisy proxy for
-    the real ones, and a difference within their noise is no reason to move from equal weights. Without it the peak
-    is the choice. ``details``, if given, receives the peak (``"peak"``) and the pairs within one standard error of
+    The *peak* is the pair with the best mean. With ``within_one_se`` (the default) the choice walks from the peak's
+    weight toward 0.5, one grid weight at a time, while at the next weight some normalisation's mean is below the
+    peak's by at most one standard error of the per-query difference (paired over the pseudo-queries; the
+    one-standard-error rule), and stops before the first weight where none is; at each step the peak's normalisation
+    is kept if it qualifies, else the first one in :data:`FIT_NORMALIZATIONS` that does. Pseudo-queries are a noisy
+    proxy for the real ones: a difference within their noise is no reason to stay away from equal weights, and a weight
+    separated from the peak by a step beyond the noise is never reached. Without it the peak is the choice. ``details``, if given, receives the peak (``"peak"``) and the pairs within one standard error of
     it (``"within_one_se"``).
 
     What ``fusion`` gives is kept, what it leaves to ``"fit"`` is searched: the weights of ``grid``, and (``"convex"``
@@ -329,17 +330,26 @@ def fit_choice(
     if not within_one_se or len(rankings) < 2:
         return norm, w, curves
     peak = per_query[norm][:, list(weights).index(w)]
-    close = []
-    for i, (n, gains) in enumerate(per_query.items()):
+    close: dict[float, list[str]] = {x: [] for x in weights}  # weight -> normalisations within one SE of the peak
+    for n, gains in per_query.items():
         diff = peak[:, None] - gains  # per query, per weight
         se = diff.std(axis=0, ddof=1) / np.sqrt(len(rankings))
-        close += [(abs(x - 0.5), i, x, n) for x, m, e in zip(weights, diff.mean(axis=0), se) if m <= e + 1e-12]
+        for x, m, e in zip(weights, diff.mean(axis=0), se):
+            if m <= e + 1e-12:
+                close[x].append(n)
     if details is not None:
-        details["within_one_se"] = {
-            n: [float(x) for _, i, x, m in sorted(close, key=lambda c: c[2]) if m == n] for n in per_query
-        }
-    _, _, w, norm = min(close)
-    return norm, float(w), curves
+        details["within_one_se"] = {n: [float(x) for x in weights if n in close[x]] for n in per_query}
+    # walk from the peak toward 0.5, one grid weight at a time, while some normalisation stays within one SE
+    ordered = sorted(weights)
+    j = ordered.index(w)
+    step = 1 if w < 0.5 else -1
+    while 0 <= j + step < len(ordered) and abs(ordered[j + step] - 0.5) < abs(ordered[j] - 0.5):
+        nxt = ordered[j + step]
+        if not close[nxt]:
+            break
+        j += step
+        norm = norm if norm in close[nxt] else close[nxt][0]
+    return norm, float(ordered[j]), curves
 
 
 def fit_fusion(
@@ -406,7 +416,7 @@ def fit_fusion(
     details: dict[str, Any] = {}
     norm, w, curves = fit_choice(rankings, fusion, details=details)
     record["grid_ndcg_at_10"] = {n: {f"{k:g}": round(v, 4) for k, v in c.items()} for n, c in curves.items()}
-    record.update(details, choice="the weight nearest 0.5 within one standard error of the peak")
+    record.update(details, choice="from the peak toward 0.5 while within one standard error of it")
     any_curve = next(iter(curves.values()))  # at w = 1 (0) every normalisation gives the dense (BM25) ranking
     record.update(
         dense_alone=round(any_curve[1.0], 4) if 1.0 in any_curve else None,

@@ -199,7 +199,10 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
         n: {f"{w:g}": ndcg(run_of(FusionConfig(dense_weight=w, normalize=n, depth=depth))) for w in WEIGHTS}
         for n in NORMS
     }
-    fit_file = work / f"{start_name(start)}-{folder}-len{ns.doc_max_length}-fit5-d{depth}-n{ns.fit_queries}.json"
+    seed_tag = f"-s{ns.fit_seed}" if ns.fit_seed else ""  # seed 0's files keep their names
+    fit_file = (
+        work / f"{start_name(start)}-{folder}-len{ns.doc_max_length}-fit5-d{depth}-n{ns.fit_queries}{seed_tag}.json"
+    )
     if fit_file.is_file():
         cfg = FusionConfig(**json.loads(fit_file.read_text()))
     else:
@@ -213,6 +216,7 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
             lambda d: encode_texts(st, d, kind="document", max_length=ns.doc_max_length),
             queries=list(data.queries["text"]),  # as evaluate --hybrid passes them: their text only
             n_queries=ns.fit_queries,
+            seed=ns.fit_seed,
         )
         cfg.fit["seconds"] = round(time.time() - t0, 1)
         from dataclasses import asdict
@@ -289,7 +293,7 @@ def report(rows: list[dict], ns) -> str:
         "nDCG@10 on the dev splits (SciFact `train` claims, NFCorpus `dev`, SQuAD passages `dev`: see the notes for the "
         f"SQuAD subsample), documents at {ns.doc_max_length} tokens, each system's top {ns.depth} fused per query. "
         "*fitted*: the normalisation (z-scores, min-max or dbsf) and the dense weight `fit_fusion` picks from "
-        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed 0; no qrels read), made as easy "
+        f"{ns.fit_queries} inverse-cloze pseudo-queries drawn from the corpus (seed {ns.fit_seed}; no qrels read), made as easy "
         "for BM25 as the split's queries (their text only: *keep* is the share of the sentence's words left in its "
         "document, chosen so the pseudo-queries' median BM25 top-score z meets the queries'), the weight nearest 0.5 "
         "within one standard error of the pseudo-queries' best mean; the default; "
@@ -345,6 +349,7 @@ def main() -> int:
     ap.add_argument("--encode-only", action="store_true", help="only fill the encoding cache")
     ap.add_argument("--depth", type=int, default=200)
     ap.add_argument("--fit-queries", type=int, default=400)
+    ap.add_argument("--fit-seed", type=int, default=0, help="the pseudo-queries' draw (0: the library's default)")
     ap.add_argument("--report", default="reports/studies/hybrid_fit")
     ns = ap.parse_args()
 
@@ -363,9 +368,13 @@ def main() -> int:
 
     work = Path(ns.work)
     (work / "rows").mkdir(parents=True, exist_ok=True)
+    seed_tag = f"-s{ns.fit_seed}" if ns.fit_seed else ""  # another draw of pseudo-queries: rows and report apart
+    report_path = f"{ns.report}{seed_tag.replace('-s', '_seed')}"
     for corpus in ns.corpora.split(","):
         for start in ns.starts.split(","):
-            row_file = work / "rows" / f"{start_name(start)}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit5.json"
+            row_file = (
+                work / "rows" / f"{start_name(start)}-{corpus}-d{ns.depth}-n{ns.fit_queries}-fit5{seed_tag}.json"
+            )
             if row_file.is_file():
                 continue
             r = arm(start, corpus, ns, root, work)
@@ -380,12 +389,13 @@ def main() -> int:
     # every arm finished so far (this run's and earlier ones'), corpora in the study's order
     order = {label: i for i, (_, _, label) in enumerate(CORPORA.values())}
     rows = [
-        json.loads(f.read_text()) for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit5.json"))
+        json.loads(f.read_text())
+        for f in sorted((work / "rows").glob(f"*-d{ns.depth}-n{ns.fit_queries}-fit5{seed_tag}.json"))
     ]
     rows.sort(key=lambda r: (order[r["corpus"]], r["start"]))
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(f"{ns.report}.md", report(rows, ns))
-    atomic_write_json(f"{ns.report}.json", {"depth": ns.depth, "fit_queries": ns.fit_queries, "rows": rows})
+    atomic_write_text(f"{report_path}.md", report(rows, ns))
+    atomic_write_json(f"{report_path}.json", {"depth": ns.depth, "fit_queries": ns.fit_queries, "rows": rows})
     print(report(rows, ns))
     return 0
 

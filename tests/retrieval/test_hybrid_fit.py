@@ -57,7 +57,7 @@ def test_the_fitted_weight_of_hand_made_rankings_is_the_hand_computed_one():
     assert w == 0.2 and curves["z"][0.2] == pytest.approx(GAIN[2]) and curves["z"][0.25] == pytest.approx(GAIN[3])
 
 
-def test_the_weight_nearest_half_within_one_standard_error_of_the_peak_is_chosen():
+def test_the_choice_walks_from_the_peak_toward_half_while_within_one_standard_error():
     cfg = FusionConfig(depth=10, normalize="z")
     # row 2 (BM25's first) is first while w < 3 / 5.4495 = 0.5505, then second. Targets 0, 0, 3, 2:
     #   w in [0.35, 0.55]: gains (GAIN2, GAIN2, GAIN4, 1)    w in [0.6, 0.7]: (1, 1, GAIN4, GAIN2), the peak
@@ -66,12 +66,25 @@ def test_the_weight_nearest_half_within_one_standard_error_of_the_peak_is_chosen
     rankings = [_pseudo(0), _pseudo(0), _pseudo(3), _pseudo(2)]
     assert fit_choice(rankings, cfg, within_one_se=False)[1] == 0.6
     norm, w, curves = fit_choice(rankings, cfg)
-    assert (norm, w) == ("z", 0.5)
+    assert (norm, w) == ("z", 0.5)  # 0.55 gives what 0.5 gives: the walk from 0.6 passes it and reaches 0.5
     np.testing.assert_allclose(curves["z"][0.6] - curves["z"][0.5], (1 - GAIN[2]) / 4)
     # ten of row 0 and nine of row 3: at 0.5 the differences are a (ten times) and 0: mean 10 a / 19 = 0.1943, standard
     # error a sqrt(10 · 9 / 19²  · 19 / 18) / sqrt(19) = 0.0434: outside; every weight below 0.6 is further: the peak
     many = [_pseudo(0)] * 10 + [_pseudo(3)] * 9
     assert fit_choice(many, cfg)[1] == fit_choice(many, cfg, within_one_se=False)[1] == 0.6
+    # the walk stops at the first weight beyond one standard error, even where a further one is within it. Row 1 is
+    # fourth below w = 0.3101 (BM25's row 3 and row 0 above it), third up to 0.71. Targets 1, 1, 1, 2, 3, 3:
+    #   w in [0, 0.2]: (G4, G4, G4, 1, G2, G2), mean 0.5923, the peak (0.2 nearest 0.5)
+    #   w in [0.25, 0.3]: row 3 drops to third: (G4, G4, G4, 1, G3, G3), mean 0.5487; differences (0, 0, 0, 0, b, b),
+    #     b = G2 - G3 = 0.1309: mean 0.0436 > standard error 0.0276
+    #   w in [0.35, 0.55]: (G3, G3, G3, 1, G4, G4), mean 0.5602; differences (-c, -c, -c, 0, d, d), c = G3 - G4 =
+    #     0.0693, d = G2 - G4 = 0.2002: mean 0.0321 <= standard error 0.0543, within it, but never reached
+    uneven = [_pseudo(1)] * 3 + [_pseudo(2)] + [_pseudo(3)] * 2
+    details: dict = {}
+    assert fit_choice(uneven, cfg, details=details)[:2] == ("z", 0.2)
+    within = details["within_one_se"]["z"]
+    assert 0.2 in within and 0.25 not in within and 0.3 not in within and 0.35 in within and 0.5 in within
+    assert details["peak"] == {"normalize": "z", "dense_weight": 0.2, "ndcg_at_10": 0.5923}
 
 
 def test_min_max_and_dbsf_normalisations_by_hand():
@@ -114,9 +127,10 @@ SECOND = (np.array([1, 0, 3]), np.array([5.0, 1.0, 0.0]), B_ROWS, B_SCORES, 0)
 def test_the_fitted_normalisation_of_hand_made_rankings_is_the_hand_computed_one():
     norm, w, curves = fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10), within_one_se=False)  # the peak
     assert (norm, w) == ("minmax", 0.45)
-    # within one standard error of it: z-scores at 0.5 differ from it by (0, 1/2 - 1/log2 5), and one non-zero
-    # difference of two has a mean equal to its standard error; the first normalisation at the weight nearest 0.5
-    assert fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10))[:2] == ("z", 0.5)
+    # one step from it, at 0.5, min-max puts row 2 second (it ties row 0, which the dense rank puts first) and keeps
+    # row 0 third: per-query differences (1 - 1/log2 3, 0), and one non-zero difference of two has a mean equal to its
+    # standard error, so the walk reaches 0.5 keeping the peak's normalisation
+    assert fit_choice([_pseudo(2), SECOND], FusionConfig(depth=10))[:2] == ("minmax", 0.5)
     assert list(curves) == ["z", "minmax", "dbsf"]
     best = {n: max(c.values()) for n, c in curves.items()}
     np.testing.assert_allclose([best["minmax"], best["z"], best["dbsf"]], [0.75, (1 + GAIN[4]) / 2, (1 + GAIN[4]) / 2])
