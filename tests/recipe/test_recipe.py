@@ -184,7 +184,10 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev")
-    assert last[spec]["start"]["ndcg@10"] == start["ndcg@10"]
+    # the starting model's own score; the tiny random BERT ties many of its scores, and vectors that differ in their
+    # last bits (the run encodes its corpus once, in its own batches, or takes them from the session's encoding cache)
+    # can reorder tied documents: 0.0009 apart was seen once in a full-suite run, a different model is far more
+    assert last[spec]["start"]["ndcg@10"] == pytest.approx(start["ndcg@10"], abs=2e-3)
     assert not (out / "target").exists() and not (out / "wise").exists()
     logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
     assert any("target_pairs_loss" in h for h in logs)
@@ -197,15 +200,28 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     card = (out / "model" / "README.md").read_text()
     assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
     assert "start → adapted" in card
+
     # dense, BM25 and hybrid for the start and the adapted model, as evaluate --hybrid gives them; the card says it;
     # the hybrid retriever of the target corpus is saved next to the model and searches as built
-    hybrid_start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev", hybrid=True)
-    assert last[spec]["start"]["hybrid"]["ndcg@10"] == hybrid_start["ndcg@10"]
-    assert last[spec]["start"]["bm25"]["ndcg@10"] == hybrid_start["bm25"]["ndcg@10"] == last[spec]["bm25"]["ndcg@10"]
-    adapted = evaluate_retrieval(load_encoder(str(out / "model")), str(tiny_beir), "dev", hybrid=True)
-    assert (
-        last[spec]["hybrid"]["ndcg@10"] == adapted["ndcg@10"] and last[spec]["ndcg@10"] == adapted["dense"]["ndcg@10"]
+    # with the fusion the run fitted (on this tiny model's tied scores, vectors that differ in their last bits can fit
+    # another weight; the fit itself is tested in tests/retrieval), evaluate --hybrid gives the run's numbers
+    def fused_as(result):
+        return {k: v for k, v in result["hybrid"]["fusion"].items() if k != "fit"}
+
+    hybrid_start = evaluate_retrieval(
+        load_encoder(str(tiny_bert_nomlm_dir)),
+        str(tiny_beir),
+        "dev",
+        hybrid=True,
+        fusion=fused_as(last[spec]["start"]),
     )
+    assert last[spec]["start"]["hybrid"]["ndcg@10"] == pytest.approx(hybrid_start["ndcg@10"], abs=2e-3)
+    assert last[spec]["start"]["bm25"]["ndcg@10"] == hybrid_start["bm25"]["ndcg@10"] == last[spec]["bm25"]["ndcg@10"]
+    adapted = evaluate_retrieval(
+        load_encoder(str(out / "model")), str(tiny_beir), "dev", hybrid=True, fusion=fused_as(last[spec])
+    )
+    assert last[spec]["hybrid"]["ndcg@10"] == pytest.approx(adapted["ndcg@10"], abs=2e-3)
+    assert last[spec]["ndcg@10"] == pytest.approx(adapted["dense"]["ndcg@10"], abs=2e-3)
     assert "hybrid nDCG@10 start → adapted" in card
     from hf_cocodr import HybridRetriever
 
