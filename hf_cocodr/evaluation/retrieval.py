@@ -180,7 +180,7 @@ def _hybrid_result(
         # once per model, corpus, queries and settings within the recipe's run; the queries' text only: the
         # pseudo-queries are made as easy for BM25 as they are
         encoders = (lambda q: encode_for_fit(q, "query"), lambda d: encode_for_fit(d, "document"))
-        fusion = fit_fusion_once(model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts))
+        fusion = fit_fusion_once(model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts), bm25)
         del embeddings
         fit_s = time.perf_counter() - t_fit
         logger.info(

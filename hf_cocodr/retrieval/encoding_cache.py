@@ -158,15 +158,25 @@ def remembered(kind: str, key: tuple, compute):
 
 
 def fit_fusion_once(
-    model, fusion, texts: list[str], embeddings, encode_queries, encode_documents, settings: tuple, queries=None
+    model,
+    fusion,
+    texts: list[str],
+    embeddings,
+    encode_queries,
+    encode_documents,
+    settings: tuple,
+    queries=None,
+    bm25=None,
 ):
     """:func:`~hf_cocodr.retrieval.fusion.fit_fusion` of ``model`` over a corpus's ``texts`` (calibrated to the
     unlabelled ``queries`` when given), computed once per :func:`cache_corpus_encodings` block for the same query
     encoder, document encoder, corpus, queries, fusion settings and encoding ``settings`` (precision, token limits);
     the documents the fit encodes are remembered by document encoder, so a model sharing its document route (a
-    query-side model and its start) encodes them once."""
+    query-side model and its start) encodes them once. ``bm25``: the BM25 index over ``texts`` the caller holds."""
     if _ACTIVE is None or not fusion.needs_fit:
-        return fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, encode_documents, queries=queries)
+        return fusion_module.fit_fusion(
+            fusion, texts, embeddings, encode_queries, encode_documents, queries=queries, bm25=bm25
+        )
     doc_key = document_encoder_key(model)
     corpus = texts_digest(texts)
 
@@ -178,7 +188,9 @@ def fit_fusion_once(
     fitted = remembered(
         "fusion fit",
         key,
-        lambda: fusion_module.fit_fusion(fusion, texts, embeddings, encode_queries, documents, queries=queries),
+        lambda: fusion_module.fit_fusion(
+            fusion, texts, embeddings, encode_queries, documents, queries=queries, bm25=bm25
+        ),
     )
     return copy.deepcopy(fitted)  # each caller its own (a FusionConfig can be changed in place)
 

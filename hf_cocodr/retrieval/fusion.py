@@ -360,6 +360,7 @@ def fit_fusion(
     encode_documents: Callable[[list[str]], np.ndarray],
     *,
     queries: list[str] | None = None,
+    bm25=None,
     n_queries: int = 400,
     seed: int = 0,
     min_queries: int = 8,
@@ -374,7 +375,8 @@ def fit_fusion(
     without the sentence, and :func:`fit_choice` picks the normalisation and the weight. ``queries``: the real
     queries the hybrid will rank (their text only, no judgments), if known: the share of each pseudo-query's words
     left in its document is then chosen among :data:`KEEP_SHARES` so the pseudo-queries' median BM25 top-score z
-    (:func:`bm25_top_z`) meets the queries' (:func:`keep_share_for`); without them the share is 0. With fewer than
+    (:func:`bm25_top_z`) meets the queries' (:func:`keep_share_for`); without them the share is 0. ``bm25``: a BM25
+    index over ``texts`` already built, which then ranks those queries (otherwise one is built). With fewer than
     ``min_queries`` pseudo-queries (a corpus of one-sentence documents) the weight is 0.5, the normalisation z-scores,
     and ``fit`` says why."""
     if not fusion.needs_fit:
@@ -393,9 +395,11 @@ def fit_fusion(
     real = [q for q in (queries or []) if isinstance(q, str) and q.strip()]
     record["keep_share"] = 0.0
     if real:
-        from .index import BM25Index
+        if bm25 is None:
+            from .index import BM25Index
 
-        target = float(np.median(bm25_top_z(BM25Index(texts).search(real, depth)[0])))
+            bm25 = BM25Index(texts)
+        target = float(np.median(bm25_top_z(bm25.search(real, depth)[0])))
         medians = {0.0: float(np.median(bm25_top_z(bm25_side[0])))}
         sides = {0.0: bm25_side}
         for share in KEEP_SHARES[1:]:

@@ -233,6 +233,7 @@ class HybridRetriever:
             lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
             settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
             queries=queries,
+            bm25=self.bm25,
         )
         self._texts = None  # a fitted fusion is not fitted again
         self.meta.setdefault("build_seconds", {})["fusion_fit"] = round(time.perf_counter() - t0, 2)
