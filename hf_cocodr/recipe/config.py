@@ -91,6 +91,13 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         "batch size of the evaluations and of the corpus encodings (default: 16 on a CPU, where smaller batches "
         "encode faster, 64 on a GPU)",
     )
+    encode_precision: str = _opt(
+        AUTO,
+        "precision of the run's corpus encodings (the teacher's, the evaluations', the hybrids'): auto is bf16 "
+        "where the machine computes bf16 natively (a CUDA GPU from Ampere on, a CPU with AVX-512 BF16 or AMX) and "
+        "fp32 elsewhere; bf16 kept nDCG@10 on the dev splits (docs/precision.md)",
+        choices=("auto", "fp32", "bf16"),
+    )
     target_queries: list[str] = _opt(
         help="unlabelled target queries (DIR:SPLIT: the split's queries, its labels unread; a BEIR folder; a "
         "JSONL file) for the distillation stage and MoDIR; repeatable",
@@ -148,6 +155,10 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         for settings in self.settings_classes():
             settings.check(self)
         self._check_stage_arguments()
+        if self.encode_precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(
+                f"recipe option encode_precision must be 'auto', 'fp32' or 'bf16', got {self.encode_precision!r}"
+            )
         if self.schedule not in ("auto", "paper"):
             raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
         if self.skip_distill is False and not self.target_queries:

@@ -67,6 +67,8 @@ class RecipeRun:
     coco_corpora: list = field(default_factory=list)
     current: str = ""
     precision: dict[str, Any] = field(default_factory=dict)
+    encode_precision: str = "fp32"  # the corpus encodings' (resolve_corpus_precision of cfg.encode_precision)
+    encode_precision_why: str = ""
     # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
     corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
     meters: dict[str, Any] = field(default_factory=dict)  # stage -> its ThroughputMeter (texts/s, tokens/s, GPU use)

@@ -29,6 +29,7 @@ from ..methods import method_target_queries, validate_methods
 from ..model_card import EVAL_FILE, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
+from ..modeling.precision import corpus_encoding_precision, resolve_corpus_precision
 from ..provenance import PROVENANCE_FILE
 from ..retrieval.encoding import reuse_corpus_encodings
 from ..retrieval.encoding_cache import cache_corpus_encodings
@@ -230,7 +231,8 @@ def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations; each
     corpus is encoded once per model (the teacher, the evaluations and the hybrids share it, and a resumed or repeated
     run reads it from the cache: :func:`~hf_cocodr.retrieval.encoding_cache.cache_corpus_encodings`)."""
-    with cache_corpus_encodings(run.corpus_encodings):
+    run.encode_precision, run.encode_precision_why = resolve_corpus_precision(run.cfg.encode_precision)
+    with cache_corpus_encodings(run.corpus_encodings), corpus_encoding_precision(run.encode_precision):
         return _run_stages_cached(run, stages)
 
 
@@ -255,7 +257,9 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
     run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, ids)
     run.ids = stage_ids(run, stages) if run.plan else {}
     run.precision = _precision_choice(cfg, run.arguments, stages)
+    run.precision.update(encoding=run.encode_precision, encoding_why=run.encode_precision_why)
     logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])
+    logger.info("recipe corpus encodings: %s (%s)", run.encode_precision, run.encode_precision_why)
     load_data(run, stages)
     make_plan(run, stages)
     for stage in stages:

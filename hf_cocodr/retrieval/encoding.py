@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..data.beir import column_array, doc_text
+from ..modeling.precision import active_corpus_precision, encoding_autocast
 from ..rundir.run_record import model_fingerprint
 from . import encoding_cache
 from .index import DenseIndex
@@ -49,14 +50,15 @@ def encode_texts(
     if normalize is None:
         normalize = model_similarity(model) == "cosine"
     fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
-    emb = fn(
-        texts,
-        batch_size=batch_size,
-        convert_to_numpy=True,
-        show_progress_bar=False,
-        normalize_embeddings=normalize,
-        **_processing_kwargs(max_length),
-    )
+    with encoding_autocast(model):  # bf16 within a run that encodes in bf16 (corpus_encoding_precision)
+        emb = fn(
+            texts,
+            batch_size=batch_size,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+            normalize_embeddings=normalize,
+            **_processing_kwargs(max_length),
+        )
     return np.asarray(emb, dtype=np.float32)
 
 
@@ -92,7 +94,8 @@ def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
     fp = getattr(corpus, "_fingerprint", None)
     if _REUSE is None or fp is None:
         return None
-    return (model_fingerprint(model)["weights_sha256"], fp, len(corpus), max_length, backend, normalize)
+    weights = model_fingerprint(model)["weights_sha256"]
+    return (weights, fp, len(corpus), max_length, backend, normalize, active_corpus_precision() or "fp32")
 
 
 def build_index(

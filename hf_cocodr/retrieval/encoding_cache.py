@@ -34,6 +34,7 @@ import numpy as np
 
 from ..data.beir import corpus_texts
 from ..modeling.asymmetric import document_modules, query_modules
+from ..modeling.precision import active_corpus_precision
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
 from . import fusion as fusion_module
@@ -120,8 +121,9 @@ def _encoder_key(model, modules, task: str) -> str:
 
 
 def current_precision(model) -> str:
-    """How the documents are encoded right now: ``bf16`` / ``fp16`` under autocast, ``int8`` for a dynamically
-    quantized copy, the weights' dtype otherwise (``fp32``)."""
+    """How the documents are encoded right now: ``bf16`` / ``fp16`` under autocast (the caller's, or the run's
+    :func:`~hf_cocodr.modeling.precision.corpus_encoding_precision`), ``int8`` for a dynamically quantized copy, the
+    weights' dtype otherwise (``fp32``)."""
     import torch
 
     device = getattr(model, "device", torch.device("cpu"))
@@ -130,6 +132,8 @@ def current_precision(model) -> str:
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(kind), "autocast")
     if any("quantized" in type(m).__module__ for m in model.modules()):
         return "int8"
+    if active_corpus_precision() == "bf16":  # encode_texts will autocast
+        return "bf16"
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(
         dtype, str(dtype)

@@ -163,6 +163,7 @@ class HybridRetriever:
         judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
         still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then)."""
         from .encoding import build_index, model_similarity
+        from .encoding_cache import current_precision
         from .index import BM25Index
 
         fusion = _fusion(fusion)
@@ -196,6 +197,7 @@ class HybridRetriever:
             "model_fingerprint": model_fingerprint(st)["weights_sha256"],
             "similarity": model_similarity(st),
             "doc_max_length": doc_max_length,
+            "encode_precision": current_precision(st),  # of the document vectors (fp32 unless a run asked for bf16)
             "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
             "corpus_fingerprint": corpus_fingerprint(ids, texts),
             "num_docs": len(ids),

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..data.teacher import FrozenCandidateRows, frozen_candidate_rows, route_queries, teacher_rows
 from ..errors import ConfigError
+from ..modeling.precision import active_corpus_precision
 from ..rundir.run_record import digest
 from ..storage import cache_dir
 from .encoding import encode_texts
@@ -31,8 +32,13 @@ def _as_fusion(fusion):
 def teacher_cache_path(model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str]) -> Path:
     """Where :func:`teacher_rankings` keeps the teacher's indexes of a corpus (a saved
     :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever`): by the model (``model_key``, what identifies its weights) and the
-    corpus's content."""
-    key = digest({"teacher": 2, "model": model_key, "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts))})
+    corpus's content, and the precision of the corpus encoding when it is not fp32
+    (:func:`~hf_cocodr.modeling.precision.corpus_encoding_precision`)."""
+    ident = {"teacher": 2, "model": model_key, "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts))}
+    precision = active_corpus_precision() or "fp32"
+    if precision != "fp32":
+        ident["encode_precision"] = precision
+    key = digest(ident)
     return cache_dir("teacher") / f"hybrid-{key}"
 
 

@@ -80,3 +80,26 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "warm", config=cfg, max_minutes=2.0)
     warm = json.loads((tmp_path / "warm" / "plan.json").read_text())["fixed_costs"]
     assert warm.get("distill_teacher_encode", 0) == 0 and warm.get("distill_teacher_bm25", 0) == 0
+
+
+def test_a_bf16_run_encodes_every_corpus_in_bf16_and_plans_it_cold(tiny_st_dir, tiny_beir, tmp_path):
+    """encode_precision bf16 (what auto picks where the machine computes bf16 natively): each encoding of the run
+    is in bf16, recipe.json says so, and an fp32 run's cached encoding and teacher are not reused: the plan charges
+    the teacher's encoding again."""
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "query"}
+    del cfg["distill_steps"]
+    args = (str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir))
+    run_recipe(*args, tmp_path / "fp32", config={**cfg, "encode_precision": "fp32"}, max_minutes=2.0)
+    run_recipe(*args, tmp_path / "bf16", config={**cfg, "encode_precision": "bf16"}, max_minutes=2.0)
+    fp32 = json.loads((tmp_path / "fp32" / "recipe.json").read_text())
+    bf16 = json.loads((tmp_path / "bf16" / "recipe.json").read_text())
+    assert fp32["precision"]["encoding"] == "fp32" and bf16["precision"]["encoding"] == "bf16"
+    assert {r["precision"] for r in fp32["corpus_encodings"]} == {"fp32"}
+    assert [(r["precision"], r["source"]) for r in bf16["corpus_encodings"]] == [
+        ("bf16", "encoded"),
+        ("bf16", "disk cache"),
+    ]
+    costs = json.loads((tmp_path / "bf16" / "plan.json").read_text())["fixed_costs"]
+    assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_bm25"] > 0  # cold for bf16
+    hybrid = json.loads((tmp_path / "bf16" / "hybrid" / tiny_beir.name / "hybrid.json").read_text())
+    assert hybrid["encode_precision"] == "bf16"

@@ -8,6 +8,8 @@ import torch
 from helpers import CFG
 from tiny import crash_at
 
+import hf_cocodr.modeling.precision as precision_module
+from hf_cocodr.modeling.precision import resolve_corpus_precision
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.runner import _precision_choice
 
@@ -144,7 +146,7 @@ def test_recipe_rejects_unknown_or_unfed_methods(tiny_bert_dir, tiny_beir, tmp_p
         )
 
 
-def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys):
+def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys, monkeypatch):
     """--target-schedule joint: the pseudo pairs are a term of the source steps (no target stage), the card
     discloses that target documents were read, and each split reports the starting model's scores beside."""
     import yaml
@@ -183,6 +185,9 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     )
     assert rc == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    record = json.loads((out / "recipe.json").read_text())
+    # the run encodes its corpora in the precision it recorded (bf16 on a machine with native bf16): so do these
+    monkeypatch.setattr(precision_module, "_CORPUS_PRECISION", record["precision"]["encoding"])
     start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev")
     # the starting model's own score; the tiny random BERT ties many of its scores, and vectors that differ in their
     # last bits (the run encodes its corpus once, in its own batches, or takes them from the session's encoding cache)
@@ -191,11 +196,12 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert not (out / "target").exists() and not (out / "wise").exists()
     logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
     assert any("target_pairs_loss" in h for h in logs)
-    record = json.loads((out / "recipe.json").read_text())
     assert record["schedule"]["kind"] == "no_mlm_head"
     assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
     assert record["config"]["coco_mlm_weight"] == 0.0 and record["schedule"]["set_by_user"]["coco_mlm_weight"] == 0
-    assert record["precision"] == _precision_choice(RecipeConfig())  # logged and recorded: fp32 unless asked
+    encoding, why = resolve_corpus_precision("auto")
+    # logged and recorded: training in fp32 unless asked, corpus encodings bf16 only where the machine has it natively
+    assert record["precision"] == {**_precision_choice(RecipeConfig()), "encoding": encoding, "encoding_why": why}
     assert record["precision"]["training"] == "fp32"
     card = (out / "model" / "README.md").read_text()
     assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
@@ -231,6 +237,7 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
         == HybridRetriever.build(str(out / "model"), tiny_beir).meta["model_fingerprint"]
     )
     assert len(saved.search(["a query"], k=3)[0][0]) == 3
+    assert saved.meta["encode_precision"] == encoding
 
 
 def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_path):

@@ -134,3 +134,67 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
         before = len(fit_docs)
         HybridRetriever.build(asym, tiny_beir, queries=queries)
         assert len(fits) == 3 and len(fit_docs) == before
+
+
+def test_a_run_in_bf16_encodes_under_autocast_and_never_shares_the_fp32_encoding(tiny_st_dir, tiny_beir):
+    """Within corpus_encoding_precision("bf16") a corpus is encoded as under the caller's own bf16 autocast, cached
+    under its own key, and neither precision is served the other's vectors."""
+    from hf_cocodr.modeling.precision import corpus_encoding_precision
+
+    model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        by_hand, _ = _vectors(model, corpus)  # no cache outside the block
+    fp32, _ = _vectors(model, corpus)
+    with cache_corpus_encodings() as record:
+        got = {"fp32": _vectors(model, corpus)[0]}
+        with corpus_encoding_precision("bf16"):
+            got["bf16"] = _vectors(model, corpus)[0]
+    with cache_corpus_encodings() as again, corpus_encoding_precision("bf16"):  # another run: read back
+        got["bf16 again"] = _vectors(load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir))[0]
+    assert [(r["precision"], r["source"]) for r in record] == [("fp32", "encoded"), ("bf16", "encoded")]
+    assert [(r["precision"], r["source"]) for r in again] == [("bf16", "disk cache")]
+    assert np.array_equal(got["bf16"], by_hand) and np.array_equal(got["bf16 again"], by_hand)
+    assert np.array_equal(got["fp32"], fp32) and not np.array_equal(by_hand, fp32)
+
+
+def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkeypatch):
+    import hf_cocodr.utils as utils
+    from hf_cocodr.errors import ConfigError
+    from hf_cocodr.modeling.precision import (
+        active_corpus_precision,
+        corpus_encoding_precision,
+        resolve_corpus_precision,
+    )
+    from hf_cocodr.recipe import RecipeConfig
+
+    for native, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(utils, "native_bf16", lambda native=native: native)
+        assert resolve_corpus_precision("auto")[0] == expected
+        assert resolve_corpus_precision("fp32") == ("fp32", "asked for")  # what is asked for is kept
+        assert resolve_corpus_precision("bf16") == ("bf16", "asked for")
+    with pytest.raises(ConfigError, match="encode_precision"):
+        resolve_corpus_precision("int8")  # int8 lost nDCG@10 (docs/precision.md): evaluate-only
+    with pytest.raises(ConfigError, match="encode_precision must be 'auto', 'fp32' or 'bf16', got 'fp16'"):
+        RecipeConfig(encode_precision="fp16").validate()
+    assert active_corpus_precision() is None
+    with corpus_encoding_precision("bf16"):
+        with corpus_encoding_precision("fp32"):
+            assert active_corpus_precision() == "fp32"  # the innermost block wins
+        assert active_corpus_precision() == "bf16"
+    assert active_corpus_precision() is None
+
+
+def test_the_teachers_cache_is_keyed_by_the_encoding_precision(tiny_beir):
+    from hf_cocodr.modeling.precision import corpus_encoding_precision
+    from hf_cocodr.retrieval.hybrid import _corpus_ids_texts, corpus_fingerprint
+    from hf_cocodr.retrieval.teacher import teacher_cache_path
+    from hf_cocodr.rundir.run_record import digest
+
+    ids, texts = _corpus_ids_texts(str(tiny_beir))
+    fp32 = teacher_cache_path("key", ids, texts)
+    # fp32 keeps the key it always had (the caches of earlier runs stay valid)
+    assert fp32.name == "hybrid-" + digest({"teacher": 2, "model": "key", "corpus": corpus_fingerprint(ids, texts)})
+    with corpus_encoding_precision("fp32"):
+        assert teacher_cache_path("key", ids, texts) == fp32
+    with corpus_encoding_precision("bf16"):
+        assert teacher_cache_path("key", ids, texts) != fp32

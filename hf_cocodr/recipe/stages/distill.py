@@ -219,6 +219,8 @@ class DistillStage(Stage):
                 "targets": run.fps["targets"],
                 "dense_weight": cfg.distill_teacher_weight,
                 "k": cfg.distill_k,
+                # the teacher's (and the frozen document side's) vectors are encoded in this precision
+                **({"encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
             },
             "queries": self._queries_digest(run),
             "loss": {
@@ -238,7 +240,7 @@ class DistillStage(Stage):
         model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
         teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum."""
         from ...retrieval import encoding_cache
-        from ...retrieval.encoding import model_similarity
+        from ...retrieval.encoding import encode_texts, model_similarity
         from ...retrieval.hybrid import HYBRID_FILE, corpus_fingerprint
         from ...retrieval.index import BM25Index
         from ...retrieval.teacher import teacher_cache_path
@@ -261,18 +263,19 @@ class DistillStage(Stage):
             )
             if encoding_cache.load(key) is None:
                 encode_docs += len(texts)
-        # the teacher encodes the documents and queries at the model's own lengths
+        # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
+        # precision (encode_texts: bf16 autocast where the run encodes in bf16)
         batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
-        st.encode_document(docs[:8], batch_size=8)  # warm-up
+        encode_texts(st, docs[:8], kind="document", batch_size=8, normalize=normalize)  # warm-up
         t0 = time.perf_counter()
-        st.encode_document(docs[:64], batch_size=batch)
+        encode_texts(st, docs[:64], kind="document", batch_size=batch, normalize=normalize)
         per_doc = (time.perf_counter() - t0) / min(64, len(docs))
         t0 = time.perf_counter()
         BM25Index(docs[:64])
         per_bm25_doc = (time.perf_counter() - t0) / min(64, len(docs))
         asked = queries[:64]
         t0 = time.perf_counter()
-        st.encode_query(asked, batch_size=batch)
+        encode_texts(st, asked, kind="query", batch_size=batch, normalize=normalize)
         per_query = (time.perf_counter() - t0) / len(asked)
         parts = {
             "distill_teacher_encode_s": round(per_doc * encode_docs, 2),
