@@ -17,7 +17,7 @@ from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
 from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
-from ..modeling.precision import check_encode_precision, encoding_precision
+from ..modeling.precision import active_corpus_precision, check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
 from ..retrieval.fusion import FusionConfig
@@ -61,7 +61,9 @@ def evaluate_retrieval(
         query_max_length / doc_max_length: token limits (default: the model's own query/document lengths).
         top_k: documents retrieved per query.
         output: also write the result JSON and the run (top-100 per query) to this file (atomically).
-        encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`).
+        encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`);
+            inside :func:`~hf_cocodr.modeling.precision.corpus_encoding_precision` ``"bf16"`` (a recipe run that
+            encodes in bf16), ``fp32`` means the run's bf16, and the result says ``bf16``.
         hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.retrieval.fusion`): the
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
@@ -77,6 +79,8 @@ def evaluate_retrieval(
     """
 
     check_encode_precision(encode_precision)
+    if encode_precision == "fp32" and active_corpus_precision() == "bf16":
+        encode_precision = "bf16"  # inside a run whose corpus encodings are bf16 (the recipe's encode_precision)
     check_lengths(model, {"query_max_length": query_max_length, "doc_max_length": doc_max_length})
     if isinstance(model, (str, os.PathLike)):
         model = load_encoder(str(model))
