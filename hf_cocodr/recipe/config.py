@@ -95,7 +95,7 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         AUTO,
         "precision of the run's corpus encodings (the teacher's, the evaluations', the hybrids'): auto is bf16 "
         "where the machine computes bf16 natively (a CUDA GPU from Ampere on, a CPU with AVX-512 BF16 or AMX) and "
-        "fp32 elsewhere; bf16 kept nDCG@10 on the dev splits (docs/precision.md)",
+        "fp32 elsewhere (docs/precision.md: bf16 kept nDCG@10 on the dev splits)",
         choices=("auto", "fp32", "bf16"),
     )
     target_queries: list[str] = _opt(
