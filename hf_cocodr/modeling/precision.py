@@ -23,6 +23,7 @@ import warnings
 from collections.abc import Iterator
 
 from ..errors import ConfigError
+from ..utils import native_bf16
 
 ENCODE_PRECISIONS = ("fp32", "bf16", "int8")
 CORPUS_PRECISIONS = ("auto", "fp32", "bf16")  # what a run's corpus encodings may use (int8 loses nDCG@10)
@@ -73,8 +74,6 @@ def resolve_corpus_precision(choice: str = "auto") -> tuple[str, str]:
     """``(precision, why)`` for a run's corpus encodings: ``auto`` is ``bf16`` where
     :func:`hf_cocodr.utils.native_bf16` is true (a CUDA card or a CPU with bf16 kernels; bf16 encoding kept nDCG@10
     on the dev splits, docs/precision.md) and ``fp32`` elsewhere, where bf16 runs a slow reference kernel."""
-    from ..utils import native_bf16
-
     choice = str(choice)
     if choice not in CORPUS_PRECISIONS:
         raise ConfigError(f"encode_precision must be one of {', '.join(CORPUS_PRECISIONS)}, got {choice!r}")

@@ -123,12 +123,21 @@ def check_budget_buys_steps(plan: Mapping[str, Any], one_step: Mapping[str, tupl
             before = f" and one step of each stage before it ({spent - fixed_s:.1f} s)" if spent > fixed_s else ""
             raise ConfigError(
                 f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) cannot buy one step of the {stage} stage: "
-                f"its probed cost is {per_step}, and the fixed costs (model loads, exports, clustering, the time "
-                f"spent so far) take {fixed_s:.1f} s{before}; give at least {_minutes(needed)} minutes"
+                f"its probed cost is {per_step}, and {_fixed_costs(plan, fixed_s)}{before}; give at least "
+                f"{_minutes(needed)} minutes"
             )
         spent += cost
     raise ConfigError(
-        f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) leaves no time to train: the fixed costs "
-        f"(model loads, exports, clustering, the time spent so far) take {fixed_s:.1f} s; give at least "
-        f"{_minutes(needed)} minutes"
+        f"max_minutes {budget_s / 60.0:g} ({budget_s:.1f} s) leaves no time to train: {_fixed_costs(plan, fixed_s)}; "
+        f"give at least {_minutes(needed)} minutes"
     )
+
+
+def _fixed_costs(plan: Mapping[str, Any], fixed_s: float) -> str:
+    """What the fixed costs are, for a refusal: the three largest of the plan's ``fixed_costs`` by name (the
+    teacher's corpus encoding on a cold CPU run), else what they are made of."""
+    named = sorted(((float(v), k) for k, v in (plan.get("fixed_costs") or {}).items() if v and v > 0), reverse=True)
+    if not named:
+        return f"the fixed costs (model loads, exports, clustering, the time spent so far) take {fixed_s:.1f} s"
+    largest = ", ".join(f"{k} {v:.1f} s" for v, k in named[:3])
+    return f"the fixed costs take {fixed_s:.1f} s (the largest: {largest})"

@@ -47,7 +47,7 @@ from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_json, resolved_path
-from .encoding_cache import corpus_fingerprint, fit_fusion_once
+from .encoding_cache import corpus_fingerprint, current_precision, fit_fusion_once
 from .fusion import FusionConfig, fuse
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,6 @@ class HybridRetriever:
         judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
         still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then)."""
         from .encoding import build_index, model_similarity
-        from .encoding_cache import current_precision
         from .index import BM25Index
 
         fusion = _fusion(fusion)

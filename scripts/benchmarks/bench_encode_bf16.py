@@ -18,7 +18,7 @@ query's bf16 top 10:
 
     taskset -c 0 env OMP_NUM_THREADS=1 python scripts/benchmarks/bench_encode_bf16.py \\
         --data outputs/cpu_budget/data --corpus scifact --split dev
-    # prints a table, writes reports/benchmarks/bench_encode_bf16_<corpus>.json
+    # prints a line, writes reports/benchmarks/bench_encode_bf16_scifact.json (--output sets another path)
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def main() -> int:
         f"diff {diff:+.5f} ± {se:.5f}  certified {certified}/{len(qids)}  delta {delta:.2e}  "
         f"doc cosine min {row['doc_cosine_min']}  bf16 {row['bf16_docs_per_s']} doc/s, fp32 {row['fp32_docs_per_s']}"
     )
-    out = ns.output or f"reports/benchmarks/bench_encode_bf16_{ns.corpus}.json"
+    out = ns.output or os.path.join("reports", "benchmarks", f"bench_encode_bf16_{ns.corpus}.json")
     atomic_write_json(out, row)
     print("wrote", out)
     return 0

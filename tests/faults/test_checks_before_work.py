@@ -271,6 +271,31 @@ def test_the_budget_must_buy_one_step_of_each_stage(monkeypatch):
         check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, one_step(runs=2))
 
 
+def test_a_refusal_names_the_largest_fixed_costs():
+    """Hand-computed: a cold CPU run whose teacher encoding is most of the fixed costs says so by name."""
+    from hf_cocodr.recipe.checks import check_budget_buys_steps
+
+    plan = {
+        "budget_seconds": 900.0,
+        "fixed_seconds": 1225.0,
+        "fixed_costs": {
+            "spent_before_the_plan": 26.0,
+            "model_loads_exports": 20.0,
+            "distill_teacher_encode": 1104.0,
+            "distill_teacher_bm25": 8.0,
+            "distill_teacher_rank": 66.0,
+            "other": 1.0,
+        },
+    }
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot buy one step of the distill stage: its probed cost is 1.21 s per step, and the fixed costs "
+        r"take 1225.0 s \(the largest: distill_teacher_encode 1104.0 s, distill_teacher_rank 66.0 s, "
+        r"spent_before_the_plan 26.0 s\); give at least 20.44 minutes",
+    ):
+        check_budget_buys_steps(plan, {"distill": (1.21, "1.21 s per step")})
+
+
 @pytest.mark.parametrize("stage", ["coco", "finetune", "target"])
 def test_a_budget_below_one_probed_step_is_refused_before_any_training(
     stage, tiny_bert_dir, tiny_beir, tmp_path, monkeypatch

@@ -158,7 +158,7 @@ def test_a_run_in_bf16_encodes_under_autocast_and_never_shares_the_fp32_encoding
 
 
 def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkeypatch):
-    import hf_cocodr.utils as utils
+    import hf_cocodr.modeling.precision as precision
     from hf_cocodr.errors import ConfigError
     from hf_cocodr.modeling.precision import (
         active_corpus_precision,
@@ -168,7 +168,7 @@ def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkey
     from hf_cocodr.recipe import RecipeConfig
 
     for native, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(utils, "native_bf16", lambda native=native: native)
+        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
         assert resolve_corpus_precision("auto")[0] == expected
         assert resolve_corpus_precision("fp32") == ("fp32", "asked for")  # what is asked for is kept
         assert resolve_corpus_precision("bf16") == ("bf16", "asked for")
