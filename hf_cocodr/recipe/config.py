@@ -25,6 +25,10 @@ from .stages.finetune import FINETUNE_PRESETS, FinetuneSettings  # noqa: F401  (
 from .stages.target import TargetSettings
 from .stages.wise import WiseSettings
 
+# what --encode-precision takes (hf_cocodr.modeling.precision.CORPUS_PRECISIONS; not imported here: this module
+# loads no model code)
+ENCODE_PRECISIONS = ("auto", "fp32", "bf16")
+
 # the mappings of training arguments, one per training stage
 STAGE_OPTIONS = tuple(s.training_options for s in STAGE_SETTINGS if hasattr(s, "training_options"))
 
@@ -96,7 +100,7 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         "precision of the run's corpus encodings (the teacher's, the evaluations', the hybrids'): auto is bf16 "
         "where the machine computes bf16 natively (a CUDA GPU from Ampere on, a CPU with AVX-512 BF16 or AMX) and "
         "fp32 elsewhere (docs/precision.md: bf16 kept nDCG@10 on the dev splits)",
-        choices=("auto", "fp32", "bf16"),
+        choices=ENCODE_PRECISIONS,
     )
     target_queries: list[str] = _opt(
         help="unlabelled target queries (DIR:SPLIT: the split's queries, its labels unread; a BEIR folder; a "
@@ -155,7 +159,7 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         for settings in self.settings_classes():
             settings.check(self)
         self._check_stage_arguments()
-        if self.encode_precision not in ("auto", "fp32", "bf16"):
+        if self.encode_precision not in ENCODE_PRECISIONS:
             raise ConfigError(
                 f"recipe option encode_precision must be 'auto', 'fp32' or 'bf16', got {self.encode_precision!r}"
             )

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from ..data.beir import column_array, doc_text
-from ..modeling.precision import active_corpus_precision, encoding_autocast
+from ..modeling.precision import encoding_autocast
 from ..rundir.run_record import model_fingerprint
 from . import encoding_cache
 from .index import DenseIndex
@@ -95,7 +95,9 @@ def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
     if _REUSE is None or fp is None:
         return None
     weights = model_fingerprint(model)["weights_sha256"]
-    return (weights, fp, len(corpus), max_length, backend, normalize, active_corpus_precision() or "fp32")
+    # the precision as the disk cache keys it: a run's bf16 (corpus_encoding_precision) or the caller's own autocast
+    precision = encoding_cache.current_precision(model)
+    return (weights, fp, len(corpus), max_length, backend, normalize, precision)
 
 
 def build_index(

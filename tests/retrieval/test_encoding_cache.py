@@ -174,6 +174,9 @@ def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkey
         assert resolve_corpus_precision("bf16") == ("bf16", "asked for")
     with pytest.raises(ConfigError, match="encode_precision"):
         resolve_corpus_precision("int8")  # int8 lost nDCG@10 (docs/precision.md): evaluate-only
+    from hf_cocodr.recipe.config import ENCODE_PRECISIONS
+
+    assert ENCODE_PRECISIONS == precision.CORPUS_PRECISIONS  # the flag's choices are what a run can resolve
     with pytest.raises(ConfigError, match="encode_precision must be 'auto', 'fp32' or 'bf16', got 'fp16'"):
         RecipeConfig(encode_precision="fp16").validate()
     assert active_corpus_precision() is None
@@ -198,3 +201,22 @@ def test_the_teachers_cache_is_keyed_by_the_encoding_precision(tiny_beir):
         assert teacher_cache_path("key", ids, texts) == fp32
     with corpus_encoding_precision("bf16"):
         assert teacher_cache_path("key", ids, texts) != fp32
+
+
+def test_the_in_memory_reuse_never_serves_another_precision(tiny_st_dir, tiny_beir):
+    """Within reuse_corpus_encodings, a corpus encoded in fp32 is not served to the same model under bf16, whether a
+    run asked for bf16 or the caller set autocast, and each bf16 index is what bf16 encodes afresh."""
+    from hf_cocodr.modeling.precision import corpus_encoding_precision
+    from hf_cocodr.retrieval.encoding import reuse_corpus_encodings
+
+    model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh_bf16, _ = _vectors(model, corpus)
+    with reuse_corpus_encodings():
+        fp32, _ = _vectors(model, corpus)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            by_caller, _ = _vectors(model, corpus)
+        with corpus_encoding_precision("bf16"):
+            by_run, _ = _vectors(model, corpus)
+    assert not np.array_equal(fp32, fresh_bf16)
+    assert np.array_equal(by_caller, fresh_bf16) and np.array_equal(by_run, fresh_bf16)
