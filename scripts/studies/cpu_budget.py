@@ -11,7 +11,9 @@ recipe refuses to train on a query it evaluates), and its dev splits (SciFact: t
 with BM25 and the starting model's, at the model's own 256 tokens.
 
 Arms: ``full`` (today's default: the whole model, candidates encoded in every step) and ``query``
-(``--distill-side query``: the query side alone against the starting model's frozen vectors; an asymmetric model).
+(``--distill-side query``: the query side alone against the starting model's frozen vectors; an asymmetric model);
+``query-k16``, ``query-k32`` and ``query-k64`` are the query side with that many of the teacher's candidates per
+query (the default 8).
 An arm named ``ARM-warm`` is the same command as a repeated run makes it: its cache starts as a copy of one
 built beforehand (the starting model's encodings of both corpora and the teacher's indexes, :func:`warm_cache`), so
 it compares what the steps buy once the corpora are encoded. ``ARM@STEPS`` trains that many steps without a budget
@@ -23,6 +25,7 @@ finish is run again from a cold start); the report is rewritten after every row.
     python scripts/studies/cpu_budget.py --arms full,query --seeds 42
     python scripts/studies/cpu_budget.py --arms query-warm,full-warm --seeds 42,43,44
     python scripts/studies/cpu_budget.py --arms query@240 --seeds 42,43,44   # fixed steps, teacher cached
+    python scripts/studies/cpu_budget.py --arms query-k32@500 --seeds 42,43,44
     python scripts/studies/cpu_budget.py --report-only
 """
 
@@ -53,6 +56,15 @@ ARMS = {
         "query side only, against the starting model's frozen document vectors (asymmetric Router model)",
     ),
 }
+ARMS.update(  # the candidates' count on the query side, where frozen vectors make candidates nearly free
+    {
+        f"query-k{k}": (
+            ["--distill-side", "query", "--distill-k", str(k)],
+            f"query side only, the teacher's top {k} as each query's candidates (the default: 8)",
+        )
+        for k in (16, 32, 64)
+    }
+)
 EVALS = [("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev")]
 BATCH = 16  # the distillation's queries a step (DISTILL_BATCH_SIZE)
 
