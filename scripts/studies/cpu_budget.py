@@ -12,8 +12,8 @@ with BM25 and the starting model's, at the model's own 256 tokens.
 
 Arms: ``full`` (today's default: the whole model, candidates encoded in every step) and ``query``
 (``--distill-side query``: the query side alone against the starting model's frozen vectors; an asymmetric model);
-``query-k16``, ``query-k32`` and ``query-k64`` are the query side with that many of the teacher's candidates per
-query (the default 8).
+``query-kK`` (K = 8, 16, 32, 64) is the query side with the teacher's top K as each query's candidates (8 is the
+default: ``query-k8`` is ``query`` run by the code of the other ``-kK`` rows, their paired baseline).
 An arm named ``ARM-warm`` is the same command as a repeated run makes it: its cache starts as a copy of one
 built beforehand (the starting model's encodings of both corpora and the teacher's indexes, :func:`warm_cache`), so
 it compares what the steps buy once the corpora are encoded. ``ARM@STEPS`` trains that many steps without a budget
@@ -32,6 +32,7 @@ finish is run again from a cold start); the report is rewritten after every row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -62,7 +63,7 @@ ARMS.update(  # the candidates' count on the query side, where frozen vectors ma
             ["--distill-side", "query", "--distill-k", str(k)],
             f"query side only, the teacher's top {k} as each query's candidates (the default: 8)",
         )
-        for k in (16, 32, 64)
+        for k in (8, 16, 32, 64)
     }
 )
 EVALS = [("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev")]
@@ -81,6 +82,11 @@ def parse() -> argparse.Namespace:
     )
     ap.add_argument("--findings", default="reports/studies/cpu_budget_findings.md")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument(
+        "--teacher-mass",
+        action="store_true",
+        help="only measure how the teacher's softmax spreads over its top 64 (the warm cache's teacher; JSON beside the report)",
+    )
     ns = ap.parse_args()
     if ns.report is None:  # one report per budget: the 15-minute one keeps its name
         ns.report = "reports/studies/cpu_budget" + ("" if ns.budget_minutes == 15 else f"_{ns.budget_minutes:g}min")
@@ -401,6 +407,51 @@ def distinct_pools(data: Path) -> None:
         target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
 
 
+MASS_K = (1, 8, 16, 32)  # the teacher's mass reported in its top 1, 8, 16, 32 of 64
+
+
+def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 64) -> dict:
+    """How the distillation's teacher spreads its softmax (temperature 1, as the stage's loss takes it) over its top
+    ``depth`` candidates, for the first ``n_queries`` pool queries of each corpus: the mean mass of its top k for
+    each k of :data:`MASS_K`. The teacher is the stage's (``DistillStage._fusion`` of the defaults) over the warm
+    cache's indexes (read from a copy, so the cache is not touched)."""
+    import tempfile
+
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.recipe.config import RecipeConfig
+    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.retrieval.teacher import teacher_rankings
+    from hf_cocodr.rundir.run_record import fingerprint
+
+    fusion = DistillStage._fusion(RecipeConfig())
+    out: dict = {"depth": depth, "temperature": 1.0, "fusion": dataclasses.asdict(fusion), "corpora": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(warm_cache(ns, data, model), tmp, dirs_exist_ok=True)
+        os.environ["HF_COCODR_CACHE"] = tmp
+        encoder = SentenceTransformer(model)
+        for name, _ in EVALS:
+            texts = {}
+            for line in (data / name / "queries.jsonl").read_text().splitlines():
+                rec = json.loads(line)
+                texts[rec["_id"]] = rec["text"]
+            pool = [r.split("\t")[0] for r in (data / name / "qrels" / f"{POOL}.tsv").read_text().splitlines()[1:]]
+            asked = [texts[q] for q in dict.fromkeys(pool)][:n_queries]
+            _, scores, _, _, cached = teacher_rankings(
+                encoder, fingerprint(model), str(data / name), asked, depth, fusion=fusion
+            )
+            s = np.asarray([row[:depth] for row in scores], np.float64)
+            p = np.exp(s - s.max(axis=1, keepdims=True))
+            p /= p.sum(axis=1, keepdims=True)
+            out["corpora"][name] = {
+                "queries": len(s),
+                "teacher_cached": cached,
+                **{f"mass_top{k}": round(float(p[:, :k].sum(axis=1).mean()), 4) for k in MASS_K},
+            }
+    return out
+
+
 def cached_rows(ns) -> dict:
     rows: dict = {}
     base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
@@ -419,6 +470,12 @@ def main() -> int:
     data = prepare_data(Path(ns.work).absolute(), get_data_root())
     distinct_pools(data)
     model = bundled_model_path("all-MiniLM-L6-v2")
+    if ns.teacher_mass:
+        mass = teacher_mass(ns, data, model)
+        path = Path(ns.report + "_teacher_mass.json")
+        path.write_text(json.dumps(mass, indent=2, default=str) + "\n")
+        print(json.dumps(mass["corpora"], indent=2))
+        return 0
     if not ns.report_only:
         for seed in [int(s) for s in ns.seeds.split(",")]:
             for arm in ns.arms.split(","):  # (in the order given)
