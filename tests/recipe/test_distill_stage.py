@@ -14,7 +14,7 @@ from tiny import crash_at
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.plan import Plan
-from hf_cocodr.recipe.stages.distill import DistillStage
+from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample
 
 CFG = dict(
     skip_coco=True,
@@ -360,3 +360,16 @@ def test_the_distillation_trains_under_bf16_where_the_machine_has_it_unless_told
     assert ("distill: the stage's default" in precision["why"]) is (option is None and native)
     # the probe (its trainer, timed) and the training: both in that precision
     assert trained_in == [expected == "bf16"] * 2
+
+
+def test_the_probe_times_documents_spread_through_the_corpora_it_will_encode():
+    """The teacher's encoding is timed on documents spread through every corpus to encode, in proportion to its size
+    (their lengths, not the first rows' of the first corpus): hand-computed rows."""
+    big = [f"a{i}" for i in range(300)]
+    small = [f"b{i}" for i in range(100)]
+    # 8 of 400: 6 from the 300 (rows 0, 60, 120, 179, 239, 299) and 2 from the 100 (rows 0 and 99)
+    assert spread_sample([big, small], 8) == ["a0", "a60", "a120", "a179", "a239", "a299", "b0", "b99"]
+    # a corpus too small for its share still gives one document; an empty one none
+    assert spread_sample([big, ["c0", "c1"], []], 4) == ["a0", "a100", "a199", "a299", "c0"]
+    # fewer documents than asked: all of them, in order
+    assert spread_sample([small[:3], big[:2]], 8) == ["b0", "b1", "b2", "a0", "a1"]

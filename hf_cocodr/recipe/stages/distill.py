@@ -51,6 +51,22 @@ MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
 MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
+PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encoding of the corpora
+
+
+def spread_sample(corpora: list[list[str]], n: int) -> list[str]:
+    """About ``n`` texts drawn evenly through ``corpora`` (each list in proportion to its size, at least one from
+    each non-empty one, rows evenly spaced from its first to its last), or all of them where they are fewer."""
+    total = sum(len(texts) for texts in corpora)
+    if total <= n:
+        return [t for texts in corpora for t in texts]
+    out: list[str] = []
+    for texts in corpora:
+        if texts:
+            take = max(1, round(n * len(texts) / total))
+            step = (len(texts) - 1) / (take - 1) if take > 1 else 0.0
+            out += [texts[i] for i in dict.fromkeys(round(j * step) for j in range(take))]
+    return out
 
 
 @dataclass
@@ -238,7 +254,9 @@ class DistillStage(Stage):
         documents, see :meth:`Stage.probe`) and of the teacher's fixed costs, measured on the starting model (the
         teacher): encoding each corpus whose vectors are not cached (neither its teacher's indexes nor the starting
         model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
-        teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum."""
+        teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum. The
+        encoding and BM25 are timed on :data:`PROBE_DOCS` documents spread through the corpora to encode
+        (:func:`spread_sample`) and scaled to their count."""
         from ...retrieval import encoding_cache
         from ...retrieval.encoding import encode_texts, model_similarity
         from ...retrieval.hybrid import HYBRID_FILE, corpus_fingerprint
@@ -251,9 +269,9 @@ class DistillStage(Stage):
         st = load_encoder(run.model)  # the teacher's encoder, as it encodes (not the probe's trained copy)
         st.eval()
         normalize = model_similarity(st) == "cosine"
-        encode_docs, bm25_docs, queries, docs = 0, 0, [], []
+        encode_docs, bm25_docs, queries, corpora, to_encode = 0, 0, [], [], []
         for doc_ids, texts, asked in self._targets(run):
-            docs += texts[:64]
+            corpora.append(texts)
             queries += asked
             if (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
                 continue  # the teacher's indexes are cached: the queries alone
@@ -263,16 +281,19 @@ class DistillStage(Stage):
             )
             if encoding_cache.load(key) is None:
                 encode_docs += len(texts)
+                to_encode.append(texts)
+        # timed on documents spread over the corpora to encode (their lengths, not the first few rows')
+        docs = spread_sample(to_encode or corpora, PROBE_DOCS)
         # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
         # precision (encode_texts: bf16 autocast where the run encodes in bf16)
         batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
-        encode_texts(st, docs[:8], kind="document", batch_size=8, normalize=normalize)  # warm-up
+        encode_texts(st, docs[:batch], kind="document", batch_size=batch, normalize=normalize)  # warm-up
         t0 = time.perf_counter()
-        encode_texts(st, docs[:64], kind="document", batch_size=batch, normalize=normalize)
-        per_doc = (time.perf_counter() - t0) / min(64, len(docs))
+        encode_texts(st, docs, kind="document", batch_size=batch, normalize=normalize)
+        per_doc = (time.perf_counter() - t0) / len(docs)
         t0 = time.perf_counter()
-        BM25Index(docs[:64])
-        per_bm25_doc = (time.perf_counter() - t0) / min(64, len(docs))
+        BM25Index(docs)
+        per_bm25_doc = (time.perf_counter() - t0) / len(docs)
         asked = queries[:64]
         t0 = time.perf_counter()
         encode_texts(st, asked, kind="query", batch_size=batch, normalize=normalize)
