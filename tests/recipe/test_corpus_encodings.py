@@ -8,6 +8,8 @@ import json
 import pytest
 
 from hf_cocodr.recipe import run_recipe
+from hf_cocodr.recipe.stages.distill import DistillStage
+from hf_cocodr.retrieval import encoding
 
 CFG = dict(
     skip_coco=True,
@@ -55,9 +57,29 @@ def test_a_run_encodes_each_corpus_once_per_model(tiny_bert_nomlm_dir, tiny_beir
     assert all(r["source"] != "encoded" for r in again if r["document_encoder"] == start_key)
 
 
-def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, tiny_beir, tmp_path):
+def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
     """From an empty cache, the plan charges the teacher's encoding of the corpus, its BM25 index and the ranking
-    of the queries as measured, lists each fixed cost in plan.json, and the run records the encodings it did."""
+    of the queries as measured, lists each fixed cost in plan.json, and the run records the encodings it did; the
+    probe times the documents' encoding only where the run pays for it (cold), never on a warm run."""
+    probed = []  # (kind, texts) of each encode_texts call made while the distillation's probe runs
+    real_encode, real_probe = encoding.encode_texts, DistillStage.probe
+
+    def counting(model, texts, **kw):
+        if probing:
+            probed.append((kw["kind"], len(texts)))
+        return real_encode(model, texts, **kw)
+
+    probing: list[int] = []
+
+    def probe(self, run):
+        probing.append(1)
+        try:
+            return real_probe(self, run)
+        finally:
+            probing.clear()
+
+    monkeypatch.setattr(encoding, "encode_texts", counting)
+    monkeypatch.setattr(DistillStage, "probe", probe)
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "query"}
     del cfg["distill_steps"]
     out = tmp_path / "cold"
@@ -76,10 +98,14 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
     assert record["steps_trained"]["distill"] >= 1
     # the teacher's encoding, the only one: the saved hybrid's documents go through the starting model's route
     assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache"]
+    # cold, the probe encoded the corpus's 80 documents (fewer than it samples: all of them) after a warm-up batch
+    assert [n for kind, n in probed if kind == "document"][-1] == 80
     # warm: the same run again plans no encoding (the teacher's indexes and the encoding are cached)
+    probed.clear()
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "warm", config=cfg, max_minutes=2.0)
     warm = json.loads((tmp_path / "warm" / "plan.json").read_text())["fixed_costs"]
     assert warm.get("distill_teacher_encode", 0) == 0 and warm.get("distill_teacher_bm25", 0) == 0
+    assert probed and {kind for kind, _ in probed} == {"query"}  # and its probe encodes no document
 
 
 def test_a_bf16_run_encodes_every_corpus_in_bf16_and_plans_it_cold(tiny_st_dir, tiny_beir, tmp_path):

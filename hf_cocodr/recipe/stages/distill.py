@@ -255,8 +255,8 @@ class DistillStage(Stage):
         teacher): encoding each corpus whose vectors are not cached (neither its teacher's indexes nor the starting
         model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
         teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum. The
-        encoding and BM25 are timed on :data:`PROBE_DOCS` documents spread through the corpora to encode
-        (:func:`spread_sample`) and scaled to their count."""
+        encoding and BM25 are timed (only where the run pays them) on :data:`PROBE_DOCS` documents spread through
+        the corpora they are paid for (:func:`spread_sample`) and scaled to their count."""
         from ...retrieval import encoding_cache
         from ...retrieval.encoding import encode_texts, model_similarity
         from ...retrieval.hybrid import HYBRID_FILE, corpus_fingerprint
@@ -269,32 +269,36 @@ class DistillStage(Stage):
         st = load_encoder(run.model)  # the teacher's encoder, as it encodes (not the probe's trained copy)
         st.eval()
         normalize = model_similarity(st) == "cosine"
-        encode_docs, bm25_docs, queries, corpora, to_encode = 0, 0, [], [], []
+        queries, to_index, to_encode = [], [], []
         for doc_ids, texts, asked in self._targets(run):
-            corpora.append(texts)
             queries += asked
             if (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
                 continue  # the teacher's indexes are cached: the queries alone
-            bm25_docs += len(texts)
+            to_index.append(texts)
             key = encoding_cache.encoding_key(
                 st, None, None, normalize, corpus_fp=corpus_fingerprint(doc_ids, texts), num_docs=len(texts)
             )
             if encoding_cache.load(key) is None:
-                encode_docs += len(texts)
                 to_encode.append(texts)
-        # timed on documents spread over the corpora to encode (their lengths, not the first few rows')
-        docs = spread_sample(to_encode or corpora, PROBE_DOCS)
+        encode_docs, bm25_docs = sum(map(len, to_encode)), sum(map(len, to_index))
         # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
-        # precision (encode_texts: bf16 autocast where the run encodes in bf16)
+        # precision (encode_texts: bf16 autocast where the run encodes in bf16); each cost is timed only where the
+        # run pays it, on documents spread through the corpora it is paid for (their lengths, not the first rows')
         batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
-        encode_texts(st, docs[:batch], kind="document", batch_size=batch, normalize=normalize)  # warm-up
-        t0 = time.perf_counter()
-        encode_texts(st, docs, kind="document", batch_size=batch, normalize=normalize)
-        per_doc = (time.perf_counter() - t0) / len(docs)
-        t0 = time.perf_counter()
-        BM25Index(docs)
-        per_bm25_doc = (time.perf_counter() - t0) / len(docs)
+        per_doc = per_bm25_doc = 0.0
+        if encode_docs:
+            docs = spread_sample(to_encode, PROBE_DOCS)
+            encode_texts(st, docs[:batch], kind="document", batch_size=batch, normalize=normalize)  # warm-up
+            t0 = time.perf_counter()
+            encode_texts(st, docs, kind="document", batch_size=batch, normalize=normalize)
+            per_doc = (time.perf_counter() - t0) / len(docs)
+        if bm25_docs:
+            docs = spread_sample(to_index, PROBE_DOCS)
+            t0 = time.perf_counter()
+            BM25Index(docs)
+            per_bm25_doc = (time.perf_counter() - t0) / len(docs)
         asked = queries[:64]
+        encode_texts(st, asked[:batch], kind="query", batch_size=batch, normalize=normalize)  # warm-up
         t0 = time.perf_counter()
         encode_texts(st, asked, kind="query", batch_size=batch, normalize=normalize)
         per_query = (time.perf_counter() - t0) / len(asked)
