@@ -394,10 +394,7 @@ def distinct_pools(data: Path) -> None:
         target = folder / "qrels" / f"{POOL}.tsv"
         if target.is_file():
             continue
-        texts = {}
-        for line in (folder / "queries.jsonl").read_text().splitlines():
-            rec = json.loads(line)
-            texts[rec["_id"]] = rec["text"]
+        texts = query_texts(folder)
 
         def rows(split: str, folder: Path = folder) -> list[str]:
             return [x for x in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:] if x.strip()]
@@ -405,6 +402,11 @@ def distinct_pools(data: Path) -> None:
         dev = {_norm(texts[r.split("\t")[0]]) for r in rows("dev")}
         kept = [r for r in rows("pool") if _norm(texts[r.split("\t")[0]]) not in dev]
         target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
+
+
+def query_texts(folder: Path) -> dict[str, str]:
+    """A BEIR folder's queries: id -> text."""
+    return {rec["_id"]: rec["text"] for rec in map(json.loads, (folder / "queries.jsonl").read_text().splitlines())}
 
 
 MASS_K = (1, 8, 16, 32)  # the teacher's mass reported in its top 1, 8, 16, 32 of 64
@@ -432,10 +434,7 @@ def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 
         os.environ["HF_COCODR_CACHE"] = tmp
         encoder = SentenceTransformer(model)
         for name, _ in EVALS:
-            texts = {}
-            for line in (data / name / "queries.jsonl").read_text().splitlines():
-                rec = json.loads(line)
-                texts[rec["_id"]] = rec["text"]
+            texts = query_texts(data / name)
             pool = [r.split("\t")[0] for r in (data / name / "qrels" / f"{POOL}.tsv").read_text().splitlines()[1:]]
             asked = [texts[q] for q in dict.fromkeys(pool)][:n_queries]
             _, scores, _, _, cached = teacher_rankings(
@@ -472,8 +471,9 @@ def main() -> int:
     model = bundled_model_path("all-MiniLM-L6-v2")
     if ns.teacher_mass:
         mass = teacher_mass(ns, data, model)
-        path = Path(ns.report + "_teacher_mass.json")
-        path.write_text(json.dumps(mass, indent=2, default=str) + "\n")
+        from hf_cocodr.utils import atomic_write_json
+
+        atomic_write_json(Path(ns.report + "_teacher_mass.json"), mass)
         print(json.dumps(mass["corpora"], indent=2))
         return 0
     if not ns.report_only:
