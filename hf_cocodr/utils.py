@@ -367,10 +367,24 @@ def faiss_available() -> bool:
     return True
 
 
+NATIVE_BF16_ENV = "HF_COCODR_NATIVE_BF16"
+
+
 def native_bf16() -> bool:
     """Whether this machine computes bf16 natively: a CUDA device with bf16 kernels (not emulated), or a CPU for which
     oneDNN has bf16 kernels (AVX-512 BF16 / AMX). Elsewhere bf16 autocast falls back to slow reference kernels
-    (docs/precision.md)."""
+    (docs/precision.md).
+
+    ``HF_COCODR_NATIVE_BF16=1`` (or ``0``) overrides the detection: every choice made from it (the corpus encodings'
+    ``auto`` precision, bf16 training where the machine has it) then follows the variable, so one machine can take
+    either path (the test suite pins it, and forces each path where it tests it)."""
+    forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            from .errors import ConfigError
+
+            raise ConfigError(f"{NATIVE_BF16_ENV} must be 0 or 1 (or unset, to detect), got {forced!r}")
+        return forced == "1"
     import torch
 
     if torch.cuda.is_available():  # compute capability 8 (Ampere) and later; earlier cards only emulate bf16

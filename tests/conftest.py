@@ -9,6 +9,10 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The machine's native bf16 decides defaults (the corpus encodings' auto precision, bf16 training on a GPU): the suite
+# pins it off so that every test computes what it computes on any CPU, and a test of the bf16 path forces it on
+# (the `native_bf16` fixture), so both paths are tested on every machine.
+os.environ["HF_COCODR_NATIVE_BF16"] = "0"
 os.environ.setdefault("HF_COCODR_CACHE", tempfile.mkdtemp(prefix="hf_cocodr_cache_"))
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -20,6 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def data_root() -> Path:
     return Path(os.environ.get("HF_COCODR_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """The machine reported as computing bf16 natively (in this process and the processes it starts)."""
+    monkeypatch.setenv("HF_COCODR_NATIVE_BF16", "1")
+    return True
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ loads encoders there, and every step's inputs have to follow.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -37,6 +38,7 @@ _INDEXING = (
     torch.ops.aten.index_put.default,
     torch.ops.aten._index_put_impl_.default,
 )
+_autocast = threading.local()  # .dtype: the simulated device's autocast dtype during the Python call being run
 _registered: list = []  # the backend registration and its kernels (once per process; PyTorch allows one rename)
 ops_seen: list[int] = [0]
 active: list[
@@ -119,7 +121,14 @@ def _run(func, args, kwargs):
             f"(when running {func}; a tensor was built on the CPU while the model is on {NAME})"
         )
     kwargs.pop("pin_memory", None)
-    out = func(*args, **kwargs)
+    autocast = getattr(_autocast, "dtype", None)
+    if to_sim and autocast is not None:
+        # autocast on the device: its autocast key falls through to here, and the CPU kernels run under CPU autocast
+        # in the same dtype, so a matmul computes in bf16 as the device's autocast would have it
+        with torch.autocast("cpu", dtype=autocast):
+            out = func(*args, **kwargs)
+    else:
+        out = func(*args, **kwargs)
     if not to_sim:
         return out
 
@@ -151,7 +160,16 @@ class _Factories(torch.overrides.TorchFunctionMode):
     of the right shape."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
+        # inside __torch_dispatch__ every autocast key is excluded, so torch.is_autocast_enabled reads False there:
+        # the device's autocast state is read here, where the Python call is made, and holds for that call
+        outer = getattr(_autocast, "dtype", None)
+        _autocast.dtype = torch.get_autocast_dtype(NAME) if torch.is_autocast_enabled(NAME) else None
+        try:
+            return self._call(func, args, kwargs or {})
+        finally:
+            _autocast.dtype = outer
+
+    def _call(self, func, args, kwargs):
         if func is torch.Tensor.tolist and isinstance(args[0], SimTensor):  # as CUDA does it: a copy to the host
             return args[0].inner.tolist()
         if func is torch.Tensor.numpy and isinstance(args[0], SimTensor):
@@ -202,7 +220,11 @@ def _register() -> None:
     lib.impl("empty.memory_format", empty, "PrivateUse1")
     lib.impl("empty_strided", empty_strided, "PrivateUse1")
     lib.impl("_copy_from", copy_from, "PrivateUse1")
-    _registered.append(lib)
+    # what torch.autocast(simgpu) asks of the dispatcher: a kernel (here a fallthrough) for every operation under the
+    # device's autocast key; the casting itself happens on the CPU (see _run)
+    autocast = torch.library.Library("_", "IMPL", "AutocastPrivateUse1")
+    autocast.fallback(torch.library.fallthrough_kernel)
+    _registered.extend([lib, autocast])
 
 
 @contextlib.contextmanager

@@ -62,15 +62,25 @@ def test_the_simulated_device_refuses_what_a_gpu_refuses_and_computes_what_the_c
         assert (xs * torch.tensor(2.0)).device.type == NAME  # a 0-dim CPU tensor is a scalar, as on CUDA
         assert torch.eye(3, device=device).shape == (3, 3) and torch.eye(3, device=device).device.type == NAME
         assert xs.sum().item() == pytest.approx(float(x.sum()))
+        # autocast on the device computes what CPU autocast computes (a bf16 matmul), and nothing outside the block
+        with torch.autocast(NAME, dtype=torch.bfloat16):
+            low = xs @ ws
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            expected = x @ w
+        assert low.dtype == torch.bfloat16 and low.device.type == NAME and torch.equal(low.cpu(), expected)
+        assert (xs @ ws).dtype == torch.float32
 
 
+@pytest.mark.parametrize("native", ["0", "1"], ids=["fp32", "native-bf16"])
 def test_every_probe_and_stage_of_the_recipe_runs_with_the_model_on_the_device(
-    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, native
 ):
     """The planner probes COCO, the fine-tuning and the distillation (their trainers' steps, the encoding and the
     teacher's timing), then every stage trains and the model is evaluated, all with the model on the (simulated)
     GPU: every input a step builds has to be placed where the model is. The issue's GPU run stopped in the planner
-    here ("index is on cpu, different from other tensors on cuda:0")."""
+    here ("index is on cpu, different from other tensors on cuda:0"). Both precisions the machine may pick: fp32, and
+    a machine with native bf16, whose corpus encodings run under bf16 autocast on the device."""
+    monkeypatch.setenv("HF_COCODR_NATIVE_BF16", native)
     seen = _spy_forwards(monkeypatch)
     before = ops_seen[0]
     with simulated_gpu(monkeypatch):
@@ -85,17 +95,22 @@ def test_every_probe_and_stage_of_the_recipe_runs_with_the_model_on_the_device(
     assert len(seen) >= 3 * 4 + sum(record["steps_trained"].values())
     assert set(seen) == {(NAME, NAME)}
     assert ops_seen[0] - before > 10_000  # the arithmetic ran on the device's tensors
+    assert record["precision"]["encoding"] == ("bf16" if native == "1" else "fp32")
+    assert {r["precision"] for r in record["corpus_encodings"]} == {record["precision"]["encoding"]}
 
 
+@pytest.mark.parametrize("native", ["0", "1"], ids=["fp32", "native-bf16"])
 @pytest.mark.parametrize("stage", ["coco", "finetune", "distill"])
 def test_a_step_that_builds_its_inputs_on_the_cpu_fails_the_check(
-    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, stage
+    tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch, stage, native
 ):
     """The check can fail: a stage whose step hands its model inputs on the CPU (the COCO batch, the features the
     fine-tuning's or the distillation's loss encodes) stops the recipe with the error a GPU gives, in the planner's
     probe of that stage."""
     import hf_cocodr.recipe.probe as probe
     from hf_cocodr.finetuning.losses import HybridDistillLoss, IDROLoss
+
+    monkeypatch.setenv("HF_COCODR_NATIVE_BF16", native)
     from hf_cocodr.pretraining.trainer import CocoPretrainer
 
     def on_cpu(x):

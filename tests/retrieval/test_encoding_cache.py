@@ -220,3 +220,25 @@ def test_the_in_memory_reuse_never_serves_another_precision(tiny_st_dir, tiny_be
             by_run, _ = _vectors(model, corpus)
     assert not np.array_equal(fp32, fresh_bf16)
     assert np.array_equal(by_caller, fresh_bf16) and np.array_equal(by_run, fresh_bf16)
+
+
+def test_the_native_bf16_switch_forces_either_path_on_any_machine(monkeypatch):
+    """HF_COCODR_NATIVE_BF16 decides what the machine is taken to compute natively (the suite pins it, and forces
+    each path where it tests it), for every choice made from it: the run's corpus-encoding precision included. A
+    value other than 0 or 1 is refused by name, unset detects."""
+    from hf_cocodr.errors import ConfigError
+    from hf_cocodr.modeling.precision import resolve_corpus_precision
+    from hf_cocodr.utils import native_bf16
+
+    for value, native, encoding in (("1", True, "bf16"), ("0", False, "fp32"), (" 1 ", True, "bf16")):
+        monkeypatch.setenv("HF_COCODR_NATIVE_BF16", value)
+        assert native_bf16() is native
+        assert resolve_corpus_precision("auto")[0] == encoding
+    monkeypatch.setenv("HF_COCODR_NATIVE_BF16", "yes")
+    with pytest.raises(ConfigError, match="HF_COCODR_NATIVE_BF16 must be 0 or 1 .*'yes'"):
+        native_bf16()
+    monkeypatch.delenv("HF_COCODR_NATIVE_BF16")
+    import torch
+
+    if not torch.cuda.is_available():  # unset: the CPU's own answer (oneDNN's bf16 kernels)
+        assert native_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
