@@ -321,6 +321,7 @@ def build_card_data(
         finetuning_corpora=finetuning_corpora,
         finetuning_readers=readers or ["fine-tuning"],
         recipe_schedule=data.get("recipe_schedule"),
+        guard=data.get("guard"),
         start_vs_adapted=public_value(data.get("start_vs_adapted")),
         target_queries_read=target_queries_read,
         query_readers=_sentence_start(" and ".join(dict.fromkeys(query_readers))),

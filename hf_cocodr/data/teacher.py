@@ -164,16 +164,23 @@ def _corpus_file(corpus) -> Path | None:
     return path.resolve()
 
 
-def route_queries(query_specs: Sequence[str], target_corpora: Sequence) -> list[tuple[Any, TargetQueries]]:
+def route_queries(query_specs: Sequence, target_corpora: Sequence) -> list[tuple[Any, TargetQueries]]:
     """Each ``--target-queries`` source with the target corpus its teacher ranks: the corpus whose corpus file is
     the source folder's (links resolved), else the only target corpus. A source that matches none of several target
-    corpora (a JSONL search log) is refused by name, before any work."""
+    corpora (a JSONL search log) is refused by name, before any work. A source given as ``(spec, corpus)`` (the
+    recipe's own query files, :mod:`hf_cocodr.recipe.queries`) is routed to that target corpus."""
 
     if not target_corpora:
         raise ConfigError("distillation needs a target corpus for the teacher to rank (--target-corpus)")
     files = [_corpus_file(c) for c in target_corpora]
     routed = []
     for spec in query_specs:
+        if isinstance(spec, tuple):  # pinned to its corpus
+            spec, corpus = spec
+            if not any(corpus is c or corpus == c for c in target_corpora):
+                raise ConfigError(f"queries {spec}: {corpus} is not a target corpus")
+            routed.append((corpus, read_target_queries(spec)))
+            continue
         src = read_target_queries(spec)
         own = _corpus_file(src.folder) if src.folder is not None else None
         match = [c for c, f in zip(target_corpora, files) if own is not None and f == own]

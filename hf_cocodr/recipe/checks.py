@@ -36,7 +36,8 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
         options.get("gradient_accumulation_steps", 1)
     )
     routed = route_queries(cfg.target_queries, target_corpora)
-    total = 0
+    pseudo = cfg.pseudo_queries if isinstance(cfg.pseudo_queries, int) else 0
+    total = pseudo  # (a corpus that gives fewer is said when they are drawn)
     for _, src in routed:
         if not src.texts:
             raise ConfigError(
@@ -50,7 +51,8 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
             "(per_device_train_batch_size x gradient_accumulation_steps; an incomplete batch is dropped): give more "
             f"queries or set distill: {{per_device_train_batch_size: {max(1, total)}}}"
         )
-    for corpus in dict.fromkeys(c for c, _ in routed):
+    ranked = [c for c, _ in routed] + (list(target_corpora) if pseudo else [])
+    for corpus in dict.fromkeys(ranked):
         _, texts = _corpus_ids_texts(corpus)
         docs = sum(1 for t in texts if t.strip())
         if docs < cfg.distill_k:

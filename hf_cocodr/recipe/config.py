@@ -102,6 +102,14 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
         "fp32 elsewhere (docs/precision.md: bf16 kept nDCG@10 on the dev splits)",
         choices=ENCODE_PRECISIONS,
     )
+    guard: str = _opt(
+        "on",
+        "the label-free guard: before the export, the adapted and the starting model rank queries neither trained "
+        "on (held-out pseudo-queries of the target corpora, a held-out share of --target-queries); on: keep the "
+        "starting model where the adapted one is worse beyond one standard error; record: read and record only; off",
+        choices=("on", "record", "off"),
+    )
+    guard_queries: int = _opt(200, "held-out pseudo-queries per target corpus the guard reads")
     target_queries: list[str] = _opt(
         help="unlabelled target queries (DIR:SPLIT: the split's queries, its labels unread; a BEIR folder; a "
         "JSONL file) for the distillation stage and MoDIR; repeatable",
@@ -165,11 +173,16 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
             )
         if self.schedule not in ("auto", "paper"):
             raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
-        if self.skip_distill is False and not self.target_queries:
+        pseudo = getattr(self, "pseudo_queries", 0)
+        if self.skip_distill is False and not self.target_queries and (pseudo == AUTO or not pseudo):
             raise ConfigError(
                 "recipe option skip_distill is false but no target queries are given: the distillation trains on "
-                "unlabelled target queries (--target-queries DIR:SPLIT, a BEIR folder or a JSONL file)"
+                "unlabelled target queries (--target-queries DIR:SPLIT, a BEIR folder or a JSONL file) or on "
+                "pseudo-queries drawn from the target corpora (--pseudo-queries N)"
             )
+        if self.guard not in ("on", "record", "off"):
+            raise ConfigError(f"recipe option guard must be 'on', 'record' or 'off', got {self.guard!r}")
+        check_whole(self, "guard_queries", 10, allow_none=False)
         if not isinstance(self.train_max_length, int) or self.train_max_length < 8:
             raise ConfigError(
                 f"recipe option train_max_length must be a whole number >= 8, got {self.train_max_length!r}"

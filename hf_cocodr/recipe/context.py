@@ -72,6 +72,8 @@ class RecipeRun:
     # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
     corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
     meters: dict[str, Any] = field(default_factory=dict)  # stage -> its ThroughputMeter (texts/s, tokens/s, GPU use)
+    queries: list = field(default_factory=list)  # each target corpus's query files (hf_cocodr.recipe.queries)
+    guard: dict[str, Any] | None = None  # the label-free guard's reading and verdict (hf_cocodr.recipe.guard)
 
     def __post_init__(self) -> None:
         self.current = self.current or self.model

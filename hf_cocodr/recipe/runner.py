@@ -41,9 +41,11 @@ from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class
 from .context import RecipeRun
+from .guard import guard_run
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
+from .queries import prepare_queries
 from .schedules import choose_schedule
 from .settings import device_record, encode_batch_size
 from .stage import Stage
@@ -62,6 +64,7 @@ RUN_ENTRIES = (
     "eval.json",
     "recipe.json",
     "idro_weights.json",
+    "queries",
 )
 
 
@@ -249,6 +252,7 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
         run.source_data,
         cfg.source_split,
     )
+    run.queries = prepare_queries(run)  # (the distillation's training queries, the guard's held-out ones)
     run.arguments = {s.name: s.arguments(run) for s in stages}
     # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
     # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
@@ -394,6 +398,10 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     from ..training_api import evaluate_all
 
     t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
+    run.guard = guard_run(run)  # (may put the starting model back)
+    if run.guard is not None:
+        run.stage_seconds["guard"] = run.guard["seconds"]
+        t0 = time.perf_counter()
     if run.current == run.model:
         export_sentence_transformer(
             run.model, final_dir, pooling=run.pooling, similarity=run.similarity, run_record=False
@@ -532,6 +540,11 @@ def _write_records(
         "wall_seconds": round(time.perf_counter() - run.t_start, 1),
         # every corpus encoding (by document encoder and corpus content): "encoded", or reused from the cache
         "corpus_encodings": run.corpus_encodings,
+        # the queries drawn, held out and trained on per target corpus, and the label-free guard's reading
+        "queries": {
+            q.name: {**q.counts, **({"calibration": q.calibration} if q.calibration else {})} for q in run.queries
+        },
+        "guard": run.guard,
     }
     if run.max_minutes is not None:
         record["budget_seconds"] = round(run.budget_s, 1)
@@ -546,6 +559,7 @@ def _write_records(
         load_encoder(str(final_dir)),
         {
             "recipe_schedule": run.choice,
+            "guard": run.guard,
             "start_vs_adapted": {
                 s: {"adapted": row(v), "start": row(v["start"])} for s, v in summary.items() if "start" in v
             },

@@ -28,6 +28,7 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     finetune_preset="paper",
     skip_distill=True,
     distill_share=0.0,
+    pseudo_queries=0,
 )
 
 # By the kind of starting model. A value the user sets explicitly always wins over these.
@@ -39,8 +40,9 @@ SCHEDULES: dict[str, dict[str, Any]] = {
     # paper-setting ablation's best arm; docs/adaptation.md).
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
-# No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
-# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md says why).
+# No MLM head and unlabelled target queries given (--target-queries), or pseudo-queries asked for
+# (--pseudo-queries): the whole budget on distilling the hybrid teacher (the starting model + BM25) into the model,
+# no COCO (docs/adaptation.md says why).
 SCHEDULES["no_mlm_head_queries"] = dict(
     SCHEDULES["no_mlm_head"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
 )
@@ -62,8 +64,10 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         if has_mlm_head is False
         else "the starting model's MLM head could not be inspected (treated as absent)"
     )
-    if kind == "no_mlm_head" and cfg.target_queries:
-        kind, why = "no_mlm_head_queries", f"{why}, and unlabelled target queries are given"
+    pseudo = cfg.pseudo_queries not in (AUTO, None, 0)
+    if kind == "no_mlm_head" and (cfg.target_queries or pseudo):
+        given = "unlabelled target queries are given" if cfg.target_queries else "pseudo-queries are asked for"
+        kind, why = "no_mlm_head_queries", f"{why}, and {given}"
     preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
     chosen, user = {}, {}
     values = asdict(cfg)

@@ -35,13 +35,13 @@ study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``re
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from ..data.pseudo_queries import inverse_cloze
 from ..errors import ConfigError
 
 FUSION_RULES = ("convex", "rrf")
@@ -212,45 +212,8 @@ def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfi
 
 
 # ---------------------------------------------------------------------------------------------------- label-free fit
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def _drawn(texts: list[str], n: int, seed: int, min_words: int) -> list[tuple[int, list[str], int]]:
-    """The documents and sentences :func:`pseudo_queries` draws: ``(row, sentences, picked sentence)``."""
-    rng = np.random.default_rng(seed)
-    out: list[tuple[int, list[str], int]] = []
-    for row in rng.permutation(len(texts)).tolist():
-        sentences = [x for x in _SENTENCE_END.split(texts[row].strip()) if x]
-        if len(sentences) < 2:
-            continue
-        usable = [i for i, x in enumerate(sentences) if len(x.split()) >= min_words]
-        if not usable:
-            continue
-        out.append((row, sentences, usable[int(rng.integers(len(usable)))]))
-        if len(out) == n:
-            break
-    return out
-
-
-def pseudo_queries(
-    texts: list[str], n: int = 400, seed: int = 0, min_words: int = 4, keep_share: float = 0.0
-) -> list[tuple[int, str, str]]:
-    """Inverse-cloze pseudo-queries drawn from a corpus: ``(row, query, rest)`` for up to ``n`` documents taken at
-    random (``seed``), where ``query`` is one sentence of the document (of at least ``min_words`` words) and ``rest``
-    the document without it. Documents of one sentence are skipped (nothing would be left to find).
-
-    ``keep_share``: the share of the sentence's words left in its place in ``rest`` (each word kept with that
-    probability, drawn once per word from ``seed``, so the words kept at a share are also kept at every larger one;
-    1: the whole sentence stays)."""
-    drawn = _drawn(texts, n, seed, min_words)
-    words_rng = np.random.default_rng([seed, 1])
-    out: list[tuple[int, str, str]] = []
-    for row, sentences, pick in drawn:
-        words = sentences[pick].split()
-        kept = [w for w, u in zip(words, words_rng.random(len(words))) if u < keep_share]
-        parts = [" ".join(kept) if i == pick else x for i, x in enumerate(sentences)]
-        out.append((row, sentences[pick], " ".join(x for x in parts if x)))
-    return out
+# the fit's pseudo-queries: the inverse cloze of the corpus's pseudo-query module (one module draws every kind)
+pseudo_queries = inverse_cloze
 
 
 def bm25_top_z(scores: np.ndarray) -> np.ndarray:

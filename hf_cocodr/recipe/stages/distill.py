@@ -25,6 +25,7 @@ from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
 from ..outputs import stopped
+from ..queries import distill_sources
 from ..settings import (
     AUTO,
     Auto,
@@ -112,6 +113,17 @@ class DistillSettings:
         "distillation: at most this many passes over the target queries, however many steps the budget buys "
         "('none': no cap; --distill-steps fixes the steps instead)",
     )
+    pseudo_queries: int | Auto = option(
+        AUTO,
+        "pseudo-queries drawn from the target corpora (split among them by size) for the distillation, beside any "
+        "--target-queries: a corpus alone then adapts the model (auto: as the schedule says, docs/adaptation.md)",
+        metavar="N|auto",
+    )
+    pseudo_query_mix: str = option(
+        "auto",
+        "the kinds of pseudo-queries and their weights, e.g. span:1,keywords:1,title:1 (kinds: span, keywords, "
+        "title, ict); auto: the default mix, or one calibrated to the --target-queries of the corpus where given",
+    )
     distill: dict[str, Any] = option(
         help="IDROTrainingArguments fields of the distillation", cli=False, default_factory=dict
     )
@@ -139,6 +151,12 @@ class DistillSettings:
                 f"recipe option distill_side must be one of {', '.join(DISTILL_SIDES)}, got {self.distill_side!r}"
             )
         check_switch(self, "skip_distill")
+        if self.pseudo_queries != AUTO:
+            check_whole(self, "pseudo_queries", 0, allow_none=False)
+        if self.pseudo_query_mix != "auto":
+            from ...data.pseudo_queries import parse_mix
+
+            parse_mix(self.pseudo_query_mix)
 
 
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
@@ -154,6 +172,12 @@ def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, 
     if cfg.wise_alpha is not None:
         return "full", "WiSE-FT follows, which cannot interpolate an asymmetric model"
     return "query", "on a CPU the query side buys many more steps (a step encodes its queries only)"
+
+
+def _pseudo(cfg: RecipeConfig) -> int:
+    """The pseudo-queries the run draws to train on (0 while the schedule has not resolved ``auto``)."""
+    n = cfg.pseudo_queries
+    return 0 if n == AUTO or n is None else int(n)
 
 
 def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
@@ -191,7 +215,7 @@ class DistillStage(Stage):
         self.targets: list | None = None  # the routed target corpora and queries, as the probe reads them
 
     def enabled(self, cfg: RecipeConfig) -> bool:
-        return cfg.skip_distill is False and bool(cfg.target_queries)
+        return cfg.skip_distill is False and (bool(cfg.target_queries) or _pseudo(cfg) > 0)
 
     def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
         # encoding the corpus (unless the teacher's indexes of it are cached) and ranking the queries
@@ -373,7 +397,7 @@ class DistillStage(Stage):
             run.model,
             run.fps["model"],
             run.target_corpora,
-            cfg.target_queries,
+            distill_sources(run),
             cfg.distill_k,
             fusion=self._fusion(cfg),
             batch_size=encode_batch_size(cfg),
@@ -460,7 +484,7 @@ class DistillStage(Stage):
         if self.targets is None:
             self.targets = [
                 (*_corpus_ids_texts(corpus), list(src.texts))
-                for corpus, src in route_queries(run.cfg.target_queries, run.target_corpora)
+                for corpus, src in route_queries(distill_sources(run), run.target_corpora)
             ]
         return self.targets
 
@@ -521,8 +545,8 @@ class DistillStage(Stage):
 
         if self.queries_digest is None:
             h, n = hashlib.sha256(), 0
-            for spec in run.cfg.target_queries:
-                for text in read_target_queries(spec).texts:
+            for spec in distill_sources(run):
+                for text in read_target_queries(spec[0] if isinstance(spec, tuple) else spec).texts:
                     h.update(text.encode("utf-8", "surrogatepass") + b"\x1e")
                     n += 1
             self.queries_digest, self.num_queries = h.hexdigest()[:16], n

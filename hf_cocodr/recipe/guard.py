@@ -1,0 +1,170 @@
+"""The label-free guard (:func:`guard_run`): before the recipe exports, the adapted model and the starting model rank
+queries neither trained on, and the starting model is kept where the adapted one reads worse.
+
+Two readings, each pooled over the target corpora (per-corpus figures are recorded beside):
+
+- ``pseudo_queries``: the held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`), each
+  with its source document as its one relevant document: nDCG@10 of the model's dense ranking of the corpus (a label
+  the corpus gave for free);
+- ``queries``: where the user gave target queries, the held-out share of them, scored against the hybrid teacher's
+  ranking (its top 10 as the relevant set; the teacher the distillation ranked with, read from its cache): nDCG@10
+  of the model's ranking, i.e. how much of the teacher's judgement the model carries to queries it never saw.
+
+For each reading, the per-query difference adapted − start gives a mean and its standard error; the reading is
+``worse`` where the mean is below −1 SE, ``better`` above +1 SE, else ``no difference``. With ``guard: on`` (the
+default) the recipe keeps the starting model when any reading is ``worse``; ``guard: record`` reads and records
+only. The reading lands in ``recipe.json`` (``guard``) and on the model card, whatever it decides.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .context import RecipeRun
+
+logger = logging.getLogger("hf_cocodr.recipe")
+
+DEPTH = 10  # nDCG@10
+READINGS = ("pseudo_queries", "queries")
+
+
+def ndcg_at_10(ranked: list[str], relevant: set[str] | list[str]) -> float:
+    """nDCG@10 of ``ranked`` (best first) for binary ``relevant`` documents."""
+    relevant = set(relevant)
+    if not relevant:
+        return 0.0
+    dcg = sum(1.0 / math.log2(r + 2) for r, d in enumerate(ranked[:DEPTH]) if d in relevant)
+    ideal = sum(1.0 / math.log2(r + 2) for r in range(min(DEPTH, len(relevant))))
+    return dcg / ideal
+
+
+def paired_reading(start: list[float], adapted: list[float]) -> dict[str, Any]:
+    """Mean per-query scores of both models, the mean difference adapted − start, its standard error and the
+    verdict (``worse`` below −1 SE, ``better`` above +1 SE, else ``no difference``)."""
+    s, a = np.asarray(start, np.float64), np.asarray(adapted, np.float64)
+    d = a - s
+    n = len(d)
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    mean = float(d.mean()) if n else 0.0
+    verdict = "worse" if mean < -se else "better" if mean > se else "no difference"
+    return {
+        "queries": n,
+        "start": round(float(s.mean()), 4) if n else None,
+        "adapted": round(float(a.mean()), 4) if n else None,
+        "difference": round(mean, 4),
+        "se": round(se, 4) if math.isfinite(se) else None,
+        "verdict": verdict,
+    }
+
+
+def _read_rows(path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _dense_top(model, corpus_ds, doc_ids: list[str], texts: list[str], batch_size: int) -> list[list[str]]:
+    """Each text's top :data:`DEPTH` documents by ``model``'s dense ranking (the corpus encoding from the run's
+    cache where it was encoded before: the starting model's by the teacher, a query-side model's documents by its
+    starting model's route)."""
+    from ..retrieval.encoding import build_index, encode_texts, model_similarity
+
+    index, order = build_index(model, corpus_ds, batch_size=batch_size, show_progress_bar=False)
+    normalize = model_similarity(model) == "cosine"
+    q = encode_texts(model, texts, kind="query", batch_size=batch_size, normalize=normalize)
+    _, rows = index.search(q, DEPTH)
+    return [[doc_ids[order[r]] for r in row if r >= 0] for row in rows]
+
+
+def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[str]] | None:
+    """The hybrid teacher's top :data:`DEPTH` for each text, from the teacher's cached indexes of ``corpus``; None
+    where they are not cached (the distillation did not rank this corpus)."""
+    from ..retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts
+    from ..retrieval.teacher import teacher_cache_path, teacher_retriever
+    from .stages.distill import DistillStage
+
+    ids, doc_texts = _corpus_ids_texts(corpus)
+    if not (teacher_cache_path(run.fps["model"], ids, doc_texts) / HYBRID_FILE).is_file():
+        return None
+    hybrid, *_ = teacher_retriever(start, run.fps["model"], corpus, fusion=DistillStage._fusion(run.cfg))
+    found, _ = hybrid.search(texts, DEPTH)
+    return [list(r) for r in found]
+
+
+def guard_run(run: RecipeRun) -> dict[str, Any] | None:
+    """Read the guard (see the module docstring) for the model the stages left (``run.current``) against the
+    starting model; with ``guard: on`` and a ``worse`` reading, ``run.current`` becomes the starting model. Returns
+    the record (None where nothing trained or no query was held out)."""
+    from ..modeling.loading import load_encoder
+    from ..retrieval.encoding import reuse_corpus_encodings
+    from .queries import corpus_dataset
+    from .settings import encode_batch_size
+
+    cfg = run.cfg
+    entries = [q for q in run.queries if q.guard is not None]
+    if cfg.guard == "off" or not entries or str(run.current) == str(run.model):
+        return None
+    t0 = time.perf_counter()
+    batch = encode_batch_size(cfg)
+    start, adapted = load_encoder(run.model), load_encoder(str(run.current))
+    per_query: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
+    corpora: dict[str, dict[str, Any]] = {}
+    with reuse_corpus_encodings():
+        for entry in entries:
+            rows = _read_rows(entry.guard)
+            pseudo = [r for r in rows if r.get("doc_id")]
+            real = [r for r in rows if not r.get("doc_id")]
+            ds = corpus_dataset(entry.corpus)
+            doc_ids = [str(x) for x in ds["_id"]]
+            corpora[entry.name] = {}
+            if pseudo:
+                texts = [r["text"] for r in pseudo]
+                scores = {}
+                for name, model in (("start", start), ("adapted", adapted)):
+                    tops = _dense_top(model, ds, doc_ids, texts, batch)
+                    scores[name] = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(tops, pseudo)]
+                    per_query["pseudo_queries"][name] += scores[name]
+                corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
+            if real:
+                texts = [r["text"] for r in real]
+                teacher = _teacher_top(run, start, entry.corpus, texts)
+                if teacher is None:
+                    corpora[entry.name]["queries"] = {"skipped": "the teacher's indexes of this corpus are not cached"}
+                    continue
+                scores = {}
+                for name, model in (("start", start), ("adapted", adapted)):
+                    tops = _dense_top(model, ds, doc_ids, texts, batch)
+                    scores[name] = [ndcg_at_10(t, set(ref)) for t, ref in zip(tops, teacher)]
+                    per_query["queries"][name] += scores[name]
+                corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
+    readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
+    worse = [r for r, v in readings.items() if v["verdict"] == "worse"]
+    verdict = "worse" if worse else "not worse"
+    keep_start = bool(worse) and cfg.guard == "on"
+    record = {
+        "mode": cfg.guard,
+        "readings": readings,
+        "corpora": corpora,
+        "verdict": verdict,
+        "kept": "start" if keep_start else "adapted",
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    said = "; ".join(
+        f"{r}: {v['difference']:+.4f} ± {v['se'] if v['se'] is not None else 'n/a'} ({v['queries']} queries, "
+        f"{v['verdict']})"
+        for r, v in readings.items()
+    )
+    if keep_start:
+        record["why"] = f"the adapted model reads worse than the starting model beyond one standard error ({said})"
+        logger.warning("guard: the starting model is kept: %s", record["why"])
+        run.current = run.model
+    elif worse:
+        logger.warning("guard (record only): the adapted model reads worse than the starting model (%s)", said)
+    else:
+        logger.info("guard: the adapted model is kept (%s)", said)
+    return record

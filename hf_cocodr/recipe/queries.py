@@ -1,0 +1,237 @@
+"""The queries a recipe run trains and guards on, per target corpus (:func:`prepare_queries`).
+
+For each target corpus the run writes two files into ``OUT/queries`` (JSONL, ``_id`` / ``text`` / ``kind``, and
+``doc_id`` for a pseudo-query):
+
+- ``<corpus>.train.jsonl``: what the distillation trains on: the user's target queries routed to this corpus (less
+  those held out) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
+  their count split among the corpora in proportion to their sizes);
+- ``<corpus>.guard.jsonl``: what the label-free guard (:mod:`hf_cocodr.recipe.guard`) reads and nothing trains on:
+  ``guard_queries`` pseudo-queries from documents no trained pseudo-query comes from, and, where the user gave queries
+  for this corpus, a share of them (:data:`GUARD_REAL_SHARE`, at most ``guard_queries``).
+
+The draw is seeded by the run's ``seed``, so a resumed run writes the same files. No query of an ``--eval`` split is
+ever drawn as a pseudo-query.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..utils import atomic_write_text, path_name, resolved_path
+
+if TYPE_CHECKING:
+    from .context import RecipeRun
+
+logger = logging.getLogger("hf_cocodr.recipe")
+
+QUERIES_DIR = "queries"
+GUARD_REAL_SHARE = 0.1  # the share of the user's queries of a corpus held out for the guard
+
+
+@dataclass
+class CorpusQueries:
+    """The query files of one target corpus (see the module docstring) and what they hold."""
+
+    corpus: Any
+    name: str
+    train: Path | None = None
+    guard: Path | None = None
+    counts: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] | None = None
+
+
+def wants_queries(cfg) -> bool:
+    """Whether the run draws or holds out queries: the distillation runs, or the guard reads."""
+    return bool(cfg.target_queries) or int(cfg.pseudo_queries or 0) > 0 or cfg.guard != "off"
+
+
+def corpus_names(target_corpora) -> list[str]:
+    """A file-name stem per target corpus (its folder's name; ``-2``, ``-3``, ... after a name already taken)."""
+    names: dict[str, int] = {}
+    out = []
+    for corpus in target_corpora:
+        if isinstance(corpus, (str, os.PathLike)):
+            path = resolved_path(corpus)
+            name = path_name(path.parent if path.name in ("corpus.jsonl", "corpus.jsonl.gz") else path)
+        else:
+            name = "dataset"
+        names[name] = names.get(name, 0) + 1
+        out.append(name if names[name] == 1 else f"{name}-{names[name]}")
+    return out
+
+
+def corpus_dataset(corpus):
+    """A target corpus as a dataset: a BEIR folder's corpus, a ``corpus.jsonl`` file, or the dataset given."""
+    from ..data.beir import _load_jsonl_dataset, load_corpus
+
+    if isinstance(corpus, (str, os.PathLike)):
+        path = Path(corpus)
+        return _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)
+    return corpus
+
+
+def _columns(corpus) -> tuple[list[str], list[str], list[str]] | None:
+    """``(ids, titles, bodies)`` of a target corpus, or None for one without document ids (plain texts)."""
+    from ..data.beir import BEIRFormatError
+
+    try:
+        ds = corpus_dataset(corpus)
+        if "_id" not in ds.column_names or "text" not in ds.column_names:
+            return None
+    except BEIRFormatError:
+        return None
+    ids = [str(x) for x in ds["_id"]]
+    titles = list(ds["title"]) if "title" in ds.column_names else [""] * len(ids)
+    return ids, [t or "" for t in titles], [t or "" for t in ds["text"]]
+
+
+def _eval_texts(evals) -> list[str]:
+    """The query texts of every ``--eval`` split (never drawn as pseudo-queries)."""
+    from ..data.beir import load_queries, parse_eval_spec
+    from ..data.target_queries import judged_query_ids
+
+    out = []
+    for spec in evals:
+        folder, split = parse_eval_spec(spec)
+        folder = Path(folder).expanduser()
+        ids = set(judged_query_ids(folder, split))
+        queries = load_queries(folder)
+        out += [t for i, t in zip(queries["_id"], queries["text"]) if i in ids and t]
+    return out
+
+
+def _token_counter(model: str):
+    """The starting model's token count of a text (special tokens left out), or None when it cannot be read."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(model))
+    except Exception as e:  # (a Hub id offline, an odd folder): words stand in for tokens
+        logger.info("pseudo-queries: the model's tokenizer could not be loaded (%s); lengths are bounded in words", e)
+        return None
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _records(rows: list[dict[str, str]]) -> str:
+    import json
+
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def _write(path: Path, rows: list[dict[str, str]]) -> None:
+    text = _records(rows)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        atomic_write_text(path, text)
+
+
+def split_counts(total: int, sizes: list[int]) -> list[int]:
+    """``total`` split in proportion to ``sizes`` (largest remainders; earlier corpora first on ties)."""
+    whole = sum(sizes)
+    if total <= 0 or whole <= 0:
+        return [0] * len(sizes)
+    share = [total * s / whole for s in sizes]
+    out = [math.floor(x) for x in share]
+    for i in sorted(range(len(sizes)), key=lambda i: (-(share[i] - out[i]), i))[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def prepare_queries(run: RecipeRun) -> list[CorpusQueries]:
+    """Draw, hold out and write the run's queries (see the module docstring); returns each corpus's files."""
+    from ..data.pseudo_queries import PseudoQueryDrawer, hold_out, parse_mix
+    from ..data.teacher import route_queries
+
+    cfg = run.cfg
+    if not run.target_corpora or not wants_queries(cfg):
+        return []
+    folder = run.out / QUERIES_DIR
+    routed = route_queries(cfg.target_queries, run.target_corpora) if cfg.target_queries else []
+    exclude = _eval_texts(run.evals)
+    counter = _token_counter(run.model)
+    columns = [_columns(c) for c in run.target_corpora]
+    sizes = [len(c[0]) if c else 0 for c in columns]
+    n_pseudo = split_counts(int(cfg.pseudo_queries or 0), sizes)
+    n_guard = int(cfg.guard_queries) if cfg.guard != "off" else 0
+    out = []
+    for corpus, name, cols, n_train in zip(run.target_corpora, corpus_names(run.target_corpora), columns, n_pseudo):
+        entry = CorpusQueries(corpus, name)
+        real = [src for c, src in routed if c is corpus]
+        real_rows = [
+            {"_id": f"query:{src.name}:{i}", "text": t, "kind": "query"}
+            for src in real
+            for i, t in enumerate(src.texts)
+        ]
+        if cols is None:  # plain texts: nothing to draw from, nothing to find
+            if n_train or real_rows:
+                raise ConfigError(f"pseudo-queries and the distillation need document ids: {corpus} has none")
+            continue
+        ids, titles, bodies = cols
+        pseudo_train, pseudo_guard = [], []
+        if n_train or n_guard:
+            drawer = PseudoQueryDrawer(ids, titles, bodies, seed=cfg.seed, count_tokens=counter)
+            mix = cfg.pseudo_query_mix
+            if mix == "auto":
+                if real_rows:
+                    mix = drawer.calibrate([r["text"] for r in real_rows][:200])
+                    entry.calibration = drawer.calibration
+                else:
+                    mix = None
+            drawn = drawer.draw(n_train + n_guard, parse_mix(mix), exclude=exclude)
+            pseudo_train, pseudo_guard = hold_out(drawn, n_guard, seed=cfg.seed)
+        held_real: list[dict[str, str]] = []
+        if real_rows and n_guard:
+            take = min(n_guard, int(GUARD_REAL_SHARE * len(real_rows)))
+            picked = set(np.random.default_rng([cfg.seed, 13]).permutation(len(real_rows))[:take].tolist())
+            held_real = [r for i, r in enumerate(real_rows) if i in picked]
+            real_rows = [r for i, r in enumerate(real_rows) if i not in picked]
+
+        def row(p, i):
+            return {"_id": f"pseudo:{p.kind}:{p.doc_id}:{i}", "text": p.text, "kind": p.kind, "doc_id": p.doc_id}
+
+        train_rows = real_rows + [row(p, i) for i, p in enumerate(pseudo_train)]
+        guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)] + held_real
+        if train_rows:
+            entry.train = folder / f"{name}.train.jsonl"
+            _write(entry.train, train_rows)
+        if guard_rows:
+            entry.guard = folder / f"{name}.guard.jsonl"
+            _write(entry.guard, guard_rows)
+        kinds: dict[str, int] = {}
+        for p in pseudo_train:
+            kinds[p.kind] = kinds.get(p.kind, 0) + 1
+        entry.counts = {
+            "train_queries": len(real_rows),
+            "train_pseudo_queries": len(pseudo_train),
+            "train_pseudo_kinds": kinds,
+            "guard_pseudo_queries": len(pseudo_guard),
+            "guard_queries": len(held_real),
+        }
+        logger.info(
+            "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries and %d of "
+            "the user's held out for the guard",
+            name,
+            len(real_rows),
+            len(pseudo_train),
+            ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none",
+            len(pseudo_guard),
+            len(held_real),
+        )
+        out.append(entry)
+    return out
+
+
+def distill_sources(run: RecipeRun) -> list:
+    """What the distillation trains on: each corpus's training file pinned to its corpus
+    (:func:`~hf_cocodr.data.teacher.route_queries`); the user's ``--target-queries`` as given where the run wrote no
+    files (no target corpus to route them to)."""
+    files = [(str(q.train), q.corpus) for q in run.queries if q.train is not None]
+    return files if run.queries else list(run.cfg.target_queries)
