@@ -1,0 +1,376 @@
+"""The corpus-only study (issue 53): what the recipe gains from the target corpora alone, no query of the user's,
+on one core from a cold cache, and how often its label-free guard reads what the labels read.
+
+Each row is one ``hf-cocodr recipe`` command, timed from its start, in a subprocess pinned to one core
+(``taskset -c CORE``, ``OMP_NUM_THREADS=1``) with a fresh, empty ``HF_COCODR_CACHE`` and output folder: all-MiniLM-L6-v2,
+target corpora SciFact and NFCorpus, source SQuAD, ``--max-minutes`` (15 on a core with native bf16, 30 without:
+the row records which), ``--guard record`` (the guard reads and records, the adapted model is kept, so each row
+scores the adapted model whatever the guard says), the dev splits of the distillation study (SciFact: the odd-id
+half of the train claims; NFCorpus: dev; ``distill_study.prepare_data``). The recipe's own evaluation gives each
+row: the adapted dense model and its hybrid with BM25, and the starting model's, at the model's own 256 tokens.
+
+Arms (:data:`ARMS`): ``soup`` (today's no-queries default: the COCO soup), ``pq-KIND`` (the query-side distillation
+on ``--pseudo-queries N`` of one kind: span, keywords, title, ict), ``pq-mix`` (the default mix), ``coco-pq`` (the
+COCO soup, then the distillation on the default mix, the whole model), and for reference ``queries`` (the
+distillation on the real train queries, the study's pools). Rows are cached under ``--work`` (a row whose command
+did not finish runs again from a cold start); the report is rewritten after every row.
+
+    python scripts/studies/corpus_only.py --arms pq-mix,pq-span,pq-keywords,pq-title,soup,queries --seeds 42 --core 1
+    python scripts/studies/corpus_only.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from cpu_budget import EVALS, POOL, LoadSampler, distinct_pools  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+N_PSEUDO = 6000  # pseudo-queries over the two corpora (split by their sizes)
+ARMS = {
+    "soup": ([], "today's no-queries default: the COCO soup (MLM through a fresh Condenser head, averaged runs)"),
+    **{
+        f"pq-{kind}": (
+            ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", kind],
+            f"query-side distillation on {N_PSEUDO} {kind} pseudo-queries",
+        )
+        for kind in ("span", "keywords", "title", "ict")
+    },
+    "pq-mix": (
+        ["--pseudo-queries", str(N_PSEUDO)],
+        f"query-side distillation on {N_PSEUDO} pseudo-queries of the default mix (span, keywords, title: equal)",
+    ),
+    "coco-pq": (
+        ["--pseudo-queries", str(N_PSEUDO), "--skip-coco", "false", "--distill-side", "full"],
+        f"the COCO soup, then the whole model distilled on {N_PSEUDO} pseudo-queries of the default mix",
+    ),
+    "queries": ("@queries", "reference: query-side distillation on the real train queries (the study's pools)"),
+}
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arms", default="pq-mix,pq-span,pq-keywords,pq-title,soup,queries")
+    ap.add_argument("--seeds", default="42")
+    ap.add_argument("--budget-minutes", type=float, default=None, help="default: 15 with native bf16, else 30")
+    ap.add_argument("--core", default="1", help="the core the commands are pinned to (taskset -c)")
+    ap.add_argument("--work", default="outputs/corpus_only")
+    ap.add_argument("--report", default="reports/studies/corpus_only")
+    ap.add_argument("--findings", default="reports/studies/corpus_only_findings.md")
+    ap.add_argument("--report-only", action="store_true")
+    ns = ap.parse_args()
+    if ns.budget_minutes is None:
+        from hf_cocodr.utils import native_bf16
+
+        ns.budget_minutes = 15.0 if native_bf16() else 30.0
+    return ns
+
+
+def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[str]:
+    extra, _ = ARMS[arm]
+    cmd = [
+        "taskset", "-c", ns.core, sys.executable, "-m", "hf_cocodr", "recipe",
+        "--model", model, "--target-corpus", str(data / "scifact"), "--target-corpus", str(data / "nfcorpus"),
+        "--source-data", str(data / "squad-v1.1"), "--output_dir", str(out),
+        "--max-minutes", f"{ns.budget_minutes:g}", "--seed", str(seed), "--guard", "record",
+        "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
+    ]  # fmt: skip
+    if extra == "@queries":
+        return cmd + [
+            "--target-queries",
+            f"{data / 'scifact'}:{POOL}",
+            "--target-queries",
+            f"{data / 'nfcorpus'}:{POOL}",
+        ]
+    return cmd + extra
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
+    folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
+    row_file = folder / "row.json"
+    if row_file.is_file():
+        return json.loads(row_file.read_text())
+    shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
+    folder.mkdir(parents=True)
+    out, cache = folder / "run", folder / "cache"
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_COCODR_CACHE": str(cache),
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = command(arm, seed, ns, data, model, out)
+    sampler = LoadSampler()
+    load_before = os.getloadavg()[0]
+    t0 = time.time()
+    sampler.start()
+    with open(folder / "log.txt", "w") as log:
+        rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    wall = time.time() - t0
+    sampler.stop.set()
+    from hf_cocodr.utils import native_bf16
+
+    row = {
+        "arm": arm,
+        "seed": seed,
+        "command": " ".join(cmd),
+        "returncode": rc,
+        "command_seconds": round(wall, 1),
+        "cpu": cpu_model(),
+        "native_bf16": native_bf16(),
+        "load": {
+            "before": round(load_before, 2),
+            "during_mean": round(statistics.mean(sampler.samples), 2) if sampler.samples else None,
+            "during_max": round(max(sampler.samples), 2) if sampler.samples else None,
+            "after": round(os.getloadavg()[0], 2),
+        },
+    }
+    if rc != 0:
+        tail = (folder / "log.txt").read_text().strip().splitlines()[-3:]
+        row["refused_or_failed"] = " ".join(tail)[-1500:]
+    else:
+        row.update(read_run(out, data))
+    row_file.write_text(json.dumps(row, indent=2) + "\n")
+    # the row keeps what it needs: the run's caches and checkpoints go (the models stay for a later look)
+    shutil.rmtree(cache, ignore_errors=True)
+    return row
+
+
+def read_run(out: Path, data: Path) -> dict:
+    """What a finished run recorded: each dev split's dense and hybrid nDCG@10 of the adapted and the starting model
+    , the steps, the guard's reading, the seconds."""
+    ev = json.loads((out / "eval.json").read_text())
+    rec = json.loads((out / "recipe.json").read_text())
+    metrics = {}
+    for name, label in EVALS:
+        r = ev[f"{data / name}:dev"]
+        metrics[label] = {
+            "ndcg@10": r["ndcg@10"],
+            "start_ndcg@10": r["start"]["ndcg@10"],
+            "hybrid_ndcg@10": r["hybrid"]["ndcg@10"],
+            "start_hybrid_ndcg@10": r["start"]["hybrid"]["ndcg@10"],
+            "bm25_ndcg@10": r["bm25"]["ndcg@10"],
+        }
+    return {
+        "metrics": metrics,
+        "steps_trained": rec.get("steps_trained", {}),
+        "capped_at_passes": rec.get("capped_at_passes", {}),
+        "stopped_by_deadline": rec.get("stopped_by_deadline", {}),
+        "schedule": rec.get("schedule", {}).get("kind"),
+        "queries": rec.get("queries"),
+        "guard": rec.get("guard"),
+        "stage_seconds": rec.get("stage_seconds"),
+        "train_seconds": rec.get("train_seconds"),
+        "wall_seconds": rec.get("wall_seconds"),
+        "fixed_costs": (rec.get("plan") or {}).get("fixed_costs"),
+        "precision": rec.get("precision"),
+    }
+
+
+def label_reading(rows: list[dict], label: str) -> tuple[float, float, str]:
+    """The labels' reading of an arm on one dev split: the mean gain over seeds, its half-range, and the verdict
+    (``better`` / ``worse`` beyond the spread, else ``no difference``)."""
+    vals = [r["metrics"][label]["ndcg@10"] - r["metrics"][label]["start_ndcg@10"] for r in rows]
+    mean = statistics.mean(vals)
+    half = (max(vals) - min(vals)) / 2 if len(vals) > 1 else 0.0
+    verdict = "better" if mean > half and mean > 0 else "worse" if mean < -half and mean < 0 else "no difference"
+    if len(vals) < 2:
+        verdict = "one seed"
+    return mean, half, verdict
+
+
+def guard_reading(rows: list[dict], corpus: str) -> str:
+    """The guard's verdicts of an arm's rows on one corpus (its held-out pseudo-queries), seed by seed."""
+    out = []
+    for r in rows:
+        g = (r.get("guard") or {}).get("corpora", {}).get(corpus, {}).get("pseudo_queries")
+        out.append(g["verdict"] if g else "–")
+    return ", ".join(out)
+
+
+def summarize(rows: dict) -> dict:
+    out = {}
+    for arm, by_seed in rows.items():
+        done = [r for r in by_seed.values() if "metrics" in r]
+        s = {"seeds": sorted(by_seed), "finished": len(done), "refused": len(by_seed) - len(done)}
+        for _, label in EVALS:
+            for key in ("ndcg@10", "hybrid_ndcg@10"):
+                vals = [r["metrics"][label][key] - r["metrics"][label][f"start_{key}"] for r in done]
+                if vals:
+                    s[f"{label} gain {key}"] = {
+                        "mean": round(statistics.mean(vals), 4),
+                        "half_range": round((max(vals) - min(vals)) / 2, 4),
+                        "values": [round(v, 4) for v in vals],
+                    }
+        steps = [sum(r["steps_trained"].values()) for r in done]
+        if steps:
+            s["steps"] = round(statistics.mean(steps), 1)
+        secs = [r["command_seconds"] for r in done]
+        if secs:
+            s["command_seconds"] = round(statistics.mean(secs), 1)
+        out[arm] = s
+    return out
+
+
+def write_report(ns, rows: dict) -> None:
+    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+
+    summary = summarize(rows)
+    any_row = next((r for rs in rows.values() for r in rs.values() if "metrics" in r), None)
+    lines = [f"# Adaptation from the corpus alone: {ns.budget_minutes:g} minutes on one core, from a cold cache", ""]
+    findings = Path(ns.findings)
+    if findings.is_file():
+        lines += [findings.read_text().strip(), ""]
+    cpu = f"{any_row['cpu']} ({'native bf16' if any_row['native_bf16'] else 'no native bf16'})" if any_row else "?"
+    lines += [
+        f"all-MiniLM-L6-v2, `--max-minutes {ns.budget_minutes:g}`, one core of a {cpu} (`taskset -c {ns.core}`, "
+        "`OMP_NUM_THREADS=1`), a fresh `HF_COCODR_CACHE` and output folder per row, `--guard record`. Target "
+        "corpora SciFact + NFCorpus, source SQuAD; no query of the user's except in the `queries` row; nDCG@10 on "
+        "the dev splits (SciFact's odd-id half of the train claims, NFCorpus dev) at 256 tokens, by the recipe's "
+        "own evaluation. Gain = adapted − start; mean ± half-range over seeds. The guard's verdicts are per seed, "
+        "from the held-out pseudo-queries of each corpus; the labels' verdict is the mean gain beyond its spread.",
+        "",
+    ]
+    if any_row:
+        start = any_row["metrics"]
+        lines += [
+            "Start: "
+            + "; ".join(
+                f"{label} dense {m['start_ndcg@10']:.4f}, hybrid {m['start_hybrid_ndcg@10']:.4f}, BM25 "
+                f"{m['bm25_ndcg@10']:.4f}"
+                for label, m in start.items()
+            ),
+            "",
+        ]
+    lines += [
+        "| arm | seeds (finished) | SciFact dense Δ | NFCorpus dense Δ | SciFact hybrid Δ | NFCorpus hybrid Δ | steps "
+        "| command min | labels SciFact / NFCorpus | guard SciFact | guard NFCorpus | what |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(s, key):
+        m = s.get(key)
+        return f"{m['mean']:+.4f} ± {m['half_range']:.4f}" if m else ""
+
+    for arm, s in summary.items():
+        done = [r for r in rows[arm].values() if "metrics" in r]
+        labels = " / ".join(label_reading(done, label)[2] for _, label in EVALS) if done else ""
+        lines.append(
+            f"| {arm} | {','.join(map(str, s['seeds']))} ({s['finished']}) | {cell(s, 'SciFact dev gain ndcg@10')} | "
+            f"{cell(s, 'NFCorpus dev gain ndcg@10')} | {cell(s, 'SciFact dev gain hybrid_ndcg@10')} | "
+            f"{cell(s, 'NFCorpus dev gain hybrid_ndcg@10')} | {s.get('steps', '')} | "
+            f"{s['command_seconds'] / 60:.1f} | {labels} | {guard_reading(done, 'scifact')} | "
+            f"{guard_reading(done, 'nfcorpus')} | {ARMS[arm][1] if arm in ARMS else ''} |"
+            if "command_seconds" in s
+            else f"| {arm} | {','.join(map(str, s['seeds']))} (0) | | | | | | | | | | refused or failed |"
+        )
+    lines += [
+        "",
+        "Rows:",
+        "",
+        "| arm | seed | SciFact dense | NFCorpus dense | SciFact hybrid | NFCorpus hybrid | steps | guard (pseudo-queries:"
+        " Δ ± SE, verdict) | queries trained | load before / during / after | command s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, by_seed in rows.items():
+        for seed, r in sorted(by_seed.items()):
+            load = r["load"]
+            load_txt = f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
+            if "metrics" not in r:
+                why = r.get("refused_or_failed", "")
+                lines.append(
+                    f"| {arm} | {seed} | failed: {why[-300:]} | | | | | | | {load_txt} | {r['command_seconds']} |"
+                )
+                continue
+            m = r["metrics"]
+            sci, nf = m["SciFact dev"], m["NFCorpus dev"]
+            guard = r.get("guard") or {}
+            g = "; ".join(
+                f"{c}: {v['pseudo_queries']['difference']:+.4f} ± {v['pseudo_queries']['se']}, "
+                f"{v['pseudo_queries']['verdict']}"
+                for c, v in (guard.get("corpora") or {}).items()
+                if "pseudo_queries" in v
+            )
+            trained = ", ".join(
+                f"{c}: {q.get('train_pseudo_queries', 0)} pseudo + {q.get('train_queries', 0)} real"
+                for c, q in (r.get("queries") or {}).items()
+            )
+            lines.append(
+                f"| {arm} | {seed} | {sci['ndcg@10']:.4f} ({sci['ndcg@10'] - sci['start_ndcg@10']:+.4f}) | "
+                f"{nf['ndcg@10']:.4f} ({nf['ndcg@10'] - nf['start_ndcg@10']:+.4f}) | "
+                f"{sci['hybrid_ndcg@10']:.4f} ({sci['hybrid_ndcg@10'] - sci['start_hybrid_ndcg@10']:+.4f}) | "
+                f"{nf['hybrid_ndcg@10']:.4f} ({nf['hybrid_ndcg@10'] - nf['start_hybrid_ndcg@10']:+.4f}) | "
+                f"{r['steps_trained']} | {g} | {trained} | {load_txt} | {r['command_seconds']} |"
+            )
+    lines += [
+        "",
+        f"Command: `python scripts/studies/corpus_only.py --arms {','.join(rows)} --seeds 42,43,44 --core 1` (each "
+        "row's exact command is in the JSON); the data split is `prepare_data` of `scripts/studies/distill_study.py`.",
+    ]
+    atomic_write_text(Path(f"{ns.report}.md"), "\n".join(lines) + "\n")
+    atomic_write_json(
+        Path(f"{ns.report}.json"),
+        {
+            "budget_minutes": ns.budget_minutes,
+            "core": ns.core,
+            "summary": summary,
+            "runs": {a: {str(k): v for k, v in r.items()} for a, r in rows.items()},
+        },
+    )
+
+
+def cached_rows(ns) -> dict:
+    rows: dict = {}
+    base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
+    for f in sorted(base.glob("*/seed*/row.json")):
+        rows.setdefault(f.parent.parent.name, {})[int(f.parent.name[4:])] = json.loads(f.read_text())
+    return rows
+
+
+def main() -> int:
+    ns = parse()
+    from distill_study import prepare_data
+
+    from hf_cocodr.modeling.bundled import bundled_model_path
+    from hf_cocodr.utils import get_data_root
+
+    data = prepare_data(Path(ns.work).absolute(), get_data_root())
+    distinct_pools(data)
+    model = bundled_model_path("all-MiniLM-L6-v2")
+    for arm in ns.arms.split(","):
+        if arm not in ARMS:
+            raise SystemExit(f"unknown arm {arm!r}: {', '.join(ARMS)}")
+    if not ns.report_only:
+        for seed in [int(s) for s in ns.seeds.split(",")]:
+            for arm in ns.arms.split(","):
+                t0 = time.time()
+                row = run_row(arm, seed, ns, data, model)
+                print(f"{arm} seed {seed}: rc {row['returncode']}, {(time.time() - t0) / 60:.1f} min", flush=True)
+                write_report(ns, cached_rows(ns))
+    write_report(ns, cached_rows(ns))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
