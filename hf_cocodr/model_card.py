@@ -322,6 +322,7 @@ def build_card_data(
         finetuning_readers=readers or ["fine-tuning"],
         recipe_schedule=data.get("recipe_schedule"),
         guard=data.get("guard"),
+        queries_trained=data.get("queries_trained"),
         start_vs_adapted=public_value(data.get("start_vs_adapted")),
         target_queries_read=target_queries_read,
         query_readers=_sentence_start(" and ".join(dict.fromkeys(query_readers))),

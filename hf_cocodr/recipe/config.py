@@ -352,13 +352,20 @@ def config_from_flags(ns: argparse.Namespace, cls: type = RecipeConfig) -> dict[
         elif hint == list[str]:
             value = list(value)
         elif hint in _NUMBER_OR_WORD:
-            value = _number_or_word(value, _flag(f, hint), hint)
+            value = _number_or_word(value, _flag(f, hint), hint, f.metadata.get("metavar"))
         out[f.name] = value
     return out
 
 
-def _number_or_word(value: str, flag: str, hint: Any) -> Any:
+def _number_or_word(value: str, flag: str, hint: Any, metavar: str | None = None) -> Any:
     text = value.strip().lower()
+    if hint == int | Auto and metavar == "N|auto":  # a count or auto (no 'budget')
+        if text == Auto.AUTO:
+            return AUTO
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{flag} must be a whole number >= 0 or 'auto', got {value!r}") from None
     if hint in (float | Auto | None, float | None) and text in ("none", "off"):
         return None
     if hint == float | None:

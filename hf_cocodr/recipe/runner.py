@@ -515,6 +515,22 @@ def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     }
 
 
+def _queries_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any] | None:
+    """What the distillation trained on, for the card: the user's queries and the pseudo-queries (by kind) drawn
+    from the target corpora; None where no stage read them."""
+    if not any(s.reads_target_queries and s.enabled(run.cfg) for s in stages) or not run.queries:
+        return None
+    kinds: dict[str, int] = {}
+    for q in run.queries:
+        for kind, n in q.counts.get("train_pseudo_kinds", {}).items():
+            kinds[kind] = kinds.get(kind, 0) + n
+    return {
+        "queries": sum(q.counts.get("train_queries", 0) for q in run.queries),
+        "pseudo_queries": sum(kinds.values()),
+        "kinds": kinds,
+    }
+
+
 def _write_records(
     run: RecipeRun, stages: tuple[Stage, ...], summary: dict, train_seconds: float, final_dir: Path
 ) -> None:
@@ -560,6 +576,7 @@ def _write_records(
         {
             "recipe_schedule": run.choice,
             "guard": run.guard,
+            "queries_trained": _queries_trained(run, stages),
             "start_vs_adapted": {
                 s: {"adapted": row(v), "start": row(v["start"])} for s, v in summary.items() if "start" in v
             },

@@ -56,6 +56,9 @@ def test_a_pseudo_query_distillation_plans_trains_guards_and_resumes(tiny_st_dir
     assert reading["queries"] == len(held) and guard["kept"] == "adapted" and guard["mode"] == "record"
     assert reading["verdict"] in ("worse", "better", "no difference")
     assert reading["difference"] == pytest.approx(reading["adapted"] - reading["start"], abs=2e-4)
+    card = (tmp_path / "out" / "model" / "README.md").read_text()
+    assert f"trained on {counts['train_pseudo_queries']} pseudo-queries drawn from the target corpora" in card
+    assert "The label-free guard compared the adapted model with the starting model" in card
     before = {p.name: p.read_bytes() for p in (tmp_path / "out" / "queries").iterdir()}
     with caplog.at_level(logging.INFO, logger="hf_cocodr.recipe"):
         run_recipe(*args, evals=[f"{tiny_beir}:dev"], config={**CFG, "guard": "record"}, max_minutes=30.0)
