@@ -24,13 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import BEIRFormatError, ConfigError  # defined with the other input errors (re-exported)
+from ..rundir.run_record import CORPUS_FILE, QRELS_DIR, QUERIES_FILE, jsonl_file  # the files a fingerprint covers
 from ..storage import cache_dir, remove_entry, staged_file
 
 logger = logging.getLogger(__name__)
 
-CORPUS_FILE = "corpus.jsonl"
-QUERIES_FILE = "queries.jsonl"
-QRELS_DIR = "qrels"
 _BATCH_ROWS = 8192
 _CACHE_VERSION = "2"  # 2: the row count is in the schema metadata (a truncated file is rebuilt)
 
@@ -93,12 +91,6 @@ def open_jsonl(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rb")
     return open(path, "rb")
-
-
-def jsonl_file(folder: Path, name: str) -> Path:
-    """``folder/name``, or ``folder/name.gz`` when only the compressed file is there."""
-    plain, packed = folder / name, folder / f"{name}.gz"
-    return packed if not plain.exists() and packed.is_file() else plain
 
 
 def check_text_field(value, field: str, path: Path, lineno: int) -> str:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import typing
-from dataclasses import MISSING, Field, dataclass, fields
+from collections.abc import Iterable
+from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any
 
 from ..errors import ConfigError
 from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
 from .settings import option as _opt
+from .stage import Stage
 from .stages import STAGE_SETTINGS, STAGES
 from .stages.coco import CocoSettings
 from .stages.distill import DISTILL_MAX_PASSES, DistillSettings  # noqa: F401  (re-exported)
@@ -284,6 +287,72 @@ def config_class(settings: list[type]) -> type[RecipeConfig]:
     if not extra:
         return RecipeConfig
     return dataclass(type("RecipeConfig", (RecipeConfig, *extra), {"__module__": __name__}))
+
+
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_stages(stages: tuple[Stage, ...], reserved: Iterable[str] = ()) -> tuple[Stage, ...]:
+    """``stages``, checked before any work: a list a run cannot keep apart is refused (``ConfigError`` naming the
+    stage). A name that is not a plain identifier (it is the stage's folder ``OUT/<name>`` and the stem of its
+    options), two stages of one name, a name of a built-in stage other than that stage (or a subclass of it), a name
+    of an entry the run writes into ``OUT`` itself (``reserved``); names are compared case-folded (one folder on a
+    case-insensitive disk). A stage's settings add options of their own: a field another stage's settings or the
+    recipe's own options already have (a different field of that name) is refused, and so is a name whose options
+    (``<name>_steps``, ``<name>_share``) are another stage's. Entries that are not stages are refused by
+    :func:`~hf_cocodr.recipe.stages.instantiate`."""
+    builtin = {cls.name.casefold(): cls for cls in STAGES}
+    written = {entry.casefold(): entry for entry in reserved}
+    seen: dict[str, str] = {}
+    for stage in stages:
+        name = stage.name
+        if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name):
+            raise ConfigError(
+                f"stage {name!r}: a stage's name must be a plain identifier (ASCII letters, digits and _, not starting "
+                "with a digit): it names the stage's folder OUT/<name> and its options <name>_steps, <name>_share"
+            )
+        key = name.casefold()
+        if key in seen:
+            same = "" if seen[key] == name else f" (as {seen[key]!r})"
+            raise ConfigError(
+                f"stage {name!r}: the stage list names it twice{same}; give each stage a name of its own"
+            )
+        seen[key] = name
+        if key in written:
+            raise ConfigError(
+                f"stage {name!r}: {written[key]!r} is an entry the recipe writes into OUT itself; give the stage "
+                "another name"
+            )
+        if key in builtin and not isinstance(stage, builtin[key]):
+            cls = builtin[key]
+            raise ConfigError(
+                f"stage {name!r}: the name of the built-in stage {cls.__name__}; give the stage another name (or "
+                f"subclass {cls.__name__})"
+            )
+    # every option, with its field and who has it: the recipe's own, the built-in stages', then the list's stages'
+    options = {f.name: (f, "the recipe itself") for f in fields(RecipeConfig)}
+    options.update({f.name: (f, f"the built-in stage {cls.name!r}") for cls in STAGES for f in fields(cls.settings)})
+    for stage in stages:
+        if stage.settings is None:
+            continue
+        if not is_dataclass(stage.settings):
+            raise ConfigError(f"stage {stage.name!r}: its settings {stage.settings!r} are not a dataclass")
+        for f in fields(stage.settings):
+            field, owner = options.setdefault(f.name, (f, f"stage {stage.name!r}"))
+            if field is not f:  # (an inherited field is the same field: nothing shadowed)
+                raise ConfigError(
+                    f"stage {stage.name!r}: its settings field {f.name!r} is already an option of {owner}, which would "
+                    f"shadow one of the two; rename the field (e.g. {stage.name}_{f.name})"
+                )
+    for stage in stages:
+        own = {f.name: f for f in fields(stage.settings)} if stage.settings is not None else {}
+        for option in (f"{stage.name}_steps", f"{stage.name}_share"):
+            if option in options and options[option][0] is not own.get(option):
+                raise ConfigError(
+                    f"stage {stage.name!r}: its name makes {option!r} its option, which is an option of "
+                    f"{options[option][1]}; give the stage another name"
+                )
+    return stages
 
 
 _NUMBER_OR_WORD = {

@@ -34,12 +34,12 @@ from ..provenance import PROVENANCE_FILE
 from ..retrieval.encoding import reuse_corpus_encodings
 from ..retrieval.encoding_cache import cache_corpus_encodings
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
-from ..rundir.run_record import RunFolder, digest, fingerprint
+from ..rundir.run_record import RunFolder, data_fingerprint, digest, fingerprint
 from ..storage import check_before_work
 from ..utils import add_written_entries, atomic_write_json, native_bf16, path_name, resolved_path
 from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
-from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, config_class
+from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import guard_run
 from .inputs import load_data
@@ -120,7 +120,7 @@ def run_recipe(
             ``settings`` are then recipe options of this call's ``config``. Classes are instantiated for this run.
     """
     t_start = time.perf_counter()
-    stages = instantiate(stages)
+    stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
     evals = list(evals)
     for spec in evals:
@@ -139,7 +139,7 @@ def run_recipe(
     )
     fps = {
         "model": fingerprint(model),
-        "targets": fingerprint([str(t) for t in target_corpora]),
+        "targets": fingerprint([str(t) if isinstance(t, os.PathLike) else t for t in target_corpora]),
         "source": fingerprint(str(source_data)),
     }
     entries = recipe_entries(stages)
@@ -375,7 +375,7 @@ def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) ->
     model_fp = digest(fingerprint(model))
     if not isinstance(cached, dict) or cached.get("model_fingerprint") != model_fp:
         cached = {"model": model, "model_fingerprint": model_fp, "results": {}, "inputs": {}}
-    inputs = {spec: digest(fingerprint(str(parse_eval_spec(spec)[0]))) for spec in evals}
+    inputs = {spec: digest(data_fingerprint(*parse_eval_spec(spec))) for spec in evals}  # (its files the loader reads)
     todo = [
         s
         for s in evals

@@ -43,7 +43,11 @@ logger = logging.getLogger(__name__)
 
 RECORD = "hf_cocodr_run.json"
 _MIB = 1 << 20
-_MAX_FILES = 500  # a folder input is fingerprinted by at most this many files (sorted paths)
+# The files of a BEIR folder the loader reads (hf_cocodr.data.beir takes these names from here, so that a folder's
+# fingerprint covers exactly what is read of it): corpus, queries, qrels/<split>.tsv.
+CORPUS_FILE = "corpus.jsonl"
+QUERIES_FILE = "queries.jsonl"
+QRELS_DIR = "qrels"
 
 
 # The entries a training command (finetune, pretrain, a recipe stage) may write into its output folder: the model,
@@ -106,9 +110,11 @@ def _file_fingerprint(path: Path) -> dict[str, Any]:
 
 
 def fingerprint(obj: Any) -> Any:
-    """A JSON-able fingerprint of an input: a file (size + hash of its first and last MiB), a folder (the same for
-    each file, hidden entries, checkpoints and our own run files left out), a ``datasets.Dataset`` (its datasets
-    fingerprint), an object with a ``fingerprint()`` method, a Hub id or any other value (itself), lists of these."""
+    """A JSON-able fingerprint of an input: a file (size + hash of its first and last MiB), a BEIR folder (the same
+    for each file the loader reads of it: :func:`data_fingerprint`), any other folder (the same for each of its files,
+    hidden entries, checkpoints, our own run files and the output folders of runs inside it left out), a
+    ``datasets.Dataset`` (its datasets fingerprint), an object with a ``fingerprint()`` method, a Hub id or any other
+    value (itself), lists of these."""
     if isinstance(obj, (list, tuple)):
         return [fingerprint(o) for o in obj]
     if hasattr(obj, "fingerprint") and callable(obj.fingerprint):
@@ -119,14 +125,51 @@ def fingerprint(obj: Any) -> Any:
         p = Path(obj)
         if p.is_file():
             return _file_fingerprint(p)
-        files = sorted(f for f in p.rglob("*") if f.is_file() and not _skip(f.relative_to(p)))
-        return {str(f.relative_to(p)): _file_fingerprint(f) for f in files[:_MAX_FILES]}
+        return data_fingerprint(p) if is_data_folder(p) else _tree_fingerprint(p)
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     for inner in ("human", "data", "dataset"):  # wrappers around training data
         if hasattr(obj, inner) and getattr(obj, inner) is not obj:
             return {"type": type(obj).__name__, inner: fingerprint(getattr(obj, inner))}
     return {"type": type(obj).__name__, "rows": len(obj) if hasattr(obj, "__len__") else None}
+
+
+def jsonl_file(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``folder/name.gz`` when only the compressed file is there (the file the loader reads)."""
+    plain, packed = folder / name, folder / f"{name}.gz"
+    return packed if not plain.exists() and packed.is_file() else plain
+
+
+def is_data_folder(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` is a BEIR folder: it holds the corpus file the loader reads (``corpus.jsonl[.gz]``)."""
+    return jsonl_file(Path(folder).expanduser(), CORPUS_FILE).is_file()
+
+
+def data_fingerprint(folder: str | os.PathLike, split: str | None = None) -> dict[str, Any]:
+    """The fingerprint of what the BEIR loader (:mod:`hf_cocodr.data.beir`) reads of ``folder``, each file's under
+    its path in the folder: the corpus file (``corpus.jsonl``, or ``corpus.jsonl.gz`` where only that is there), the
+    queries file (the same) and ``qrels/<split>.tsv`` (with ``split`` None, every ``qrels/*.tsv``). Nothing else in
+    the folder counts, however many files sort before these, and neither does a run's output folder inside it."""
+    root = Path(folder).expanduser()
+    qrels = root / QRELS_DIR
+    files = [jsonl_file(root, CORPUS_FILE), jsonl_file(root, QUERIES_FILE)]
+    files += sorted(qrels.glob("*.tsv")) if split is None else [qrels / f"{split}.tsv"]
+    return {f.relative_to(root).as_posix(): _file_fingerprint(f) for f in files if f.is_file()}
+
+
+def _tree_fingerprint(root: Path) -> dict[str, Any]:
+    """Every file of a folder that is not a BEIR folder (a model's), none left out for their number: hidden entries,
+    checkpoints, logs and our run files are skipped, and so is a folder inside it holding a run record (an output
+    folder, never an input)."""
+    out = {}
+    for here, dirs, files in os.walk(root):
+        top = Path(here)
+        dirs[:] = sorted(d for d in dirs if not _skip(top.relative_to(root) / d) and not (top / d / RECORD).is_file())
+        for name in files:
+            f = top / name
+            if not _skip(f.relative_to(root)) and f.is_file():
+                out[str(f.relative_to(root))] = _file_fingerprint(f)
+    return dict(sorted(out.items()))
 
 
 def model_fingerprint(module) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ...errors import ConfigError
 from ..stage import Stage
 from .coco import MLM_HEAD_WARMUP_SHARE, CocoSettings, CocoStage
 from .distill import DISTILL_MAX_PASSES, DistillSettings, DistillStage
@@ -50,8 +51,19 @@ __all__ = [
 
 
 def instantiate(stages: Iterable[Stage | type[Stage]] | None = None) -> tuple[Stage, ...]:
-    """The stages of one run: each class instantiated (a stage keeps its state on itself), instances as given."""
-    return tuple(s() if isinstance(s, type) else s for s in (STAGES if stages is None else stages))
+    """The stages of one run: each class instantiated (a stage keeps its state on itself), instances as given; an
+    entry that is neither a :class:`Stage` subclass nor an instance of one is refused (``ConfigError``)."""
+    out = []
+    for i, s in enumerate(STAGES if stages is None else stages):
+        if isinstance(s, type) and issubclass(s, Stage):
+            s = s()
+        elif not isinstance(s, Stage):
+            raise ConfigError(
+                f"stage list entry stages[{i}] = {repr(s)[:80]} is not a Stage: give a Stage subclass or an instance "
+                "of one (hf_cocodr.recipe.Stage)"
+            )
+        out.append(s)
+    return tuple(out)
 
 
 def stage_switches(cfg: RecipeConfig, stages=None) -> dict[str, tuple[bool, int | None]]:
