@@ -68,6 +68,20 @@ WEIGHT_FILES = re.compile(r"^(model(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d
 MTEB_FOLDER = "mteb_results"
 # provenance files are uploaded with this machine's folder paths reduced to their last component
 _PROVENANCE_FILES = ("hf_cocodr_provenance.json", "hf_cocodr_training.json")
+# The tokenizer's JSON files: their strings are tokens ("</s>", "/>" are no paths), so only the values of the keys
+# that name a file or folder are reduced there; every other JSON file uploaded (hf_cocodr's records, the MTEB results,
+# the model's configuration) goes up with every local path reduced, as the provenance does.
+_TOKENIZER_JSON = frozenset(
+    {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "chat_template.json",
+    }
+)
+_PATH_KEYS = frozenset({"name_or_path", "_name_or_path", "tokenizer_file", "vocab_file", "merges_file"})
 # why the records hf_cocodr writes beside a model stay local (for the log; the allow-list alone decides)
 _LOCAL_RECORDS = {
     "eval.json": "evaluation record keyed by this machine's data paths (the card shows its results)",
@@ -118,6 +132,30 @@ def _without_local_paths(obj: Any) -> Any:
     included, is reduced to its last component (``:SPLIT`` kept; :func:`hf_cocodr.utils.public_label`): what the model
     was made from, without where it lay."""
     return public_value(obj)
+
+
+def _path_keys_reduced(obj: Any) -> Any:
+    """A copy of a tokenizer's JSON value with :func:`_without_local_paths` applied to the values of the keys that
+    name a file or folder (:data:`_PATH_KEYS`, at any depth), every other string (tokens) as it is."""
+    if isinstance(obj, dict):
+        return {k: public_value(v) if k in _PATH_KEYS else _path_keys_reduced(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_path_keys_reduced(v) for v in obj]
+    return obj
+
+
+def _public_json(path: Path) -> str | bytes | None:
+    """What a push uploads for the JSON file ``path``: the file itself when it names no local path, else its content
+    with each local path reduced to its last component (:func:`_without_local_paths`; in the tokenizer's files, the
+    values of the keys that name a file or folder); None when it is not readable JSON."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    public = _path_keys_reduced(record) if path.name in _TOKENIZER_JSON else _without_local_paths(record)
+    if public == record and path.name not in _PROVENANCE_FILES:
+        return str(path)
+    return (json.dumps(public, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def _inside(rel: Any) -> str | None:
@@ -250,21 +288,18 @@ def _local_reason(name: str) -> str:
 
 
 def _push_contents(model_dir: Path) -> dict[str, str | bytes]:
-    """What a push uploads, by path in the repository: the model's own files (:func:`push_plan`), the provenance with
-    local paths reduced to names; refuses, naming what and why, a push that would lack ``modules.json`` or the
-    weights."""
+    """What a push uploads, by path in the repository: the model's own files (:func:`push_plan`), every JSON file
+    among them (the provenance, the MTEB results, the configuration) with local paths reduced to names
+    (:func:`_public_json`); refuses, naming what and why, a push that would lack ``modules.json`` or the weights."""
     upload, skipped = push_plan(model_dir)
     contents: dict[str, str | bytes] = {}
     for rel, path in upload.items():
-        if path.name in _PROVENANCE_FILES:
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                skipped[rel] = "not readable JSON"
-                continue
-            contents[rel] = (json.dumps(_without_local_paths(record), indent=2, ensure_ascii=False) + "\n").encode()
-        else:
+        if path.suffix != ".json":
             contents[rel] = str(path)
+        elif (public := _public_json(path)) is None:  # unreadable: whether it names a path cannot be told
+            skipped[rel] = "not readable JSON"
+        else:
+            contents[rel] = public
     _log_skipped(model_dir, skipped)
     missing = [] if "modules.json" in contents else ["modules.json"]
     if not any(WEIGHT_FILES.match(Path(rel).name) for rel in contents):

@@ -16,7 +16,7 @@ import json
 import logging
 from pathlib import Path
 
-from ..rundir.run_record import RunFolder, fingerprint
+from ..rundir.run_record import RunFolder, fingerprint, read_record
 from ..utils import atomic_write_text
 from .main import UsageError, add_fusion_flags, add_overwrite_flag, register
 
@@ -81,6 +81,25 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
     add_overwrite_flag(p)
 
 
+def _claim_results_folder(args, tasks: list[str]) -> RunFolder:
+    """The results folder, claimed like every output (owner record + lock). Results of earlier hf-cocodr mteb runs
+    there are its own and stay (mteb adds a folder per model and revision); the record's ``results`` says what
+    computed each file (the model's content hash, the data's revision, the system: :func:`run_mteb`'s
+    ``provenance``), carried over from run to run, so that a file another model or other data left under this name
+    and revision is computed again, never printed as this run's."""
+    earlier = read_record(Path(args.output_folder).expanduser()) or {}
+    computed = earlier.get("results") if earlier.get("command") == "mteb" else None
+    run = RunFolder.claim(
+        args.output_folder,
+        "mteb",
+        {"model": fingerprint(args.model), "tasks": tasks, "data": fingerprint(args.data_dir)},
+        overwrite=args.overwrite_output_dir,
+        replaces_own=True,
+    )
+    run.record["results"] = dict(computed) if isinstance(computed, dict) else {}
+    return run
+
+
 def _run_mteb(args, _rest) -> int:
     from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
@@ -113,15 +132,7 @@ def _run_mteb(args, _rest) -> int:
         raise FileNotFoundError(
             f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name)."
         )
-    # the results folder is claimed like every output (owner record + lock); results of earlier hf-cocodr mteb runs
-    # there are its own and stay (mteb adds a folder per model and revision)
-    run = RunFolder.claim(
-        args.output_folder,
-        "mteb",
-        {"model": fingerprint(args.model), "tasks": tasks, "data": fingerprint(args.data_dir)},
-        overwrite=args.overwrite_output_dir,
-        replaces_own=True,
-    )
+    run = _claim_results_folder(args, tasks)
     try:
         result = run_mteb(
             args.model,
@@ -140,17 +151,21 @@ def _run_mteb(args, _rest) -> int:
             hybrid=args.hybrid,
             fusion=fusion or None,
             dense_model_name=args.dense_model_name,
+            provenance=run.record["results"],
         )
     finally:
         run.release()
     for name, scores in result["tasks"].items():
-        logger.info(
-            "%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s",
-            name,
-            scores.get("ndcg@10"),
-            scores.get("recall@100"),
-            scores.get("mrr@10"),
-        )
+        if "skipped" in scores:  # this run computed no score for it: none is printed as this run's
+            logger.info("%s: skipped: %s; results in %s", name, scores["skipped"], scores["file"])
+        else:
+            logger.info(
+                "%s: nDCG@10 %s, Recall@100 %s, MRR@10 %s",
+                name,
+                scores.get("ndcg@10"),
+                scores.get("recall@100"),
+                scores.get("mrr@10"),
+            )
     logger.info("results: %s", result["results_folder"])
     print(json.dumps(result))
     return 0

@@ -7,7 +7,7 @@ the default, :func:`~hf_cocodr.retrieval.fusion.fit_fusion`), or uses the weight
 ``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores equal the evaluation's
 on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
 hybrid's: ``model_type=["hybrid"]``, the two parts, the fusion and how it is fitted in ``loader_kwargs``, the dense
-model as ``adapted_from``, its training data unchanged (the hybrid trains on nothing).
+model as ``adapted_from`` (by name, never by local path), its training data unchanged (the hybrid trains on nothing).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from ...retrieval.fusion import FIT, FIT_METHOD, FIT_NORMALIZATIONS, FusionConfig, fuse
 from ...retrieval.hybrid import HybridRetriever
+from ...utils import public_label
 
 logger = logging.getLogger(__name__)
 
@@ -155,25 +156,27 @@ def cocodr_hybrid_loader(
     return HybridSearchModel(load_encoder(dense_model or model_name, device=device), fusion=fields)
 
 
-def hybrid_model_meta(dense_meta, model_name: str, fusion, dense_model: str):
+def hybrid_model_meta(dense_meta, model_name: str, fusion, dense_model: str, dense_revision: str | None = None):
     """The hybrid's ``ModelMeta`` from the dense model's (``dense_meta``, e.g. :func:`model_meta_for`): named
     ``model_name``, ``model_type=["hybrid"]``, loader :func:`cocodr_hybrid_loader` with ``loader_kwargs`` naming the
-    dense part (``dense_model``: mteb's registry name where mteb knows the model), the lexical part (bm25s) and the
-    fusion (:func:`describe_fusion`); ``adapted_from`` the dense model; everything else (sizes, languages, training
-    data, license) is the dense model's, since BM25 adds no parameters and nothing is trained on the task."""
+    dense part (``dense_model``: mteb's registry name where mteb knows the model; a local path is reduced to its last
+    component, as every path leaving the machine), its revision (``dense_revision``: only when the dense part has
+    one of its own; never the hybrid's), the lexical part (bm25s) and the fusion (:func:`describe_fusion`);
+    ``adapted_from`` the dense model; everything else (revision, sizes, languages, training data, license) is the
+    dense meta's, since BM25 adds no parameters and nothing is trained on the task."""
     from mteb.models.model_meta import ModelMeta
 
+    dense_model = public_label(str(dense_model))
     fields = {k: getattr(dense_meta, k) for k in ModelMeta.model_fields}
+    loader_kwargs: dict[str, Any] = {"dense_model": dense_model}
+    if dense_revision:
+        loader_kwargs["dense_revision"] = str(dense_revision)
+    loader_kwargs.update(lexical_model=LEXICAL_PART, fusion=describe_fusion(_fusion_config(fusion)))
     fields.update(
         name=model_name,
         model_type=["hybrid"],
         loader=cocodr_hybrid_loader,
-        loader_kwargs={
-            "dense_model": dense_model,
-            "dense_revision": dense_meta.revision,
-            "lexical_model": LEXICAL_PART,
-            "fusion": describe_fusion(_fusion_config(fusion)),
-        },
+        loader_kwargs=loader_kwargs,
         adapted_from=dense_model,
     )
     return ModelMeta(**fields)

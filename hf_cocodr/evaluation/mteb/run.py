@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ...modeling.loading import _hub_has_modules_json, load_encoder
+from ...provenance import resolve_hub_id
 from .common import DEFAULT_LANGUAGES, check_model_name, check_revision, warnings_quiet
-from .meta import model_meta_for
+from .meta import model_meta_for, model_revision, read_training_info
 from .model import mteb_model
 from .results import _summarise
 from .tasks import _builtin_tasks, beir_task
+
+logger = logging.getLogger(__name__)
 
 
 class MTEBDataUnavailableError(FileNotFoundError):
@@ -75,22 +81,118 @@ def _load_with_meta(
     return model, meta
 
 
-def _dense_part_name(model_ref, meta) -> str:
-    """How the hybrid's meta names its dense part: a Hub id as given; for a local folder no hf_cocodr stage trained,
-    the base model it copies (``adapted_from``, e.g. mteb's registry name); else the folder."""
-    from .meta import read_training_info
+def _cached_commit(hub_id: str) -> str | None:
+    """The commit of the Hub model ``hub_id`` that the local Hugging Face cache holds (the one a load reads), else
+    None; no network."""
+    with contextlib.suppress(Exception):
+        from huggingface_hub import try_to_load_from_cache
 
+        for name in ("modules.json", "config.json"):
+            found = try_to_load_from_cache(hub_id, name)
+            if isinstance(found, str) and Path(found).parent.parent.name == "snapshots":
+                return Path(found).parent.name
+    return None
+
+
+def _dense_part(model_ref, meta, given: str | None) -> tuple[str, str | None]:
+    """How the hybrid's meta names its dense part, and that part's own revision where it has one: the name given
+    (``--dense-model-name``; no revision); a Hub id as given, at the commit the cache holds; for a local folder no
+    hf_cocodr stage trained, the base model it copies (``adapted_from``, e.g. mteb's registry name) at the revision
+    recorded for the copy; else the folder's last component, with no revision (a local folder has no Hub commit).
+    Never a local path, and never the hybrid's own revision."""
+    if given:
+        return given, None
     if isinstance(model_ref, (str, os.PathLike)):
         path = Path(model_ref).expanduser()
         if not path.exists():
-            return str(model_ref)
-        if not read_training_info(path).get("stages") and meta.adapted_from:
-            return str(meta.adapted_from)
-        return str(path.resolve())
-    return str(meta.adapted_from or meta.name)
+            return str(model_ref), _cached_commit(str(model_ref))
+        info = read_training_info(path)
+        if not info.get("stages") and meta.adapted_from:
+            base = str(meta.adapted_from)
+            revision = info.get("base_model_revision") if info.get("base_model") == base else None
+            if revision is None:
+                hub_id, hub_revision = resolve_hub_id(path)
+                revision = hub_revision if hub_id == base else None
+            return base, revision
+        return path.resolve().name, None
+    return str(meta.adapted_from or meta.name), None
 
 
-# over 80 lines: the Python twin of `hf-cocodr mteb`, one documented keyword argument per flag (a 64-line body)
+_SKIPPED = {
+    False: "its results in the output folder were computed from this model and data (--overwrite runs it again)",
+    True: "results are already in the output folder, not computed by this run (overwrite=True runs it again)",
+}
+# how a results file's inputs that differ from this run's are named
+_WHAT_DIFFERS = {"model": "model", "data": "data", "system": "system (dense or hybrid)", "fusion": "fusion"}
+
+
+def _system(hybrid: bool, fusion) -> dict[str, Any]:
+    """What a results file was computed with besides the model and data: the dense model alone, or the hybrid with
+    its fusion settings."""
+    if not hybrid:
+        return {"system": "dense"}
+    from .hybrid import _fusion_config
+
+    return {"system": "hybrid", "fusion": asdict(_fusion_config(fusion))}
+
+
+def _strategy(cache, task, meta, provenance: dict[str, Any] | None, rel: str, inputs: dict[str, Any]) -> str:
+    """How to run ``task`` without ``overwrite``: ``"skip"`` when its results file is complete and (when
+    ``provenance`` is kept) was computed from ``inputs``; ``"always"`` when the file was computed from other inputs,
+    or from inputs ``provenance`` does not know; else mteb's ``"only-missing"`` (no file yet, or splits missing)."""
+    path = cache.cache_path / rel
+    if not path.is_file():
+        return "only-missing"
+    if provenance is not None and provenance.get(rel) != inputs:
+        earlier = provenance.get(rel)
+        differs = (
+            [_WHAT_DIFFERS.get(k, k) for k in sorted(inputs) if earlier.get(k) != inputs[k]]
+            if isinstance(earlier, dict)
+            else []
+        )
+        logger.warning(
+            "%s: %s was computed from %s; running the task again",
+            task.metadata.name,
+            path,
+            f"another {', '.join(differs)}" if differs else "inputs the folder's record does not name",
+        )
+        return "always"
+    try:
+        with warnings_quiet():
+            existing = cache.load_task_result(task.metadata.name, meta)
+    except Exception:  # unreadable: mteb says what is wrong with it
+        return "only-missing"
+    if existing is not None and not existing.get_missing_evaluations(task):
+        return "skip"
+    return "only-missing"
+
+
+def _evaluate(encoder, task, cache, strategy: str, *, builtin: bool, **kwargs):
+    """``mteb.evaluate`` of one task into ``cache`` with the overwrite ``strategy``; a built-in task whose data the Hub
+    cannot deliver raises :class:`MTEBDataUnavailableError`, a task that fails a ``RuntimeError``."""
+    import mteb  # heavy: imported on first use only
+
+    try:
+        with warnings_quiet():
+            result = mteb.evaluate(
+                encoder,
+                task,
+                cache=cache,
+                overwrite_strategy=strategy,
+                show_progress_bar=False,
+                raise_error=True,
+                **kwargs,
+            )
+    except Exception as e:
+        if builtin and _is_offline_error(e):
+            raise _data_unavailable(task, e) from e
+        raise
+    if result.exceptions:
+        raise RuntimeError(f"MTEB task {task.metadata.name!r} failed: {result.exceptions[0].exception}")
+    return result
+
+
+# over 80 lines: the Python twin of `hf-cocodr mteb`, one documented keyword argument per flag (a 70-line body)
 def run_mteb(
     model,
     folder: str | os.PathLike | None = None,
@@ -112,6 +214,7 @@ def run_mteb(
     hybrid: bool = False,
     fusion=None,
     dense_model_name: str | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a model with ``mteb.evaluate`` on a local BEIR split and/or built-in MTEB tasks.
 
@@ -133,7 +236,9 @@ def run_mteb(
         batch_size: encoding batch size.
         languages: the model's languages (for the ModelMeta) and the local task's languages.
         task_languages: restrict multilingual built-in tasks to these languages.
-        overwrite: re-run tasks that already have results in ``output_folder`` (default: only missing splits).
+        overwrite: re-run tasks that already have results in ``output_folder``. Without it a task whose results
+            file is complete is skipped and reported as skipped (``{"skipped": why, "file"}``, no scores: this run
+            computed none), unless ``provenance`` says the file was computed from other inputs; missing splits run.
         prediction_folder: also save the top-ranked documents per query there.
         meta_kwargs: extra arguments for :func:`model_meta_for` (license, training_datasets, adapted_from, ...).
         hybrid: run the package's hybrid (the model + bm25s over each task's corpus, fused per query; see
@@ -143,12 +248,19 @@ def run_mteb(
         fusion: with ``hybrid``: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields (default: the normalisation
             and the dense weight fitted to each task's corpus without labels).
         dense_model_name: with ``hybrid``: how ``model_meta.json`` names the dense part (default: the Hub id given,
-            else the base model mteb knows for a model no hf_cocodr stage trained, else the model's folder).
+            else the base model mteb knows for a model no hf_cocodr stage trained, else the last component of the
+            model's folder: never a local path, and never labelled with the hybrid's revision).
+        provenance: what computed each results file in ``output_folder``: its path relative to the folder →
+            ``{"model": content hash of the model, "data": the task's dataset revision, "system", ...}``, as
+            ``hf-cocodr mteb`` keeps it in the folder's owner record; updated in place as files are written. With
+            it, a task is skipped only when its file was computed from this run's inputs; a file computed from
+            other ones (another model or data under the same name, revision and task; the hybrid after the dense
+            model), or from inputs it does not name, is computed again.
 
     Returns:
         ``{"results_folder", "model_meta", "model_name", "revision", "tasks": {name: {"main_score", "ndcg@10",
         "recall@100", "mrr@10", "splits", "file"}}}``; with ``hybrid`` each task also has ``"fusion"`` (the
-        normalisation and weight used, and how they were fitted).
+        normalisation and weight used, and how they were fitted); a skipped task is ``{"skipped": why, "file"}``.
 
     Raises:
         ValueError: bad model name, revision, task name or unknown MTEB task; nothing to evaluate.
@@ -177,39 +289,45 @@ def run_mteb(
     if hybrid:
         from .hybrid import HybridSearchModel, hybrid_model_meta
 
-        dense_ref = dense_model_name or _dense_part_name(model_ref, meta)
-        meta = hybrid_model_meta(meta, model_name, fusion, dense_ref)
+        dense_ref, dense_revision = _dense_part(model_ref, meta, dense_model_name)
+        meta = hybrid_model_meta(meta, model_name, fusion, dense_ref, dense_revision)
         encoder = HybridSearchModel(model, meta, fusion, batch_size=batch_size)
     else:
         encoder = mteb_model(model, meta)
     cache = mteb.ResultCache(output_folder)
     encode_kwargs = {"batch_size": int(batch_size), "show_progress_bar": False}
     summary: dict[str, Any] = {}
+    system = _system(hybrid, fusion)
+    model_hash = model_revision(model) if provenance is not None else None
     for task in [*local_tasks, *task_objects, *builtin]:
-        try:
-            with warnings_quiet():
-                result = mteb.evaluate(
-                    encoder,
-                    task,
-                    cache=cache,
-                    encode_kwargs=dict(encode_kwargs),
-                    overwrite_strategy="always" if overwrite else "only-missing",
-                    co2_tracker=co2_tracker,
-                    show_progress_bar=False,
-                    prediction_folder=prediction_folder,
-                    raise_error=True,
-                )
-        except Exception as e:
-            if task in builtin and _is_offline_error(e):
-                raise _data_unavailable(task, e) from e
-            raise
+        name = task.metadata.name
+        rel = cache.get_task_result_path(name, meta).relative_to(cache.cache_path).as_posix()
+        # as the owner record keeps it (JSON: tuples read back as lists), so that equal inputs compare equal
+        inputs = json.loads(json.dumps({"model": model_hash, "data": task.metadata.revision, **system}, default=str))
+        strategy = "always" if overwrite else _strategy(cache, task, meta, provenance, rel, inputs)
+        if strategy == "skip":
+            summary[name] = {"skipped": _SKIPPED[provenance is None], "file": str(cache.cache_path / rel)}
+            logger.info("%s: skipped, %s", name, _SKIPPED[provenance is None])
+            continue
+        if provenance is not None:  # until it is written again, the file is not known to be this run's
+            provenance.pop(rel, None)
+        result = _evaluate(
+            encoder,
+            task,
+            cache,
+            strategy,
+            builtin=task in builtin,
+            encode_kwargs=dict(encode_kwargs),
+            co2_tracker=co2_tracker,
+            prediction_folder=prediction_folder,
+        )
         for task_result in result.task_results:
             file = cache.get_task_result_path(task_result.task_name, meta)
             summary[task_result.task_name] = {**_summarise(task_result), "file": str(file)}
             if hybrid and task_result.task_name in encoder.fusions:
                 summary[task_result.task_name]["fusion"] = encoder.fusions[task_result.task_name]
-        if result.exceptions:
-            raise RuntimeError(f"MTEB task {task.metadata.name!r} failed: {result.exceptions[0].exception}")
+        if provenance is not None:
+            provenance[rel] = inputs
     # ResultCache.save_to_cache writes model_meta.json next to the task files, as if it were a task's results
     meta_path = cache.get_task_result_path("model_meta", meta)
     return {
