@@ -11,11 +11,12 @@ import shutil
 import stat
 import sys
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import as_disk_fault, disk_faults
+from .errors import ConfigError, as_disk_fault, disk_faults
 from .storage import bounded_name, carry_over, check_not_source, staging_path, sweep_stale  # noqa: F401
 
 logger = logging.getLogger("hf_cocodr")
@@ -381,8 +382,6 @@ def native_bf16() -> bool:
     forced = os.environ.get(NATIVE_BF16_ENV, "").strip()
     if forced:
         if forced not in ("0", "1"):
-            from .errors import ConfigError
-
             raise ConfigError(f"{NATIVE_BF16_ENV} must be 0 or 1 (or unset, to detect), got {forced!r}")
         return forced == "1"
     import torch
@@ -393,3 +392,12 @@ def native_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+def normalize_query(text: str) -> str:
+    """A query's text as the overlap guard and the de-duplication compare it: Unicode NFKC (full-width and compatibility
+    forms folded), format characters dropped (zero-width spaces and joiners, soft hyphens, direction marks: the
+    tokenizers drop them too), case folded, runs of white space made one space."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    return " ".join(text.casefold().split())

@@ -29,11 +29,13 @@ LAYERS = {
     # (the command line imports the config alone)
     "recipe": 0.5,
     "recipe.runner": 0.5,
+    "recipe.guard": 0.55,
     "recipe.planner": 0.6,
     "recipe.inputs": 0.7,
     "recipe.schedules": 0.7,
     "recipe.config": 0.75,
     "recipe.stages": 0.8,
+    "recipe.queries": 0.82,
     "recipe.stage": 0.85,
     "recipe.probe": 0.86,
     "recipe.context": 0.87,
@@ -67,6 +69,7 @@ LAYERS = {
     # the indexes and the fusion import only the bottom layer (the BM25 negatives of the data use the index)
     "retrieval.index": 4.8,
     "retrieval.fusion": 4.8,
+    "retrieval.pseudo_queries": 4.8,
     "rundir": 4.9,
     "errors": 5,
     "utils": 5,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..utils import normalize_query
 from .beir import (
     QUERIES_FILE,
     BEIRFormatError,
@@ -111,15 +111,6 @@ def _read_target_queries(spec: str | os.PathLike) -> TargetQueries:
                 ids.append(str(rec.get("_id", "")))
         return TargetQueries(path.name, texts, ids if all(ids) else [], None)
     raise ConfigError(f"target queries {spec!r}: no such BEIR folder or JSONL file (nor a DIR:SPLIT)")
-
-
-def normalize_query(text: str) -> str:
-    """A query's text as the overlap guard and the de-duplication compare it: Unicode NFKC (full-width and compatibility
-    forms folded), format characters dropped (zero-width spaces and joiners, soft hyphens, direction marks: the
-    tokenizers drop them too), case folded, runs of white space made one space."""
-    text = unicodedata.normalize("NFKC", text)
-    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
-    return " ".join(text.casefold().split())
 
 
 _norm = normalize_query

@@ -26,6 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..modeling.loading import load_encoder
+from .queries import corpus_dataset
+from .settings import encode_batch_size
+from .stages.distill import DistillStage
+
 if TYPE_CHECKING:
     from .context import RecipeRun
 
@@ -68,25 +73,36 @@ def _read_rows(path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _dense_top(model, corpus_ds, doc_ids: list[str], texts: list[str], batch_size: int) -> list[list[str]]:
-    """Each text's top :data:`DEPTH` documents by ``model``'s dense ranking (the corpus encoding from the run's
-    cache where it was encoded before: the starting model's by the teacher, a query-side model's documents by its
-    starting model's route)."""
-    from ..retrieval.encoding import build_index, encode_texts, model_similarity
+class _Ranker:
+    """Dense rankings of one corpus by the guard's models: the corpus is indexed once per document encoder (a
+    query-side model's documents go through its starting model's route: the start's index serves both), from the
+    run's encoding cache where it was encoded before."""
 
-    index, order = build_index(model, corpus_ds, batch_size=batch_size, show_progress_bar=False)
-    normalize = model_similarity(model) == "cosine"
-    q = encode_texts(model, texts, kind="query", batch_size=batch_size, normalize=normalize)
-    _, rows = index.search(q, DEPTH)
-    return [[doc_ids[order[r]] for r in row if r >= 0] for row in rows]
+    def __init__(self, corpus_ds, batch_size: int):
+        self.ds, self.batch_size = corpus_ds, batch_size
+        self.doc_ids = [str(x) for x in corpus_ds["_id"]]
+        self.indexes: dict[str, tuple] = {}
+
+    def top(self, model, texts: list[str]) -> list[list[str]]:
+        """Each text's top :data:`DEPTH` documents by ``model``'s dense ranking."""
+        from ..retrieval.encoding import build_index, encode_texts, model_similarity  # (torch)
+        from ..retrieval.encoding_cache import document_encoder_key
+
+        key = document_encoder_key(model)
+        if key not in self.indexes:
+            self.indexes[key] = build_index(model, self.ds, batch_size=self.batch_size, show_progress_bar=False)
+        index, order = self.indexes[key]
+        normalize = model_similarity(model) == "cosine"
+        q = encode_texts(model, texts, kind="query", batch_size=self.batch_size, normalize=normalize)
+        _, rows = index.search(q, DEPTH)
+        return [[self.doc_ids[order[r]] for r in row if r >= 0] for row in rows]
 
 
 def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[str]] | None:
     """The hybrid teacher's top :data:`DEPTH` for each text, from the teacher's cached indexes of ``corpus``; None
     where they are not cached (the distillation did not rank this corpus)."""
-    from ..retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts
+    from ..retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts  # (the retrieval stack: torch, faiss, bm25s)
     from ..retrieval.teacher import teacher_cache_path, teacher_retriever
-    from .stages.distill import DistillStage
 
     ids, doc_texts = _corpus_ids_texts(corpus)
     if not (teacher_cache_path(run.fps["model"], ids, doc_texts) / HYBRID_FILE).is_file():
@@ -100,10 +116,6 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
     """Read the guard (see the module docstring) for the model the stages left (``run.current``) against the
     starting model; with ``guard: on`` and a ``worse`` reading, ``run.current`` becomes the starting model. Returns
     the record (None where nothing trained or no query was held out)."""
-    from ..modeling.loading import load_encoder
-    from ..retrieval.encoding import reuse_corpus_encodings
-    from .queries import corpus_dataset
-    from .settings import encode_batch_size
 
     cfg = run.cfg
     entries = [q for q in run.queries if q.guard is not None]
@@ -114,34 +126,32 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
     start, adapted = load_encoder(run.model), load_encoder(str(run.current))
     per_query: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
     corpora: dict[str, dict[str, Any]] = {}
-    with reuse_corpus_encodings():
-        for entry in entries:
-            rows = _read_rows(entry.guard)
-            pseudo = [r for r in rows if r.get("doc_id")]
-            real = [r for r in rows if not r.get("doc_id")]
-            ds = corpus_dataset(entry.corpus)
-            doc_ids = [str(x) for x in ds["_id"]]
-            corpora[entry.name] = {}
-            if pseudo:
-                texts = [r["text"] for r in pseudo]
-                scores = {}
-                for name, model in (("start", start), ("adapted", adapted)):
-                    tops = _dense_top(model, ds, doc_ids, texts, batch)
-                    scores[name] = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(tops, pseudo)]
-                    per_query["pseudo_queries"][name] += scores[name]
-                corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
-            if real:
-                texts = [r["text"] for r in real]
-                teacher = _teacher_top(run, start, entry.corpus, texts)
-                if teacher is None:
-                    corpora[entry.name]["queries"] = {"skipped": "the teacher's indexes of this corpus are not cached"}
-                    continue
-                scores = {}
-                for name, model in (("start", start), ("adapted", adapted)):
-                    tops = _dense_top(model, ds, doc_ids, texts, batch)
-                    scores[name] = [ndcg_at_10(t, set(ref)) for t, ref in zip(tops, teacher)]
-                    per_query["queries"][name] += scores[name]
-                corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
+    for entry in entries:
+        rows = _read_rows(entry.guard)
+        pseudo = [r for r in rows if r.get("doc_id")]
+        real = [r for r in rows if not r.get("doc_id")]
+        ranker = _Ranker(corpus_dataset(entry.corpus), batch)
+        corpora[entry.name] = {}
+        if pseudo:
+            texts = [r["text"] for r in pseudo]
+            scores = {}
+            for name, model in (("start", start), ("adapted", adapted)):
+                tops = ranker.top(model, texts)
+                scores[name] = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(tops, pseudo)]
+                per_query["pseudo_queries"][name] += scores[name]
+            corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
+        if real:
+            texts = [r["text"] for r in real]
+            teacher = _teacher_top(run, start, entry.corpus, texts)
+            if teacher is None:
+                corpora[entry.name]["queries"] = {"skipped": "the teacher's indexes of this corpus are not cached"}
+                continue
+            scores = {}
+            for name, model in (("start", start), ("adapted", adapted)):
+                tops = ranker.top(model, texts)
+                scores[name] = [ndcg_at_10(t, set(ref)) for t, ref in zip(tops, teacher)]
+                per_query["queries"][name] += scores[name]
+            corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
     readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
     worse = [r for r, v in readings.items() if v["verdict"] == "worse"]
     verdict = "worse" if worse else "not worse"

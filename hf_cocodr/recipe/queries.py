@@ -16,14 +16,13 @@ ever drawn as a pseudo-query.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from ..errors import ConfigError
 from ..utils import atomic_write_text, path_name, resolved_path
@@ -122,8 +121,6 @@ def _token_counter(model: str):
 
 
 def _records(rows: list[dict[str, str]]) -> str:
-    import json
-
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
@@ -147,86 +144,90 @@ def split_counts(total: int, sizes: list[int]) -> list[int]:
 
 def prepare_queries(run: RecipeRun) -> list[CorpusQueries]:
     """Draw, hold out and write the run's queries (see the module docstring); returns each corpus's files."""
-    from ..data.pseudo_queries import PseudoQueryDrawer, hold_out, parse_mix
-    from ..data.teacher import route_queries
+    from ..data.teacher import route_queries  # (numpy, pyarrow: loaded where a run starts)
 
     cfg = run.cfg
     if not run.target_corpora or not wants_queries(cfg):
         return []
-    folder = run.out / QUERIES_DIR
     routed = route_queries(cfg.target_queries, run.target_corpora) if cfg.target_queries else []
     exclude = _eval_texts(run.evals)
     counter = _token_counter(run.model)
     columns = [_columns(c) for c in run.target_corpora]
-    sizes = [len(c[0]) if c else 0 for c in columns]
-    n_pseudo = split_counts(int(cfg.pseudo_queries or 0), sizes)
-    n_guard = int(cfg.guard_queries) if cfg.guard != "off" else 0
+    n_pseudo = split_counts(int(cfg.pseudo_queries or 0), [len(c[0]) if c else 0 for c in columns])
     out = []
     for corpus, name, cols, n_train in zip(run.target_corpora, corpus_names(run.target_corpora), columns, n_pseudo):
-        entry = CorpusQueries(corpus, name)
-        real = [src for c, src in routed if c is corpus]
-        real_rows = [
+        real = [
             {"_id": f"query:{src.name}:{i}", "text": t, "kind": "query"}
-            for src in real
+            for c, src in routed
+            if c is corpus
             for i, t in enumerate(src.texts)
         ]
         if cols is None:  # plain texts: nothing to draw from, nothing to find
-            if n_train or real_rows:
+            if n_train or real:
                 raise ConfigError(f"pseudo-queries and the distillation need document ids: {corpus} has none")
             continue
-        ids, titles, bodies = cols
-        pseudo_train, pseudo_guard = [], []
-        if n_train or n_guard:
-            drawer = PseudoQueryDrawer(ids, titles, bodies, seed=cfg.seed, count_tokens=counter)
-            mix = cfg.pseudo_query_mix
-            if mix == "auto":
-                if real_rows:
-                    mix = drawer.calibrate([r["text"] for r in real_rows][:200])
-                    entry.calibration = drawer.calibration
-                else:
-                    mix = None
-            drawn = drawer.draw(n_train + n_guard, parse_mix(mix), exclude=exclude)
-            pseudo_train, pseudo_guard = hold_out(drawn, n_guard, seed=cfg.seed)
-        held_real: list[dict[str, str]] = []
-        if real_rows and n_guard:
-            take = min(n_guard, int(GUARD_REAL_SHARE * len(real_rows)))
-            picked = set(np.random.default_rng([cfg.seed, 13]).permutation(len(real_rows))[:take].tolist())
-            held_real = [r for i, r in enumerate(real_rows) if i in picked]
-            real_rows = [r for i, r in enumerate(real_rows) if i not in picked]
-
-        def row(p, i):
-            return {"_id": f"pseudo:{p.kind}:{p.doc_id}:{i}", "text": p.text, "kind": p.kind, "doc_id": p.doc_id}
-
-        train_rows = real_rows + [row(p, i) for i, p in enumerate(pseudo_train)]
-        guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)] + held_real
-        if train_rows:
-            entry.train = folder / f"{name}.train.jsonl"
-            _write(entry.train, train_rows)
-        if guard_rows:
-            entry.guard = folder / f"{name}.guard.jsonl"
-            _write(entry.guard, guard_rows)
-        kinds: dict[str, int] = {}
-        for p in pseudo_train:
-            kinds[p.kind] = kinds.get(p.kind, 0) + 1
-        entry.counts = {
-            "train_queries": len(real_rows),
-            "train_pseudo_queries": len(pseudo_train),
-            "train_pseudo_kinds": kinds,
-            "guard_pseudo_queries": len(pseudo_guard),
-            "guard_queries": len(held_real),
-        }
-        logger.info(
-            "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries and %d of "
-            "the user's held out for the guard",
-            name,
-            len(real_rows),
-            len(pseudo_train),
-            ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none",
-            len(pseudo_guard),
-            len(held_real),
-        )
-        out.append(entry)
+        out.append(_corpus_queries(run, CorpusQueries(corpus, name), cols, real, n_train, exclude, counter))
     return out
+
+
+def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: int, exclude, counter):
+    """One target corpus's query files (see :func:`prepare_queries`): ``real`` the user's queries routed to it,
+    ``n_train`` pseudo-queries to train on; the held-out ones beside."""
+    import numpy as np
+
+    from ..retrieval.pseudo_queries import PseudoQueryDrawer, hold_out, parse_mix
+
+    cfg = run.cfg
+    n_guard = int(cfg.guard_queries) if cfg.guard != "off" else 0
+    pseudo_train, pseudo_guard = [], []
+    if n_train or n_guard:
+        drawer = PseudoQueryDrawer(*cols, seed=cfg.seed, count_tokens=counter)
+        mix = None if cfg.pseudo_query_mix == "auto" else cfg.pseudo_query_mix
+        if cfg.pseudo_query_mix == "auto" and real:  # calibrated to the user's queries of this corpus
+            mix = drawer.calibrate([r["text"] for r in real][:200])
+            entry.calibration = drawer.calibration
+        drawn = drawer.draw(n_train + n_guard, parse_mix(mix), exclude=exclude)
+        pseudo_train, pseudo_guard = hold_out(drawn, n_guard, seed=cfg.seed)
+    held_real: list[dict] = []
+    if real and n_guard:
+        take = min(n_guard, int(GUARD_REAL_SHARE * len(real)))
+        picked = set(np.random.default_rng([cfg.seed, 13]).permutation(len(real))[:take].tolist())
+        held_real = [r for i, r in enumerate(real) if i in picked]
+        real = [r for i, r in enumerate(real) if i not in picked]
+
+    def row(p, i):
+        return {"_id": f"pseudo:{p.kind}:{p.doc_id}:{i}", "text": p.text, "kind": p.kind, "doc_id": p.doc_id}
+
+    train_rows = real + [row(p, i) for i, p in enumerate(pseudo_train)]
+    guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)] + held_real
+    folder = run.out / QUERIES_DIR
+    if train_rows:
+        entry.train = folder / f"{entry.name}.train.jsonl"
+        _write(entry.train, train_rows)
+    if guard_rows:
+        entry.guard = folder / f"{entry.name}.guard.jsonl"
+        _write(entry.guard, guard_rows)
+    kinds: dict[str, int] = {}
+    for p in pseudo_train:
+        kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    entry.counts = {
+        "train_queries": len(real),
+        "train_pseudo_queries": len(pseudo_train),
+        "train_pseudo_kinds": kinds,
+        "guard_pseudo_queries": len(pseudo_guard),
+        "guard_queries": len(held_real),
+    }
+    logger.info(
+        "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries and %d of the "
+        "user's held out for the guard",
+        entry.name,
+        len(real),
+        len(pseudo_train),
+        ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none",
+        len(pseudo_guard),
+        len(held_real),
+    )
+    return entry
 
 
 def distill_sources(run: RecipeRun) -> list:

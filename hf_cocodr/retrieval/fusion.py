@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.pseudo_queries import inverse_cloze
+from .pseudo_queries import bm25_top_z, inverse_cloze
 from ..errors import ConfigError
 
 FUSION_RULES = ("convex", "rrf")
@@ -214,16 +214,6 @@ def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfi
 # ---------------------------------------------------------------------------------------------------- label-free fit
 # the fit's pseudo-queries: the inverse cloze of the corpus's pseudo-query module (one module draws every kind)
 pseudo_queries = inverse_cloze
-
-
-def bm25_top_z(scores: np.ndarray) -> np.ndarray:
-    """How far each query's best BM25 score stands above its list: ``(s_1 − mean) / std`` over each row of
-    ``scores`` (a query's top ``depth`` as the index returns it, zeros included; 0 where the row is constant)."""
-    s = np.asarray(scores, np.float64)
-    if s.ndim != 2 or s.shape[1] == 0:
-        return np.zeros(len(s))
-    std = s.std(axis=1)
-    return np.where(std > 0, (s[:, 0] - s.mean(axis=1)) / np.where(std > 0, std, 1.0), 0.0)
 
 
 def keep_share_for(medians: dict[float, float], target: float) -> float:

@@ -96,8 +96,9 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
     )
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"]["distill"] >= 1
-    # the teacher's encoding, the only one: the saved hybrid's documents go through the starting model's route
-    assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache"]
+    # the teacher's encoding, the only one: the guard (one index for both models) and the saved hybrid read it, their
+    # documents going through the starting model's route
+    assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache", "disk cache"]
     # cold, the probe encoded the corpus's 80 documents (fewer than it samples: all of them) after a warm-up batch
     assert [n for kind, n in probed if kind == "document"][-1] == 80
     # warm: the same run again plans no encoding (the teacher's indexes and the encoding are cached)

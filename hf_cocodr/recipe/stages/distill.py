@@ -154,7 +154,7 @@ class DistillSettings:
         if self.pseudo_queries != AUTO:
             check_whole(self, "pseudo_queries", 0, allow_none=False)
         if self.pseudo_query_mix != "auto":
-            from ...data.pseudo_queries import parse_mix
+            from ...retrieval.pseudo_queries import parse_mix
 
             parse_mix(self.pseudo_query_mix)
 

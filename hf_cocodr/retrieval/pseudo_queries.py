@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ConfigError
-from .target_queries import normalize_query
+from ..utils import normalize_query
 
 logger = logging.getLogger(__name__)
 
@@ -334,8 +334,7 @@ class PseudoQueryDrawer:
         each kind the corpus can give by how near its median BM25 top-score z (:func:`bm25_top_z` of its pseudo-
         queries over the corpus) comes to the queries', ``exp(−|Δz|)``. Returns that mix (also kept in
         :attr:`calibration`, with the profiles it came from)."""
-        from ..retrieval.fusion import bm25_top_z
-        from ..retrieval.index import BM25Index
+        from .index import BM25Index  # (bm25s and torch: loaded where a calibration runs)
 
         real = [q for q in queries if isinstance(q, str) and q.strip()]
         if not real:
@@ -392,6 +391,16 @@ def hold_out(
             held_docs.add(docs[i])
             held += by_doc[docs[i]]
     return [p for p in pseudo if p.doc_id not in held_docs], [p for p in pseudo if p.doc_id in held_docs]
+
+
+def bm25_top_z(scores: np.ndarray) -> np.ndarray:
+    """How far each query's best BM25 score stands above its list: ``(s_1 − mean) / std`` over each row of
+    ``scores`` (a query's top ``depth`` as the index returns it, zeros included; 0 where the row is constant)."""
+    s = np.asarray(scores, np.float64)
+    if s.ndim != 2 or s.shape[1] == 0:
+        return np.zeros(len(s))
+    std = s.std(axis=1)
+    return np.where(std > 0, (s[:, 0] - s.mean(axis=1)) / np.where(std > 0, std, 1.0), 0.0)
 
 
 # ----------------------------------------------------------------------------------------- the fit's inverse cloze

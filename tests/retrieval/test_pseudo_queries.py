@@ -7,7 +7,9 @@ import math
 
 import pytest
 
-from hf_cocodr.data.pseudo_queries import (
+from hf_cocodr.data.target_queries import normalize_query
+from hf_cocodr.errors import ConfigError
+from hf_cocodr.retrieval.pseudo_queries import (
     PseudoQuery,
     PseudoQueryDrawer,
     count_words,
@@ -17,8 +19,6 @@ from hf_cocodr.data.pseudo_queries import (
     quotas,
     split_sentences,
 )
-from hf_cocodr.data.target_queries import normalize_query
-from hf_cocodr.errors import ConfigError
 
 # three documents whose drawn pseudo-queries can be worked out by hand: each has one sentence of four words (the
 # only one a span or an inverse-cloze query can come from), and the spans are set to four words
@@ -141,7 +141,11 @@ def test_calibration_draws_spans_and_keyword_lists_as_long_as_the_queries():
 
 def test_sentences_end_at_the_full_stops_of_other_scripts_too():
     assert split_sentences("First one here. Second one! Third?  ") == ["First one here.", "Second one!", "Third?"]
-    assert split_sentences("今日は晴れです。明日は雨でしょう！本当？") == ["今日は晴れです。", "明日は雨でしょう！", "本当？"]
+    assert split_sentences("今日は晴れです。明日は雨でしょう！本当？") == [
+        "今日は晴れです。",
+        "明日は雨でしょう！",
+        "本当？",
+    ]
     assert count_words("今日は晴れです") == 7 and count_words("two words") == 2
     # the fit's inverse cloze finds its pseudo-queries in such a corpus (it found none before)
     corpus = ["猫は魚が好きです。犬は肉が好きです。鳥は種が好きです。"] * 3

@@ -1,0 +1,191 @@
+"""What caps the query-side distillation (issue 49): the frozen document side, the training signal, or
+generalisation. For each corpus, side by side:
+
+- the **free-vector ceiling**: for each query, one vector optimised directly for the distillation's loss against the
+  starting model's frozen document vectors (:func:`hf_cocodr.finetuning.ceiling.free_query_vectors`), then scored
+  with the labels: what no query encoder can pass; and the share of queries whose teacher top-k order any vector can
+  reach at all (:func:`~hf_cocodr.finetuning.ceiling.order_reachable`, an exact linear program);
+- the **student** (a query-side model the recipe trained on the train pool) on the queries it trained on and on the
+  dev queries it never saw, with the starting model and the hybrid teacher beside, all nDCG@10 with the labels;
+- the student's **agreement with the teacher** (nDCG@10 of its ranking against the teacher's top 10) on the pool
+  queries it trained on and on those its run held out for the guard (``OUT/queries/<corpus>.guard.jsonl``).
+
+The teacher is the distillation's (``DistillStage._fusion`` of the defaults: the starting model + BM25, z-scores,
+dense weight 0.5, depth 100), encoded in the precision the recipe picks on this machine; its indexes are cached
+under ``--work``. Reads the data of ``corpus_only.py`` (``distill_study.prepare_data``).
+
+    python scripts/studies/distill_ceiling.py --student outputs/corpus_only/budget15/queries/seed42/run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CORPORA = ("scifact", "nfcorpus")
+POOL = "pool-distinct"
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--student", required=True, help="a recipe run folder whose model is a query-side student")
+    ap.add_argument("--data", default="outputs/corpus_only/data")
+    ap.add_argument("--work", default="outputs/distill_ceiling")
+    ap.add_argument("--out", default="reports/studies/distill_ceiling")
+    ap.add_argument("--k", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--reachable-queries", type=int, default=100, help="queries per split checked by the LP")
+    return ap.parse_args()
+
+
+def ranked_run(qids, query_vectors, doc_vectors, doc_ids, depth=100) -> dict:
+    scores = query_vectors @ doc_vectors.T
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :depth]
+    return {q: {doc_ids[j]: float(scores[i, j]) for j in top[i]} for i, q in enumerate(qids)}
+
+
+def agreement(run: dict, teacher_top: dict) -> float:
+    from hf_cocodr.recipe.guard import ndcg_at_10
+
+    vals = [
+        ndcg_at_10([d for d, _ in sorted(run[q].items(), key=lambda x: -x[1])[:10]], set(teacher_top[q])) for q in run
+    ]
+    return round(float(np.mean(vals)), 4) if vals else float("nan")
+
+
+def main() -> int:
+    ns = parse()
+    os.environ["HF_COCODR_CACHE"] = str(Path(ns.work).absolute() / "cache")
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.data.beir import load_qrels, load_queries
+    from hf_cocodr.evaluation.metrics import compute_metrics
+    from hf_cocodr.finetuning.ceiling import free_query_vectors, order_reachable
+    from hf_cocodr.modeling.bundled import bundled_model_path
+    from hf_cocodr.modeling.precision import corpus_encoding_precision, resolve_corpus_precision
+    from hf_cocodr.recipe.config import RecipeConfig
+    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
+    from hf_cocodr.retrieval.teacher import teacher_retriever
+    from hf_cocodr.rundir.run_record import fingerprint
+    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+
+    data, run_dir = Path(ns.data), Path(ns.student)
+    model = bundled_model_path("all-MiniLM-L6-v2")
+    start, student = SentenceTransformer(model), SentenceTransformer(str(run_dir / "model"))
+    similarity = model_similarity(start)
+    normalize = similarity == "cosine"
+    precision, _ = resolve_corpus_precision("auto")
+    fusion = DistillStage._fusion(RecipeConfig())
+    out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
+    t0 = time.time()
+    with corpus_encoding_precision(precision):
+        for name in CORPORA:
+            folder = data / name
+            hybrid, doc_ids, _, _ = teacher_retriever(start, fingerprint(model), str(folder), fusion=fusion)
+            docs = np.asarray(hybrid.embeddings, np.float32)
+            row_of = {d: i for i, d in enumerate(doc_ids)}
+            queries = load_queries(folder)
+            text_of = dict(zip(queries["_id"], queries["text"]))
+            held = {
+                json.loads(line)["text"]
+                for line in (run_dir / "queries" / f"{name}.guard.jsonl").read_text().splitlines()
+                if line.strip() and not json.loads(line).get("doc_id")
+            }
+            res: dict = {}
+            for split in ("dev", POOL):
+                qrels = load_qrels(folder, split)
+                qids = [q for q in qrels if q in text_of]
+                texts = [text_of[q] for q in qids]
+                found, fused = hybrid.search(texts, 100)
+                teacher_run = {q: {d: float(s) for d, s in zip(f, sc)} for q, f, sc in zip(qids, found, fused)}
+                teacher_top = {q: list(f[:10]) for q, f in zip(qids, found)}
+                q_start = encode_texts(start, texts, kind="query", normalize=normalize)
+                q_student = encode_texts(student, texts, kind="query", normalize=normalize)
+                cand = np.array([[row_of[d] for d in f[: ns.k]] for f in found])
+                t_scores = np.array([sc[: ns.k] for sc in fused], np.float32)
+                q_free = free_query_vectors(docs, cand, t_scores, q_start, similarity=similarity, steps=ns.steps)
+                runs = {
+                    "start": ranked_run(qids, q_start, docs, doc_ids),
+                    "teacher": teacher_run,
+                    "student": ranked_run(qids, q_student, docs, doc_ids),
+                    "free_vectors": ranked_run(qids, q_free, docs, doc_ids),
+                }
+                entry = {name_: round(compute_metrics(qrels, r)["ndcg@10"], 4) for name_, r in runs.items()}
+                entry["queries"] = len(qids)
+                checked = list(range(min(ns.reachable_queries, len(qids))))
+                reach = [order_reachable(docs, cand[i], similarity=similarity) for i in checked]
+                entry["teacher_top_k_reachable"] = round(float(np.mean(reach)), 4)
+                entry["free_vectors_top_k_as_teacher"] = round(
+                    float(
+                        np.mean(
+                            [np.argsort(-(docs @ q_free[i]))[: ns.k].tolist() == cand[i].tolist() for i in checked]
+                        )
+                    ),
+                    4,
+                )
+                for who in ("start", "student", "free_vectors"):
+                    entry[f"{who}_agreement"] = agreement(runs[who], teacher_top)
+                if split == POOL:  # the student's agreement with the teacher: trained queries vs held-out ones
+                    trained = [q for q in qids if text_of[q] not in held]
+                    out_q = [q for q in qids if text_of[q] in held]
+                    for label, subset in (("trained", trained), ("held_out", out_q)):
+                        for who in ("start", "student"):
+                            entry[f"{who}_agreement_{label}"] = agreement(
+                                {q: runs[who][q] for q in subset}, teacher_top
+                            )
+                        entry[f"{label}_queries"] = len(subset)
+                res[split] = entry
+                print(name, split, json.dumps(entry), f"{time.time() - t0:.0f} s", flush=True)
+            out["corpora"][name] = res
+    out["seconds"] = round(time.time() - t0, 1)
+    atomic_write_json(Path(ns.out + ".json"), out)
+    lines = [
+        "# What caps the query-side distillation: the free-vector ceiling, the student on train and on dev",
+        "",
+        f"Student: the query-side model of `{run_dir.name}` ({run_dir}). Teacher: the distillation's hybrid (start + "
+        f"BM25, z-scores, dense weight 0.5). nDCG@10 with the labels; corpus encodings in {precision}; free vectors: "
+        f"{ns.steps} full-batch Adam steps of the distillation's loss (KL over the teacher's top {ns.k} at the "
+        "student's temperature 0.05 + the in-batch contrast), from the starting model's query vectors.",
+        "",
+        "| corpus | split | queries | start | student | teacher | free-vector ceiling | teacher's top-k reachable | "
+        "free vectors give the teacher's top-k | agreement with the teacher: start / student / free |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, res in out["corpora"].items():
+        for split, e in res.items():
+            lines.append(
+                f"| {name} | {split} | {e['queries']} | {e['start']:.4f} | {e['student']:.4f} | {e['teacher']:.4f} | "
+                f"{e['free_vectors']:.4f} | {e['teacher_top_k_reachable']:.0%} | "
+                f"{e['free_vectors_top_k_as_teacher']:.0%} | {e['start_agreement']:.4f} / {e['student_agreement']:.4f}"
+                f" / {e['free_vectors_agreement']:.4f} |"
+            )
+    lines += ["", "The student's agreement with the teacher (nDCG@10 against its top 10) on the pool:", ""]
+    lines += [
+        "| corpus | trained queries | student | start | held-out queries | student | start |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, res in out["corpora"].items():
+        e = res[POOL]
+        lines.append(
+            f"| {name} | {e['trained_queries']} | {e['student_agreement_trained']:.4f} | "
+            f"{e['start_agreement_trained']:.4f} | {e['held_out_queries']} | {e['student_agreement_held_out']:.4f} | "
+            f"{e['start_agreement_held_out']:.4f} |"
+        )
+    lines += ["", f"Command: `python scripts/studies/distill_ceiling.py --student {ns.student}`"]
+    atomic_write_text(Path(ns.out + ".md"), "\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
