@@ -3,9 +3,10 @@ queries neither trained on, and the starting model is kept where the adapted one
 
 Two readings, each pooled over the target corpora (per-corpus figures are recorded beside):
 
-- ``pseudo_queries``: the held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`), each
-  with its source document as its one relevant document: nDCG@10 of the model's dense ranking of the corpus (a label
-  the corpus gave for free);
+- ``pseudo_queries``: the held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: every
+  kind alike, whatever mix trained, from documents no trained pseudo-query comes from), each with its source document
+  as its one relevant document: nDCG@10 of the model's dense ranking of the corpus (a label the corpus gave for
+  free); the reading of each kind is recorded beside;
 - ``queries``: where the user gave target queries, the held-out share of them, scored against the hybrid teacher's
   ranking (its top 10 as the relevant set; the teacher the distillation ranked with, read from its cache): nDCG@10
   of the model's ranking, i.e. how much of the teacher's judgement the model carries to queries it never saw.
@@ -126,6 +127,7 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
     start, adapted = load_encoder(run.model), load_encoder(str(run.current))
     per_query: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
     corpora: dict[str, dict[str, Any]] = {}
+    by_kind: dict[str, dict[str, list[float]]] = {}  # the held-out pseudo-queries by kind (recorded, not decided on)
     for entry in entries:
         rows = _read_rows(entry.guard)
         pseudo = [r for r in rows if r.get("doc_id")]
@@ -139,6 +141,8 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
                 tops = ranker.top(model, texts)
                 scores[name] = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(tops, pseudo)]
                 per_query["pseudo_queries"][name] += scores[name]
+                for r, v in zip(pseudo, scores[name]):
+                    by_kind.setdefault(r.get("kind", "?"), {"start": [], "adapted": []})[name].append(v)
             corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
         if real:
             texts = [r["text"] for r in real]
@@ -153,6 +157,7 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
                 per_query["queries"][name] += scores[name]
             corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
     readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
+    kinds = {k: paired_reading(v["start"], v["adapted"]) for k, v in by_kind.items()}
     worse = [r for r, v in readings.items() if v["verdict"] == "worse"]
     verdict = "worse" if worse else "not worse"
     keep_start = bool(worse) and cfg.guard == "on"
@@ -160,6 +165,7 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
         "mode": cfg.guard,
         "readings": readings,
         "corpora": corpora,
+        "pseudo_query_kinds": kinds,
         "verdict": verdict,
         "kept": "start" if keep_start else "adapted",
         "seconds": round(time.perf_counter() - t0, 1),

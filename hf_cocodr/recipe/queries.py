@@ -7,8 +7,9 @@ For each target corpus the run writes two files into ``OUT/queries`` (JSONL, ``_
   those held out) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
   their count split among the corpora in proportion to their sizes);
 - ``<corpus>.guard.jsonl``: what the label-free guard (:mod:`hf_cocodr.recipe.guard`) reads and nothing trains on:
-  ``guard_queries`` pseudo-queries from documents no trained pseudo-query comes from, and, where the user gave queries
-  for this corpus, a share of them (:data:`GUARD_REAL_SHARE`, at most ``guard_queries``).
+  ``guard_queries`` pseudo-queries of every kind alike (:data:`~hf_cocodr.retrieval.pseudo_queries.GUARD_MIX`,
+  whatever mix trains), from documents no trained pseudo-query comes from, and, where the user gave queries for this
+  corpus, a share of them (:data:`GUARD_REAL_SHARE`, at most ``guard_queries``).
 
 The draw is seeded by the run's ``seed``, so a resumed run writes the same files. No query of an ``--eval`` split is
 ever drawn as a pseudo-query.
@@ -175,19 +176,22 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
     ``n_train`` pseudo-queries to train on; the held-out ones beside."""
     import numpy as np
 
-    from ..retrieval.pseudo_queries import PseudoQueryDrawer, hold_out, parse_mix
+    from ..retrieval.pseudo_queries import GUARD_MIX, PseudoQueryDrawer, parse_mix
 
     cfg = run.cfg
     n_guard = int(cfg.guard_queries) if cfg.guard != "off" else 0
     pseudo_train, pseudo_guard = [], []
     if n_train or n_guard:
         drawer = PseudoQueryDrawer(*cols, seed=cfg.seed, count_tokens=counter)
+        # the guard's first, every kind alike (so it reads more than what trains), from documents set apart
+        pseudo_guard = drawer.draw(n_guard, GUARD_MIX, exclude=exclude, salt=1) if n_guard else []
         mix = None if cfg.pseudo_query_mix == "auto" else cfg.pseudo_query_mix
         if cfg.pseudo_query_mix == "auto" and real:  # calibrated to the user's queries of this corpus
             mix = drawer.calibrate([r["text"] for r in real][:200])
             entry.calibration = drawer.calibration
-        drawn = drawer.draw(n_train + n_guard, parse_mix(mix), exclude=exclude)
-        pseudo_train, pseudo_guard = hold_out(drawn, n_guard, seed=cfg.seed)
+        held_docs, held_texts = {p.doc_id for p in pseudo_guard}, [p.text for p in pseudo_guard]
+        if n_train:
+            pseudo_train = drawer.draw(n_train, parse_mix(mix), exclude=[*exclude, *held_texts], skip_docs=held_docs)
     held_real: list[dict] = []
     if real and n_guard:
         take = min(n_guard, int(GUARD_REAL_SHARE * len(real)))

@@ -20,9 +20,9 @@ a query in ``exclude`` (the user's evaluation queries: a run must not train on t
 queries (their text only), :meth:`PseudoQueryDrawer.calibrate` makes the spans and keyword lists as long as those
 queries are and weighs each kind by how close its BM25 top-score profile comes to theirs.
 
-:func:`hold_out` sets aside the pseudo-queries of a share of the source documents for the recipe's label-free guard
-(:mod:`hf_cocodr.recipe.guard`): they are never trained on, and the documents they come from are not the source of any
-trained pseudo-query either.
+:data:`GUARD_MIX` is what the recipe's label-free guard (:mod:`hf_cocodr.recipe.guard`) holds out: every kind the
+corpus can give, in equal shares whatever mix trains, drawn (``salt``) from documents no trained pseudo-query comes
+from (``skip_docs``), so the guard reads more than the training distribution.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 PSEUDO_QUERY_KINDS = ("span", "keywords", "title", "ict")
 # the mix drawn without queries to calibrate it (docs/adaptation.md, "Adaptation from the corpus alone", says why)
 DEFAULT_MIX = {"span": 1.0, "keywords": 1.0, "title": 1.0}
+GUARD_MIX = {kind: 1.0 for kind in PSEUDO_QUERY_KINDS}  # the guard's held-out pseudo-queries: every kind alike
 SPAN_WORDS = (4, 12)  # a span's words, inclusive
 KEYWORDS = (3, 6)  # a keyword query's terms, inclusive
 MIN_SENTENCE_WORDS = 4  # a sentence a span or an inverse-cloze query is drawn from has at least this many words
@@ -167,11 +168,18 @@ class PseudoQueryDrawer:
         return kind != "title" or any(self.titles)
 
     def draw(
-        self, n: int, mix: str | Mapping[str, float] | None = None, *, exclude: Sequence[str] = ()
+        self,
+        n: int,
+        mix: str | Mapping[str, float] | None = None,
+        *,
+        exclude: Sequence[str] = (),
+        skip_docs: Set[str] = frozenset(),
+        salt: int = 0,
     ) -> list[PseudoQuery]:
         """``n`` pseudo-queries (fewer where the corpus cannot give that many distinct ones: logged) in ``mix``
         (:func:`parse_mix`; kinds the corpus cannot give are left out and their share goes to the others), none of
-        them the text of a query in ``exclude``. Deterministic for a seed; the result is in a seeded random order."""
+        them the text of a query in ``exclude`` nor drawn from a document of ``skip_docs``. Deterministic for a seed
+        and ``salt`` (another salt draws other documents); the result is in a seeded random order."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ConfigError(f"pseudo-queries: the count must be a whole number >= 0, got {n!r}")
         weights = {k: w for k, w in parse_mix(mix).items() if w > 0 and self.available(k)}
@@ -183,7 +191,7 @@ class PseudoQueryDrawer:
         banned = {normalize_query(q) for q in exclude}
         seen: set[str] = set()
         dropped = {"repeated": 0, "evaluation query": 0}
-        streams = {k: self._stream(k) for k in PSEUDO_QUERY_KINDS if k in weights}
+        streams = {k: self._stream(k, skip_docs, salt) for k in PSEUDO_QUERY_KINDS if k in weights}
         out: list[PseudoQuery] = []
 
         def take(kind: str, count: int) -> int:
@@ -226,12 +234,15 @@ class PseudoQueryDrawer:
         order = np.random.default_rng([self.seed, 7]).permutation(len(out))
         return [out[i] for i in order]
 
-    def _stream(self, kind: str) -> Iterator[tuple[str, int]]:
-        """``(text, document row)`` of ``kind``, one a document, the documents in a seeded random order."""
+    def _stream(self, kind: str, skip_docs: Set[str] = frozenset(), salt: int = 0) -> Iterator[tuple[str, int]]:
+        """``(text, document row)`` of ``kind``, one a document, the documents (less ``skip_docs``) in a seeded random
+        order."""
         index = PSEUDO_QUERY_KINDS.index(kind)
-        rng = np.random.default_rng([self.seed, index])
+        rng = np.random.default_rng([self.seed, index] if not salt else [self.seed, index, salt])
         make = getattr(self, f"_{kind}")
         for row in rng.permutation(len(self.doc_ids)).tolist():
+            if skip_docs and self.doc_ids[row] in skip_docs:
+                continue
             text = make(row, rng)
             if text:
                 text = self._bounded(text)
@@ -368,29 +379,6 @@ class PseudoQueryDrawer:
             "mix": mix,
         }
         return mix
-
-
-def hold_out(
-    pseudo: Sequence[PseudoQuery], count: int, *, seed: int = 0
-) -> tuple[list[PseudoQuery], list[PseudoQuery]]:
-    """``(train, held_out)``: at most ``count`` pseudo-queries held out, those of source documents taken at random
-    (seeded), every pseudo-query of a held-out document with them, so no trained pseudo-query comes from a document a
-    held-out one is about. Both keep the order of ``pseudo``."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ConfigError(f"pseudo-queries: the count held out must be a whole number >= 0, got {count!r}")
-    by_doc: dict[str, int] = {}
-    for p in pseudo:
-        by_doc[p.doc_id] = by_doc.get(p.doc_id, 0) + 1
-    docs = list(by_doc)
-    held_docs: set[str] = set()
-    held = 0
-    for i in np.random.default_rng([seed, 11]).permutation(len(docs)).tolist():
-        if held >= count:
-            break
-        if held + by_doc[docs[i]] <= count:
-            held_docs.add(docs[i])
-            held += by_doc[docs[i]]
-    return [p for p in pseudo if p.doc_id not in held_docs], [p for p in pseudo if p.doc_id in held_docs]
 
 
 def bm25_top_z(scores: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from cpu_budget import EVALS, POOL, LoadSampler, distinct_pools  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-N_PSEUDO = 6000  # pseudo-queries over the two corpora (split by their sizes)
+N_PSEUDO = 8000  # pseudo-queries over the two corpora (split by their sizes): 3 passes fill about 15 minutes here
 ARMS = {
     "soup": ([], "today's no-queries default: the COCO soup (MLM through a fresh Condenser head, averaged runs)"),
     **{

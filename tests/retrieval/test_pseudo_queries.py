@@ -13,7 +13,6 @@ from hf_cocodr.retrieval.pseudo_queries import (
     PseudoQuery,
     PseudoQueryDrawer,
     count_words,
-    hold_out,
     inverse_cloze,
     parse_mix,
     quotas,
@@ -120,13 +119,17 @@ def test_a_mix_is_checked_by_name():
         PseudoQueryDrawer(["a"], [""], ["One two three four."]).draw(2, "title")
 
 
-def test_held_out_pseudo_queries_share_no_document_with_the_trained_ones():
-    drawn = drawer().draw(9, "span:1,keywords:1,title:1")
-    train, held = hold_out(drawn, 3, seed=0)
-    assert 0 < len(held) <= 3 and len(train) + len(held) == len(drawn)
+def test_a_draw_can_set_documents_apart_and_another_salt_draws_other_documents():
+    """What the recipe's guard holds out: drawn with a salt of its own, and the training draw skips its documents."""
+    ids = [f"d{i}" for i in range(40)]
+    bodies = [f"Alpha{i} beta{i} gamma{i} delta{i} epsilon{i}." for i in range(40)]
+    d = PseudoQueryDrawer(ids, [f"Title number {i}" for i in range(40)], bodies, seed=2)
+    held = d.draw(8, "span:1,keywords:1,title:1,ict:1", salt=1)
+    assert {p.kind for p in held} == {"span", "keywords", "title", "ict"} and len(held) == 8
+    assert [p.doc_id for p in held] != [p.doc_id for p in d.draw(8, "span:1,keywords:1,title:1,ict:1")]
+    train = d.draw(60, "span", skip_docs={p.doc_id for p in held})
     assert not {p.doc_id for p in train} & {p.doc_id for p in held}
-    assert hold_out(drawn, 3, seed=0) == (train, held)
-    assert hold_out(drawn, 0, seed=0) == (drawn, [])
+    assert len(train) == 40 - len({p.doc_id for p in held})  # one span a document, from every other document
 
 
 def test_calibration_draws_spans_and_keyword_lists_as_long_as_the_queries():
