@@ -98,12 +98,17 @@ def _free_bytes(path: str | os.PathLike) -> int | None:
 
 def as_disk_fault(e: BaseException, path: str | os.PathLike) -> OSError | None:
     """The ``OSError`` (naming ``path`` when the error names no file) for a write that failed because of the disk:
-    an ``OSError`` of the disk (full, quota, read-only, I/O) without a file name, torch's zip-writer ``RuntimeError``
-    or a safetensors ``SafetensorError`` carrying an OS error. ``None`` for every other error (left as it is)."""
+    an ``OSError`` of the disk (full, quota, read-only, I/O) without a file name, a plain ``OSError`` with neither an
+    errno nor a file name (numpy's short write on a full disk, ``"8192 requested and 0 written"``: "write failed
+    (disk full?)"), torch's zip-writer ``RuntimeError`` or a safetensors ``SafetensorError`` carrying an OS error.
+    ``None`` for every other error (left as it is)."""
     disk_errnos = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG)
     if isinstance(e, OSError):
         if e.errno in disk_errnos and not e.filename:
             return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
+        if type(e) is OSError and e.errno is None and not e.filename:  # (a subclass is one of hf_cocodr's own lines)
+            detail = " ".join(str(e).split())[:200]
+            return OSError(None, "write failed (disk full?)" + (f": {detail}" if detail else ""), str(path))
         return None
     text = str(e)
     if type(e).__name__ == "SafetensorError":

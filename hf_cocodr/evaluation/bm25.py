@@ -27,7 +27,7 @@ def evaluate_bm25(
     data = folder if isinstance(folder, BEIRData) else load_beir(folder, split)
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(data.corpus) for t in batch]
-    index = BM25Index(texts)
+    index = BM25Index(texts, name=str(data.folder))
     del texts
     index_seconds = time.perf_counter() - t0
     t1 = time.perf_counter()

@@ -20,7 +20,7 @@ from ..modeling.loading import load_encoder
 from ..modeling.precision import active_corpus_precision, check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
-from ..retrieval.fusion import FusionConfig
+from ..retrieval.fusion import FusionConfig, log_fit
 from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
@@ -138,6 +138,7 @@ def evaluate_retrieval(
             k_values,
             encode_for_fit,
             fit_settings=(encode_precision, query_max_length, doc_max_length),
+            corpus_name=str(data.folder),
         )
     if output is not None:
         write_result(output, result, run)
@@ -161,6 +162,7 @@ def _hybrid_result(
     k_values,
     encode_for_fit=None,
     fit_settings: tuple = ("fp32", None, None),
+    corpus_name: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
@@ -170,7 +172,7 @@ def _hybrid_result(
     doc_ids = np.asarray(column_numpy(corpus, "_id"), dtype=object)
     t0 = time.perf_counter()
     texts = [t for _, batch in corpus_texts(corpus) for t in batch]  # the texts evaluate_bm25 indexes
-    bm25 = BM25Index(texts)
+    bm25 = BM25Index(texts, name=corpus_name)
     index_s = time.perf_counter() - t0
     fit_s = 0.0
     if fusion.needs_fit:
@@ -187,9 +189,7 @@ def _hybrid_result(
         fusion = fit_fusion_once(model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts), bm25)
         del embeddings
         fit_s = time.perf_counter() - t_fit
-        logger.info(
-            "hybrid: %s, dense weight %s fitted without labels in %.1f s", fusion.normalize, fusion.dense_weight, fit_s
-        )
+        log_fit(fusion, f"hybrid over {corpus_name or 'the corpus'}", fit_s)
     del texts
     hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, bm25, fusion)
     t1 = time.perf_counter()

@@ -15,7 +15,7 @@ from ..data.beir import column_array, doc_text
 from ..modeling.precision import encoding_autocast
 from ..rundir.run_record import model_fingerprint
 from . import encoding_cache
-from .index import DenseIndex
+from .index import DenseIndex, check_finite
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,9 @@ def encode_texts(
     max_length: int | None = None,
     normalize: bool | None = None,
 ) -> np.ndarray:
-    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths."""
+    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths.
+    Vectors with a NaN or an infinite value (a broken model) are refused (:func:`~hf_cocodr.retrieval.index.
+    check_finite`): nothing is indexed, ranked or fitted on them."""
     if normalize is None:
         normalize = model_similarity(model) == "cosine"
     fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
@@ -59,7 +61,7 @@ def encode_texts(
             normalize_embeddings=normalize,
             **_processing_kwargs(max_length),
         )
-    return np.asarray(emb, dtype=np.float32)
+    return check_finite(np.asarray(emb, dtype=np.float32), f"the model's {kind} vectors")
 
 
 def length_sorted_order(corpus) -> np.ndarray:

@@ -258,6 +258,8 @@ def load(key: dict[str, Any]) -> np.ndarray | None:
         emb = np.load(folder / ENCODINGS_FILE, allow_pickle=False)
         if emb.shape[0] != key["num_docs"] or emb.dtype != np.float32:
             raise ValueError(f"its vectors have shape {emb.shape} and dtype {emb.dtype}")
+        if not np.isfinite(emb).all():
+            raise ValueError(f"{int((~np.isfinite(emb)).any(axis=1).sum())} of its vectors are not finite")
         return emb
     except FileNotFoundError:
         return None

@@ -35,14 +35,17 @@ study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``re
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from .pseudo_queries import bm25_top_z, inverse_cloze
 from ..errors import ConfigError
+from .pseudo_queries import bm25_top_z, inverse_cloze
+
+logger = logging.getLogger(__name__)
 
 FUSION_RULES = ("convex", "rrf")
 NORMALIZATIONS = ("z", "minmax", "dbsf", "none")
@@ -340,7 +343,10 @@ def fit_fusion(
     if fusion.rule != "convex":  # "rrf" normalises nothing
         record["fitted"] = [n for n in record["fitted"] if n != "normalize"]
     if len(picks) < min_queries:
-        record["fallback"] = f"only {len(picks)} pseudo-queries (fewer than {min_queries}): weight 0.5, z-scores"
+        record["fallback"] = (
+            f"only {len(picks)} pseudo-queries could be drawn from the corpus, fewer than the {min_queries} the fit "
+            "needs (each is a sentence of a document of two sentences or more); weight 0.5, z-scores instead"
+        )
         fallback = {"dense_weight": 0.5, "normalize": "z"}
         return replace(fusion, **{k: fallback[k] for k in record["fitted"]}, fit=record)
     depth = min(fusion.depth, len(texts))
@@ -382,6 +388,28 @@ def fit_fusion(
     return replace(fusion, dense_weight=w, normalize=norm, fit=record)
 
 
+def fit_outcome(fusion: FusionConfig) -> str:
+    """How the label-free fit of ``fusion`` ended, in words for the log: ``"fitted without labels: ..."``, or ``"not
+    fitted: <reason>"`` where the fit took its fallback (too few pseudo-queries), or ``"given by hand: ..."``."""
+    fit = fusion.fit if isinstance(fusion.fit, dict) else None
+    rule = f"{fusion.normalize if fusion.rule == 'convex' else fusion.rule}, dense weight {fusion.dense_weight}"
+    if fit is None:
+        return f"given by hand: {rule}"
+    if fit.get("fallback"):
+        return f"not fitted: {fit['fallback']}"
+    return f"fitted without labels: {rule} ({fit.get('pseudo_queries', '?')} pseudo-queries)"
+
+
+def log_fit(fusion: FusionConfig, what: str, seconds: float | None = None) -> None:
+    """Log how the fit of ``what``'s fusion ended (:func:`fit_outcome`): a warning where it was not fitted."""
+    took = f" in {seconds:.1f} s" if seconds is not None else ""
+    outcome = fit_outcome(fusion)
+    if outcome.startswith("not fitted"):
+        logger.warning("%s: fusion %s%s", what, outcome, took)
+    else:
+        logger.info("%s: fusion %s%s", what, outcome, took)
+
+
 def _bm25_side(picks, texts, depth) -> tuple[np.ndarray, np.ndarray]:
     """BM25's top ``depth`` ``(scores, rows)`` for each pseudo-query over the corpus with each source document
     replaced by its ``rest``."""
@@ -398,13 +426,16 @@ def _bm25_side(picks, texts, depth) -> tuple[np.ndarray, np.ndarray]:
 def _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side) -> list[tuple]:
     """Each pseudo-query's two candidate lists over the corpus with its source document replaced by its ``rest``
     (the form :func:`fit_choice` takes); ``bm25_side``: BM25's, from :func:`_bm25_side`."""
+    from .index import check_finite
+
     rows = np.array([p[0] for p in picks], np.int64)
     queries = [p[1] for p in picks]
     rests = [p[2] for p in picks]
     b_scores, b_rows = bm25_side
-    emb = np.asarray(embeddings, np.float32)
-    rest_emb = np.asarray(encode_documents(rests), np.float32)
-    q_emb = np.asarray(encode_queries(queries), np.float32)
+    # NaN or inf vectors (a broken model, a damaged file) are refused: no rule is chosen from NaN rankings
+    emb = check_finite(np.asarray(embeddings, np.float32), "the corpus's vectors the fusion is fitted to")
+    rest_emb = check_finite(np.asarray(encode_documents(rests), np.float32), "the fit's document vectors")
+    q_emb = check_finite(np.asarray(encode_queries(queries), np.float32), "the fit's pseudo-query vectors")
     sims = q_emb @ emb.T
     # the source documents' vectors are those of their rests
     sims[:, rows] = q_emb @ rest_emb.T

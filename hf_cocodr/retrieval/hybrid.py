@@ -19,10 +19,12 @@ Example::
     hybrid = HybridRetriever.load("scifact-hybrid")                     # the model it was built with
 
 A saved retriever holds the dense vectors, the bm25s index, the fusion settings, and the fingerprints of the model
-(its weights) and the corpus (its ids and texts): loading it with another model, or checking it against a corpus
-that changed, is refused by name. Its parts are checked against each other (the number of ids, vectors and documents,
-a hash of the ids in order) before the model loads, so a damaged or edited folder is refused naming the file. A model
-given as a local folder is recorded relative to the retriever's folder, so a copied or moved run still loads.
+(its weights and its document encoder) and the corpus (its ids and texts): loading it with a model that encodes
+documents otherwise, or checking it against a corpus that changed, is refused by name; a model sharing its document
+encoder (a query-side model and its start) loads it. Its parts are checked against each other (the number of ids,
+vectors and documents, a hash of the ids in order, every ``hybrid.json`` field's type, finite vectors) before the
+model loads, so a damaged or edited folder is refused naming the file. A model given as a local folder (a Router
+model's too) is recorded relative to the retriever's folder, so a copied or moved run still loads.
 
 Documents with no text are indexed but never returned (no query can match them); empty or blank queries get no
 results, with a warning that counts them.
@@ -43,12 +45,13 @@ import numpy as np
 
 from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
 from ..errors import ConfigError
+from ..modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
-from ..utils import atomic_directory, atomic_write_json, resolved_path
-from .encoding_cache import corpus_fingerprint, current_precision, fit_fusion_once
-from .fusion import FusionConfig, fuse
+from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolved_path
+from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
+from .fusion import FusionConfig, fuse, log_fit
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ DOC_IDS_FILE = "doc_ids.json"
 BM25_FOLDER = "bm25"
 # the entries save() writes; anything else in a saved retriever's folder is the user's and is carried over
 HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, HYBRID_FILE)
+# the fields of hybrid.json that record paths (or a Hub id) as data: written as they are, never redacted (a model
+# folder whose name has the shape of a Hub token must still be found), as the document ids are
+DATA_FIELDS = ("model", "corpus")
 
 
 def doc_ids_digest(doc_ids: list[str]) -> str:
@@ -166,18 +172,23 @@ class HybridRetriever:
         from .index import BM25Index
 
         fusion = _fusion(fusion)
+        # a model held in memory only (an unsaved Router model) has no reference: None, and load asks for model=
         model_ref = str(model) if isinstance(model, (str, os.PathLike)) else _model_ref(model)
-        if Path(model_ref).expanduser().exists():  # a local folder: recorded where it is, not as typed
+        if model_ref is not None and Path(model_ref).expanduser().exists():  # a local folder: where it is
             model_ref = str(resolved_path(model_ref))
         st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
         dataset = corpus
         if isinstance(corpus, (str, os.PathLike)):
             path = Path(corpus)
             dataset = _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)
-        t0 = time.perf_counter()
         ids, texts = _corpus_ids_texts(dataset)
         if not ids:
             raise ConfigError(f"the corpus {corpus!r} has no documents")
+        # BM25 first: a corpus with no word to index is refused before a document is encoded
+        t1 = time.perf_counter()
+        bm25 = BM25Index(texts, name=str(corpus) if isinstance(corpus, (str, os.PathLike)) else None)
+        bm25_s = time.perf_counter() - t1
+        t0 = time.perf_counter()
         index, order = build_index(
             st, dataset, batch_size=batch_size, max_length=doc_max_length, show_progress_bar=show_progress_bar
         )
@@ -187,13 +198,12 @@ class HybridRetriever:
         embeddings[order] = in_index_order  # back to corpus order
         del in_index_order
         dense_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        bm25 = BM25Index(texts)
-        bm25_s = time.perf_counter() - t1
         empty_rows = _empty_rows(texts, corpus)
         meta = {
             "model": model_ref,
             "model_fingerprint": model_fingerprint(st)["weights_sha256"],
+            # what the saved vectors depend on: a query-side model shares it with its start (load accepts either)
+            "document_encoder": document_encoder_key(st),
             "similarity": model_similarity(st),
             "doc_max_length": doc_max_length,
             "encode_precision": current_precision(st),  # of the document vectors (fp32 unless a run asked for bf16)
@@ -237,8 +247,9 @@ class HybridRetriever:
             bm25=self.bm25,
         )
         self._texts = None  # a fitted fusion is not fitted again
-        self.meta.setdefault("build_seconds", {})["fusion_fit"] = round(time.perf_counter() - t0, 2)
-        logger.info("hybrid fusion fitted without labels: %s", asdict(self.fusion))
+        seconds = time.perf_counter() - t0
+        self.meta.setdefault("build_seconds", {})["fusion_fit"] = round(seconds, 2)
+        log_fit(self.fusion, f"hybrid retriever over {self.meta.get('corpus', 'the corpus')}", seconds)
         return self.fusion
 
     # ------------------------------------------------------------------------------------------------ search
@@ -251,7 +262,12 @@ class HybridRetriever:
         self, queries: list[str], k: int, *, query_embeddings: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """Dense top-``k``: ``(scores, rows)`` arrays of shape ``(n_queries, k)`` (rows index :attr:`doc_ids`)."""
-        q = self.encode_queries(queries) if query_embeddings is None else query_embeddings
+        from .index import check_finite
+
+        if query_embeddings is None:
+            q = self.encode_queries(queries)
+        else:  # given: NaN or inf would rank nonsense
+            q = check_finite(query_embeddings, "search: the query_embeddings given")
         scores, rows = self.dense_index.search(q, k)
         if self._order is not None:
             rows = np.where(rows >= 0, self._order[np.maximum(rows, 0)], -1)
@@ -338,17 +354,21 @@ class HybridRetriever:
         }
         record["doc_ids_sha256"] = doc_ids_digest(self.doc_ids)
         record["empty_rows"] = [int(r) for r in self.empty_rows]
-        model = Path(str(self.meta.get("model", "")))
+        record.pop("model_relative_to_folder", None)
+        model = Path(str(self.meta.get("model") or ""))
         if model.is_absolute() and model.exists():
             record["model"] = os.path.relpath(model, out)
             record["model_relative_to_folder"] = True
+        # secrets redacted, but not the paths recorded as data (DATA_FIELDS): a retriever must find its model
+        redacted = redact_secrets({k: v for k, v in record.items() if k not in DATA_FIELDS})
+        record = {k: record[k] if k in DATA_FIELDS else redacted[k] for k in record}
         with atomic_directory(out) as tmp:
             np.save(tmp / EMBEDDINGS_FILE, self.embeddings)
             # written as is (not through atomic_write_json's secret redaction: an id is data, whatever its shape);
             # the folder as a whole is atomic
             (tmp / DOC_IDS_FILE).write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
             self.bm25.save(tmp / BM25_FOLDER)
-            atomic_write_json(tmp / HYBRID_FILE, record)
+            atomic_write_text(tmp / HYBRID_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
             if out.is_dir():  # the user's entries beside a saved retriever stay
                 for entry in out.iterdir():
                     if entry.name not in HYBRID_ENTRIES:
@@ -371,6 +391,8 @@ class HybridRetriever:
             raise damaged(info_file, f"not readable JSON ({e})") from None
         if not isinstance(info, dict):
             raise damaged(info_file, "not a JSON object")
+        if "format_version" in info and not _whole(info["format_version"]):
+            raise _wrong_type(info_file, "format_version", info["format_version"], "a whole number")
         if info.get("format_version") != FORMAT_VERSION:
             raise ConfigError(
                 f"{info_file}: format version {info.get('format_version')!r}, this hf_cocodr reads {FORMAT_VERSION}"
@@ -378,6 +400,7 @@ class HybridRetriever:
         missing = [k for k in ("model", "model_fingerprint", "num_docs", "bm25", "fusion") if k not in info]
         if missing:
             raise damaged(info_file, f"missing {', '.join(missing)}")
+        _check_record(info_file, info)  # every field of the type it must have, before anything reads one
         ids_file = folder / DOC_IDS_FILE
         try:
             doc_ids = json.loads(ids_file.read_text(encoding="utf-8"))
@@ -400,25 +423,44 @@ class HybridRetriever:
             raise damaged(emb_file, f"not a readable .npy array ({' '.join(str(e).split())})") from None
         if embeddings.ndim != 2 or embeddings.shape[0] != len(doc_ids):
             raise damaged(emb_file, f"shape {embeddings.shape}, expected ({len(doc_ids)}, dimension)")
-        bm25_num = info["bm25"].get("num_docs") if isinstance(info["bm25"], dict) else None
+        bm25_num = info["bm25"]["num_docs"]
         if bm25_num != len(doc_ids):
             raise damaged(info_file, f"the BM25 index records {bm25_num} documents, not {len(doc_ids)}")
-        return info, doc_ids, np.array(embeddings)
+        embeddings = np.array(embeddings)
+        bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
+        if bad.size:  # NaN or inf: no ranking may come from them
+            raise damaged(
+                emb_file,
+                f"{bad.size} of {len(doc_ids)} vectors are not finite (NaN or inf; first: row {int(bad[0])}, "
+                f"document {doc_ids[int(bad[0])]!r})",
+            )
+        return info, doc_ids, embeddings
 
     @classmethod
     def load(cls, path: str | os.PathLike, model=None, *, corpus=None) -> HybridRetriever:
         """Load a saved retriever. ``model``: the encoder for the queries (default: the one it was built with); its
-        weights must be the ones the documents were encoded with. ``corpus``: if given, it must be the corpus the
-        retriever was built from (same ids and texts), else a :class:`~hf_cocodr.errors.ConfigError` names the
+        document encoder must be the one the documents were encoded with: the model it was built with, or one that
+        shares its document encoder (a query-side model and its start, either way round;
+        :func:`~hf_cocodr.retrieval.encoding_cache.document_encoder_key`). ``corpus``: if given, it must be the corpus
+        the retriever was built from (same ids and texts), else a :class:`~hf_cocodr.errors.ConfigError` names the
         difference. The saved parts are checked against each other before the model loads (a damaged one is a
         ``ConfigError`` naming its file)."""
         from .index import BM25Index
 
         folder = resolved_path(path)
         info, doc_ids, embeddings = cls._read_parts(folder)
+        try:  # a part of the saved retriever: read (and so checked) before the model loads
+            bm25 = BM25Index.load(folder / BM25_FOLDER, info["bm25"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ConfigError(
+                f"{folder / BM25_FOLDER}: the BM25 index cannot be read ({' '.join(str(e).split())[:200]}); this "
+                "saved hybrid retriever is damaged: build it again"
+            ) from None
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
             got = corpus_fingerprint(ids, texts)
+            if "corpus_fingerprint" not in info:
+                raise ConfigError(f"{folder / HYBRID_FILE} records no corpus fingerprint to check {corpus!s} against")
             if got != info["corpus_fingerprint"]:
                 raise ConfigError(
                     f"the corpus {corpus!s} is not the one {folder} was built from ({len(ids)} documents, fingerprint "
@@ -428,6 +470,11 @@ class HybridRetriever:
         if model is not None and not isinstance(model, (str, os.PathLike)):
             st = model
         else:
+            if model is None and info["model"] is None:
+                raise ConfigError(
+                    f"{folder} was built with a model held in memory only (never saved to a folder or the Hub): pass "
+                    "HybridRetriever.load(..., model=<that model, or one sharing its document encoder>)"
+                )
             ref = str(model) if model is not None else _saved_model_ref(folder, info)
             try:
                 st = load_encoder(ref)
@@ -437,28 +484,129 @@ class HybridRetriever:
                     f"{folder}: cannot load {given} ({ref}): {' '.join(str(e).split())[:200]}; pass "
                     "HybridRetriever.load(..., model=<that model's folder or Hub id>)"
                 ) from None
-        fp = model_fingerprint(st)["weights_sha256"]
-        if fp != info["model_fingerprint"]:
-            raise ConfigError(
-                f"the model's weights ({fp}) are not those {folder} was built with "
-                f"({info['model_fingerprint']}, {info['model']}): its query vectors would not match "
-                "the saved document vectors; pass that model or build the retriever again"
-            )
-        try:
-            bm25 = BM25Index.load(folder / BM25_FOLDER, info["bm25"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ConfigError(
-                f"{folder / BM25_FOLDER}: the BM25 index cannot be read ({' '.join(str(e).split())[:200]}); this "
-                "saved hybrid retriever is damaged: build it again"
-            ) from None
         meta = {
             k: v for k, v in info.items() if k not in ("format_version", "fusion", "bm25", "model_relative_to_folder")
         }
         if info.get("model_relative_to_folder"):
             meta["model"] = str(resolved_path(folder / info["model"]))
-        # a fusion saved before BM25's zeros were normalised with its hits fuses as it did then
-        fusion = FusionConfig(**{"bm25_zeros": False, **info["fusion"]})
-        return cls(st, doc_ids, embeddings, bm25, fusion, meta)
+        fp = model_fingerprint(st)["weights_sha256"]
+        if fp != info["model_fingerprint"]:
+            if not _shares_document_encoder(st, info):
+                raise ConfigError(
+                    f"the model's weights ({fp}) are not those {folder} was built with "
+                    f"({info['model_fingerprint']}, {info['model']}), nor is its document encoder: its query vectors "
+                    "would not match the saved document vectors; pass that model (or a query-side model of it) or "
+                    "build the retriever again"
+                )
+            # another model with the documents' encoder (a query-side model, its start): recorded as the model now,
+            # so a save of this retriever names the model that encodes its queries
+            if model is None:
+                ref = meta["model"]  # the recorded folder, which holds this model now
+            elif isinstance(model, (str, os.PathLike)):
+                ref = str(resolved_path(model)) if Path(model).expanduser().exists() else str(model)
+            else:
+                ref = _model_ref(st)
+            meta.update(
+                model=ref,
+                model_fingerprint=fp,
+                document_encoder=document_encoder_key(st),
+            )
+        return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta)
+
+
+def _whole(value, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _number(value, low: float, high: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def _wrong_type(info_file: Path, field: str, value, expected: str) -> ConfigError:
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    return ConfigError(
+        f"{info_file}: {field} is {shown}, expected {expected}; this saved hybrid retriever is damaged or was edited: "
+        "build it again"
+    )
+
+
+def _check_record(info_file: Path, info: dict[str, Any]) -> None:
+    """Refuse, naming ``hybrid.json`` and the field, a field of the wrong type or out of range (a hand-edited or
+    damaged record), before any model loads; the fields a version did not write may be absent."""
+    from .encoding import SUPPORTED_SIMILARITIES
+
+    num_docs = info["num_docs"]
+    string = (lambda v: isinstance(v, str) and bool(v), "a string")
+    checks: dict[str, tuple] = {
+        "model": (
+            lambda v: v is None or (isinstance(v, str) and bool(v)),
+            "a string (a model folder or Hub id) or null",
+        ),
+        "model_fingerprint": string,
+        "document_encoder": string,
+        "num_docs": (_whole, "a whole number >= 0"),
+        "doc_ids_sha256": string,
+        "corpus_fingerprint": string,
+        "corpus": string,
+        "encode_precision": string,
+        "similarity": (lambda v: v in SUPPORTED_SIMILARITIES, f"one of {SUPPORTED_SIMILARITIES}"),
+        "doc_max_length": (lambda v: v is None or _whole(v, 1), "a whole number >= 1 or null"),
+        "model_relative_to_folder": (lambda v: isinstance(v, bool), "true or false"),
+        "build_seconds": (lambda v: isinstance(v, dict), "a mapping"),
+        "bm25": (lambda v: isinstance(v, dict), "a mapping"),
+        "fusion": (lambda v: isinstance(v, dict), "a mapping"),
+    }
+    for field, (ok, expected) in checks.items():
+        if field in info and not ok(info[field]):
+            raise _wrong_type(info_file, field, info[field], expected)
+    if info.get("model_relative_to_folder") and info["model"] is None:
+        raise _wrong_type(info_file, "model", None, "a folder (model_relative_to_folder is true)")
+    rows = info.get("empty_rows", [])
+    if not isinstance(rows, list) or not all(_whole(r) and r < num_docs for r in rows):
+        raise _wrong_type(info_file, "empty_rows", rows, f"a list of row numbers below num_docs ({num_docs})")
+    bm25 = info["bm25"]
+    for field, ok, expected in (
+        ("k1", lambda v: _number(v, 0.0, float("inf")), "a number >= 0"),
+        ("b", lambda v: _number(v, 0.0, 1.0), "a number in [0, 1]"),
+        ("language", lambda v: isinstance(v, str) and bool(v), "a string"),
+        ("num_docs", _whole, "a whole number >= 0"),
+    ):
+        if field not in bm25:
+            raise ConfigError(f"{info_file}: bm25.{field} is missing; this saved hybrid retriever is damaged")
+        if not ok(bm25[field]):
+            raise _wrong_type(info_file, f"bm25.{field}", bm25[field], expected)
+    unknown = sorted(set(info["fusion"]) - set(FusionConfig.__dataclass_fields__))
+    if unknown:
+        raise _wrong_type(
+            info_file,
+            "fusion",
+            info["fusion"],
+            f"only the fields {sorted(FusionConfig.__dataclass_fields__)} (unknown: {unknown})",
+        )
+    try:
+        _saved_fusion(info)
+    except ConfigError as e:
+        raise ConfigError(
+            f"{info_file}: {e}; this saved hybrid retriever is damaged or was edited: build it again"
+        ) from None
+
+
+def _saved_fusion(info: dict[str, Any]) -> FusionConfig:
+    # a fusion saved before BM25's zeros were normalised with its hits fuses as it did then
+    return FusionConfig(**{"bm25_zeros": False, **info["fusion"]})
+
+
+def _shares_document_encoder(st, info: dict[str, Any]) -> bool:
+    """Whether ``st`` encodes documents as the model a saved retriever was built with: the same document encoder
+    key, or (a retriever saved before the key was recorded) a document route whose weights are that model's."""
+    if "document_encoder" in info:
+        return document_encoder_key(st) == info["document_encoder"]
+    from torch import nn
+
+    # the modules of a plain model are named 0, 1, ... as in a Sequential of the document route's
+    return is_asymmetric(st) and (
+        model_fingerprint(nn.Sequential(*document_modules(st)))["weights_sha256"] == info["model_fingerprint"]
+    )
 
 
 def _saved_model_ref(folder: Path, info: dict[str, Any]) -> str:
@@ -501,13 +649,33 @@ def _fusion(fusion) -> FusionConfig:
     raise ConfigError(f"fusion must be a FusionConfig or a mapping, got {fusion!r}")
 
 
-def _model_ref(st) -> str:
-    """Where a loaded SentenceTransformer came from (its folder or Hub id), for the saved record."""
+def _model_ref(st) -> str | None:
+    """Where a loaded SentenceTransformer came from (its folder or Hub id), for the saved record; None for a model
+    with no folder of its own (built in memory and never saved), which :meth:`HybridRetriever.load` then asks for.
+
+    A Router model (a query-side model) is found through its query route's first module, which names the folder the
+    model was loaded from; a route copied in memory from a plain model names that model's folder instead, which is
+    not this model's (its query encoder differs): a local folder counts only when it holds a Router model."""
     for attr in ("model_name_or_path", "_model_name_or_path"):
         v = getattr(st, attr, None)
         if v:
             return str(v)
+    asymmetric = is_asymmetric(st)
     try:
-        return str(st[0].auto_model.config._name_or_path)
-    except (AttributeError, IndexError, TypeError):
-        return "unknown"
+        ref = str((query_modules(st) if asymmetric else list(st))[0].auto_model.config._name_or_path)
+    except (AttributeError, IndexError, TypeError, KeyError):
+        return None
+    if not ref:
+        return None
+    if asymmetric and Path(ref).expanduser().exists() and not _holds_router_model(Path(ref).expanduser()):
+        return None
+    return ref
+
+
+def _holds_router_model(folder: Path) -> bool:
+    """Whether ``folder`` holds a sentence-transformers model whose first module is a Router."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        return str(modules[0]["type"]).rsplit(".", 1)[-1] == "Router"
+    except (OSError, ValueError, LookupError, TypeError):
+        return False

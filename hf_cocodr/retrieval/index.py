@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
+from ..errors import ConfigError
 from ..utils import faiss_available
 
 logger = logging.getLogger(__name__)
@@ -208,8 +209,23 @@ def _sklearn_kmeans(x, k, niter, seed, max_points_per_centroid, init_centroids):
     return km.cluster_centers_.astype(np.float32), assign.astype(np.int64)
 
 
+def check_finite(vectors, what: str) -> np.ndarray:
+    """``vectors`` as an array, refused with one :class:`~hf_cocodr.errors.ConfigError` line when any value is NaN or
+    infinite (a broken model, a damaged file): ``what`` names them (``"the model's document vectors"``, a file)."""
+    x = np.asarray(vectors)
+    if x.dtype.kind == "f" and x.size and not np.isfinite(x).all():
+        bad = ~np.isfinite(x).reshape(len(x), -1).all(axis=1) if x.ndim > 1 else ~np.isfinite(x)
+        rows = np.flatnonzero(bad)
+        raise ConfigError(
+            f"{what}: {len(rows)} of {len(x)} vectors are not finite (NaN or inf; first: row {int(rows[0])}); a model "
+            "that gives them is broken (or overflows at this precision), a file that holds them is damaged"
+        )
+    return x
+
+
 class BM25Index:
-    """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`."""
+    """A bm25s index over a list of texts; ``search`` returns ``(scores, row_indices)`` like :class:`DenseIndex`.
+    ``name``: what the texts are (a corpus's path), for the one line that refuses texts with no word to index."""
 
     def __init__(
         self,
@@ -219,6 +235,7 @@ class BM25Index:
         b: float = 0.75,
         language: str = "english",
         show_progress: bool = False,
+        name: str | None = None,
     ):
         import bm25s
         import Stemmer
@@ -231,6 +248,11 @@ class BM25Index:
         if texts is None:  # filled by load()
             return
         tokens = bm25s.tokenize(texts, stopwords=self.stopwords, stemmer=self.stemmer, show_progress=show_progress)
+        if not tokens.vocab:  # (bm25s itself fails on an empty vocabulary with "max() arg is an empty sequence")
+            raise ConfigError(
+                f"{name or 'the corpus'}: no indexable word in its {len(texts)} documents (each is empty, or only "
+                "stop words, one-character words and punctuation): BM25 has nothing to index"
+            )
         self.retriever = bm25s.BM25(k1=k1, b=b)
         self.retriever.index(tokens, show_progress=show_progress)
         self.ntotal = len(texts)
