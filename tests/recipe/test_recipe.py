@@ -315,6 +315,7 @@ def test_native_bf16_does_not_count_a_gpu_that_only_emulates_it(monkeypatch):
     """A CUDA card before Ampere (T4, V100) can hold bf16 tensors but computes them by emulation: not native."""
     from hf_cocodr.utils import native_bf16
 
+    monkeypatch.delenv("HF_COCODR_NATIVE_BF16")  # the detection itself (the suite pins it)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
     assert native_bf16() is False

@@ -351,6 +351,7 @@ class DistillStage(Stage):
         :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` on ``rows`` (the teacher's, ``info`` naming their
         queries and corpora; in a probe, rows of their shape drawn from the target queries and documents with random
         teacher scores, since the teacher's rankings are not computed yet)."""
+        from ...data.target_queries import read_target_queries
         from ...finetuning import DistillationTrainer, DistillationTrainingArguments
         from ...finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
 
@@ -383,7 +384,9 @@ class DistillStage(Stage):
             loss=loss,
             card_methods=["hybrid-teacher distillation" + (" (query side)" if query_side else "")],
             negatives_label="the hybrid teacher's candidates",
-            target_queries_read=[i["queries"] for i in info],
+            # the user's query sources by their own names (the run's query files hold them, and pseudo-queries,
+            # which are the corpus's text: the card says so apart)
+            target_queries_read=[read_target_queries(spec).name for spec in run.cfg.target_queries] if info else [],
             target_corpora_read=[i["corpus"] for i in info],
         )
 
