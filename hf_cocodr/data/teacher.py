@@ -168,18 +168,22 @@ def route_queries(query_specs: Sequence, target_corpora: Sequence) -> list[tuple
     """Each ``--target-queries`` source with the target corpus its teacher ranks: the corpus whose corpus file is
     the source folder's (links resolved), else the only target corpus. A source that matches none of several target
     corpora (a JSONL search log) is refused by name, before any work. A source given as ``(spec, corpus)`` (the
-    recipe's own query files, :mod:`hf_cocodr.recipe.queries`) is routed to that target corpus."""
+    recipe's own query files, :mod:`hf_cocodr.recipe.queries`; or ``(spec, corpus, name)``) is routed to that target
+    corpus."""
 
     if not target_corpora:
         raise ConfigError("distillation needs a target corpus for the teacher to rank (--target-corpus)")
     files = [_corpus_file(c) for c in target_corpora]
     routed = []
     for spec in query_specs:
-        if isinstance(spec, tuple):  # pinned to its corpus
-            spec, corpus = spec
+        if isinstance(spec, tuple):  # pinned to its corpus (and named: what the queries are, for the records)
+            spec, corpus, *name = spec
             if not any(corpus is c or corpus == c for c in target_corpora):
                 raise ConfigError(f"queries {spec}: {corpus} is not a target corpus")
-            routed.append((corpus, read_target_queries(spec)))
+            src = read_target_queries(spec)
+            if name:
+                src.name = name[0]
+            routed.append((corpus, src))
             continue
         src = read_target_queries(spec)
         own = _corpus_file(src.folder) if src.folder is not None else None

@@ -47,6 +47,7 @@ class CorpusQueries:
     guard: Path | None = None
     counts: dict[str, Any] = field(default_factory=dict)
     calibration: dict[str, Any] | None = None
+    label: str = ""  # what the training file holds: the user's sources by name, and the pseudo-queries
 
 
 def wants_queries(cfg) -> bool:
@@ -157,17 +158,18 @@ def prepare_queries(run: RecipeRun) -> list[CorpusQueries]:
     n_pseudo = split_counts(int(cfg.pseudo_queries or 0), [len(c[0]) if c else 0 for c in columns])
     out = []
     for corpus, name, cols, n_train in zip(run.target_corpora, corpus_names(run.target_corpora), columns, n_pseudo):
+        mine = [src for c, src in routed if c is corpus]
         real = [
             {"_id": f"query:{src.name}:{i}", "text": t, "kind": "query"}
-            for c, src in routed
-            if c is corpus
+            for src in mine
             for i, t in enumerate(src.texts)
         ]
         if cols is None:  # plain texts: nothing to draw from, nothing to find
             if n_train or real:
                 raise ConfigError(f"pseudo-queries and the distillation need document ids: {corpus} has none")
             continue
-        out.append(_corpus_queries(run, CorpusQueries(corpus, name), cols, real, n_train, exclude, counter))
+        entry = CorpusQueries(corpus, name, label=", ".join(src.name for src in mine))
+        out.append(_corpus_queries(run, entry, cols, real, n_train, exclude, counter))
     return out
 
 
@@ -214,6 +216,8 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
     kinds: dict[str, int] = {}
     for p in pseudo_train:
         kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    if pseudo_train:
+        entry.label = f"{entry.label} + " * bool(entry.label) + f"{len(pseudo_train)} pseudo-queries of {entry.name}"
     entry.counts = {
         "train_queries": len(real),
         "train_pseudo_queries": len(pseudo_train),
@@ -238,5 +242,5 @@ def distill_sources(run: RecipeRun) -> list:
     """What the distillation trains on: each corpus's training file pinned to its corpus
     (:func:`~hf_cocodr.data.teacher.route_queries`); the user's ``--target-queries`` as given where the run wrote no
     files (no target corpus to route them to)."""
-    files = [(str(q.train), q.corpus) for q in run.queries if q.train is not None]
+    files = [(str(q.train), q.corpus, q.label) for q in run.queries if q.train is not None]
     return files if run.queries else list(run.cfg.target_queries)

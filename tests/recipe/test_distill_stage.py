@@ -51,7 +51,8 @@ def test_distillation_trains_on_the_target_queries_and_is_skipped_once_finished(
     assert record["schedule"]["chosen"]["skip_distill"] is False
     assert record["steps_trained"] == {"distill": 4}
     marker = json.loads((out / "distill" / "hf_cocodr_stage.json").read_text())
-    assert marker["teacher"][0]["queries"] == "toy:train" and marker["teacher"][0]["num_queries"] == 20
+    # the 20 queries of toy:train less the 2 (10%) the guard holds out
+    assert marker["teacher"][0]["queries"] == "toy:train" and marker["teacher"][0]["num_queries"] == 18
     assert "hybrid-teacher distillation" in (out / "model" / "README.md").read_text()
     assert {"ndcg@10", "bm25", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
 
@@ -156,7 +157,8 @@ def test_distillation_needs_target_queries_and_checks_its_settings():
 def test_the_distillation_stops_at_its_cap_on_passes_over_the_queries(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
     """20 queries in batches of 4 are 5 steps a pass: the plan's steps (500 without a budget) stop at 1.5 passes, 7
     steps, and the record says why; steps fixed by ``distill_steps`` are trained as given."""
-    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_max_passes": 1.5}
+    # (guard off: every one of the 20 queries trains, none held out)
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_max_passes": 1.5, "guard": "off"}
     del cfg["distill_steps"]
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "capped", config=cfg)
