@@ -31,7 +31,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -51,6 +50,14 @@ ARMS = {
     "pq-mix": (
         ["--pseudo-queries", str(N_PSEUDO)],
         f"query-side distillation on {N_PSEUDO} pseudo-queries of the default mix (span, keywords, title: equal)",
+    ),
+    "pq-mix4": (
+        ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", "span,keywords,title,ict"],
+        f"query-side distillation on {N_PSEUDO} pseudo-queries of every kind alike (span, keywords, title, ict)",
+    ),
+    "pq-mix-16k": (
+        ["--pseudo-queries", str(2 * N_PSEUDO)],
+        f"query-side distillation on {2 * N_PSEUDO} pseudo-queries of the default mix (more than 3 passes' steps)",
     ),
     "coco-pq": (
         ["--pseudo-queries", str(N_PSEUDO), "--skip-coco", "false", "--distill-side", "full"],
@@ -138,6 +145,9 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
         "returncode": rc,
         "command_seconds": round(wall, 1),
         "cpu": cpu_model(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip(),
         "native_bf16": native_bf16(),
         "load": {
             "before": round(load_before, 2),
