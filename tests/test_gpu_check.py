@@ -1,4 +1,4 @@
-"""``scripts/gpu_check.py --smoke`` runs the GPU check's code paths on this CPU and writes every key of its record."""
+"""``scripts/tools/gpu_check.py --smoke`` runs the GPU check's code paths on this CPU and writes every key of its record."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "tools" / "gpu_check.py"
 BENCH_KEYS = {"batch", "texts_per_row", "steps", "texts", "tokens", "padded_tokens", "seconds", "texts_per_s"}
 BENCH_KEYS |= {"tokens_per_s", "precision", "wall_seconds"}
 RATIO_KEYS = {

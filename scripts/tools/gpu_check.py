@@ -3,7 +3,7 @@ own trainer on the same card, and the recipe end to end under a budget.
 
 One command, offline, at most about 6 minutes on one GPU:
 
-    python scripts/gpu_check.py --out gpu_check.json
+    python scripts/tools/gpu_check.py --out gpu_check.json
 
 It prints a table and writes JSON (``--out``): for sentence-transformers' ``MultipleNegativesRankingLoss`` trainer,
 ``IDROTrainer`` (paper and reference presets), the distillation step (``DistillationTrainer`` with
@@ -18,7 +18,7 @@ utilisation, and nDCG@10 of the starting and the adapted model on the SciFact an
 ``--smoke`` runs the same code paths on a CPU with tiny sizes (splade-tiny, a slice of NFCorpus) in about a minute;
 ``tests/test_gpu_check.py`` runs it. What a CUDA image lacks and how to bring it: docs/throughput.md.
 
-    python scripts/gpu_check.py --smoke --out reports/benchmarks/gpu_check_smoke.json
+    python scripts/tools/gpu_check.py --smoke --out reports/benchmarks/gpu_check_smoke.json
 """
 
 from __future__ import annotations
