@@ -81,7 +81,7 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
     corpus_pool: int | None = _opt(5, "restrict the source corpus to the positives + BM25 top-k of the kept queries")
     schedule: str = _opt(
         AUTO,
-        "auto: settings chosen by the starting model (README, 'How the recipe chooses its "
+        "auto: settings chosen by the starting model (docs/adaptation.md, 'How the recipe chooses its "
         "schedule'); paper: COCO -> iDRO",
         choices=("auto", "paper"),
     )
@@ -108,8 +108,9 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
     guard: str = _opt(
         "on",
         "the label-free guard: before the export, the adapted and the starting model rank queries neither trained "
-        "on (held-out pseudo-queries of the target corpora, a held-out share of --target-queries); on: keep the "
-        "starting model where the adapted one is worse beyond one standard error; record: read and record only; off",
+        "on (held-out pseudo-queries of the target corpora, and a held-out share of --target-queries, recorded); on: "
+        "keep the starting model where the adapted one finds the held-out pseudo-queries' documents worse beyond one "
+        "standard error; record: read and record only; off",
         choices=("on", "record", "off"),
     )
     guard_queries: int = _opt(200, "held-out pseudo-queries per target corpus the guard reads")

@@ -31,7 +31,9 @@ def test_a_pseudo_query_distillation_plans_trains_guards_and_resumes(tiny_st_dir
     args = (str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out")
     run_recipe(*args, evals=[f"{tiny_beir}:dev"], config={**CFG, "guard": "record"}, max_minutes=30.0)
     rec = json.loads((tmp_path / "out" / "recipe.json").read_text())
-    assert rec["schedule"]["kind"] == "no_mlm_head_queries" and "pseudo-queries are asked for" in rec["schedule"]["why"]
+    assert (
+        rec["schedule"]["kind"] == "no_mlm_head_queries" and "pseudo-queries are asked for" in rec["schedule"]["why"]
+    )
     assert rec["steps_trained"]["distill"] >= 1 and set(rec["steps_trained"]) == {"distill"}
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["fixed_costs"]["distill_teacher_rank"] > 0  # ranking the pseudo-queries is a planned cost
@@ -98,7 +100,11 @@ def test_the_guard_keeps_the_start_for_a_model_made_worse(tiny_st_dir, tiny_beir
     monkeypatch.setattr(DistillStage, "train", train_then_scramble)
     out = tmp_path / "out"
     run_recipe(
-        str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config={**CFG, "guard_queries": 40, "distill_steps": 2}
+        str(tiny_st_dir),
+        [str(tiny_beir)],
+        str(tiny_beir),
+        out,
+        config={**CFG, "guard_queries": 40, "distill_steps": 2},
     )
     rec = json.loads((out / "recipe.json").read_text())
     guard = rec["guard"]
@@ -123,3 +129,17 @@ def test_the_guard_passes_a_model_that_reads_as_the_start(tiny_st_dir, tiny_beir
     reading = guard["readings"]["pseudo_queries"]
     assert reading["difference"] == pytest.approx(0.0, abs=1e-9) and reading["verdict"] == "no difference"
     assert guard["kept"] == "adapted" and guard["mode"] == "on"
+
+
+def test_the_verdict_rests_on_the_pseudo_queries_and_records_the_queries_reading():
+    """Held-out queries read against the teacher are recorded, never decided on: a model that reads worse there but
+    not on the held-out pseudo-queries is kept (hand-made per-query nDCG@10 of the start and the adapted model)."""
+    from hf_cocodr.recipe.guard import decide, paired_reading
+
+    queries = paired_reading([0.9, 0.8, 0.9, 0.7], [0.3, 0.2, 0.4, 0.1])
+    pseudo = paired_reading([0.5, 0.6, 0.7, 0.4], [0.52, 0.59, 0.7, 0.41])
+    # by hand: differences 0.02, -0.01, 0, 0.01: mean 0.005, SD sqrt(0.00055 / 3), SE = SD / 2 = 0.0068
+    assert pseudo["difference"] == 0.005 and pseudo["se"] == 0.0068 and pseudo["verdict"] == "no difference"
+    assert queries["verdict"] == "worse"
+    assert decide({"pseudo_queries": pseudo, "queries": queries}) == "not worse"
+    assert decide({"pseudo_queries": queries}) == "worse"
