@@ -138,8 +138,8 @@ def test_the_verdict_rests_on_the_pseudo_queries_and_records_the_queries_reading
 
     queries = paired_reading([0.9, 0.8, 0.9, 0.7], [0.3, 0.2, 0.4, 0.1])
     pseudo = paired_reading([0.5, 0.6, 0.7, 0.4], [0.52, 0.59, 0.7, 0.41])
-    # by hand: differences 0.02, -0.01, 0, 0.01: mean 0.005, SD sqrt(0.00055 / 3), SE = SD / 2 = 0.0068
-    assert pseudo["difference"] == 0.005 and pseudo["se"] == 0.0068 and pseudo["verdict"] == "no difference"
+    # by hand: differences 0.02, -0.01, 0, 0.01: mean 0.005, SD sqrt(0.0005 / 3), SE = SD / 2 = 0.0065
+    assert pseudo["difference"] == 0.005 and pseudo["se"] == 0.0065 and pseudo["verdict"] == "no difference"
     assert queries["verdict"] == "worse"
     assert decide({"pseudo_queries": pseudo, "queries": queries}) == "not worse"
     assert decide({"pseudo_queries": queries}) == "worse"
