@@ -219,6 +219,47 @@ def guard_reading(rows: list[dict], corpus: str) -> str:
     return ", ".join(out)
 
 
+CORPUS_OF = {"SciFact dev": "scifact", "NFCorpus dev": "nfcorpus"}
+
+
+def agreement_lines(rows: dict) -> list[str]:
+    """The guard against the labels, arm by arm and corpus by corpus: where the labels' mean gain over the seeds is
+    beyond its spread (better or worse), does each seed's guard reading of that corpus (its held-out pseudo-queries)
+    say the same: not worse where the labels read better, worse where they read worse?"""
+    out = [
+        "The guard against the labels (where the labels see a difference beyond the spread; the guard's reading of the "
+        "corpus, seed by seed: agrees when it is not `worse` for a model the labels read better, `worse` for one they "
+        "read worse):",
+        "",
+        "| arm | corpus | labels: mean gain ± half-range (seeds) | labels say | guard per seed | agrees |",
+        "|---|---|---|---|---|---|",
+    ]
+    agree = total = 0
+    for arm, by_seed in rows.items():
+        done = [r for _, r in sorted(by_seed.items()) if "metrics" in r]
+        if len(done) < 2:
+            continue
+        for _, label in EVALS:
+            mean, half, says = label_reading(done, label)
+            verdicts = [
+                ((r.get("guard") or {}).get("corpora", {}).get(CORPUS_OF[label], {}).get("pseudo_queries") or {}).get(
+                    "verdict", "–"
+                )
+                for r in done
+            ]
+            if says in ("better", "worse"):
+                ok = [(v == "worse") == (says == "worse") for v in verdicts if v != "–"]
+                agree, total = agree + sum(ok), total + len(ok)
+                agrees = f"{sum(ok)} of {len(ok)}"
+            else:
+                agrees = "(no difference: not counted)"
+            out.append(
+                f"| {arm} | {label} | {mean:+.4f} ± {half:.4f} ({len(done)}) | {says} | {', '.join(verdicts)} | {agrees} |"
+            )
+    out += ["", f"Agreement where the labels see a difference: {agree} of {total} seed readings."]
+    return out
+
+
 def summarize(rows: dict) -> dict:
     out = {}
     for arm, by_seed in rows.items():
@@ -333,6 +374,7 @@ def write_report(ns, rows: dict) -> None:
                 f"{nf['hybrid_ndcg@10']:.4f} ({nf['hybrid_ndcg@10'] - nf['start_hybrid_ndcg@10']:+.4f}) | "
                 f"{r['steps_trained']} | {g} | {trained} | {load_txt} | {r['command_seconds']} |"
             )
+    lines += ["", *agreement_lines(rows)]
     lines += [
         "",
         f"Command: `python scripts/studies/corpus_only.py --arms {','.join(rows)} --seeds 42,43,44 --core 1` (each "
