@@ -31,10 +31,13 @@ def _as_documents(doc_vectors, similarity: str) -> np.ndarray:
     return d
 
 
-def order_reachable(doc_vectors, order, *, similarity: str = "dot", tolerance: float = 1e-9) -> bool:
+def order_reachable(doc_vectors, order, *, similarity: str = "dot", tolerance: float = 1e-9, batch: int = 256) -> bool:
     """Whether some query vector ranks the documents ``order`` (rows of ``doc_vectors``, best first) above every
     other document, in that order, with every inequality strict. Solved exactly as a linear program: maximise ``t``
-    subject to ``(d_i − d_j) · q ≥ t`` for each pair the order asks for and ``−1 ≤ q ≤ 1``; reachable iff ``t > 0``."""
+    subject to ``(d_i − d_j) · q ≥ t`` for each pair the order asks for and ``−1 ≤ q ≤ 1``; reachable iff ``t > 0``.
+    The constraints against the other documents are generated as needed: the program is solved with the ``batch``
+    documents that score highest against the current solution, and again with those it violates, until none is (a
+    subset that is infeasible already answers no)."""
     from scipy.optimize import linprog
 
     d = _as_documents(doc_vectors, similarity)
@@ -42,23 +45,35 @@ def order_reachable(doc_vectors, order, *, similarity: str = "dot", tolerance: f
     if len(set(order)) != len(order):
         raise ValueError("order_reachable: the order repeats a document")
     rest = np.setdiff1d(np.arange(len(d)), order)
-    pairs = [d[a] - d[b] for a, b in zip(order, order[1:])]
-    if len(rest) and order:
-        pairs += list(d[order[-1]] - d[rest])
-    if not pairs:
+    chain = [d[a] - d[b] for a, b in zip(order, order[1:])]
+    if not order or (not chain and not len(rest)):
         return True
-    diffs = np.asarray(pairs)
+    last = d[order[-1]]
+    # the first cut: the documents nearest the candidates' mean (those a solution has to beat first)
+    active = rest[np.argsort(-(d[rest] @ d[order].mean(axis=0)), kind="stable")[:batch]] if len(rest) else rest
     dim = d.shape[1]
-    # variables (q, t): minimise -t subject to -diffs q + t <= 0
-    a_ub = np.hstack([-diffs, np.ones((len(diffs), 1))])
-    res = linprog(
-        c=np.r_[np.zeros(dim), -1.0],
-        A_ub=a_ub,
-        b_ub=np.zeros(len(diffs)),
-        bounds=[(-1.0, 1.0)] * dim + [(None, 1.0)],
-        method="highs",
-    )
-    return bool(res.status == 0 and -res.fun > tolerance)
+    while True:
+        diffs = np.asarray(chain + list(last - d[active]))
+        a_ub = np.hstack([-diffs, np.ones((len(diffs), 1))])  # -diffs q + t <= 0
+        res = linprog(
+            c=np.r_[np.zeros(dim), -1.0],
+            A_ub=a_ub,
+            b_ub=np.zeros(len(diffs)),
+            bounds=[(-1.0, 1.0)] * dim + [(None, 1.0)],
+            method="highs",
+        )
+        if res.status != 0 or -res.fun <= tolerance:
+            return False
+        q, t = res.x[:dim], -res.fun
+        margins = (last - d[rest]) @ q
+        if (margins > tolerance).all():  # q ranks the order above every other document, strictly
+            return True
+        violated = rest[margins < t - 1e-12]
+        violated = np.setdiff1d(violated, active)
+        if not len(violated):
+            return True
+        worst = violated[np.argsort(((last - d[violated]) @ q), kind="stable")[:batch]]
+        active = np.concatenate([active, worst])
 
 
 def free_query_vectors(

@@ -48,3 +48,21 @@ def test_the_in_batch_term_separates_queries_that_share_no_first_candidate():
     q = free_query_vectors(docs, cand, teacher, rng.standard_normal((2, 4)), in_batch_weight=1.0, steps=400)
     unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
     assert (q @ unit[[0, 3]].T).argmax(axis=1).tolist() == [0, 1]
+
+
+def test_constraints_generated_as_needed_answer_as_the_whole_program():
+    """The documents a solution must beat are added as the program needs them: on random corpora, with a cut of 4
+    documents at a time, the answer is the one the whole program (every document at once) gives, for orders some
+    vector reaches (a vector's own top 3) and orders chosen at random (mostly unreachable)."""
+    rng = np.random.default_rng(1)
+    answers = []
+    for trial in range(12):
+        docs = rng.standard_normal((60, 3))
+        if trial % 2:
+            order = rng.choice(60, 3, replace=False).tolist()
+        else:
+            order = np.argsort(-(docs @ rng.standard_normal(3)))[:3].tolist()
+        whole = order_reachable(docs, order, batch=60)
+        assert order_reachable(docs, order, batch=4) == whole
+        answers.append(whole)
+    assert True in answers and False in answers  # both answers were exercised
