@@ -36,13 +36,14 @@ POOL = "pool-distinct"
 
 def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--student", required=True, help="a recipe run folder whose model is a query-side student")
+    ap.add_argument("--student", help="a recipe run folder whose model is a query-side student (required to measure)")
     ap.add_argument("--data", default="outputs/corpus_only/data")
     ap.add_argument("--work", default="outputs/distill_ceiling")
     ap.add_argument("--out", default="reports/studies/distill_ceiling")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--reachable-queries", type=int, default=100, help="queries per split checked by the LP")
+    ap.add_argument("--report-only", action="store_true", help="re-render the page from the JSON")
     return ap.parse_args()
 
 
@@ -63,6 +64,11 @@ def agreement(run: dict, teacher_top: dict) -> float:
 
 def main() -> int:
     ns = parse()
+    if ns.report_only:
+        write_report(ns, json.loads(Path(ns.out + ".json").read_text()))
+        return 0
+    if not ns.student:
+        raise SystemExit("distill_ceiling: --student RUN is required (or --report-only)")
     os.environ["HF_COCODR_CACHE"] = str(Path(ns.work).absolute() / "cache")
     from sentence_transformers import SentenceTransformer
 
@@ -76,7 +82,7 @@ def main() -> int:
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
     from hf_cocodr.retrieval.teacher import teacher_retriever
     from hf_cocodr.rundir.run_record import fingerprint
-    from hf_cocodr.utils import atomic_write_json, atomic_write_text
+    from hf_cocodr.utils import atomic_write_json
 
     data, run_dir = Path(ns.data), Path(ns.student)
     model = bundled_model_path("all-MiniLM-L6-v2")
@@ -147,13 +153,24 @@ def main() -> int:
                 print(name, split, json.dumps(entry), f"{time.time() - t0:.0f} s", flush=True)
             out["corpora"][name] = res
     out["seconds"] = round(time.time() - t0, 1)
+    out["reachable_queries"] = ns.reachable_queries
     atomic_write_json(Path(ns.out + ".json"), out)
-    lines = [
-        "# What caps the query-side distillation: the free-vector ceiling, the student on train and on dev",
-        "",
+    write_report(ns, out)
+    return 0
+
+
+def write_report(ns, out: dict) -> None:
+    from hf_cocodr.utils import atomic_write_text
+
+    run_dir, precision = Path(out["student"]), out["precision"]
+    lines = ["# What caps the query-side distillation: the free-vector ceiling, the student on train and on dev", ""]
+    findings = Path(ns.out + "_findings.md")
+    if findings.is_file():
+        lines += [findings.read_text().strip(), ""]
+    lines += [
         f"Student: the query-side model of `{run_dir.name}` ({run_dir}). Teacher: the distillation's hybrid (start + "
-        f"BM25, z-scores, dense weight 0.5). nDCG@10 with the labels; corpus encodings in {precision}; free vectors: "
-        f"{ns.steps} full-batch Adam steps of the distillation's loss (KL over the teacher's top {ns.k} at the "
+        f"BM25, z-scores, dense weight 0.5, depth 100). nDCG@10 with the labels; corpus encodings in {precision}; free vectors: "
+        f"{out['steps']} full-batch Adam steps of the distillation's loss (KL over the teacher's top {out['k']} at the "
         "student's temperature 0.05 + the in-batch contrast), from the starting model's query vectors.",
         "",
         "| corpus | split | queries | start | student | teacher | free-vector ceiling | teacher's top-k reachable | "
@@ -180,9 +197,13 @@ def main() -> int:
             f"{e['start_agreement_trained']:.4f} | {e['held_out_queries']} | {e['student_agreement_held_out']:.4f} | "
             f"{e['start_agreement_held_out']:.4f} |"
         )
-    lines += ["", f"Command: `python scripts/studies/distill_ceiling.py --student {ns.student}`"]
+    lines += [
+        "",
+        f"Reachability checked on the first {out.get('reachable_queries', '?')} queries of each split. Command: "
+        f"`python scripts/studies/distill_ceiling.py --student {out['student']} --reachable-queries "
+        f"{out.get('reachable_queries', 100)}` (`--report-only` re-renders this page from the JSON).",
+    ]
     atomic_write_text(Path(ns.out + ".md"), "\n".join(lines) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
