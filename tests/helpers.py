@@ -13,6 +13,7 @@ from hf_cocodr.cli import main
 
 # ------------------------------------------------------------------------------------- the recipe at its smallest
 CFG = dict(
+    pseudo_queries=0,  # (a head-less model's schedule without queries: the COCO soup, as these tests were written)
     coco_steps=2,
     finetune_steps=4,
     target_steps=2,

@@ -177,8 +177,7 @@ class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettin
             )
         if self.schedule not in ("auto", "paper"):
             raise ConfigError(f"recipe option schedule must be 'auto' or 'paper', got {self.schedule!r}")
-        pseudo = getattr(self, "pseudo_queries", 0)
-        if self.skip_distill is False and not self.target_queries and (pseudo == AUTO or not pseudo):
+        if self.skip_distill is False and not self.target_queries and getattr(self, "pseudo_queries", 0) == 0:
             raise ConfigError(
                 "recipe option skip_distill is false but no target queries are given: the distillation trains on "
                 "unlabelled target queries (--target-queries DIR:SPLIT, a BEIR folder or a JSONL file) or on "

@@ -7,7 +7,7 @@ For each target corpus the run writes two files into ``OUT/queries`` (JSONL, ``_
   those held out) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
   their count split among the corpora in proportion to their sizes);
 - ``<corpus>.guard.jsonl``: what the label-free guard (:mod:`hf_cocodr.recipe.guard`) reads and nothing trains on:
-  ``guard_queries`` pseudo-queries of every kind alike (:data:`~hf_cocodr.retrieval.pseudo_queries.GUARD_MIX`,
+  ``guard_queries`` pseudo-queries (at most one for every 4 documents) of every kind alike (:data:`~hf_cocodr.retrieval.pseudo_queries.GUARD_MIX`,
   whatever mix trains), from documents no trained pseudo-query comes from, and, where the user gave queries for this
   corpus, a share of them (:data:`GUARD_REAL_SHARE`, at most ``guard_queries``).
 
@@ -35,6 +35,7 @@ logger = logging.getLogger("hf_cocodr.recipe")
 
 QUERIES_DIR = "queries"
 GUARD_REAL_SHARE = 0.1  # the share of the user's queries of a corpus held out for the guard
+GUARD_DOC_SHARE = 4  # the guard's held-out pseudo-queries: at most one for every 4 documents of the corpus
 
 
 @dataclass
@@ -181,7 +182,8 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
     from ..retrieval.pseudo_queries import GUARD_MIX, PseudoQueryDrawer, parse_mix
 
     cfg = run.cfg
-    n_guard = int(cfg.guard_queries) if cfg.guard != "off" else 0
+    # the guard sets apart at most a quarter of the corpus's documents (a small corpus keeps the rest to train on)
+    n_guard = min(int(cfg.guard_queries), len(cols[0]) // GUARD_DOC_SHARE) if cfg.guard != "off" else 0
     pseudo_train, pseudo_guard = [], []
     if n_train or n_guard:
         drawer = PseudoQueryDrawer(*cols, seed=cfg.seed, count_tokens=counter)

@@ -16,11 +16,11 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ..data.beir import BEIRFormatError, parse_eval_spec
+from ..data.beir import BEIRFormatError, open_jsonl, parse_eval_spec
 from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
@@ -127,7 +127,7 @@ def run_recipe(
         parse_eval_spec(spec)  # fail early on a bad --eval
     check_max_minutes(max_minutes)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
-    cfg, choice = choose_schedule(cfg, has_mlm)
+    cfg, choice = _schedule(cfg, has_mlm, target_corpora)
     methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
@@ -156,6 +156,37 @@ def run_recipe(
         return _run_stages(run, stages)
     finally:
         folder.release()
+
+
+def _schedule(cfg: RecipeConfig, has_mlm: bool | None, target_corpora) -> tuple[RecipeConfig, dict[str, Any]]:
+    """:func:`choose_schedule`, where a target corpus of plain texts (no document ids, nothing to rank) makes a
+    schedule that would draw pseudo-queries draw none."""
+    resolved, choice = choose_schedule(cfg, has_mlm)
+    plain = [str(c) for c in target_corpora if _without_ids(c)]
+    if "pseudo_queries" in choice["chosen"] and resolved.pseudo_queries and plain:
+        resolved, choice = choose_schedule(replace(cfg, pseudo_queries=0), has_mlm)
+        choice["set_by_user"].pop("pseudo_queries", None)
+        choice["chosen"]["pseudo_queries"] = 0
+        choice["why"] += f" ({', '.join(plain)}: plain texts without document ids, so no pseudo-query is drawn)"
+    return resolved, choice
+
+
+def _without_ids(corpus) -> bool:
+    """Whether a target corpus is plain texts without document ids (a JSONL file whose first record has no ``_id``,
+    a dataset without an ``_id`` column): COCO reads it, nothing can be ranked in it."""
+    if isinstance(corpus, (str, os.PathLike)):
+        path = Path(corpus)
+        if not path.is_file():
+            return False  # a BEIR folder: its corpus holds ids (checked where it is read)
+        with open_jsonl(path) as f:
+            for raw in f:
+                if raw.strip():
+                    try:
+                        return "_id" not in json.loads(raw)
+                    except ValueError:
+                        return False  # (refused by name where it is read)
+        return False
+    return "_id" not in getattr(corpus, "column_names", ["_id"])
 
 
 def _config(config: RecipeConfig | dict | None, stages: tuple[Stage, ...]) -> RecipeConfig:

@@ -32,20 +32,29 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
 )
 
 # By the kind of starting model. A value the user sets explicitly always wins over these.
+# the pseudo-queries a head-less model's corpus-only schedule draws (split among the target corpora by size): three
+# passes over them fill about 15 minutes of one core with native bf16 (docs/adaptation.md)
+CORPUS_PSEUDO_QUERIES = 8000
+
 SCHEDULES: dict[str, dict[str, Any]] = {
-    # No MLM head (an already trained retriever such as all-MiniLM-L6-v2): COCO alone, spent as a soup of runs of
-    # about 76 steps (MLM through a fresh Condenser head warmed up first), no source fine-tuning.
-    "no_mlm_head": dict(PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0),
+    # No MLM head (an already trained retriever such as all-MiniLM-L6-v2), with no pseudo-queries (pseudo_queries 0)
+    # or no distillation (skip_distill true): COCO alone, spent as a soup of runs of about 76 steps (MLM through a
+    # fresh Condenser head warmed up first), no source fine-tuning; the corpus-only default before issue 53.
+    "no_mlm_head_soup": dict(
+        PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0
+    ),
     # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): COCO, then the plain contrastive fine-tune (the
     # paper-setting ablation's best arm; docs/adaptation.md).
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
-# No MLM head and unlabelled target queries given (--target-queries), or pseudo-queries asked for
-# (--pseudo-queries): the whole budget on distilling the hybrid teacher (the starting model + BM25) into the model,
-# no COCO (docs/adaptation.md says why).
+# No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
+# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md says why).
 SCHEDULES["no_mlm_head_queries"] = dict(
-    SCHEDULES["no_mlm_head"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
+    SCHEDULES["no_mlm_head_soup"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
 )
+# No MLM head and the corpus alone: the same distillation on pseudo-queries drawn from the target corpora (the
+# corpus-only study's best arm, docs/adaptation.md "Adaptation from the corpus alone").
+SCHEDULES["no_mlm_head"] = dict(SCHEDULES["no_mlm_head_queries"], pseudo_queries=CORPUS_PSEUDO_QUERIES)
 
 
 def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
@@ -54,7 +63,9 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
     Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
     the user) for the log, ``recipe.json`` and the model card. ``schedule="paper"`` resolves "auto" to COCO-DR's
     stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT, no distillation). A model without an
-    MLM head given unlabelled target queries gets ``no_mlm_head_queries``: the distillation alone.
+    MLM head given unlabelled target queries gets ``no_mlm_head_queries`` (the distillation alone), one given the corpus
+    alone ``no_mlm_head`` (the distillation on pseudo-queries drawn from it), or ``no_mlm_head_soup`` (the COCO soup)
+    where ``pseudo_queries`` is 0 or ``skip_distill`` true.
     """
     kind = "mlm_head" if has_mlm_head else "no_mlm_head"
     why = (
@@ -64,10 +75,14 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         if has_mlm_head is False
         else "the starting model's MLM head could not be inspected (treated as absent)"
     )
-    pseudo = cfg.pseudo_queries not in (AUTO, None, 0)
-    if kind == "no_mlm_head" and (cfg.target_queries or pseudo):
-        given = "unlabelled target queries are given" if cfg.target_queries else "pseudo-queries are asked for"
-        kind, why = "no_mlm_head_queries", f"{why}, and {given}"
+    if kind == "no_mlm_head":
+        if cfg.target_queries:
+            kind, why = "no_mlm_head_queries", f"{why}, and unlabelled target queries are given"
+        elif cfg.pseudo_queries == 0 or cfg.skip_distill is True:
+            asked = "pseudo_queries 0" if cfg.pseudo_queries == 0 else "skip_distill true"
+            kind, why = "no_mlm_head_soup", f"{why}, and no distillation on pseudo-queries ({asked})"
+        else:
+            why = f"{why}, and no query is given: the distillation on pseudo-queries drawn from the target corpora"
     preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
     chosen, user = {}, {}
     values = asdict(cfg)
@@ -80,6 +95,11 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         else:
             user[key] = _plain(values[key])
     resolved = type(cfg)(**values)
+    if resolved.skip_distill is False and not resolved.target_queries and not resolved.pseudo_queries:
+        raise ConfigError(
+            f"recipe option skip_distill is false but the distillation has nothing to train on: no target queries, and "
+            f"the {kind} schedule draws no pseudo-queries; give --target-queries or --pseudo-queries N"
+        )
     _share_switched_on_stages(resolved, chosen)
     record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
     if resolved.distill_side == AUTO:  # what the distillation trains: the query side where it can on a CPU

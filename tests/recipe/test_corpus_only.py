@@ -31,9 +31,7 @@ def test_a_pseudo_query_distillation_plans_trains_guards_and_resumes(tiny_st_dir
     args = (str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "out")
     run_recipe(*args, evals=[f"{tiny_beir}:dev"], config={**CFG, "guard": "record"}, max_minutes=30.0)
     rec = json.loads((tmp_path / "out" / "recipe.json").read_text())
-    assert (
-        rec["schedule"]["kind"] == "no_mlm_head_queries" and "pseudo-queries are asked for" in rec["schedule"]["why"]
-    )
+    assert rec["schedule"]["kind"] == "no_mlm_head" and "pseudo-queries drawn from" in rec["schedule"]["why"]
     assert rec["steps_trained"]["distill"] >= 1 and set(rec["steps_trained"]) == {"distill"}
     plan = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert plan["fixed_costs"]["distill_teacher_rank"] > 0  # ranking the pseudo-queries is a planned cost

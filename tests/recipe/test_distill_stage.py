@@ -24,6 +24,7 @@ CFG = dict(
     distill_steps=4,
     distill_k=3,
     distill={"per_device_train_batch_size": 4, "save_steps": 2},
+    guard="record",  # (the stage's model is what these tests read, whatever the guard would decide)
 )
 
 
@@ -138,7 +139,7 @@ def test_queries_are_routed_to_the_corpus_they_belong_to(tiny_beir, tmp_path):
 
 def test_distillation_needs_target_queries_and_checks_its_settings():
     with pytest.raises(ConfigError, match="skip_distill is false but no target queries"):
-        RecipeConfig(skip_distill=False).validate()
+        RecipeConfig(skip_distill=False, pseudo_queries=0).validate()
     with pytest.raises(ConfigError, match="distill_k must be a whole number >= 2"):
         RecipeConfig(distill_k=1).validate()
     with pytest.raises(ConfigError, match=r"distill_teacher_weight must be a number in \[0, 1\]"):

@@ -22,11 +22,14 @@ def plan_budget(*args, **kwargs) -> dict:
 
 
 def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
-    """The schedule gives target pairs no share; asking for them must not plan them 2 steps."""
+    """The schedule gives target pairs no share; asking for them must not plan them 2 steps. (A head-less model here
+    draws no pseudo-queries, pseudo_queries 0: its schedule is the COCO soup.)"""
     from hf_cocodr.errors import ConfigError
 
     tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0}
-    alone, record = choose_schedule(RecipeConfig(skip_coco=True, skip_finetune=True, target_pairs="ict"), False)
+    alone, record = choose_schedule(
+        RecipeConfig(skip_coco=True, skip_finetune=True, target_pairs="ict", pseudo_queries=0), False
+    )
     assert alone.target_share == 1.0 and record["chosen"]["target_share"] == 1.0
     plan = plan_budget(480.0, tp, alone, overhead_s=40.0, pool_docs=0, n_queries=0, idro=False)
     assert plan["target_steps"] == int(440.0 / 8.0)
@@ -37,14 +40,20 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
     plan = plan_budget(900.0, tp, added, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
     assert plan["target_steps"] == int(900.0 * 0.5 / 1.5 / 8.0)
     # a share the user gives is kept; a 0 for a stage that runs is refused by name; fixed steps need no share
-    assert choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.2), False)[0].target_share == 0.2
-    with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
-        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0), False)
     assert (
-        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3), False)[0].target_steps == 3
+        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.2, pseudo_queries=0), False)[0].target_share
+        == 0.2
+    )
+    with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
+        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, pseudo_queries=0), False)
+    assert (
+        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3, pseudo_queries=0), False)[
+            0
+        ].target_steps
+        == 3
     )
     # beside a head-less model's COCO soup alone (share 1) it gets 1: half the budget each
-    beside_soup, _ = choose_schedule(RecipeConfig(target_pairs="title_body"), False)
+    beside_soup, _ = choose_schedule(RecipeConfig(target_pairs="title_body", pseudo_queries=0), False)
     assert (beside_soup.coco_share, beside_soup.target_share) == (1.0, 1.0)
     # in the joint schedule the pairs are a term of the source steps: no share of their own is needed
     joint, _ = choose_schedule(RecipeConfig(target_pairs="title_body", target_schedule="joint"), True)
@@ -93,7 +102,7 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     assert small["refreshes"] == 2 and small["finetune_steps"] < plan["finetune_steps"]
     # a head-less model's schedule: the budget goes to COCO runs of about 76 steps (hand-computed:
     # round((840 + 20) / (76 x 4 + 20)) = 3 runs of (840 - 2 x 20) / (3 x 4) = 66 steps), >= 70% of it to steps
-    soup, _ = choose_schedule(RecipeConfig(), False)
+    soup, _ = choose_schedule(RecipeConfig(pseudo_queries=0), False)  # the head-less COCO soup
     p = plan_budget(900.0, tp, soup, overhead_s=60.0, pool_docs=20_000, n_queries=1000, idro=True)
     assert (p["coco_runs"], p["coco_steps"], p["finetune_steps"], p["refreshes"]) == (3, 66, 0, 0)
     assert p["planned_optimizer_share"] == round(3 * 66 * 4.0 / 900.0, 3) >= 0.7
@@ -173,7 +182,7 @@ def test_coco_runs_share_the_budget():
     assert coco_runs_for(800.0, 2.5, RecipeConfig(coco_runs=2), None) == (2, int(780.0 / 5.0))
     assert coco_runs_for(800.0, 2.5, RecipeConfig(coco_runs=1), None) == (1, None)
     # in a whole plan: the runs' steps are optimizer seconds, their extra loads are not
-    only_coco, _ = choose_schedule(RecipeConfig(coco_runs="budget", skip_finetune=True), False)
+    only_coco, _ = choose_schedule(RecipeConfig(coco_runs="budget", skip_finetune=True, pseudo_queries=0), False)
     plan = plan_budget(900.0, {"coco_step_s": 2.5}, only_coco, overhead_s=100.0, pool_docs=0, n_queries=0, idro=False)
     assert (plan["coco_runs"], plan["coco_steps"]) == (4, 74)
     assert plan["planned_optimizer_share"] == round(4 * 74 * 2.5 / 900.0, 3)

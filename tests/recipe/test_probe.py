@@ -43,6 +43,7 @@ def test_the_step_probe_runs_in_the_precision_the_stages_train_in(
     monkeypatch.setattr(probe, "time_trainer_steps", timed)
     common = {"per_device_train_batch_size": 4, "bf16": bf16}
     cfg = {
+        "pseudo_queries": 0,
         "skip_coco": False,
         "skip_finetune": False,
         "target_pairs": "none",

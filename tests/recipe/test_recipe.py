@@ -255,6 +255,13 @@ def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_
     )
     record = json.loads((out / "recipe.json").read_text())
     assert record["config"]["target_pairs"] == "ict" and record["steps_trained"] == {"target": 2}
+    # with the head-less schedule's own choice (no pseudo_queries given): plain texts give no pseudo-query to rank,
+    # so the schedule draws none (the COCO soup), and says why
+    cfg = {**{k: v for k, v in CFG.items() if k != "pseudo_queries"}, "target_pairs": "none", "wise_alpha": None}
+    run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "plain", config=cfg)
+    record = json.loads((tmp_path / "plain" / "recipe.json").read_text())
+    assert record["schedule"]["chosen"]["pseudo_queries"] == 0 and "without document ids" in record["schedule"]["why"]
+    assert "distill" not in record["steps_trained"] and "coco" in record["steps_trained"]
     with pytest.raises(ValueError, match="no titles"):
         run_recipe(
             str(tiny_bert_nomlm_dir),

@@ -6,11 +6,13 @@ import json
 
 import pytest
 
+from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import (
     SCHEDULES,
     RecipeConfig,
     choose_schedule,
 )
+from hf_cocodr.recipe.schedules import CORPUS_PSEUDO_QUERIES
 
 
 def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
@@ -25,14 +27,25 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     # model (already a retriever) trains COCO alone as a soup of runs the budget buys, a model with an MLM head the
     # paper's stages (one COCO run -> iDRO); a head-less model's fresh MLM head is warmed up first, and the record
     # says so
-    for kind in ("no_mlm_head", "mlm_head"):
+    for kind in ("no_mlm_head_soup", "mlm_head"):
         assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
         assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_coco"] is False
-    assert SCHEDULES["no_mlm_head"]["skip_finetune"] is True and SCHEDULES["no_mlm_head"]["coco_runs"] == "budget"
+    soup = SCHEDULES["no_mlm_head_soup"]
+    assert soup["skip_finetune"] is True and soup["coco_runs"] == "budget" and soup["pseudo_queries"] == 0
     assert SCHEDULES["mlm_head"]["skip_finetune"] is False and SCHEDULES["mlm_head"]["coco_runs"] == 1
-    assert "30%" in choose_schedule(RecipeConfig(), False)[1]["mlm_head"]
-    assert "30%" in choose_schedule(RecipeConfig(), None)[1]["mlm_head"]  # a Hub id cannot be inspected: warmed up
+    # the corpus alone: a head-less model distils the hybrid on pseudo-queries drawn from the corpus, no COCO
+    alone = SCHEDULES["no_mlm_head"]
+    assert (alone["skip_coco"], alone["skip_finetune"], alone["skip_distill"]) == (True, True, False)
+    assert alone["pseudo_queries"] == CORPUS_PSEUDO_QUERIES and alone["distill_share"] == 1.0
+    assert "mlm_head" not in choose_schedule(RecipeConfig(), False)[1]  # no COCO: no fresh head to warm up
+    # the soup, where no pseudo-query is drawn (or the distillation is off): its fresh MLM head warmed up
+    for off in ({"pseudo_queries": 0}, {"skip_distill": True}):
+        cfg, record = choose_schedule(RecipeConfig(**off), False)
+        assert record["kind"] == "no_mlm_head_soup" and cfg.skip_coco is False and "30%" in record["mlm_head"]
+    assert "30%" in choose_schedule(RecipeConfig(pseudo_queries=0), None)[1]["mlm_head"]  # a Hub id: warmed up
     assert "mlm_head" not in choose_schedule(RecipeConfig(), True)[1]
+    with pytest.raises(ConfigError, match="nothing to train on"):  # a model with an MLM head draws no pseudo-query
+        choose_schedule(RecipeConfig(skip_distill=False), True)
 
 
 def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillation_alone():
@@ -66,7 +79,7 @@ def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_
     assert cfg.distill_side == "full" and "WiSE-FT" in record["distill_side"]
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries, distill_side="full"), False)
     assert cfg.distill_side == "full" and "distill_side" not in record["chosen"]
-    cfg, record = choose_schedule(RecipeConfig(), False)  # no distillation: nothing to choose, nothing recorded
+    cfg, record = choose_schedule(RecipeConfig(pseudo_queries=0), False)  # no distillation: nothing to choose
     assert cfg.distill_side in ("full", "query") and "distill_side" not in record
     monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: False)
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
@@ -76,8 +89,9 @@ def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_
 def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
     tiny_bert_dir, tiny_bert_nomlm_dir, tiny_beir, tmp_path
 ):
-    """End to end with only step counts set: a head-less tiny model gets a COCO soup (3 runs of coco_run_steps without
-    a budget) and no fine-tuning; a tiny model with an MLM head gets one COCO run, then iDRO."""
+    """End to end with only step counts set: a head-less tiny model gets the distillation on pseudo-queries drawn from
+    the corpus, or with pseudo_queries 0 a COCO soup (3 runs of coco_run_steps without a budget), and no fine-tuning;
+    a tiny model with an MLM head gets one COCO run, then iDRO."""
     from hf_cocodr.recipe import run_recipe
 
     small = {
@@ -87,14 +101,16 @@ def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
         "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
     }
     cases = (
-        (tiny_bert_nomlm_dir, {"coco_run_steps": 2}, 3, {"coco": 2}),
+        (tiny_bert_nomlm_dir, {"distill_steps": 2, "distill": {"per_device_train_batch_size": 4}}, 1, {"distill": 2}),
+        (tiny_bert_nomlm_dir, {"coco_run_steps": 2, "pseudo_queries": 0}, 3, {"coco": 2}),
         (tiny_bert_dir, {"coco_steps": 2}, 1, {"coco": 2, "finetune": 2}),
     )
-    for model_dir, steps, runs, trained in cases:
-        out = tmp_path / model_dir.name
+    for i, (model_dir, steps, runs, trained) in enumerate(cases):
+        out = tmp_path / f"{model_dir.name}-{i}"
         run_recipe(str(model_dir), [str(tiny_beir)], str(tiny_beir), out, config={**small, **steps})
         record = json.loads((out / "recipe.json").read_text())
-        assert record["plan"]["coco_runs"] == runs and record["steps_trained"] == trained, model_dir.name
+        assert record["steps_trained"] == trained, model_dir.name
+        assert "coco" not in trained or record["plan"]["coco_runs"] == runs
         assert (out / "coco-runs").is_dir() == (runs > 1)
         assert (out / "finetune").is_dir() == ("finetune" in trained)
 
@@ -102,8 +118,8 @@ def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(
 def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tuning(
     tiny_bert_nomlm_dir, tiny_beir, tmp_path
 ):
-    """The head-less schedule trains COCO alone; with no target corpus there is no COCO, so the source fine-tuning the
-    schedule left out runs instead (recorded as chosen). With every stage switched off by the user: refused by name,
+    """The head-less schedule trains on the target corpus alone; with no target corpus there is nothing to draw
+    pseudo-queries from and no COCO, so the source fine-tuning the schedule left out runs instead (recorded as chosen). With every stage switched off by the user: refused by name,
     before anything is written."""
     from hf_cocodr.errors import ConfigError
     from hf_cocodr.recipe import run_recipe
@@ -124,6 +140,10 @@ def test_without_target_corpus_a_headless_model_falls_back_to_the_source_fine_tu
     assert record["steps_trained"] == {"finetune": 2} and record["schedule"]["chosen"]["skip_finetune"] is False
     with pytest.raises(ConfigError, match="nothing to train"):
         run_recipe(
-            str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "none", config={"skip_coco": True}
+            str(tiny_bert_nomlm_dir),
+            [str(tiny_beir)],
+            str(tiny_beir),
+            tmp_path / "none",
+            config={"skip_coco": True, "pseudo_queries": 0},
         )
     assert not (tmp_path / "none").exists()

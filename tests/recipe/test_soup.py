@@ -18,6 +18,7 @@ def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_r
     from hf_cocodr.recipe import run_recipe
 
     cfg = dict(
+        pseudo_queries=0,  # the head-less schedule's COCO soup
         skip_finetune=True,
         target_pairs="none",
         wise_alpha=None,
@@ -59,6 +60,7 @@ def test_a_killed_soup_resumes_to_the_uninterrupted_soup(tiny_bert_nomlm_dir, ti
     from hf_cocodr.recipe import run_recipe
 
     cfg = dict(
+        pseudo_queries=0,  # the head-less schedule's COCO soup
         skip_finetune=True,
         target_pairs="none",
         wise_alpha=None,

@@ -33,7 +33,9 @@ class PassOn(Stage):
         return {"steps": self.steps}
 
 
-ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
+ONLY_TOY = dict(
+    skip_coco=True, skip_finetune=True, skip_distill=True, target_pairs="none", wise_alpha=None, save_hybrid=False
+)
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
