@@ -323,6 +323,7 @@ def build_card_data(
         recipe_schedule=data.get("recipe_schedule"),
         guard=data.get("guard"),
         queries_trained=data.get("queries_trained"),
+        project_url=HF_COCODR_URL,
         start_vs_adapted=public_value(data.get("start_vs_adapted")),
         target_queries_read=target_queries_read,
         query_readers=_sentence_start(" and ".join(dict.fromkeys(query_readers))),

@@ -58,6 +58,7 @@ def test_a_pseudo_query_distillation_plans_trains_guards_and_resumes(tiny_st_dir
     assert reading["difference"] == pytest.approx(reading["adapted"] - reading["start"], abs=2e-4)
     card = (tmp_path / "out" / "model" / "README.md").read_text()
     assert f"trained on {counts['train_pseudo_queries']} pseudo-queries drawn from the target corpora" in card
+    assert "docs/adaptation.md#adaptation-from-the-corpus-alone" in card  # what the corpus-only path gains
     assert "The label-free guard compared the adapted model with the starting model" in card
     before = {p.name: p.read_bytes() for p in (tmp_path / "out" / "queries").iterdir()}
     with caplog.at_level(logging.INFO, logger="hf_cocodr.recipe"):
