@@ -163,3 +163,32 @@ EVERY_STAGE_TWO_STEPS = dict(
     finetune={"per_device_train_batch_size": 4, "num_clusters": 3, "num_negatives": 1},
     distill={"per_device_train_batch_size": 4},
 )
+
+
+def push_capturing(model: Path, monkeypatch, repo_id: str, token: str) -> dict[str, bytes]:
+    """``push_directory(model, repo_id)`` against a stand-in ``HfApi`` that keeps what would be uploaded (path in the
+    repository -> bytes)."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+
+    from hf_cocodr.hub import push_directory
+
+    uploaded: dict[str, bytes] = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, *a, **k):
+            return None
+
+        def create_commit(self, repo_id, operations, **k):
+            for op in operations:
+                src = op.path_or_fileobj
+                uploaded[op.path_in_repo] = src if isinstance(src, bytes) else Path(src).read_bytes()
+            return SimpleNamespace(commit_url="https://hub.invalid/commit/1")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    push_directory(model, repo_id, token=token)
+    return uploaded

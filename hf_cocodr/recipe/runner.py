@@ -36,7 +36,7 @@ from ..retrieval.encoding_cache import cache_corpus_encodings
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
 from ..rundir.run_record import RunFolder, data_fingerprint, digest, fingerprint
 from ..storage import check_before_work
-from ..utils import add_written_entries, atomic_write_json, native_bf16, path_name, resolved_path
+from ..utils import add_written_entries, atomic_write_json, native_bf16
 from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, check_stages, config_class
@@ -45,7 +45,7 @@ from .guard import guard_run
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
-from .queries import prepare_queries
+from .queries import corpus_names, prepare_queries
 from .schedules import choose_schedule
 from .settings import device_record, encode_batch_size
 from .stage import Stage
@@ -477,20 +477,10 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
 
 
 def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
-    """``(corpus, OUT/hybrid/<name>)`` for each target corpus: named from its resolved path (``..``, ``q/qrels/..`` or
-    ``.`` name the folder they are, never ``OUT/hybrid`` itself), the folder's name for a ``corpus.jsonl``, ``-2``,
-    ``-3``, ... after a name already taken."""
-    names: dict[str, int] = {}
-    folders = []
-    for corpus in target_corpora:
-        if isinstance(corpus, (str, os.PathLike)):
-            path = resolved_path(corpus)
-            name = path_name(path.parent if path.name in ("corpus.jsonl", "corpus.jsonl.gz") else path)
-        else:
-            name = "dataset"
-        names[name] = names.get(name, 0) + 1
-        folders.append((corpus, Path(out) / "hybrid" / (name if names[name] == 1 else f"{name}-{names[name]}")))
-    return folders
+    """``(corpus, OUT/hybrid/<name>)`` for each target corpus, named as :func:`~hf_cocodr.recipe.queries.corpus_names`
+    names it (from its resolved path: ``..``, ``q/qrels/..`` or ``.`` name the folder they are, never ``OUT/hybrid``
+    itself; the folder's name for a ``corpus.jsonl``; ``-2``, ``-3``, ... after a name already taken)."""
+    return [(corpus, Path(out) / "hybrid" / name) for corpus, name in zip(target_corpora, corpus_names(target_corpora))]
 
 
 def check_hybrid_folders(out: Path, target_corpora) -> None:

@@ -34,7 +34,17 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from cpu_budget import EVALS, POOL, LoadSampler, distinct_pools  # noqa: E402
+from cpu_budget import (  # noqa: E402
+    EVALS,
+    POOL,
+    arm_gains,
+    cached_rows,
+    gain_cell,
+    load_text,
+    pinned_run,
+    start_line,
+    study_inputs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 N_PSEUDO = 8000  # pseudo-queries over the two corpora (split by their sizes): 3 passes fill about 15 minutes here
@@ -119,47 +129,20 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
     folder.mkdir(parents=True)
     out, cache = folder / "run", folder / "cache"
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_COCODR_CACHE": str(cache),
-        "PYTHONPATH": str(ROOT),
-    }
     cmd = command(arm, seed, ns, data, model, out)
-    sampler = LoadSampler()
-    load_before = os.getloadavg()[0]
-    t0 = time.time()
-    sampler.start()
-    with open(folder / "log.txt", "w") as log:
-        rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
-    wall = time.time() - t0
-    sampler.stop.set()
     from hf_cocodr.utils import native_bf16
 
     row = {
         "arm": arm,
         "seed": seed,
-        "command": " ".join(cmd),
-        "returncode": rc,
-        "command_seconds": round(wall, 1),
+        **pinned_run(folder, cmd, cache),
         "cpu": cpu_model(),
-        "commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
-        ).stdout.strip(),
         "native_bf16": native_bf16(),
-        "load": {
-            "before": round(load_before, 2),
-            "during_mean": round(statistics.mean(sampler.samples), 2) if sampler.samples else None,
-            "during_max": round(max(sampler.samples), 2) if sampler.samples else None,
-            "after": round(os.getloadavg()[0], 2),
-        },
     }
-    if rc != 0:
-        tail = (folder / "log.txt").read_text().strip().splitlines()[-3:]
-        row["refused_or_failed"] = " ".join(tail)[-1500:]
-    else:
+    row["commit"] = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    if row["returncode"] == 0:
         row.update(read_run(out, data))
     row_file.write_text(json.dumps(row, indent=2) + "\n")
     # the row keeps what it needs: the run's caches and checkpoints go (the models stay for a later look)
@@ -263,17 +246,7 @@ def agreement_lines(rows: dict) -> list[str]:
 def summarize(rows: dict) -> dict:
     out = {}
     for arm, by_seed in rows.items():
-        done = [r for r in by_seed.values() if "metrics" in r]
-        s = {"seeds": sorted(by_seed), "finished": len(done), "refused": len(by_seed) - len(done)}
-        for _, label in EVALS:
-            for key in ("ndcg@10", "hybrid_ndcg@10"):
-                vals = [r["metrics"][label][key] - r["metrics"][label][f"start_{key}"] for r in done]
-                if vals:
-                    s[f"{label} gain {key}"] = {
-                        "mean": round(statistics.mean(vals), 4),
-                        "half_range": round((max(vals) - min(vals)) / 2, 4),
-                        "values": [round(v, 4) for v in vals],
-                    }
+        s, done = arm_gains(by_seed)
         steps = [sum(r["steps_trained"].values()) for r in done]
         if steps:
             s["steps"] = round(statistics.mean(steps), 1)
@@ -305,25 +278,14 @@ def write_report(ns, rows: dict) -> None:
     ]
     if any_row:
         start = any_row["metrics"]
-        lines += [
-            "Start: "
-            + "; ".join(
-                f"{label} dense {m['start_ndcg@10']:.4f}, hybrid {m['start_hybrid_ndcg@10']:.4f}, BM25 "
-                f"{m['bm25_ndcg@10']:.4f}"
-                for label, m in start.items()
-            ),
-            "",
-        ]
+        lines += [start_line(start), ""]
     lines += [
         "| arm | seeds (finished) | SciFact dense Δ | NFCorpus dense Δ | SciFact hybrid Δ | NFCorpus hybrid Δ | steps "
         "| command min | labels SciFact / NFCorpus | guard SciFact | guard NFCorpus | what |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def cell(s, key):
-        m = s.get(key)
-        return f"{m['mean']:+.4f} ± {m['half_range']:.4f}" if m else ""
-
+    cell = gain_cell
     for arm, s in summary.items():
         done = [r for r in rows[arm].values() if "metrics" in r]
         labels = " / ".join(label_reading(done, label)[2] for _, label in EVALS) if done else ""
@@ -346,8 +308,7 @@ def write_report(ns, rows: dict) -> None:
     ]
     for arm, by_seed in rows.items():
         for seed, r in sorted(by_seed.items()):
-            load = r["load"]
-            load_txt = f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
+            load_txt = load_text(r)
             if "metrics" not in r:
                 why = r.get("refused_or_failed", "")
                 lines.append(
@@ -392,24 +353,9 @@ def write_report(ns, rows: dict) -> None:
     )
 
 
-def cached_rows(ns) -> dict:
-    rows: dict = {}
-    base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
-    for f in sorted(base.glob("*/seed*/row.json")):
-        rows.setdefault(f.parent.parent.name, {})[int(f.parent.name[4:])] = json.loads(f.read_text())
-    return rows
-
-
 def main() -> int:
     ns = parse()
-    from distill_study import prepare_data
-
-    from hf_cocodr.modeling.bundled import bundled_model_path
-    from hf_cocodr.utils import get_data_root
-
-    data = prepare_data(Path(ns.work).absolute(), get_data_root())
-    distinct_pools(data)
-    model = bundled_model_path("all-MiniLM-L6-v2")
+    data, model = study_inputs(ns)
     for arm in ns.arms.split(","):
         if arm not in ARMS:
             raise SystemExit(f"unknown arm {arm!r}: {', '.join(ARMS)}")

@@ -154,16 +154,10 @@ def warm_cache(ns, data: Path, model: str) -> Path:
     return path
 
 
-def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
-    folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
-    row_file = folder / "row.json"
-    if row_file.is_file():
-        return json.loads(row_file.read_text())
-    shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
-    folder.mkdir(parents=True)
-    out, cache = folder / "run", folder / "cache"
-    if parse_arm(arm)[2]:  # a repeated run's cache (and every fixed-steps row's): a copy of the warm one
-        shutil.copytree(warm_cache(ns, data, model), cache)
+def pinned_run(folder: Path, cmd: list[str], cache: Path) -> dict:
+    """Run one row's command (pinned by its ``taskset``, one thread, ``cache`` as ``HF_COCODR_CACHE``), its output in
+    ``folder/log.txt``; the command, its return code and seconds, the load average around it, and the log's last lines
+    where it did not finish."""
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -172,7 +166,6 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
         "HF_COCODR_CACHE": str(cache),
         "PYTHONPATH": str(ROOT),
     }
-    cmd = command(arm, seed, ns, data, model, out)
     sampler = LoadSampler()
     load_before = os.getloadavg()[0]
     t0 = time.time()
@@ -182,8 +175,6 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     wall = time.time() - t0
     sampler.stop.set()
     row = {
-        "arm": arm,
-        "seed": seed,
         "command": " ".join(cmd),
         "returncode": rc,
         "command_seconds": round(wall, 1),
@@ -197,7 +188,22 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     if rc != 0:
         tail = (folder / "log.txt").read_text().strip().splitlines()[-3:]
         row["refused_or_failed"] = " ".join(tail)[-1500:]
-    else:
+    return row
+
+
+def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
+    folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
+    row_file = folder / "row.json"
+    if row_file.is_file():
+        return json.loads(row_file.read_text())
+    shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
+    folder.mkdir(parents=True)
+    out, cache = folder / "run", folder / "cache"
+    if parse_arm(arm)[2]:  # a repeated run's cache (and every fixed-steps row's): a copy of the warm one
+        shutil.copytree(warm_cache(ns, data, model), cache)
+    cmd = command(arm, seed, ns, data, model, out)
+    row = {"arm": arm, "seed": seed, **pinned_run(folder, cmd, cache)}
+    if row["returncode"] == 0:
         row.update(read_run(out, data))
     row_file.write_text(json.dumps(row, indent=2) + "\n")
     return row
@@ -243,20 +249,27 @@ def read_run(out: Path, data: Path) -> dict:
     }
 
 
+def arm_gains(by_seed: dict) -> tuple[dict, list[dict]]:
+    """An arm's seeds (finished and not) and the gain of each dev split's dense and hybrid nDCG@10 over the start
+    (mean, half-range and values over the finished seeds); and the finished rows."""
+    done = [r for r in by_seed.values() if "metrics" in r]
+    s = {"seeds": sorted(by_seed), "finished": len(done), "refused": len(by_seed) - len(done)}
+    for _, label in EVALS:
+        for key in ("ndcg@10", "hybrid_ndcg@10"):
+            vals = [r["metrics"][label][key] - r["metrics"][label][f"start_{key}"] for r in done]
+            if vals:
+                s[f"{label} gain {key}"] = {
+                    "mean": round(statistics.mean(vals), 4),
+                    "half_range": round((max(vals) - min(vals)) / 2, 4),
+                    "values": [round(v, 4) for v in vals],
+                }
+    return s, done
+
+
 def summarize(rows: dict) -> dict:
     out = {}
     for arm, by_seed in rows.items():
-        done = [r for r in by_seed.values() if "metrics" in r]
-        s = {"seeds": sorted(by_seed), "finished": len(done), "refused": len(by_seed) - len(done)}
-        for _, label in EVALS:
-            for key in ("ndcg@10", "hybrid_ndcg@10"):
-                vals = [r["metrics"][label][key] - r["metrics"][label][f"start_{key}"] for r in done]
-                if vals:
-                    s[f"{label} gain {key}"] = {
-                        "mean": round(statistics.mean(vals), 4),
-                        "half_range": round((max(vals) - min(vals)) / 2, 4),
-                        "values": [round(v, 4) for v in vals],
-                    }
+        s, done = arm_gains(by_seed)
         for key in ("steps", "passes", "planned_optimizer_share", "fixed_seconds", "command_seconds"):
             vals = [r[key] for r in done if r.get(key) is not None]
             if vals:
@@ -283,6 +296,26 @@ def describe(arm: str) -> str:
     return what + ("; a repeated run: the start's encodings and teacher indexes cached" if warm else "")
 
 
+def start_line(start: dict) -> str:
+    """The start's dense, hybrid and BM25 nDCG@10 on each dev split, in one line."""
+    return "Start: " + "; ".join(
+        f"{label} dense {m['start_ndcg@10']:.4f}, hybrid {m['start_hybrid_ndcg@10']:.4f}, BM25 {m['bm25_ndcg@10']:.4f}"
+        for label, m in start.items()
+    )
+
+
+def gain_cell(summary: dict, key: str) -> str:
+    """A gain's mean ± half-range over the seeds, or nothing."""
+    m = summary.get(key)
+    return f"{m['mean']:+.4f} ± {m['half_range']:.4f}" if m else ""
+
+
+def load_text(row: dict) -> str:
+    """The load average before / during (max) / after a row's command."""
+    load = row["load"]
+    return f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
+
+
 def write_report(ns, rows: dict) -> None:
     from hf_cocodr.utils import atomic_write_json, atomic_write_text
 
@@ -306,25 +339,14 @@ def write_report(ns, rows: dict) -> None:
         "",
     ]
     if start:
-        lines += [
-            "Start: "
-            + "; ".join(
-                f"{label} dense {m['start_ndcg@10']:.4f}, hybrid {m['start_hybrid_ndcg@10']:.4f}, BM25 "
-                f"{m['bm25_ndcg@10']:.4f}"
-                for label, m in start.items()
-            ),
-            "",
-        ]
+        lines += [start_line(start), ""]
     lines += [
         "| arm | seeds (finished) | SciFact dense Δ | NFCorpus dense Δ | SciFact hybrid Δ | NFCorpus hybrid Δ | steps "
         "| passes | planned share for steps | fixed s | command min | what |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def cell(s, key):
-        m = s.get(key)
-        return f"{m['mean']:+.4f} ± {m['half_range']:.4f}" if m else ""
-
+    cell = gain_cell
     for arm, s in summary.items():
         lines.append(
             f"| {arm} | {','.join(map(str, s['seeds']))} ({s['finished']}) | {cell(s, 'SciFact dev gain ndcg@10')} | "
@@ -343,8 +365,7 @@ def write_report(ns, rows: dict) -> None:
     ]
     for arm, by_seed in rows.items():
         for seed, r in sorted(by_seed.items()):
-            load = r["load"]
-            load_txt = f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
+            load_txt = load_text(r)
             if "metrics" not in r:
                 lines.append(
                     f"| {arm} | {seed} | refused or failed: {why(r)} | | | | | | | | "
@@ -459,8 +480,9 @@ def cached_rows(ns) -> dict:
     return rows
 
 
-def main() -> int:
-    ns = parse()
+def study_inputs(ns) -> tuple[Path, str]:
+    """The study's data folder (made by ``distill_study.prepare_data`` under ``ns.work``, with the distinct pools) and
+    the bundled all-MiniLM-L6-v2."""
     from distill_study import prepare_data
 
     from hf_cocodr.modeling.bundled import bundled_model_path
@@ -468,7 +490,12 @@ def main() -> int:
 
     data = prepare_data(Path(ns.work).absolute(), get_data_root())
     distinct_pools(data)
-    model = bundled_model_path("all-MiniLM-L6-v2")
+    return data, bundled_model_path("all-MiniLM-L6-v2")
+
+
+def main() -> int:
+    ns = parse()
+    data, model = study_inputs(ns)
     if ns.teacher_mass:
         mass = teacher_mass(ns, data, model)
         from hf_cocodr.utils import atomic_write_json

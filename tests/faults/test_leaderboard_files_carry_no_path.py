@@ -10,9 +10,9 @@ import json
 import os
 import shutil
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
+from helpers import push_capturing
 
 import hf_cocodr.cli.mteb  # noqa: F401  (registers the mteb command)
 from hf_cocodr import load_encoder
@@ -82,28 +82,7 @@ def test_a_dense_model_name_given_names_the_dense_part(private_dense, tiny_beir,
 
 
 def _push_capturing(model: Path, monkeypatch) -> dict[str, bytes]:
-    import huggingface_hub
-
-    from hf_cocodr.hub import push_directory
-
-    uploaded: dict[str, bytes] = {}
-
-    class FakeApi:
-        def __init__(self, token=None):
-            pass
-
-        def create_repo(self, *a, **k):
-            return None
-
-        def create_commit(self, repo_id, operations, **k):
-            for op in operations:
-                src = op.path_or_fileobj
-                uploaded[op.path_in_repo] = src if isinstance(src, bytes) else Path(src).read_bytes()
-            return SimpleNamespace(commit_url="https://hub.invalid/commit/52")
-
-    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
-    push_directory(model, "lab-x/dense-b7", token="hf_" + "q" * 30)
-    return uploaded
+    return push_capturing(model, monkeypatch, "lab-x/dense-b7", "hf_" + "q" * 30)
 
 
 def test_push_reduces_local_paths_in_every_json_it_uploads(tiny_st_dir, tmp_path, monkeypatch):

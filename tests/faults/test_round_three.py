@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from helpers import push_capturing
 
 from hf_cocodr.cli import main
 from hf_cocodr.errors import ConfigError
@@ -200,10 +201,8 @@ def test_a_damaged_teacher_cache_entry_is_rebuilt_not_trusted(tiny_st_dir, tiny_
 def test_push_uploads_no_relative_or_absolute_data_path_in_the_card_or_the_provenance(
     tiny_st_dir, tmp_path, monkeypatch
 ):
-    import huggingface_hub
     from sentence_transformers import SentenceTransformer
 
-    from hf_cocodr.hub import push_directory
     from hf_cocodr.model_card import write_model_card
 
     model = tmp_path / "model"
@@ -226,23 +225,7 @@ def test_push_uploads_no_relative_or_absolute_data_path_in_the_card_or_the_prove
         ],
     }
     write_model_card(model, SentenceTransformer(str(model)), card)
-    uploaded: dict[str, bytes] = {}
-
-    class FakeApi:
-        def __init__(self, token=None):
-            pass
-
-        def create_repo(self, *a, **k):
-            return None
-
-        def create_commit(self, repo_id, operations, **k):
-            for op in operations:
-                src = op.path_or_fileobj
-                uploaded[op.path_in_repo] = src if isinstance(src, bytes) else Path(src).read_bytes()
-            return SimpleNamespace(commit_url="https://hub.invalid/commit/1")
-
-    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
-    push_directory(model, "acme/tiny", token="hf_" + "x" * 30)
+    uploaded = push_capturing(model, monkeypatch, "acme/tiny", "hf_" + "x" * 30)
     readme = uploaded["README.md"].decode()
     provenance = uploaded["hf_cocodr_provenance.json"].decode()
     for text in (readme, provenance):
