@@ -480,7 +480,9 @@ def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
     """``(corpus, OUT/hybrid/<name>)`` for each target corpus, named as :func:`~hf_cocodr.recipe.queries.corpus_names`
     names it (from its resolved path: ``..``, ``q/qrels/..`` or ``.`` name the folder they are, never ``OUT/hybrid``
     itself; the folder's name for a ``corpus.jsonl``; ``-2``, ``-3``, ... after a name already taken)."""
-    return [(corpus, Path(out) / "hybrid" / name) for corpus, name in zip(target_corpora, corpus_names(target_corpora))]
+    return [
+        (corpus, Path(out) / "hybrid" / name) for corpus, name in zip(target_corpora, corpus_names(target_corpora))
+    ]
 
 
 def check_hybrid_folders(out: Path, target_corpora) -> None:
