@@ -196,7 +196,7 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert not (out / "target").exists() and not (out / "wise").exists()
     logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
     assert any("target_pairs_loss" in h for h in logs)
-    assert record["schedule"]["kind"] == "no_mlm_head"
+    assert record["schedule"]["kind"] == "no_mlm_head_soup"  # (CFG: pseudo_queries 0)
     assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
     assert record["config"]["coco_mlm_weight"] == 0.0 and record["schedule"]["set_by_user"]["coco_mlm_weight"] == 0
     encoding, why = resolve_corpus_precision("auto")
