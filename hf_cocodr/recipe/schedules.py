@@ -132,8 +132,8 @@ def _kind(cfg: RecipeConfig, has_mlm_head: bool | None, distills: bool) -> tuple
         else "the starting model's MLM head could not be inspected (treated as absent)"
     )
     if kind == "no_mlm_head":
-        if not distills:
-            kind, why = "no_mlm_head_soup", f"{why}, and the run has no distillation stage"
+        if not distills:  # (the why names no stage the run does not have)
+            kind = "no_mlm_head_soup"
         elif cfg.target_queries:
             kind, why = "no_mlm_head_queries", f"{why}, and unlabelled target queries are given"
         elif cfg.pseudo_queries == 0 or cfg.skip_distill is True:

@@ -203,24 +203,25 @@ class Stage:
 
     def run_trainer(self, run: RecipeRun, trainer, end: float | None = None) -> dict[str, Any]:
         """Train ``trainer`` (the stage's) by the stage's deadline (or the clock reading ``end``), resuming from its
-        latest checkpoint when the run resumes (and has one), and save its model; returns the marker's content (the steps
-        trained, and the step a deadline stopped it at)."""
+        latest checkpoint when the run resumes, and save its model; returns the marker's content (the steps trained, and
+        the step a deadline stopped it at)."""
         from transformers.trainer_utils import get_last_checkpoint
 
+        from ..trainer_common import TrainerMixin
         from .outputs import stopped
 
         guard = run.deadline(trainer, self.name, end)
-        ours = hasattr(trainer, "finalize")  # the package's trainers (a plain transformers Trainer otherwise)
-        # ours resume from their latest complete checkpoint, or start afresh; a plain Trainer needs one to exist
+        # the package's trainers resume from their latest complete checkpoint, or start afresh; another trainer (a
+        # plain transformers Trainer) is asked to resume only where a checkpoint exists
+        ours = isinstance(trainer, TrainerMixin)
         resume = run.resume and (ours or get_last_checkpoint(trainer.args.output_dir) is not None)
         trainer.train(resume_from_checkpoint=True if resume else None)
-        if ours:
-            trainer.finalize()  # (exports the model)
+        if hasattr(trainer, "finalize"):  # (the package's trainers export the model)
+            trainer.finalize()
         else:
             trainer.save_model()
         return {"steps": trainer.state.global_step, **stopped(guard)}
 
-    # -------------------------------------------------------------------------------------------- helpers
     def training_arguments(
         self, run: RecipeRun, cls: type, max_steps: int, *, output_dir=None, probe=False, forced=None, **defaults
     ):
