@@ -26,7 +26,7 @@ from .config import RecipeConfig
 from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source
 from .plan import Plan
-from .stage import Cost, Stage
+from .stage import Cost, Stage, split_runs
 from .stages import DISTILL_MAX_PASSES, instantiate
 from .stages.coco import NO_BUDGET_COCO_RUNS  # noqa: F401  (re-exported: hf_cocodr.recipe.NO_BUDGET_COCO_RUNS)
 
@@ -112,26 +112,6 @@ def allot(name: str, seconds: float, cost: Cost, load_s: float) -> tuple[int, in
         return steps, 1
     runs, each = split_runs(seconds, cost.step_s, cost.runs, cost.run_steps, cost.steps, load_s)
     return (steps if each is None else each), runs
-
-
-def split_runs(
-    seconds: float, step_s: float, runs: int | None, run_steps: int | None, given_steps: int | None, load_s: float
-) -> tuple[int, int | None]:
-    """``(runs, steps of each run)`` for ``seconds`` of a stage trained in runs (steps None: as planned for one run).
-
-    ``runs`` None: as many runs of about ``run_steps`` steps (``given_steps`` when given) as fit, at least one; the
-    seconds are then shared out evenly, so a run may come out somewhat shorter or longer than ``run_steps`` and the
-    budget is spent. A whole number of runs shares the seconds between that many. Every run after the first costs a
-    model load + export (``load_s``) of the seconds."""
-    step_s = max(step_s, 1e-9)
-    if runs is None:
-        per_run = (given_steps or run_steps) * step_s + load_s
-        runs = max(1, round((seconds + load_s) / per_run))
-    if given_steps is not None:
-        return runs, given_steps
-    if runs == 1:
-        return 1, None
-    return runs, max(2, int((seconds - (runs - 1) * load_s) / (runs * step_s)))
 
 
 def planned_seconds(plan: Plan, name: str, cost: Cost, load_s: float) -> float:

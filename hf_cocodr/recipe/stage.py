@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..trainer_common import TrainerMixin
+from .outputs import stopped
 from .settings import no_gpu
 
 if TYPE_CHECKING:
@@ -207,9 +209,6 @@ class Stage:
         the step a deadline stopped it at)."""
         from transformers.trainer_utils import get_last_checkpoint
 
-        from ..trainer_common import TrainerMixin
-        from .outputs import stopped
-
         guard = run.deadline(trainer, self.name, end)
         # the package's trainers resume from their latest complete checkpoint, or start afresh; another trainer (a
         # plain transformers Trainer) is asked to resume only where a checkpoint exists
@@ -238,6 +237,26 @@ class Stage:
             values.update(_PROBE_ARGUMENTS)
         # (an arguments class with ``from_arguments`` takes the fields it has, e.g. the distillation's)
         return cls.from_arguments(values) if hasattr(cls, "from_arguments") else cls(**values)
+
+
+def split_runs(
+    seconds: float, step_s: float, runs: int | None, run_steps: int | None, given_steps: int | None, load_s: float
+) -> tuple[int, int | None]:
+    """``(runs, steps of each run)`` for ``seconds`` of a stage trained in runs (steps None: as planned for one run).
+
+    ``runs`` None: as many runs of about ``run_steps`` steps (``given_steps`` when given) as fit, at least one; the
+    seconds are then shared out evenly, so a run may come out somewhat shorter or longer than ``run_steps`` and the
+    budget is spent. A whole number of runs shares the seconds between that many. Every run after the first costs a
+    model load + export (``load_s``) of the seconds."""
+    step_s = max(step_s, 1e-9)
+    if runs is None:
+        per_run = (given_steps or run_steps) * step_s + load_s
+        runs = max(1, round((seconds + load_s) / per_run))
+    if given_steps is not None:
+        return runs, given_steps
+    if runs == 1:
+        return 1, None
+    return runs, max(2, int((seconds - (runs - 1) * load_s) / (runs * step_s)))
 
 
 def run_arguments(run: RecipeRun, name: str, *, logging_steps: int, save_steps: int) -> dict[str, Any]:

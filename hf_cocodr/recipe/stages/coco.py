@@ -21,7 +21,7 @@ from ..settings import (
     gpu_bf16_default,
     option,
 )
-from ..stage import UNBUDGETED_STEPS, Cost, Stage, run_arguments, source_identity, trajectory
+from ..stage import UNBUDGETED_STEPS, Cost, Stage, run_arguments, source_identity, split_runs, trajectory
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -126,11 +126,9 @@ class CocoStage(Stage):
         coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None, load_s: float
     ) -> tuple[int, int | None]:
         """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run), as the
-        planner shares them (:func:`~hf_cocodr.recipe.planner.split_runs`): ``coco_runs: "budget"``: as many runs
+        planner shares them (:func:`~hf_cocodr.recipe.stage.split_runs`): ``coco_runs: "budget"``: as many runs
         of about ``coco_run_steps`` steps (``coco_steps`` when given) as fit; a whole number of runs shares the
         seconds between that many. Every run after the first costs a model load + export (``load_s``)."""
-        from ..planner import split_runs
-
         runs = None if cfg.coco_runs == Auto.BUDGET else int(cfg.coco_runs)
         return split_runs(coco_s, step_s, runs, cfg.coco_run_steps, given_steps, load_s)
 
