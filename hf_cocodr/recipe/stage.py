@@ -53,7 +53,7 @@ class Cost:
         parts: ``fixed_s`` one cost by one, by name, where the stage names them (``plan.json``'s ``fixed_costs``;
             what it leaves unnamed is counted as ``other``).
         loads: model loads + exports the stage costs beyond its steps (the planner charges a load for each).
-        share: its share of the budget (renormalised over the stages that run).
+        share: its share of the budget (renormalised over the stages that run; set where a budget is planned).
         steps: the steps the settings fix (None: planned from the budget). Without a budget (``budget_s`` None):
             the steps the stage trains, 0 when it is off.
         runs: the runs its steps are trained in (each from the same start, their weights averaged; each run after
@@ -156,12 +156,10 @@ class Stage:
         fixed = getattr(cfg, f"{self.name}_steps", None)
         if budget_s is None and plan is None:  # no budget: the steps it trains
             fixed = 0 if not self.enabled(cfg) else (UNBUDGETED_STEPS if fixed is None else fixed)
-        option = self.share_option or f"{self.name}_share"
-        return Cost(
-            step_s=throughput.get(f"{self.name}_step_s", 0.0),
-            share=float(getattr(cfg, option, 1.0)),
-            steps=fixed,
-        )
+        cost = Cost(step_s=throughput.get(f"{self.name}_step_s", 0.0), steps=fixed)
+        if budget_s is not None and plan is None:  # (only a budget is shared; the deadlines read no share)
+            cost.share = float(getattr(cfg, self.share_option or f"{self.name}_share", 1.0))
+        return cost
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
         """Measured seconds of this stage's step (``<name>_step_s``): a few steps of the trainer

@@ -183,7 +183,6 @@ class FinetuneStage(Stage):
         each encoding the ``pool_docs`` mining pool and the queries again; of a ``plan``, its refreshes as planned."""
         cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
         joint = is_joint(cfg)
-        cost.share = float(float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0))
         cost.step_s += throughput.get("target_step_s", 0.0) if joint else 0.0
         if plan is not None:  # the plan's refreshes and K-Means (charged where the stage trains)
             fields = plan.stage_fields
@@ -197,6 +196,7 @@ class FinetuneStage(Stage):
         if not self.enabled(cfg):
             cost.plan = {"refreshes": cfg.refreshes or 0, "refresh_seconds_each": 0.0, "kmeans_seconds": 0.0}
             return cost
+        cost.share = float(float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0))
         if idro is None:
             idro = str(cfg.finetune.get("idro_preset", cfg.finetune_preset)) != "uniform"
         encode_doc, encode_query = throughput.get("encode_doc_s", 0.0), throughput.get("encode_query_s", 0.0)
