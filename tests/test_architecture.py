@@ -14,6 +14,7 @@ behind a function-level import. The package root holds at most :data:`MAX_ROOT_M
 from __future__ import annotations
 
 import ast
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -515,3 +516,107 @@ def test_the_long_function_check_sees_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(85))
     (pkg / "long.py").write_text(f"def f():\n{body}\n\n\n{LONG_REASON} a reason\ndef g():\n{body}\n")
     assert [(w.split()[-1], ok) for w, _, ok in long_functions(pkg)] == [("f", False), ("g", True)]
+
+
+# ---- issue 51: the stage contract and the one list of stages
+# A hook is a public method of ``Stage`` a stage may override to change what it does (``Stage.HOOKS``); the helpers
+# below are public methods built on the hooks that no stage overrides; class attributes (``name``, ``title``,
+# ``settings``, ``trains``, ``share_option``, ``reads``, ...) are data, not hooks.
+STAGE_HELPERS = {"label", "planned", "run_trainer", "training_arguments"}
+MAX_STAGE_HOOKS = 8
+# what the planner, the deadlines and the budget checks may call on a stage: its cost, its switch, its probe (the
+# planner measures the throughput the costs are computed from) and its identity (a planned stage's digest); the
+# helper ``planned`` is built on the switch
+PLANNER_MAY_CALL = {"cost", "enabled", "probe", "identity", "planned"}
+# the budget hooks the contract had before issue 51, which Cost replaced
+RETIRED_STAGE_HOOKS = {
+    "fixed_steps",
+    "should_run",
+    "share",
+    "step_seconds",
+    "fixed_seconds",
+    "fixed_parts",
+    "load_exports",
+    "unbudgeted_steps",
+    "allot",
+    "one_step",
+    "optimizer_seconds",
+    "planned_seconds",
+    "needs",
+    "check_before_work",
+}
+RECIPE = PACKAGE / "recipe"
+
+
+def stage_methods(cls: type) -> set[str]:
+    """The public methods and properties ``cls`` defines in its own body."""
+    return {
+        name
+        for name, value in vars(cls).items()
+        if not name.startswith("_") and (inspect.isfunction(value) or isinstance(value, (property, staticmethod)))
+    }
+
+
+def test_the_stage_contract_has_at_most_8_hooks():
+    from hf_cocodr.recipe.stage import Stage
+
+    hooks = stage_methods(Stage) - STAGE_HELPERS
+    assert hooks == set(Stage.HOOKS), "Stage.HOOKS must list every public method of Stage that is not a helper"
+    assert len(hooks) <= MAX_STAGE_HOOKS, f"Stage has {len(hooks)} hooks: {sorted(hooks)}; at most {MAX_STAGE_HOOKS}"
+    assert not hooks & RETIRED_STAGE_HOOKS
+
+
+def test_the_built_in_stages_override_hooks_only():
+    from hf_cocodr.recipe.stage import Stage
+    from hf_cocodr.recipe.stages import STAGES
+
+    for cls in STAGES:
+        overridden = stage_methods(cls) & (stage_methods(Stage) | RETIRED_STAGE_HOOKS)
+        assert overridden <= set(Stage.HOOKS), f"{cls.__name__} overrides {sorted(overridden - set(Stage.HOOKS))}"
+
+
+def stage_calls(path: Path, names: set[str]) -> list[str]:
+    """The calls ``x.<name>(...)`` in ``path`` of a method named in ``names``, as ``file:line name``."""
+    tree = ast.parse(path.read_text())
+    return [
+        f"{path.name}:{node.lineno} {node.func.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in names
+    ]
+
+
+def test_the_planner_deadlines_and_budget_checks_read_only_cost():
+    from hf_cocodr.recipe.stage import Stage
+
+    forbidden = (stage_methods(Stage) | RETIRED_STAGE_HOOKS) - PLANNER_MAY_CALL
+    found = [c for name in ("planner.py", "checks.py") for c in stage_calls(RECIPE / name, forbidden)]
+    assert not found, "the planner reads a stage through its Cost alone; calls of other stage methods:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_cost_check_sees_a_retired_hook(tmp_path):
+    (tmp_path / "planner.py").write_text("def f(s, cfg):\n    return s.cost({}, cfg).step_s + s.load_exports(cfg)\n")
+    assert stage_calls(tmp_path / "planner.py", RETIRED_STAGE_HOOKS) == ["planner.py:2 load_exports"]
+
+
+def names_used(path: Path) -> set[str]:
+    return {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
+
+
+def test_the_three_lists_of_stages_are_one():
+    """``STAGE_SETTINGS`` and ``RecipeConfig``'s bases are derived from ``STAGES`` (no list kept by hand), and the
+    planner, the schedules, the checks and the data loading work from the run's stages, never the built-in list."""
+    from hf_cocodr.recipe.config import RecipeConfig
+    from hf_cocodr.recipe.stages import STAGE_SETTINGS, STAGES
+
+    assert STAGE_SETTINGS == tuple(s.settings for s in STAGES if s.settings is not None)
+    assert RecipeConfig.__bases__ == tuple(reversed(STAGE_SETTINGS))
+    config = ast.parse((RECIPE / "config.py").read_text())
+    cls = next(n for n in config.body if isinstance(n, ast.ClassDef) and n.name == "RecipeConfig")
+    assert [type(b) for b in cls.bases] == [ast.Starred], "RecipeConfig's bases: *CONFIG_BASES, from STAGES"
+    stages = ast.parse((RECIPE / "stages" / "__init__.py").read_text())
+    kept = [n for n in stages.body if isinstance(n, ast.AnnAssign | ast.Assign) and "STAGE_SETTINGS" in ast.dump(n)]
+    assert kept and not any(isinstance(n.value, ast.Tuple) for n in kept), "STAGE_SETTINGS is derived from STAGES"
+    for name in ("planner.py", "schedules.py", "checks.py", "inputs.py"):
+        assert "STAGES" not in names_used(RECIPE / name), f"recipe/{name} names the built-in STAGES"

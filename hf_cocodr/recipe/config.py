@@ -22,10 +22,8 @@ from .settings import AUTO, Auto, check_flag, check_training_arguments, check_wh
 from .settings import option as _opt
 from .stage import Stage
 from .stages import STAGE_SETTINGS, STAGES
-from .stages.coco import CocoSettings
 from .stages.distill import DISTILL_MAX_PASSES, DistillSettings  # noqa: F401  (re-exported)
 from .stages.finetune import FINETUNE_PRESETS, FinetuneSettings  # noqa: F401  (re-exported)
-from .stages.target import TargetSettings
 from .stages.wise import WiseSettings
 
 # what --encode-precision takes (hf_cocodr.modeling.precision.CORPUS_PRECISIONS; not imported here: this module
@@ -36,10 +34,16 @@ ENCODE_PRECISIONS = ("auto", "fp32", "bf16")
 STAGE_OPTIONS = tuple(s.training_options for s in STAGE_SETTINGS if hasattr(s, "training_options"))
 
 
+# RecipeConfig's bases: the settings of STAGES, the last stage's first (so the first stage's fields come first,
+# as dataclasses order the fields of the bases from the last in the MRO)
+CONFIG_BASES: tuple[type, ...] = tuple(reversed(STAGE_SETTINGS))
+
+
 @dataclass
-class RecipeConfig(WiseSettings, DistillSettings, TargetSettings, FinetuneSettings, CocoSettings):
+class RecipeConfig(*CONFIG_BASES):
     """Settings of :func:`~hf_cocodr.recipe.run_recipe`: the options every stage shares (below) and each stage's
-    own, inherited from its settings class (:class:`~hf_cocodr.recipe.stages.coco.CocoSettings`,
+    own, inherited from the settings class of each stage of :data:`~hf_cocodr.recipe.stages.STAGES`
+    (:class:`~hf_cocodr.recipe.stages.coco.CocoSettings`,
     :class:`~hf_cocodr.recipe.stages.finetune.FinetuneSettings`, :class:`~hf_cocodr.recipe.stages.target.
     TargetSettings`, :class:`~hf_cocodr.recipe.stages.distill.DistillSettings`,
     :class:`~hf_cocodr.recipe.stages.wise.WiseSettings`). ``coco``, ``finetune``, ``target`` and ``distill`` hold

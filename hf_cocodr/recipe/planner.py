@@ -18,29 +18,33 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
-from .config import Auto, RecipeConfig
+from .config import RecipeConfig
 from .context import RecipeRun
 from .inputs import draw_source, set_coco_corpora, sizes_source
 from .plan import Plan
-from .stage import Stage
-from .stages import DISTILL_MAX_PASSES, STAGES, instantiate, stage_step_seconds
+from .stage import Cost, Stage, split_runs
+from .stages import DISTILL_MAX_PASSES, instantiate
+from .stages.coco import NO_BUDGET_COCO_RUNS  # noqa: F401  (re-exported: hf_cocodr.recipe.NO_BUDGET_COCO_RUNS)
 
 logger = logging.getLogger(__name__)
 
 STAGE_LOAD_SECONDS = 20.0  # a model load + export (the planner charges it per load)
-NO_BUDGET_COCO_RUNS = 3  # coco_runs "budget" without a budget: this many runs of coco_run_steps steps
 
 
 def fixed_plan(cfg: RecipeConfig, stages: Sequence[Stage] | None = None) -> Plan:
-    """The plan without a time budget: the steps given (or the defaults)."""
-    return Plan(
-        steps={s.name: s.unbudgeted_steps(cfg) for s in instantiate(stages) if s.trains},
-        coco_runs=NO_BUDGET_COCO_RUNS if cfg.coco_runs == Auto.BUDGET else int(cfg.coco_runs),
-        refreshes=1 if cfg.refreshes is None else cfg.refreshes,
-    )
+    """The plan without a time budget: the steps given (or the defaults), as each stage's
+    :meth:`~hf_cocodr.recipe.Stage.cost` without a budget says."""
+    plan = Plan()
+    for s in instantiate(stages):
+        cost = s.cost({}, cfg)
+        if s.trains:
+            plan.steps[s.name] = int(cost.steps or 0)
+        plan.stage_fields.update(cost.plan)
+    return plan
 
 
 def saved_plan(out: Path, plan_id: str | Sequence[str]) -> Plan | None:
@@ -70,30 +74,58 @@ def budget_plan(
     """Spend ``budget_s`` on optimizer steps: fixed costs first (``overhead_s``: loading, exports, the time spent so
     far; then what each stage that runs costs beyond its steps, :meth:`~hf_cocodr.recipe.Stage.cost`, given the data
     ``sizes``), the rest split between the stages that run by their shares. Evaluation is not part of the budget."""
-    stages = instantiate(stages)
-    training = [s for s in stages if s.trains]
-    costs = {s.name: s.cost(tp, cfg, budget_s=budget_s, **sizes) for s in training if s.enabled(cfg)}
-    fixed = overhead_s + sum(c.fixed_s for c in costs.values())
+    training = [s for s in instantiate(stages) if s.trains]
+    costs = {s.name: s.cost(tp, cfg, budget_s=budget_s, **sizes) for s in training}
+    on = [s.name for s in training if s.enabled(cfg)]
+    fixed = overhead_s + sum(costs[name].fixed_s for name in on)
     train_s = max(0.0, budget_s - fixed)
-    shares = {name: float(s.share(cfg)) for s in training if (name := s.name) in costs}
-    total = sum(shares.values()) or 1.0
-    plan = Plan(refreshes=0 if cfg.refreshes is None else cfg.refreshes)
-    extra: dict[str, Any] = {"refresh_seconds_each": 0.0, "kmeans_seconds": 0.0}
-    for c in costs.values():
-        extra.update(c.plan)
+    total = sum(costs[name].share for name in on) or 1.0
+    plan, optimizer_s = Plan(), 0.0
     for s in training:
-        if s.name in costs:
-            s.allot(plan, train_s * shares[s.name] / total, costs[s.name].step_s, cfg, STAGE_LOAD_SECONDS)
-        else:
+        plan.stage_fields.update(costs[s.name].plan)
+    for s in training:
+        cost = costs[s.name]
+        if s.name not in on:
             plan.steps[s.name] = 0
-    optimizer_s = sum(s.optimizer_seconds(plan, costs[s.name].step_s) for s in training if s.name in costs)
-    plan.refreshes = int(extra.pop("refreshes", plan.refreshes))
+            continue
+        plan.steps[s.name], runs = allot(s.name, train_s * cost.share / total, cost, STAGE_LOAD_SECONDS)
+        if cost.runs != 1:
+            plan.stage_fields[f"{s.name}_runs"] = runs
+        optimizer_s += plan.steps[s.name] * cost.step_s * runs
     plan.budget_seconds, plan.fixed_seconds = round(budget_s, 1), round(fixed, 1)
-    plan.refresh_seconds_each = round(extra["refresh_seconds_each"], 1)
-    plan.kmeans_seconds = round(extra["kmeans_seconds"], 1)
     plan.planned_optimizer_seconds = round(optimizer_s, 1)
     plan.planned_optimizer_share = round(optimizer_s / budget_s, 3) if budget_s else None
     return plan
+
+
+def allot(name: str, seconds: float, cost: Cost, load_s: float) -> tuple[int, int]:
+    """``(steps, runs)`` of stage ``name`` for ``seconds`` of training as its ``cost`` says: its fixed steps when it
+    has them, else as many as the seconds buy (at least 2); a stage trained in runs shares the seconds between them
+    (:func:`split_runs`; ``load_s``: the seconds of one model load + export)."""
+    if cost.steps is None and not cost.step_s > 0:
+        raise ConfigError(
+            f"stage {name}: no step time was measured, so the budget cannot be spent on its steps; give the "
+            f"stage a trainer (build_trainer) or a probe, or fix its steps ({name}_steps)"
+        )
+    steps = cost.steps if cost.steps is not None else max(2, int(seconds / cost.step_s))
+    if cost.runs == 1:
+        return steps, 1
+    runs, each = split_runs(seconds, cost.step_s, cost.runs, cost.run_steps, cost.steps, load_s)
+    return (steps if each is None else each), runs
+
+
+def planned_seconds(plan: Plan, name: str, cost: Cost, load_s: float) -> float:
+    """Planned wall-clock seconds of stage ``name`` (its steps in each of its runs, a load + export for each run
+    after the first, and its fixed costs), for the deadlines."""
+    runs = plan.runs_of(name)
+    return plan.steps_of(name) * cost.step_s * runs + (runs - 1) * load_s + cost.fixed_s
+
+
+def one_step(step_s: float, runs: int, load_s: float) -> tuple[float, str]:
+    """The seconds the first step of a stage costs the budget (one step of each of its ``runs``, and a load +
+    export for every run after the first), and how they are made up (for the check that a budget buys one step of
+    every stage)."""
+    return step_s * runs + (runs - 1) * load_s, f"{step_s:.2f} s per step" + (f" x {runs} runs" if runs > 1 else "")
 
 
 def size_source_queries(
@@ -148,10 +180,10 @@ def size_source_queries(
 def one_step_costs(
     plan: Plan, step_s: Mapping[str, float], cfg: RecipeConfig, stages: Sequence[Stage] | None = None
 ) -> dict[str, tuple[float, str]]:
-    """What the first step of each training stage that runs costs the budget, in order (see
-    :meth:`~hf_cocodr.recipe.Stage.one_step`), from the measured ``step_s``."""
+    """What the first step of each training stage that runs costs the budget, in order (:func:`one_step`, with the
+    runs the plan gives the stage), from the measured ``step_s``."""
     return {
-        s.name: s.one_step(plan, step_s[s.name], STAGE_LOAD_SECONDS)
+        s.name: one_step(step_s[s.name], plan.runs_of(s.name), STAGE_LOAD_SECONDS)
         for s in instantiate(stages)
         if s.trains and s.enabled(cfg) and s.name in step_s
     }
@@ -162,27 +194,25 @@ def stage_deadlines(
 ) -> dict[str, float]:
     """The clock reading (``time.perf_counter()``, started at ``t_start``) by which each training stage must end.
 
-    The last stage that trains must end when the budget does, less the final export (and the WiSE-FT interpolation
-    when one follows). Each earlier stage must end early enough to leave the stages after it the seconds the plan gave
-    them (their steps x their measured step time, and their own fixed costs such as the source stage's refreshes and
-    K-Means): a stage that runs slower than measured is cut short, and a later stage keeps its steps unless it
-    overruns too. Planned seconds come from the plan's ``throughput``; a plan without it (fixed steps, no budget) has
-    no deadlines."""
+    The last stage that trains must end when the budget does, less the final export (and the model loads + exports
+    of the stages after it that train no step, e.g. the WiSE-FT interpolation). Each earlier stage must end early
+    enough to leave the stages after it the seconds the plan gave them (:func:`planned_seconds`: their steps x their
+    measured step time, and their own fixed costs such as the source stage's refreshes and K-Means): a stage that
+    runs slower than measured is cut short, and a later stage keeps its steps unless it overruns too. Planned seconds
+    come from the plan's ``throughput`` and each stage's :meth:`~hf_cocodr.recipe.Stage.cost` of the plan; a plan
+    without a throughput (fixed steps, no budget) has no deadlines."""
     plan = plan if isinstance(plan, Plan) else Plan.from_dict(plan)
     if not plan.budgeted:
         return {}
     stages = instantiate(stages)
-    training = [s for s in stages if s.trains]
-    seconds = {
-        s.name: s.planned_seconds(plan, s.step_seconds(plan.throughput, cfg), STAGE_LOAD_SECONDS) for s in training
-    }
-    tail = STAGE_LOAD_SECONDS * (1 + sum(s.load_exports(cfg) for s in stages if not s.trains))
+    costs = {s.name: s.cost(plan.throughput, cfg, budget_s=plan.budget_seconds, plan=plan) for s in stages}
+    tail = STAGE_LOAD_SECONDS * (1 + sum(costs[s.name].loads for s in stages if not s.trains))
     end = t_start + float(plan.budget_seconds) - tail
     out: dict[str, float] = {}
-    for s in reversed(training):  # backwards from the end of the budget
+    for s in reversed([s for s in stages if s.trains]):  # backwards from the end of the budget
         if plan.steps_of(s.name) > 0:  # (a joint plan gives the target stage no steps of its own)
             out[s.name] = end
-            end -= seconds[s.name]
+            end -= planned_seconds(plan, s.name, costs[s.name], STAGE_LOAD_SECONDS)
     return out
 
 
@@ -276,10 +306,9 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
     tp = measure(run, stages)
     measured_s = time.perf_counter() - t0
     # spent so far, plus a model load + export for the final model and each stage that loads and exports one
-    spent, loads = (
-        time.perf_counter() - run.t_start,
-        STAGE_LOAD_SECONDS * (1 + sum(s.load_exports(cfg) for s in stages)),
-    )
+    costs = {s.name: s.cost(tp, cfg, budget_s=run.budget_s) for s in stages}
+    spent = time.perf_counter() - run.t_start
+    loads = STAGE_LOAD_SECONDS * (1 + sum(c.loads for c in costs.values()))
     overhead = spent + loads
     draw = _sized_draw(run, stages, tp, overhead)
     plan = budget_plan(run.budget_s, tp, cfg, overhead_s=draw["overhead"], stages=stages, **draw["sizes"])
@@ -292,13 +321,14 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
         plan.fixed_costs["source_mining"] = round(draw["overhead"] - overhead, 1)
     for s in stages:
         if s.trains and s.enabled(cfg):
-            plan.fixed_costs.update(s.fixed_parts(tp, cfg))
+            plan.fixed_costs.update(costs[s.name].parts)
     rest = round(plan.fixed_seconds - sum(plan.fixed_costs.values()), 1)
     if abs(rest) >= 0.1:  # what a stage's cost charges beyond its named parts (K-Means, refreshes), and rounding
         plan.fixed_costs["other"] = rest
     logger.info("recipe plan: fixed costs (s) %s", plan.fixed_costs)
     # a budget below one step of each stage is refused before any training
-    check_budget_buys_steps(plan.to_dict(), one_step_costs(plan, stage_step_seconds(tp, cfg, stages), cfg, stages))
+    step_s = {s.name: costs[s.name].step_s for s in stages if s.trains}
+    check_budget_buys_steps(plan.to_dict(), one_step_costs(plan, step_s, cfg, stages))
     logger.info(
         "recipe plan for %.0f minutes of training: measured %s; %s; %.0f%% of the budget planned for optimizer "
         "steps (evaluation not included)",
@@ -329,7 +359,5 @@ def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
             set_coco_corpora(run)
     if run.max_minutes is not None:
         run.load_s = STAGE_LOAD_SECONDS
-        # (called with three arguments for the built-in stages, as stage_deadlines is documented)
-        custom = {} if tuple(type(s) for s in stages) == STAGES else {"stages": stages}
-        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, **custom)
+        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, stages)
     run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from ..storage import check_before_work
 from ..utils import add_written_entries, atomic_write_json, native_bf16
 from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
-from .config import STAGE_OPTIONS, RecipeConfig, check_max_minutes, check_stages, config_class
+from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import guard_run
 from .inputs import load_data
@@ -49,14 +49,13 @@ from .queries import corpus_names, prepare_queries
 from .schedules import choose_schedule
 from .settings import device_record, encode_batch_size
 from .stage import Stage
-from .stages import STAGES, instantiate, stage_switches
+from .stages import STAGES, instantiate
 
 logger = logging.getLogger(__name__)
 
-# Everything run_recipe writes into its output folder besides the stages' folders (declared in its record before
-# any stage starts).
+# Everything run_recipe writes into its output folder besides the stages' folders and entries (declared in its
+# record before any stage starts).
 RUN_ENTRIES = (
-    "coco-runs",
     "model",
     "hybrid",
     "plan.json",
@@ -69,8 +68,9 @@ RUN_ENTRIES = (
 
 
 def recipe_entries(stages: Sequence[Stage | type[Stage]] = STAGES) -> tuple[str, ...]:
-    """The entries a recipe with ``stages`` writes into its output folder (each stage's folder and the run's)."""
-    return tuple(dict.fromkeys([*(s.name for s in stages), *RUN_ENTRIES]))
+    """The entries a recipe with ``stages`` writes into its output folder (each stage's folder and its
+    :attr:`~hf_cocodr.recipe.Stage.entries`, and the run's)."""
+    return tuple(dict.fromkeys([*(s.name for s in stages), *(e for s in stages for e in s.entries), *RUN_ENTRIES]))
 
 
 RECIPE_ENTRIES = recipe_entries()
@@ -127,7 +127,7 @@ def run_recipe(
         parse_eval_spec(spec)  # fail early on a bad --eval
     check_max_minutes(max_minutes)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
-    cfg, choice = _schedule(cfg, has_mlm, target_corpora)
+    cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
     methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
@@ -158,13 +158,15 @@ def run_recipe(
         folder.release()
 
 
-def _schedule(cfg: RecipeConfig, has_mlm: bool | None, target_corpora) -> tuple[RecipeConfig, dict[str, Any]]:
-    """:func:`choose_schedule`, where a target corpus of plain texts (no document ids, nothing to rank) makes a
-    schedule that would draw pseudo-queries draw none."""
-    resolved, choice = choose_schedule(cfg, has_mlm)
+def _schedule(
+    cfg: RecipeConfig, has_mlm: bool | None, target_corpora, stages: tuple[Stage, ...]
+) -> tuple[RecipeConfig, dict[str, Any]]:
+    """:func:`choose_schedule` for the run's ``stages``, where a target corpus of plain texts (no document ids,
+    nothing to rank) makes a schedule that would draw pseudo-queries draw none."""
+    resolved, choice = choose_schedule(cfg, has_mlm, stages)
     plain = [str(c) for c in target_corpora if _without_ids(c)]
     if "pseudo_queries" in choice["chosen"] and resolved.pseudo_queries and plain:
-        resolved, choice = choose_schedule(replace(cfg, pseudo_queries=0), has_mlm)
+        resolved, choice = choose_schedule(replace(cfg, pseudo_queries=0), has_mlm, stages)
         choice["set_by_user"].pop("pseudo_queries", None)
         choice["chosen"]["pseudo_queries"] = 0
         choice["why"] += f" ({', '.join(plain)}: plain texts without document ids, so no pseudo-query is drawn)"
@@ -228,15 +230,13 @@ def _check_before_work(
     check_target_corpora(target_corpora)  # a missing corpus, before OUT is claimed or a model loads
     if not target_corpora:
         _without_targets(cfg, choice)
-    if not any(on for on, _ in stage_switches(cfg, stages).values()):
-        raise ConfigError(
-            "nothing to train: COCO, the source fine-tuning and the target pseudo pairs are all off "
-            f"(skip_coco={cfg.skip_coco}, skip_finetune={cfg.skip_finetune}, target_pairs="
-            f"{cfg.target_pairs}); switch one on"
-        )
+    training = [s for s in stages if s.trains]
+    if not any(s.enabled(cfg) for s in training):
+        raise ConfigError(f"nothing to train: {_all_off(cfg, training)}; switch one on")
     check_recipe_lengths(model, cfg)  # token lengths against the model's position limit (its config.json only)
     if max_minutes is not None:  # a budget the fixed model loads + exports alone use up
-        check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, [s.label for s in stages if s.load_exports(cfg)])
+        loads = [s.label for s in stages if s.cost({}, cfg, budget_s=float(max_minutes) * 60.0).loads]
+        check_budget_floor(max_minutes, planner.STAGE_LOAD_SECONDS, loads)
     # the stages that read the target queries (distillation) take them whatever the methods are
     readers = [s.name for s in stages if s.reads_target_queries and s.enabled(cfg)]
     if cfg.target_queries and not readers and not method_target_queries(cfg.methods, cfg.target_queries):
@@ -255,10 +255,22 @@ def _check_before_work(
     if any(s.reads_target_queries and s.enabled(cfg) for s in stages) and target_corpora:
         check_distill_inputs(cfg, target_corpora)  # before the teacher encodes the corpus
     for stage in stages:  # what a stage refuses of the other stages' settings (e.g. query-side distillation)
-        check = getattr(stage, "check_before_work", None)
-        if check is not None:
-            check(cfg, stages)
+        stage.check(cfg, stages)
     return methods
+
+
+def _all_off(cfg: RecipeConfig, training: list[Stage]) -> str:
+    """Which training stages are off, and the switches that turned them off (the run's options each stage's
+    settings has among ``skip_<name>``, ``target_pairs``, ``target_schedule``)."""
+    switches = [
+        f"{f.name}={getattr(cfg, f.name)}"
+        for s in training
+        if s.settings is not None
+        for f in fields(s.settings)
+        if f.name.startswith("skip_") or f.name == "target_pairs"
+    ]
+    what = ", ".join(s.label for s in training) or "no stage that trains is in the stage list"
+    return f"{what} {'are' if len(training) > 1 else 'is'} all off" + (f" ({', '.join(switches)})" if switches else "")
 
 
 def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
@@ -298,7 +310,8 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
     load_data(run, stages)
     make_plan(run, stages)
     for stage in stages:
-        if stage.should_run(run):
+        # (a stage that runs after adaptation only, WiSE-FT, runs where a stage before it changed the model)
+        if stage.planned(run) and (not stage.after_adaptation or run.current != run.model):
             _run_stage(run, stage)
     return _finish(run, stages)
 
@@ -342,16 +355,20 @@ def _precision_choice(
     """The training precision of the stages and why (logged and kept in ``recipe.json``): bf16 for a stage whose
     options set ``bf16: true``, and for a switched-on stage of ``stages`` whose own default is bf16 (``arguments``:
     each stage's training arguments; the distillation's default where this machine has native bf16 kernels, every
-    stage's on a CUDA GPU with them, see docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower."""
-    native, stages = native_bf16(), instantiate(stages)
+    stage's on a CUDA GPU with them, see docs/precision.md); fp32 otherwise. Where the machine has no native bf16 kernels bf16 is many times slower. No ``stages``: the options of the built-in stages are read, and no stage's
+    default."""
+    native = native_bf16()
+    # the stages' mappings of training arguments (coco, finetune, ...), in the run's order
+    options = [o for s in instantiate(stages or None) if (o := getattr(s.settings, "training_options", None))]
+    stages = instantiate(stages)
     off = {s.name for s in stages if not s.enabled(cfg)}  # a stage switched off trains in no precision
-    asked = [stage for stage in STAGE_OPTIONS if getattr(cfg, stage).get("bf16") and stage not in off]
+    asked = [stage for stage in options if getattr(cfg, stage).get("bf16") and stage not in off]
     defaulted = [
         s.name
         for s in stages
         if s.name not in asked
         and s.enabled(cfg)
-        and "bf16" not in (getattr(cfg, s.name) if s.name in STAGE_OPTIONS else {})
+        and "bf16" not in (getattr(cfg, s.name) if s.name in options else {})
         and (arguments or {}).get(s.name, {}).get("bf16")
     ]
     if asked or defaulted:
@@ -367,7 +384,7 @@ def _precision_choice(
                 ", ".join(defaulted) + ": the stage's default on a machine with native bf16 (the distillation's) or "
                 "on a CUDA GPU with it (every stage's); bf16: false in its options turns it off"
             )
-        on = [stage for stage in STAGE_OPTIONS if stage in asked or stage in defaulted]
+        on = [stage for stage in options if stage in asked or stage in defaulted]
         on += [name for name in defaulted if name not in on]
         return {"training": "bf16 (" + ", ".join(on) + ")", "native_bf16": native, "why": "; ".join(why)}
     why = (

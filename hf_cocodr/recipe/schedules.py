@@ -3,13 +3,15 @@ by the kind of starting model. Why each preset is what it is: ``docs/adaptation.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from collections.abc import Sequence
+from dataclasses import asdict, fields
 from typing import Any
 
 from ..errors import ConfigError
 from .config import AUTO, Auto, RecipeConfig
 from .settings import no_gpu
-from .stages import MLM_HEAD_WARMUP_SHARE, instantiate
+from .stage import Stage
+from .stages import MLM_HEAD_WARMUP_SHARE, STAGE_SETTINGS, instantiate
 from .stages.distill import resolve_distill_side
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
@@ -57,16 +59,70 @@ SCHEDULES["no_mlm_head_queries"] = dict(
 SCHEDULES["no_mlm_head"] = dict(SCHEDULES["no_mlm_head_queries"], pseudo_queries=CORPUS_PSEUDO_QUERIES)
 
 
-def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[RecipeConfig, dict[str, Any]]:
-    """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model.
+def choose_schedule(
+    cfg: RecipeConfig, has_mlm_head: bool | None, stages: Sequence[Stage | type[Stage]] | None = None
+) -> tuple[RecipeConfig, dict[str, Any]]:
+    """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model, for the
+    run's ``stages`` (default :data:`~hf_cocodr.recipe.stages.STAGES`).
 
-    Returns the resolved config and a record of the choice (the kind, why, and which settings were chosen vs set by
-    the user) for the log, ``recipe.json`` and the model card. ``schedule="paper"`` resolves "auto" to COCO-DR's
-    stages for every kind (COCO with MLM -> iDRO; no pseudo pairs, no WiSE-FT, no distillation). A model without an
-    MLM head given unlabelled target queries gets ``no_mlm_head_queries`` (the distillation alone), one given the corpus
-    alone ``no_mlm_head`` (the distillation on pseudo-queries drawn from it), or ``no_mlm_head_soup`` (the COCO soup)
-    where ``pseudo_queries`` is 0 or ``skip_distill`` true.
+    Returns the resolved config and a record of the choice (the kind, why, and which of the run's options were
+    chosen vs set by the user: the recipe's own and its stages' settings) for the log, ``recipe.json`` and the model
+    card. ``schedule="paper"`` resolves "auto" to COCO-DR's stages for every kind (COCO with MLM -> iDRO; no pseudo
+    pairs, no WiSE-FT, no distillation). A model without an MLM head given unlabelled target queries gets
+    ``no_mlm_head_queries`` (the distillation alone), one given the corpus alone ``no_mlm_head`` (the distillation on
+    pseudo-queries drawn from it), or ``no_mlm_head_soup`` (the COCO soup) where ``pseudo_queries`` is 0,
+    ``skip_distill`` true or the run has no distillation stage. The shares and the side the distillation trains are
+    resolved against the run's stages.
     """
+    stages = instantiate(stages)
+    options = run_options(stages)
+    kind, why = _kind(cfg, has_mlm_head, distills="skip_distill" in options)
+    preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
+    chosen, user = {}, {}
+    values = asdict(cfg)
+    if values["finetune_preset"] == AUTO and "idro_preset" in values["finetune"]:  # finetune: {idro_preset: ...}
+        values["finetune_preset"] = values["finetune"]["idro_preset"]
+    for key, default in preset.items():
+        if values[key] == AUTO:
+            values[key] = default
+            if key in options:
+                chosen[key] = _plain(default)
+        elif key in options:
+            user[key] = _plain(values[key])
+    resolved = type(cfg)(**values)
+    distills = "skip_distill" in options and resolved.skip_distill is False
+    if distills and not resolved.target_queries and not resolved.pseudo_queries:
+        raise ConfigError(
+            f"recipe option skip_distill is false but the distillation has nothing to train on: no target queries, and "
+            f"the {kind} schedule draws no pseudo-queries; give --target-queries or --pseudo-queries N"
+        )
+    _share_switched_on_stages(resolved, chosen, stages)
+    record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
+    named = [s.name for s in stages]
+    if resolved.distill_side == AUTO and "distill" in named:  # the query side where it can on a CPU
+        side, side_why = resolve_distill_side(resolved, stages, on_gpu=not no_gpu())
+        resolved.distill_side = side
+        if not resolved.skip_distill:
+            chosen["distill_side"] = side
+            record["distill_side"] = side_why
+    if has_mlm_head is not True and "skip_coco" in options and not resolved.skip_coco:  # a fresh head, warmed up
+        record["mlm_head"] = (
+            f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"
+        )
+    return resolved, record
+
+
+def run_options(stages: Sequence[Stage]) -> set[str]:
+    """The options of a run with ``stages``: the recipe's own (those of no built-in stage's settings) and those of
+    the stages' settings."""
+    builtin = {f.name for settings in STAGE_SETTINGS for f in fields(settings)}
+    own = {f.name for f in fields(RecipeConfig)} - builtin
+    return own | {f.name for s in stages if s.settings is not None for f in fields(s.settings)}
+
+
+def _kind(cfg: RecipeConfig, has_mlm_head: bool | None, distills: bool) -> tuple[str, str]:
+    """The kind of starting model (the :data:`SCHEDULES` key) and why; ``distills``: whether the run has a
+    distillation stage."""
     kind = "mlm_head" if has_mlm_head else "no_mlm_head"
     why = (
         "the starting model has a trained MLM head"
@@ -76,44 +132,16 @@ def choose_schedule(cfg: RecipeConfig, has_mlm_head: bool | None) -> tuple[Recip
         else "the starting model's MLM head could not be inspected (treated as absent)"
     )
     if kind == "no_mlm_head":
-        if cfg.target_queries:
+        if not distills:  # (the why names no stage the run does not have)
+            kind = "no_mlm_head_soup"
+        elif cfg.target_queries:
             kind, why = "no_mlm_head_queries", f"{why}, and unlabelled target queries are given"
         elif cfg.pseudo_queries == 0 or cfg.skip_distill is True:
             asked = "pseudo_queries 0" if cfg.pseudo_queries == 0 else "skip_distill true"
             kind, why = "no_mlm_head_soup", f"{why}, and no distillation on pseudo-queries ({asked})"
         else:
             why = f"{why}, and no query is given: the distillation on pseudo-queries drawn from the target corpora"
-    preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
-    chosen, user = {}, {}
-    values = asdict(cfg)
-    if values["finetune_preset"] == AUTO and "idro_preset" in values["finetune"]:  # finetune: {idro_preset: ...}
-        values["finetune_preset"] = values["finetune"]["idro_preset"]
-    for key, default in preset.items():
-        if values[key] == AUTO:
-            values[key] = default
-            chosen[key] = _plain(default)
-        else:
-            user[key] = _plain(values[key])
-    resolved = type(cfg)(**values)
-    if resolved.skip_distill is False and not resolved.target_queries and not resolved.pseudo_queries:
-        raise ConfigError(
-            f"recipe option skip_distill is false but the distillation has nothing to train on: no target queries, and "
-            f"the {kind} schedule draws no pseudo-queries; give --target-queries or --pseudo-queries N"
-        )
-    _share_switched_on_stages(resolved, chosen)
-    record = {"kind": kind, "why": why, "schedule": cfg.schedule, "chosen": chosen, "set_by_user": user}
-    if resolved.distill_side == AUTO:  # what the distillation trains: the query side where it can on a CPU
-        stages = instantiate()
-        side, side_why = resolve_distill_side(resolved, stages, on_gpu=not no_gpu())
-        resolved.distill_side = side
-        if not resolved.skip_distill:
-            chosen["distill_side"] = side
-            record["distill_side"] = side_why
-    if has_mlm_head is not True and not resolved.skip_coco:  # absent or not inspectable: a fresh head, warmed up
-        record["mlm_head"] = (
-            f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"
-        )
-    return resolved, record
+    return kind, why
 
 
 def _plain(value: Any) -> Any:
@@ -121,7 +149,7 @@ def _plain(value: Any) -> Any:
     return str(value) if isinstance(value, Auto) else value
 
 
-def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None:
+def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any], stages: Sequence[Stage]) -> None:
     """Give a budget share to a stage the user switched on that the schedule leaves out.
 
     The schedule's share for a stage it does not run is 0 (the default gives no share to target pseudo pairs); a user
@@ -130,8 +158,8 @@ def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any]) -> None
     chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
     planned = [
         s.share_option
-        for s in instantiate()
-        if s.trains and s.share_option and s.enabled(cfg) and s.fixed_steps(cfg) is None
+        for s in stages
+        if s.trains and s.share_option and s.enabled(cfg) and s.cost({}, cfg, budget_s=0.0).steps is None
     ]
     for key in planned:
         if float(getattr(cfg, key)) == 0.0 and key not in chosen:

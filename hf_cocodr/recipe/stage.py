@@ -11,10 +11,12 @@ This module imports neither torch nor transformers.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import ConfigError
+from ..trainer_common import TrainerMixin
+from .outputs import stopped
 from .settings import no_gpu
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ _NOT_TRAJECTORY = (
     "report_to",
     "use_cpu",
 )
+JOINT = "joint"  # a Stage.reads condition: read under the joint schedule only (settings.is_joint)
 UNBUDGETED_STEPS = 500  # a stage's steps without a budget and without fixed steps
 # What a probe trainer changes in a stage's training arguments: it writes nothing that outlives the probe.
 _PROBE_ARGUMENTS = dict(save_strategy="no", logging_strategy="no", logging_first_step=False, report_to="none")
@@ -41,22 +44,48 @@ _PROBE_ARGUMENTS = dict(save_strategy="no", logging_strategy="no", logging_first
 
 @dataclass
 class Cost:
-    """What a stage costs the budget: ``step_s`` seconds an optimizer step, ``fixed_s`` seconds beyond its steps
-    (building its data, a teacher's rankings, clustering; charged before the budget is split between the stages'
-    steps), ``loads`` model loads + exports, and the ``plan`` fields it sets (``refreshes``, ...)."""
+    """Everything the planner, the deadlines and the budget checks know of a stage (they read nothing else of it).
+
+    Attributes:
+        step_s: seconds of one optimizer step (of each run).
+        fixed_s: seconds beyond its steps (building its data, a teacher's rankings, clustering, refreshes), charged
+            before the budget is split between the stages' steps; a planned stage's deadline leaves them to it.
+        parts: ``fixed_s`` one cost by one, by name, where the stage names them (``plan.json``'s ``fixed_costs``;
+            what it leaves unnamed is counted as ``other``).
+        loads: model loads + exports the stage costs beyond its steps (the planner charges a load for each).
+        share: its share of the budget (renormalised over the stages that run; set where a budget is planned).
+        steps: the steps the settings fix (None: planned from the budget). Without a budget (``budget_s`` None):
+            the steps the stage trains, 0 when it is off.
+        runs: the runs its steps are trained in (each from the same start, their weights averaged; each run after
+            the first costs a model load + export); None: as many runs of about ``run_steps`` steps as its seconds
+            afford. The plan keeps the runs as ``<name>_runs`` where they are not 1.
+        run_steps: with ``runs`` None, the length of one run.
+        plan: the fields the stage sets in the plan (kept in ``plan.json`` by these names, e.g. ``refreshes``; a
+            name ending in ``_steps`` would read back as a stage's steps).
+    """
 
     step_s: float = 0.0
     fixed_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict)
     loads: int = 0
+    share: float = 1.0
+    steps: int | None = None
+    runs: int | None = 1
+    run_steps: int | None = None
     plan: dict[str, Any] = field(default_factory=dict)
 
 
 class Stage:
-    """One stage of the recipe. A subclass sets :attr:`name` (and :attr:`settings`, its options) and implements
-    :meth:`build_trainer` and :meth:`train`; the other hooks have defaults for a stage that trains
-    ``<name>_steps`` optimizer steps (planned from the budget when unset), takes ``<name>_share`` of the budget
-    (1 without such an option) and is always on. Its step is timed by the default :meth:`probe` on the trainer
-    :meth:`build_trainer` returns.
+    """One stage of the recipe. A subclass sets :attr:`name` (and :attr:`settings`, its options) and
+    :meth:`build_trainer`; the rest has defaults for a stage that trains ``<name>_steps`` optimizer steps (planned
+    from the budget when unset), takes ``<name>_share`` of the budget (1 without such an option) and is always on.
+    Its step is timed by the default :meth:`probe` on the trainer :meth:`build_trainer` returns, and the default
+    :meth:`train` trains that trainer.
+
+    The hooks (:data:`HOOKS`) are the methods a stage may override: :meth:`enabled`, :meth:`cost`, :meth:`probe`,
+    :meth:`arguments`, :meth:`identity`, :meth:`build_trainer`, :meth:`train` and :meth:`check`. The other methods
+    (:attr:`label`, :meth:`planned`, :meth:`run_trainer`, :meth:`training_arguments`) are helpers built on them,
+    and the class attributes below are data.
 
     Attributes:
         name: the stage's name: its folder ``OUT/<name>``, its key in the plan (``<name>_steps``), the record and
@@ -70,7 +99,24 @@ class Stage:
         reads_target_queries: whether the stage trains on the unlabelled ``target_queries`` when it runs.
         draws_source: whether the stage trains on the labelled source task (a budget sizes the source draw to its
             steps).
+        reads: the data the stage reads while it has to run, besides the target corpora: ``"source"`` (the
+            labelled source task), ``"target_pairs"`` (the target pseudo pairs); each with the option that must be
+            true for it to be read (None: always), or :data:`JOINT` (read under the joint schedule only).
+        after_adaptation: whether the stage runs only where a stage before it changed the model (WiSE-FT: nothing
+            adapted, nothing to interpolate).
+        entries: what the stage writes into ``OUT`` besides its folder ``OUT/<name>`` (e.g. COCO's ``coco-runs``).
     """
+
+    HOOKS: ClassVar[tuple[str, ...]] = (
+        "enabled",
+        "cost",
+        "probe",
+        "arguments",
+        "identity",
+        "build_trainer",
+        "train",
+        "check",
+    )
 
     name: ClassVar[str] = ""
     title: ClassVar[str] = ""
@@ -79,59 +125,41 @@ class Stage:
     share_option: ClassVar[str | None] = None
     reads_target_queries: ClassVar[bool] = False
     draws_source: ClassVar[bool] = False
+    reads: ClassVar[dict[str, str | None]] = {}
+    after_adaptation: ClassVar[bool] = False
+    entries: ClassVar[tuple[str, ...]] = ()
 
     @property
     def label(self) -> str:
         """How messages name the stage: its :attr:`title`, or its name."""
         return self.title or self.name
 
-    # -------------------------------------------------------------------------------------------- the switch
+    # -------------------------------------------------------------------------------------------- the hooks
     def enabled(self, cfg: RecipeConfig) -> bool:
         """Whether the settings switch the stage on."""
         return True
 
-    def fixed_steps(self, cfg: RecipeConfig) -> int | None:
-        """The steps the settings fix (``<name>_steps``; None: planned from the budget)."""
-        return getattr(cfg, f"{self.name}_steps", None)
-
-    def planned(self, run: RecipeRun) -> bool:
-        """Whether the stage is part of this run: switched on, and (a training stage) given steps by the plan."""
-        return self.enabled(run.cfg) and (not self.trains or run.plan.steps_of(self.name) > 0)
-
-    def should_run(self, run: RecipeRun) -> bool:
-        """Whether the runner runs (or skips as finished) the stage now."""
-        return self.planned(run)
-
-    # -------------------------------------------------------------------------------------------- the budget
-    def share(self, cfg: RecipeConfig) -> float:
-        """The stage's share of the training budget (renormalised over the stages that run)."""
-        option = self.share_option or f"{self.name}_share"
-        return float(getattr(cfg, option, 1.0))
-
-    def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        """Seconds of one optimizer step, from the measured ``throughput``."""
-        return throughput.get(f"{self.name}_step_s", 0.0)
-
-    def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        """Seconds the stage spends beyond its steps (building its data, say), from the measured ``throughput``."""
-        return 0.0
-
-    def fixed_parts(self, throughput: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
-        """:meth:`fixed_seconds` one cost by one, by name (for ``plan.json``'s ``fixed_costs``); by default one
-        entry, ``<name>``, where the stage has fixed costs."""
-        seconds = self.fixed_seconds(throughput, cfg)
-        return {self.name: round(seconds, 2)} if seconds else {}
-
-    def load_exports(self, cfg: RecipeConfig) -> int:
-        """Model loads + exports the stage costs beyond its steps (charged by the planner)."""
-        return 0
-
-    def cost(self, throughput: dict[str, float], cfg: RecipeConfig, *, budget_s: float, **sizes: Any) -> Cost:
-        """What the stage costs the budget of ``budget_s`` seconds, from the measured ``throughput`` and the sizes of
-        the data it reads (``sizes``: what the planner knows, e.g. ``pool_docs``, ``n_queries``); the planner,
-        the deadlines and the budget checks use nothing else. Built from :meth:`step_seconds`,
-        :meth:`fixed_seconds` and :meth:`load_exports`."""
-        return Cost(self.step_seconds(throughput, cfg), self.fixed_seconds(throughput, cfg), self.load_exports(cfg))
+    def cost(
+        self,
+        throughput: dict[str, float],
+        cfg: RecipeConfig,
+        *,
+        budget_s: float | None = None,
+        plan: Plan | None = None,
+        **sizes: Any,
+    ) -> Cost:
+        """What the stage costs a budget of ``budget_s`` seconds (None: no budget, fixed steps), from the measured
+        ``throughput`` and the sizes of the data it reads (``sizes``: what the planner knows, e.g. ``pool_docs``,
+        ``n_queries``); ``plan``: the plan made (the deadlines ask what the planned stage costs, its plan fields as
+        planned). By default: ``<name>_step_s`` a step, nothing fixed, ``<name>_steps`` fixed steps,
+        ``share_option`` (or ``<name>_share``) its share."""
+        fixed = getattr(cfg, f"{self.name}_steps", None)
+        if budget_s is None and plan is None:  # no budget: the steps it trains
+            fixed = 0 if not self.enabled(cfg) else (UNBUDGETED_STEPS if fixed is None else fixed)
+        cost = Cost(step_s=throughput.get(f"{self.name}_step_s", 0.0), steps=fixed)
+        if budget_s is not None and plan is None:  # (only a budget is shared; the deadlines read no share)
+            cost.share = float(getattr(cfg, self.share_option or f"{self.name}_share", 1.0))
+        return cost
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
         """Measured seconds of this stage's step (``<name>_step_s``): a few steps of the trainer
@@ -143,44 +171,9 @@ class Stage:
 
         return {f"{self.name}_step_s": time_trainer_steps(self, run)[0]}
 
-    def unbudgeted_steps(self, cfg: RecipeConfig) -> int:
-        """The stage's steps in a run without a budget: the fixed steps, or :data:`UNBUDGETED_STEPS` (0: off)."""
-        fixed = self.fixed_steps(cfg)
-        return 0 if not self.enabled(cfg) else (UNBUDGETED_STEPS if fixed is None else fixed)
-
-    def allot(self, plan: Plan, seconds: float, step_s: float, cfg: RecipeConfig, load_s: float) -> None:
-        """Set the stage's steps in ``plan`` for ``seconds`` of training at ``step_s`` a step (its fixed steps
-        when it has them; at least 2). ``load_s``: the seconds of one model load + export."""
-        fixed = self.fixed_steps(cfg)
-        if fixed is None and not step_s > 0:
-            raise ConfigError(
-                f"stage {self.name}: no step time was measured, so the budget cannot be spent on its steps; give the "
-                f"stage a trainer (build_trainer) or a probe, or fix its steps ({self.name}_steps)"
-            )
-        plan.steps[self.name] = fixed if fixed is not None else max(2, int(seconds / step_s))
-
-    def one_step(self, plan: Plan, step_s: float, load_s: float) -> tuple[float, str]:
-        """The seconds the stage's first step costs the budget, and how they are made up (for the check that a
-        budget buys one step of every stage)."""
-        return step_s, f"{step_s:.2f} s per step"
-
-    def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
-        """Planned seconds of the stage's optimizer steps."""
-        return plan.steps_of(self.name) * step_s
-
-    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        """Planned wall-clock seconds of the stage (its steps and its own fixed costs), for the deadlines."""
-        return plan.steps_of(self.name) * step_s
-
-    # -------------------------------------------------------------------------------------------- the run
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         """The stage's training arguments (the recipe's defaults under the user's options)."""
         return {}
-
-    def needs(self, run: RecipeRun) -> set[str]:
-        """The data the stage still has to read: ``"source"`` (the labelled source task), ``"target_pairs"``;
-        nothing once it finished."""
-        return set()
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         """What the stage's result depends on (``start``: the identity of the model it starts from)."""
@@ -195,10 +188,37 @@ class Stage:
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
         """Train from ``run.current`` into ``run.dir(self.name)``; returns the completion marker's content (steps
-        trained, the step a deadline stopped it at, ...), or None when the stage wrote its marker itself."""
-        raise NotImplementedError
+        trained, the step a deadline stopped it at, ...), or None when the stage wrote its marker itself. By
+        default the trainer :meth:`build_trainer` returns trains the plan's steps (:meth:`run_trainer`)."""
+        return self.run_trainer(run, self.build_trainer(run, run.plan.steps_of(self.name)))
+
+    def check(self, cfg: RecipeConfig, stages: Sequence[Stage]) -> None:
+        """Refuse, before any work, settings of the run's ``stages`` this stage cannot run with (``ConfigError``);
+        nothing by default."""
 
     # -------------------------------------------------------------------------------------------- helpers
+    def planned(self, run: RecipeRun) -> bool:
+        """Whether the stage is part of this run: switched on, and (a training stage) given steps by the plan."""
+        return self.enabled(run.cfg) and (not self.trains or run.plan.steps_of(self.name) > 0)
+
+    def run_trainer(self, run: RecipeRun, trainer, end: float | None = None) -> dict[str, Any]:
+        """Train ``trainer`` (the stage's) by the stage's deadline (or the clock reading ``end``), resuming from its
+        latest checkpoint when the run resumes, and save its model; returns the marker's content (the steps trained, and
+        the step a deadline stopped it at)."""
+        from transformers.trainer_utils import get_last_checkpoint
+
+        guard = run.deadline(trainer, self.name, end)
+        # the package's trainers resume from their latest complete checkpoint, or start afresh; another trainer (a
+        # plain transformers Trainer) is asked to resume only where a checkpoint exists
+        ours = isinstance(trainer, TrainerMixin)
+        resume = run.resume and (ours or get_last_checkpoint(trainer.args.output_dir) is not None)
+        trainer.train(resume_from_checkpoint=True if resume else None)
+        if hasattr(trainer, "finalize"):  # (the package's trainers export the model)
+            trainer.finalize()
+        else:
+            trainer.save_model()
+        return {"steps": trainer.state.global_step, **stopped(guard)}
+
     def training_arguments(
         self, run: RecipeRun, cls: type, max_steps: int, *, output_dir=None, probe=False, forced=None, **defaults
     ):
@@ -215,6 +235,26 @@ class Stage:
             values.update(_PROBE_ARGUMENTS)
         # (an arguments class with ``from_arguments`` takes the fields it has, e.g. the distillation's)
         return cls.from_arguments(values) if hasattr(cls, "from_arguments") else cls(**values)
+
+
+def split_runs(
+    seconds: float, step_s: float, runs: int | None, run_steps: int | None, given_steps: int | None, load_s: float
+) -> tuple[int, int | None]:
+    """``(runs, steps of each run)`` for ``seconds`` of a stage trained in runs (steps None: as planned for one run).
+
+    ``runs`` None: as many runs of about ``run_steps`` steps (``given_steps`` when given) as fit, at least one; the
+    seconds are then shared out evenly, so a run may come out somewhat shorter or longer than ``run_steps`` and the
+    budget is spent. A whole number of runs shares the seconds between that many. Every run after the first costs a
+    model load + export (``load_s``) of the seconds."""
+    step_s = max(step_s, 1e-9)
+    if runs is None:
+        per_run = (given_steps or run_steps) * step_s + load_s
+        runs = max(1, round((seconds + load_s) / per_run))
+    if given_steps is not None:
+        return runs, given_steps
+    if runs == 1:
+        return 1, None
+    return runs, max(2, int((seconds - (runs - 1) * load_s) / (runs * step_s)))
 
 
 def run_arguments(run: RecipeRun, name: str, *, logging_steps: int, save_steps: int) -> dict[str, Any]:

@@ -254,7 +254,7 @@ def test_the_budget_must_buy_one_step_of_each_stage(monkeypatch):
     cfg = RecipeConfig(skip_coco=False, skip_finetune=False, target_pairs="title_body", target_schedule="sequential")
 
     def one_step(runs: int = 1) -> dict:
-        return planner.one_step_costs(Plan(coco_runs=runs), steps, cfg)
+        return planner.one_step_costs(Plan(stage_fields={"coco_runs": runs}), steps, cfg)
 
     check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, one_step())  # exactly one step each
     with pytest.raises(

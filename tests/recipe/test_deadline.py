@@ -79,8 +79,10 @@ def test_a_budgeted_recipe_ends_each_stage_by_its_deadline(
 
     seen = {}
 
-    def past(plan, cfg, t_start):
-        seen.update(stage_deadlines(plan, cfg, t_start))  # the real deadlines exist for every stage that trains
+    def past(plan, cfg, t_start, stages):
+        seen.update(
+            stage_deadlines(plan, cfg, t_start, stages)
+        )  # the real deadlines exist for every stage that trains
         return {stage: t_start - 1.0 for stage in seen}
 
     monkeypatch.setattr(recipe, "stage_deadlines", past)
@@ -124,7 +126,7 @@ def test_every_run_of_a_coco_soup_ends_by_its_deadline(tiny_bert_nomlm_dir, tiny
     runs after it their planned seconds, so none is skipped), and the soup averages what the runs trained."""
     import hf_cocodr.recipe.planner as recipe
 
-    monkeypatch.setattr(recipe, "stage_deadlines", lambda plan, cfg, t0: {"coco": t0 - 1.0})
+    monkeypatch.setattr(recipe, "stage_deadlines", lambda plan, cfg, t0, stages: {"coco": t0 - 1.0})
     out = tmp_path / "run"
     cfg = {**CFG, "wise_alpha": None, "skip_finetune": True, "target_pairs": "none", "coco_runs": 2}
     run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)

@@ -282,7 +282,7 @@ def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
     tp = {"coco_step_s": 4.0, "distill_step_s": 2.0, "distill_teacher_s": 30.0}
     plan = Plan(steps={"coco": 10, "finetune": 0, "target": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
     assert stage_deadlines(plan, cfg, 0.0) == {"distill": 280.0, "coco": 230.0}
-    assert DistillStage().fixed_seconds(tp, cfg) == 30.0
+    assert DistillStage().cost(tp, cfg, plan=plan).fixed_s == 30.0
 
 
 def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_the_steps(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ class PassOn(Stage):
     def __init__(self, steps: int = 3):
         self.steps, self.calls = steps, 0
 
-    def fixed_steps(self, cfg):
-        return self.steps
+    def cost(self, throughput, cfg, **kw):
+        return replace(super().cost(throughput, cfg, **kw), steps=self.steps)
 
     def train(self, run):
         self.calls += 1
@@ -70,8 +71,8 @@ def test_a_toy_stage_with_a_share_gets_its_part_of_the_budget_and_a_deadline():
     final export does (280 s), COCO 200 s before (80 s)."""
 
     class Shared(PassOn):
-        def fixed_steps(self, cfg):
-            return None
+        def cost(self, throughput, cfg, **kw):
+            return Stage.cost(self, throughput, cfg, **kw)
 
     stages = (*STAGES, Shared())
     cfg, _ = choose_schedule(

@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
 from ..stage import Stage
-from .coco import MLM_HEAD_WARMUP_SHARE, CocoSettings, CocoStage
-from .distill import DISTILL_MAX_PASSES, DistillSettings, DistillStage
-from .finetune import FINETUNE_PRESETS, FinetuneSettings, FinetuneStage, refresh_interval
-from .target import PSEUDO_PAIR_MODES, TargetPairsStage, TargetSettings
-from .wise import WiseSettings, WiseStage
+from .coco import MLM_HEAD_WARMUP_SHARE, CocoStage
+from .distill import DISTILL_MAX_PASSES, DistillStage
+from .finetune import FINETUNE_PRESETS, FinetuneStage, refresh_interval
+from .target import PSEUDO_PAIR_MODES, TargetPairsStage
+from .wise import WiseStage
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
 
-# The recipe's stages, in order. A new stage: a Stage subclass and one line here.
+# The recipe's stages, in order: the one list of them. A new stage: a Stage subclass and one line here.
 STAGES: tuple[type[Stage], ...] = (CocoStage, FinetuneStage, TargetPairsStage, DistillStage, WiseStage)
-# The settings of the built-in stages, which RecipeConfig inherits.
-STAGE_SETTINGS = (CocoSettings, FinetuneSettings, TargetSettings, DistillSettings, WiseSettings)
+# The settings of the built-in stages, in their order (RecipeConfig inherits them).
+STAGE_SETTINGS: tuple[type, ...] = tuple(s.settings for s in STAGES if s.settings is not None)
 
 __all__ = [
     "DISTILL_MAX_PASSES",
@@ -67,12 +67,14 @@ def instantiate(stages: Iterable[Stage | type[Stage]] | None = None) -> tuple[St
 
 
 def stage_switches(cfg: RecipeConfig, stages=None) -> dict[str, tuple[bool, int | None]]:
-    """Whether each training stage runs, and its fixed step count (None: planned from the budget). In the joint
-    schedule the target pairs train inside the source steps, so the target stage does not run on its own."""
-    return {s.name: (s.enabled(cfg), s.fixed_steps(cfg)) for s in instantiate(stages) if s.trains}
+    """Whether each training stage runs, and its fixed step count (None: planned from the budget; its
+    :meth:`~hf_cocodr.recipe.Stage.cost` says). In the joint schedule the target pairs train inside the source
+    steps, so the target stage does not run on its own."""
+    return {s.name: (s.enabled(cfg), s.cost({}, cfg, budget_s=0.0).steps) for s in instantiate(stages) if s.trains}
 
 
 def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig, stages=None) -> dict[str, float]:
-    """Measured seconds of one optimizer step of each training stage. In the joint schedule the target pairs are a
-    term of every source step, so their cost goes to that stage (and the target stage has no steps of its own)."""
-    return {s.name: s.step_seconds(tp, cfg) for s in instantiate(stages) if s.trains}
+    """Measured seconds of one optimizer step of each training stage (its :meth:`~hf_cocodr.recipe.Stage.cost`). In
+    the joint schedule the target pairs are a term of every source step, so their cost goes to that stage (and the
+    target stage has no steps of its own)."""
+    return {s.name: s.cost(tp, cfg, budget_s=0.0).step_s for s in instantiate(stages) if s.trains}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...rundir.run_record import digest
-from ..outputs import read_marker, stopped, write_marker, write_soup
+from ..outputs import read_marker, write_marker, write_soup
 from ..settings import (
     AUTO,
     Auto,
@@ -21,7 +21,7 @@ from ..settings import (
     gpu_bf16_default,
     option,
 )
-from ..stage import UNBUDGETED_STEPS, Stage, run_arguments, source_identity, trajectory
+from ..stage import UNBUDGETED_STEPS, Cost, Stage, run_arguments, source_identity, split_runs, trajectory
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -33,6 +33,7 @@ logger = logging.getLogger("hf_cocodr.recipe")
 COCO_BATCH_SIZE, COCO_GPU_BATCH_CAP = 32, 128  # documents a step on a CPU, and at most on a GPU (device_batch_size)
 # The share of COCO's steps a fresh MLM head (a model without one) trains before MLM gradients reach the encoder.
 MLM_HEAD_WARMUP_SHARE = 0.3
+NO_BUDGET_COCO_RUNS = 3  # coco_runs "budget" without a budget: this many runs of coco_run_steps steps
 
 
 @dataclass
@@ -90,60 +91,46 @@ class CocoStage(Stage):
     title = "COCO"
     settings = CocoSettings
     share_option = "coco_share"
+    reads = {"source": "include_source_corpus"}  # the (restricted) source corpus, where it is included
+    entries = ("coco-runs",)  # a soup's runs
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return not cfg.skip_coco
 
-    def unbudgeted_steps(self, cfg: RecipeConfig) -> int:
+    def cost(
+        self,
+        throughput: dict[str, float],
+        cfg: RecipeConfig,
+        *,
+        budget_s: float | None = None,
+        plan: Plan | None = None,
+        **sizes: Any,
+    ) -> Cost:
+        """Its steps in ``coco_runs`` runs (``"budget"``: as many runs of about ``coco_run_steps`` steps as its
+        seconds afford, :data:`NO_BUDGET_COCO_RUNS` without a budget), and a model load + export when it runs."""
+        cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
         soup = cfg.coco_runs == Auto.BUDGET
-        steps = cfg.coco_steps if cfg.coco_steps or not soup else cfg.coco_run_steps
-        return 0 if cfg.skip_coco else (UNBUDGETED_STEPS if steps is None else steps)
-
-    def allot(self, plan: Plan, seconds: float, step_s: float, cfg: RecipeConfig, load_s: float) -> None:
-        super().allot(plan, seconds, step_s, cfg, load_s)
-        runs, steps = self.runs_for(seconds, step_s, cfg, cfg.coco_steps, load_s)
-        plan.coco_runs = runs
-        if steps is not None:
-            plan.steps[self.name] = steps
+        if budget_s is None and plan is None:  # no budget: a soup's runs are coco_run_steps long
+            runs = NO_BUDGET_COCO_RUNS if soup else int(cfg.coco_runs)
+            steps = cfg.coco_steps if cfg.coco_steps or not soup else cfg.coco_run_steps
+            cost.steps = 0 if cfg.skip_coco else (UNBUDGETED_STEPS if steps is None else steps)
+        else:
+            runs = plan.runs_of(self.name) if plan is not None else None if soup else int(cfg.coco_runs)
+        cost.runs, cost.run_steps, cost.loads = runs, cfg.coco_run_steps, int(self.enabled(cfg))
+        # (a plan records the runs the budget gives a running COCO; 1 otherwise)
+        cost.plan = {"coco_runs": runs if budget_s is None and plan is None else 1}
+        return cost
 
     @staticmethod
     def runs_for(
         coco_s: float, step_s: float, cfg: RecipeConfig, given_steps: int | None, load_s: float
     ) -> tuple[int, int | None]:
-        """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run).
-
-        ``coco_runs: "budget"``: as many runs of about ``coco_run_steps`` steps (``coco_steps`` when given) as fit,
-        at least one; the seconds are then shared out evenly, so a run may come out somewhat shorter or longer than
-        ``coco_run_steps`` and the budget is spent. A whole number of runs shares the seconds between that many.
-        Every run after the first costs a model load + export (``load_s``) of the COCO seconds."""
-        step_s = max(step_s, 1e-9)
-        if cfg.coco_runs == Auto.BUDGET:
-            per_run = (given_steps or cfg.coco_run_steps) * step_s + load_s
-            runs = max(1, round((coco_s + load_s) / per_run))
-        else:
-            runs = int(cfg.coco_runs)
-        if given_steps is not None:
-            return runs, given_steps
-        if runs == 1:
-            return 1, None
-        return runs, max(2, int((coco_s - (runs - 1) * load_s) / (runs * step_s)))
-
-    def one_step(self, plan: Plan, step_s: float, load_s: float) -> tuple[float, str]:
-        runs = max(
-            1, int(plan.coco_runs or 1)
-        )  # a soup: one step of each run, a load + export for each after the first
-        return step_s * runs + (runs - 1) * load_s, f"{step_s:.2f} s per step" + (
-            f" x {runs} runs" if runs > 1 else ""
-        )
-
-    def optimizer_seconds(self, plan: Plan, step_s: float) -> float:
-        return plan.steps_of(self.name) * step_s * plan.coco_runs
-
-    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        return plan.steps_of(self.name) * step_s * plan.coco_runs + (plan.coco_runs - 1) * load_s
-
-    def load_exports(self, cfg: RecipeConfig) -> int:
-        return int(not cfg.skip_coco)
+        """``(runs, steps of each run)`` for ``coco_s`` seconds of COCO (steps None: as planned for one run), as the
+        planner shares them (:func:`~hf_cocodr.recipe.stage.split_runs`): ``coco_runs: "budget"``: as many runs
+        of about ``coco_run_steps`` steps (``coco_steps`` when given) as fit; a whole number of runs shares the
+        seconds between that many. Every run after the first costs a model load + export (``load_s``)."""
+        runs = None if cfg.coco_runs == Auto.BUDGET else int(cfg.coco_runs)
+        return split_runs(coco_s, step_s, runs, cfg.coco_run_steps, given_steps, load_s)
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         cfg, similarity = run.cfg, run.similarity
@@ -160,13 +147,8 @@ class CocoStage(Stage):
         )
         return {**coco, **gpu_bf16_default(cfg.coco), **cfg.coco}  # bf16 on a GPU with native bf16
 
-    def needs(self, run: RecipeRun) -> set[str]:
-        if run.cfg.skip_coco or run.done(self.name):
-            return set()
-        return {"source"} if run.cfg.include_source_corpus else set()
-
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
-        cfg, runs = run.cfg, int(run.plan.coco_runs)
+        cfg, runs = run.cfg, run.plan.runs_of(self.name)
         return {
             "stage": "coco",
             "start": start,
@@ -200,16 +182,17 @@ class CocoStage(Stage):
         return CocoPretrainer(run.model, args, corpora=run.coco_corpora)
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-
-        runs, stage_dir = int(run.plan.coco_runs), run.dir(self.name)
+        """One run (the default :meth:`~hf_cocodr.recipe.Stage.train`), or a soup of the plan's runs."""
+        runs, stage_dir = run.plan.runs_of(self.name), run.dir(self.name)
         if runs == 1:
-            return self._run(run, stage_dir, run.cfg.seed, run.deadlines.get(self.name))
+            return {**super().train(run), "seed": run.cfg.seed}
         # A soup: `runs` COCO runs from the starting model with seeds seed, seed + 1, ..., each in its own folder
         # (resumable, skipped once finished), then the uniform average of their weights is the stage's model.
         run_dirs, markers = [], []
         # planned seconds of one run (its steps and its load + export): each run ends early enough to leave the runs
         # after it theirs
-        run_s = run.plan.steps_of(self.name) * self.step_seconds(run.plan.throughput or {}, run.cfg) + run.load_s
+        step_s = self.cost(run.plan.throughput or {}, run.cfg, plan=run.plan).step_s
+        run_s = run.plan.steps_of(self.name) * step_s + run.load_s
         for i in range(runs):
             run_dir, identity = run.out / "coco-runs" / f"run-{i}", digest({"coco": run.ids[self.name], "run": i})
             marker = read_marker(run_dir, identity)
@@ -238,7 +221,4 @@ class CocoStage(Stage):
         """One COCO run from the starting model into ``run_dir`` (ending by the clock reading ``end`` if given);
         returns its marker (steps trained, and the step a deadline stopped it at)."""
         trainer = self.build_trainer(run, run.plan.steps_of(self.name), output_dir=run_dir, seed=seed)
-        guard = run.deadline(trainer, self.name, end)
-        trainer.train(resume_from_checkpoint=True if run.resume else None)
-        trainer.finalize()
-        return {"steps": trainer.state.global_step, "seed": seed, **stopped(guard)}
+        return {**self.run_trainer(run, trainer, end), "seed": seed}

@@ -24,7 +24,6 @@ from ...modeling.asymmetric import query_side_model
 from ...modeling.loading import load_encoder
 from ...utils import native_bf16
 from ..checks import DISTILL_BATCH_SIZE
-from ..outputs import stopped
 from ..queries import distill_sources
 from ..settings import (
     AUTO,
@@ -37,7 +36,7 @@ from ..settings import (
     encode_batch_size,
     option,
 )
-from ..stage import Stage, run_arguments, trajectory
+from ..stage import Cost, Stage, run_arguments, trajectory
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -217,12 +216,27 @@ class DistillStage(Stage):
     def enabled(self, cfg: RecipeConfig) -> bool:
         return cfg.skip_distill is False and (bool(cfg.target_queries) or _pseudo(cfg) > 0)
 
-    def fixed_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        # encoding the corpus (unless the teacher's indexes of it are cached) and ranking the queries
-        return throughput.get("distill_teacher_s", 0.0)
-
-    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        return plan.steps_of(self.name) * step_s + (plan.throughput or {}).get("distill_teacher_s", 0.0)
+    def cost(
+        self,
+        throughput: dict[str, float],
+        cfg: RecipeConfig,
+        *,
+        budget_s: float | None = None,
+        plan: Plan | None = None,
+        **sizes: Any,
+    ) -> Cost:
+        """Its steps, and the teacher's fixed costs as probed: encoding the corpora (unless the teacher's indexes of
+        them are cached), BM25 and ranking the queries (``distill_teacher_s``, named one by one)."""
+        cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
+        cost.fixed_s = throughput.get("distill_teacher_s", 0.0)
+        names = ("encode", "bm25", "rank")
+        parts = {
+            f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
+            for n in names
+            if f"distill_teacher_{n}_s" in throughput
+        }
+        cost.parts = parts or ({self.name: round(cost.fixed_s, 2)} if cost.fixed_s else {})
+        return cost
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         cfg = run.cfg
@@ -334,16 +348,6 @@ class DistillStage(Stage):
         }
         return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 4), **parts}
 
-    def fixed_parts(self, throughput: dict[str, float], cfg: RecipeConfig) -> dict[str, float]:
-        """The teacher's fixed costs one by one (encoding the corpora, BM25, ranking the queries), as probed."""
-        names = ("encode", "bm25", "rank")
-        parts = {
-            f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
-            for n in names
-            if f"distill_teacher_{n}_s" in throughput
-        }
-        return parts or super().fixed_parts(throughput, cfg)
-
     def build_trainer(
         self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None, info=()
     ):
@@ -422,10 +426,8 @@ class DistillStage(Stage):
                 self.num_queries,
             )
         trainer = self.build_trainer(run, steps, rows=(rows, made[2]) if len(made) == 3 else rows, info=info)
-        guard = run.deadline(trainer, self.name)
-        trainer.train(resume_from_checkpoint=True if run.resume else None)
-        trainer.finalize()
-        ended = stopped(guard)
+        marker = self.run_trainer(run, trainer)
+        ended = {k: v for k, v in marker.items() if k == "stopped_by_deadline_at_step"}
         # the cap ended the stage: it had fewer steps than planned, and no deadline stopped it before them
         capped = {"capped_at_passes": cfg.distill_max_passes} if steps < planned and not ended else {}
         if trainer.state.global_step > steps:
@@ -435,9 +437,9 @@ class DistillStage(Stage):
                 trainer.state.global_step,
                 steps,
             )
-        return {"steps": trainer.state.global_step, "rows": len(rows), "teacher": info, **capped, **ended}
+        return {**marker, "rows": len(rows), "teacher": info, **capped}
 
-    def check_before_work(self, cfg: RecipeConfig, stages) -> None:
+    def check(self, cfg: RecipeConfig, stages) -> None:
         """Refuse, before any work, a query-side distillation (``distill_side: query``) that a stage before it would
         start from another model (its frozen documents are the starting model's vectors) or WiSE-FT would follow
         (it cannot interpolate an asymmetric model with the starting one)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...modeling.loading import load_encoder
-from ..outputs import save_weight_history, stopped
+from ..outputs import save_weight_history
 from ..settings import (
     AUTO,
     Auto,
@@ -21,7 +21,7 @@ from ..settings import (
     is_joint,
     option,
 )
-from ..stage import Cost, Stage, run_arguments, source_identity, trajectory
+from ..stage import JOINT, Cost, Stage, run_arguments, source_identity, trajectory
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -144,11 +144,9 @@ def idro_trainer(
 def train_idro(stage: Stage, run: RecipeRun, trainer) -> dict[str, Any]:
     """Train ``trainer`` (the stage's) under the stage's deadline, export it and keep its cluster-weight history;
     returns the stage's marker content."""
-    guard = run.deadline(trainer, stage.name)
-    trainer.train(resume_from_checkpoint=True if run.resume else None)
-    trainer.finalize()
+    marker = stage.run_trainer(run, trainer)
     save_weight_history(trainer, run.dir(stage.name))
-    return {"steps": trainer.state.global_step, **stopped(guard)}
+    return marker
 
 
 class FinetuneStage(Stage):
@@ -161,33 +159,44 @@ class FinetuneStage(Stage):
     settings = FinetuneSettings
     share_option = "finetune_share"
     draws_source = True
+    reads = {"source": None, "target_pairs": JOINT}  # the source task; the target pairs as the joint term
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return not cfg.skip_finetune
-
-    def share(self, cfg: RecipeConfig) -> float:  # the joint pairs train inside these steps: their share too
-        return float(float(cfg.finetune_share) + (float(cfg.target_share) if is_joint(cfg) else 0.0))
-
-    def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        # (the probe times the joint step whole; a plan measured by an earlier version holds its two parts)
-        return throughput.get("finetune_step_s", 0.0) + (
-            throughput.get("target_step_s", 0.0) if is_joint(cfg) else 0.0
-        )
 
     def cost(
         self,
         throughput: dict[str, float],
         cfg: RecipeConfig,
         *,
-        budget_s: float,
+        budget_s: float | None = None,
+        plan: Plan | None = None,
         pool_docs: int = 0,
         n_queries: int = 0,
         idro: bool | None = None,
         **sizes: Any,
     ) -> Cost:
-        """Its steps, the first K-Means over the ``n_queries`` source queries (iDRO only) and the self-negative
-        refreshes (``refreshes``; unset: as many as cost at most :data:`REFRESH_BUDGET_SHARE` of ``budget_s``, at most
-        :data:`MAX_PLANNED_REFRESHES`), each encoding the ``pool_docs`` mining pool and the queries again."""
+        """Its steps (under the joint schedule the target pairs' term too: their share, and their step's seconds
+        where a plan measured by an earlier version holds the two parts), the first K-Means over the ``n_queries``
+        source queries (iDRO only) and the self-negative refreshes (``refreshes``; unset: as many as cost at most
+        :data:`REFRESH_BUDGET_SHARE` of ``budget_s``, at most :data:`MAX_PLANNED_REFRESHES`; 1 without a budget),
+        each encoding the ``pool_docs`` mining pool and the queries again; of a ``plan``, its refreshes as planned."""
+        cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
+        joint = is_joint(cfg)
+        cost.step_s += throughput.get("target_step_s", 0.0) if joint else 0.0
+        if plan is not None:  # the plan's refreshes and K-Means (charged where the stage trains)
+            fields = plan.stage_fields
+            cost.fixed_s = fields.get("refreshes", 0) * (fields.get("refresh_seconds_each") or 0.0) + (
+                fields.get("kmeans_seconds") or 0.0
+            )
+            return cost
+        if budget_s is None:
+            cost.plan = {"refreshes": 1 if cfg.refreshes is None else cfg.refreshes}
+            return cost
+        if not self.enabled(cfg):
+            cost.plan = {"refreshes": cfg.refreshes or 0, "refresh_seconds_each": 0.0, "kmeans_seconds": 0.0}
+            return cost
+        cost.share = float(float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0))
         if idro is None:
             idro = str(cfg.finetune.get("idro_preset", cfg.finetune_preset)) != "uniform"
         encode_doc, encode_query = throughput.get("encode_doc_s", 0.0), throughput.get("encode_query_s", 0.0)
@@ -196,27 +205,18 @@ class FinetuneStage(Stage):
         refreshes = cfg.refreshes
         if refreshes is None:
             affordable = (REFRESH_BUDGET_SHARE * budget_s) // refresh_s if refresh_s > 0 else 0
-            refreshes = 0 if cfg.skip_finetune else int(min(MAX_PLANNED_REFRESHES, affordable))
-        return Cost(
-            step_s=self.step_seconds(throughput, cfg),
-            fixed_s=kmeans_s + refreshes * refresh_s,
-            plan={"refreshes": refreshes, "refresh_seconds_each": refresh_s, "kmeans_seconds": kmeans_s},
-        )
-
-    def planned_seconds(self, plan: Plan, step_s: float, load_s: float) -> float:
-        seconds = plan.steps_of(self.name) * step_s
-        if plan.steps_of(self.name):  # its refreshes and the first K-Means
-            seconds += plan.refreshes * (plan.refresh_seconds_each or 0.0) + (plan.kmeans_seconds or 0.0)
-        return seconds
+            refreshes = int(min(MAX_PLANNED_REFRESHES, affordable))
+        cost.fixed_s = kmeans_s + refreshes * refresh_s
+        cost.plan = {
+            "refreshes": int(refreshes),
+            "refresh_seconds_each": round(refresh_s, 1),
+            "kmeans_seconds": round(kmeans_s, 1),
+        }
+        return cost
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         # bf16 on a GPU with native bf16 unless the options say otherwise
         return {**_finetune_defaults(run), **gpu_bf16_default(run.cfg.finetune), **run.cfg.finetune}
-
-    def needs(self, run: RecipeRun) -> set[str]:
-        if run.cfg.skip_finetune or run.done(self.name):
-            return set()
-        return {"source", "target_pairs"} if is_joint(run.cfg) else {"source"}
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         from ...methods import method_target_queries
@@ -238,7 +238,7 @@ class FinetuneStage(Stage):
             "source": source_identity(run),
             "settings": trajectory(run.arguments[self.name]),
             "steps": run.plan.steps_of(self.name),
-            "refreshes": run.plan.refreshes,
+            "refreshes": run.plan.stage_fields.get("refreshes", 0),
             "methods": list(cfg.methods),
             "targets": fps["targets"] if cfg.methods else None,
             "target_queries": method_target_queries(cfg.methods, cfg.target_queries),
@@ -270,7 +270,9 @@ class FinetuneStage(Stage):
         from ...methods.joint import TargetPairsObjective
 
         cfg = run.cfg
-        every = 0 if probe else refresh_interval(max_steps, run.plan.refreshes if run.plan else 0)
+        every = (
+            0 if probe else refresh_interval(max_steps, run.plan.stage_fields.get("refreshes", 0) if run.plan else 0)
+        )
         args = self.training_arguments(
             run,
             IDROTrainingArguments,

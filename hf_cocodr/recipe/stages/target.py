@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..settings import AUTO, Auto, check_choice, check_number, check_whole, gpu_bf16_default, is_joint, option
-from ..stage import UNBUDGETED_STEPS, Stage, trajectory
+from ..stage import UNBUDGETED_STEPS, Cost, Stage, trajectory
 from .finetune import _finetune_defaults, idro_trainer, train_idro
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
     from ..context import RecipeRun
+    from ..plan import Plan
 
 # hf_cocodr.data.pseudo_pairs.PSEUDO_PAIR_MODES, named here so the options load without numpy (a test keeps them equal)
 PSEUDO_PAIR_MODES = ("title_body", "ict")
@@ -70,25 +71,34 @@ class TargetPairsStage(Stage):
     title = "target pseudo pairs"
     settings = TargetSettings
     share_option = "target_share"
+    reads = {"target_pairs": None}
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return cfg.target_pairs != "none" and not is_joint(cfg)
 
-    def step_seconds(self, throughput: dict[str, float], cfg: RecipeConfig) -> float:
-        return 0.0 if is_joint(cfg) else throughput.get("target_step_s", 0.0)
-
-    def unbudgeted_steps(self, cfg: RecipeConfig) -> int:  # (a joint plan's target steps go unused)
-        return (
-            0 if cfg.target_pairs == "none" else (UNBUDGETED_STEPS if cfg.target_steps is None else cfg.target_steps)
-        )
+    def cost(
+        self,
+        throughput: dict[str, float],
+        cfg: RecipeConfig,
+        *,
+        budget_s: float | None = None,
+        plan: Plan | None = None,
+        **sizes: Any,
+    ) -> Cost:
+        """Its steps; none of its own in the joint schedule (the pairs' step is a term of the source steps), though
+        a plan without a budget still lists the steps it would train (they go unused)."""
+        cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
+        if is_joint(cfg):
+            cost.step_s = 0.0
+        if budget_s is None and plan is None:
+            steps = cfg.target_steps
+            cost.steps = 0 if cfg.target_pairs == "none" else (UNBUDGETED_STEPS if steps is None else steps)
+        return cost
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
         # Pseudo pairs have no query types to rebalance: plain contrastive loss, BM25 negatives from the target corpus
         target = {**_finetune_defaults(run), "output_dir": str(run.dir(self.name)), "idro_preset": "uniform"}
         return {**target, **gpu_bf16_default(run.cfg.target), **run.cfg.target}
-
-    def needs(self, run: RecipeRun) -> set[str]:
-        return {"target_pairs"} if self.enabled(run.cfg) and not run.done(self.name) else set()
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         cfg = run.cfg

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..outputs import write_wise
 from ..settings import AUTO, Auto, check_number, option
-from ..stage import Stage
+from ..stage import Cost, Stage
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -39,15 +39,14 @@ class WiseStage(Stage):
     title = "WiSE-FT"
     settings = WiseSettings
     trains = False
+    after_adaptation = True  # nothing adapted: nothing to interpolate
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return WiseSettings.uses_wise(cfg)
 
-    def should_run(self, run: RecipeRun) -> bool:
-        return self.planned(run) and run.current != run.model  # nothing adapted: nothing to interpolate
-
-    def load_exports(self, cfg: RecipeConfig) -> int:
-        return int(WiseSettings.uses_wise(cfg))
+    def cost(self, throughput: dict[str, float], cfg: RecipeConfig, **kw: Any) -> Cost:
+        """No step: a model load + export where it interpolates."""
+        return Cost(loads=int(WiseSettings.uses_wise(cfg)))
 
     def identity(self, run: RecipeRun, start: str) -> dict[str, Any]:
         return {"stage": "wise", "start": run.fps["model"], "adapted": start, "alpha": run.cfg.wise_alpha}
