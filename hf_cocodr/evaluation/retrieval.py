@@ -71,8 +71,8 @@ def evaluate_retrieval(
             ``fusion.depth`` (default 200): its cut-offs beyond that are over those candidates only.
         fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's,
             its normalisation and dense weight fitted to the corpus without labels
-            (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives the
-            normalisation and weight used and, when fitted, how (``"fit"``).
+            (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives
+            the normalisation and weight used and, when fitted, how (``"fit"``).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,

@@ -5,8 +5,8 @@ For each start model and dev split (SciFact ``train`` claims, NFCorpus ``dev``, 
 
 - the fixed convex fusion at every dense weight ``w`` in 0, 0.1, ..., 1 (0: BM25 alone, 1: the dense model alone),
   for each normalisation of :data:`~hf_cocodr.retrieval.fusion_fit.FIT_NORMALIZATIONS` (z-scores, min-max, dbsf);
-- the fitted fusion (:func:`hf_cocodr.retrieval.fusion_fit.fit_fusion` at its defaults: the normalisation and the weight
-  chosen over pseudo-queries drawn from the corpus, no qrels), and the former rule (z-scores, the weight alone
+- the fitted fusion (:func:`hf_cocodr.retrieval.fusion_fit.fit_fusion` at its defaults: the normalisation and the
+  weight chosen over pseudo-queries drawn from the corpus, no qrels), and the former rule (z-scores, the weight alone
   fitted: the best weight of the same fit's z-score curve);
 - mteb's own :class:`~mteb.models.hybrid_wrappers.HybridSearch` (rrf / dbsf / rsf, equal weights) over the same two
   top-``depth`` lists (the same dense model and the package's bm25s index), in the same process.
