@@ -2,13 +2,14 @@
 
     cli  ->  recipe  ->  training_api  ->  trainers (pretraining, finetuning)
          ->  methods, losses, callbacks  ->  evaluation, hub, export, cards  ->  retrieval (encoding, hybrid, teacher)
-         ->  data, modeling  ->  retrieval.index, retrieval.fusion  ->  rundir (record, locks, checkpoints, state)
-         ->  errors, utils, storage
+         ->  data, modeling  ->  retrieval.fusion_fit  ->  retrieval.index, retrieval.fusion  ->  rundir (record,
+         locks, checkpoints, state)  ->  errors, utils, storage
 
-Search (:mod:`hf_cocodr.retrieval`) lies below both training and evaluation; its indexes and fusion lie below the
-data too (BM25 negatives use the BM25 index). A module may import its own layer and any lower one. The test reads
-every ``import`` statement of the package (module level and inside functions) with ``ast``, so a cycle cannot hide
-behind a function-level import. The package root holds at most :data:`MAX_ROOT_MODULES` modules.
+Search (:mod:`hf_cocodr.retrieval`) lies below both training and evaluation; its indexes and fusion rules lie below the
+data too (BM25 negatives use the BM25 index), and the fusion's label-free fit above the rules it fits. A module may
+import its own layer and any lower one. The test reads every ``import`` statement of the package (module level and
+inside functions) with ``ast``, so a cycle cannot hide behind a function-level import. The package root holds at
+most :data:`MAX_ROOT_MODULES` modules.
 """
 
 from __future__ import annotations
@@ -67,7 +68,9 @@ LAYERS = {
     "retrieval": 4.5,
     "data": 4.7,
     "modeling": 4.7,
-    # the indexes and the fusion import only the bottom layer (the BM25 negatives of the data use the index)
+    # the label-free fit of a fusion: the rules, the index and the pseudo-queries below it (the rules never reach it)
+    "retrieval.fusion_fit": 4.75,
+    # the indexes and the fusion rules import only the bottom layer (the BM25 negatives of the data use the index)
     "retrieval.index": 4.8,
     "retrieval.fusion": 4.8,
     "retrieval.pseudo_queries": 4.8,
@@ -620,3 +623,138 @@ def test_the_three_lists_of_stages_are_one():
     assert kept and not any(isinstance(n.value, ast.Tuple) for n in kept), "STAGE_SETTINGS is derived from STAGES"
     for name in ("planner.py", "schedules.py", "checks.py", "inputs.py"):
         assert "STAGES" not in names_used(RECIPE / name), f"recipe/{name} names the built-in STAGES"
+
+
+# ---- issue 51: fusion in two modules; no library module cites reports/ or scripts/
+FUSION_RULES_MODULE = PACKAGE / "retrieval" / "fusion.py"
+FUSION_FIT_MODULE = PACKAGE / "retrieval" / "fusion_fit.py"
+MAX_FUSION_RULES_LINES = 300  # the rules and their registry; the fit lives in fusion_fit.py
+# what the fit draws and ranks its pseudo-queries with: the rules import none of them
+FIT_ONLY_MODULES = ("retrieval.fusion_fit", "retrieval.pseudo_queries", "retrieval.index")
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments), not the names it imports."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def fit_in_rules(rules: Path, fit: Path, root: Path = PACKAGE) -> list[str]:
+    """What of the label-free fit the rules module holds: each name the fit module defines that the rules module
+    defines too, each import of a module only the fit needs (:data:`FIT_ONLY_MODULES`), and a length over
+    :data:`MAX_FUSION_RULES_LINES` lines."""
+    found = [f"defines {name}" for name in sorted(top_level_names(rules) & top_level_names(fit))]
+    fit_only = tuple(f"{root.name}.{m}" for m in FIT_ONLY_MODULES)
+    found += [f"imports {t}" for _, t in imports_of(rules, root) if t.startswith(fit_only)]
+    lines = len(rules.read_text().splitlines())
+    if lines > MAX_FUSION_RULES_LINES:
+        found.append(f"{lines} lines (at most {MAX_FUSION_RULES_LINES})")
+    return found
+
+
+def test_the_fusion_rules_hold_no_fit():
+    assert {"fit_fusion", "fit_choice", "is_fit_of", "FIT_GRID", "KEEP_SHARES"} <= top_level_names(FUSION_FIT_MODULE)
+    assert {"FusionConfig", "RULES", "fusion_rule", "fuse"} <= top_level_names(FUSION_RULES_MODULE)
+    assert fit_in_rules(FUSION_RULES_MODULE, FUSION_FIT_MODULE) == []
+
+
+def test_the_fit_check_finds_a_fit_in_the_rules(tmp_path):
+    pkg = tmp_path / "hf_cocodr" / "retrieval"
+    pkg.mkdir(parents=True)
+    (pkg / "fusion_fit.py").write_text("FIT_GRID = (0.5,)\n\n\ndef fit_fusion():\n    pass\n")
+    rules = pkg / "fusion.py"
+    rules.write_text(
+        "from .fusion_fit import FIT_GRID\n\n\ndef fuse():\n    from .pseudo_queries import inverse_cloze\n\n\n"
+        "def fit_fusion():\n    pass\n"
+    )
+    found = fit_in_rules(rules, pkg / "fusion_fit.py", tmp_path / "hf_cocodr")
+    assert found == [
+        "defines fit_fusion",
+        "imports hf_cocodr.retrieval.fusion_fit",
+        "imports hf_cocodr.retrieval.pseudo_queries",
+    ]
+    rules.write_text("FUSE = 1\n" * (MAX_FUSION_RULES_LINES + 1))
+    assert fit_in_rules(rules, pkg / "fusion_fit.py", tmp_path / "hf_cocodr") == [
+        f"{MAX_FUSION_RULES_LINES + 1} lines (at most {MAX_FUSION_RULES_LINES})"
+    ]
+
+
+def registered_rules(root: Path = PACKAGE) -> list[tuple[str, bool]]:
+    """``(where, shared)`` for every function of the package registered as a fusion rule (decorated with
+    ``fusion_rule(...)``); shared: its parameters are exactly the rules' shared ones, positional, in order."""
+    from hf_cocodr.retrieval.fusion import RULE_PARAMETERS
+
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            called = [d.func for d in node.decorator_list if isinstance(d, ast.Call)]
+            if not any(getattr(f, "id", getattr(f, "attr", None)) == "fusion_rule" for f in called):
+                continue
+            a = node.args
+            params = tuple(p.arg for p in a.posonlyargs + a.args)
+            shared = params == RULE_PARAMETERS and not (a.vararg or a.kwarg or a.kwonlyargs or a.defaults)
+            out.append((f"{path.relative_to(root.parent)}:{node.lineno} {node.name}", shared))
+    return out
+
+
+def test_every_fusion_rule_has_the_shared_signature():
+    import inspect
+
+    from hf_cocodr.retrieval.fusion import RULE_PARAMETERS, RULES
+
+    found = registered_rules()
+    assert len(found) >= 2, found  # convex and rrf at least: not vacuous
+    assert [where for where, shared in found if not shared] == []
+    assert {"convex", "rrf"} <= set(RULES)
+    for name, rule in RULES.items():
+        assert tuple(inspect.signature(rule.parts).parameters) == RULE_PARAMETERS, name
+
+
+def test_the_signature_check_sees_a_rule_of_another_signature(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    pkg.mkdir()
+    (pkg / "rules.py").write_text(
+        "@fusion_rule('good', settings=('normalize',))\ndef good(dense_scores, bm25_scores, fusion):\n    pass\n\n\n"
+        "@fusion.fusion_rule('bad')\ndef bad(dense, sparse, fusion, k=60):\n    pass\n\n\n"
+        "def helper(x):\n    pass\n"
+    )
+    assert registered_rules(pkg) == [("hf_cocodr/rules.py:2 good", True), ("hf_cocodr/rules.py:7 bad", False)]
+
+
+CITED_FOLDERS = (b"reports/", b"scripts/")  # the repository's studies and tools, which an installed package lacks
+
+
+def citations_of_reports_or_scripts(root: Path = PACKAGE) -> list[str]:
+    """``FILE:LINE`` for every line of every file under ``root`` (compiled caches aside) that names ``reports/`` or
+    ``scripts/``: library code states behaviour; figures and the commands that measure them live in docs/."""
+    out = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        for lineno, line in enumerate(path.read_bytes().splitlines(), 1):
+            if any(folder in line for folder in CITED_FOLDERS):
+                out.append(f"{path.relative_to(root.parent)}:{lineno}")
+    return out
+
+
+def test_no_library_file_cites_reports_or_scripts():
+    assert citations_of_reports_or_scripts() == []
+
+
+def test_the_citation_check_finds_a_citation(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__pycache__").mkdir()
+    (pkg / "a.py").write_text('"""Fused.\n\nStudied in reports/studies/x.md."""\n')
+    (pkg / "sub" / "README.md").write_text("Run `python scripts/tools/y.py`.\n")
+    (pkg / "clean.py").write_text("# see docs/hybrid.md; reports its metrics\n")
+    (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00reports/studies/x.md")
+    assert citations_of_reports_or_scripts(pkg) == ["hf_cocodr/a.py:3", "hf_cocodr/sub/README.md:1"]

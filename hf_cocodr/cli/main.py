@@ -153,10 +153,33 @@ def _add_export(p: argparse.ArgumentParser) -> None:
     add_overwrite_flag(p)
 
 
+class FusionRules:
+    """The registered fusion rules' names (:data:`hf_cocodr.retrieval.fusion.RULES`) as ``--fusion``'s choices, read
+    from the registry each time argparse checks a value or prints the command's help, so building the parser imports
+    no numpy and a rule registered later is offered."""
+
+    def names(self) -> list[str]:
+        from ..retrieval.fusion import RULES
+
+        return list(RULES)
+
+    def __iter__(self):
+        return iter(self.names())
+
+    def __contains__(self, value) -> bool:
+        return value in self.names()
+
+
 def add_fusion_flags(p: argparse.ArgumentParser, dense_weight_help: str) -> None:
     """``--fusion``, ``--fusion-normalize`` and ``--dense-weight``: the hybrid's fusion, as ``evaluate`` and ``mteb``
-    take it."""
-    p.add_argument("--fusion", choices=["convex", "rrf"], default=None, help="with --hybrid: the fusion rule")
+    take it (``--fusion``: any registered rule, :class:`FusionRules`)."""
+    p.add_argument(
+        "--fusion",
+        choices=FusionRules(),
+        metavar="RULE",  # argparse would list the choices when the parser is built
+        default=None,
+        help="with --hybrid: the fusion rule, one of %(choices)s",
+    )
     p.add_argument(
         "--fusion-normalize",
         dest="fusion_normalize",

@@ -20,7 +20,8 @@ from ..modeling.loading import load_encoder
 from ..modeling.precision import active_corpus_precision, check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
-from ..retrieval.fusion import FusionConfig, log_fit
+from ..retrieval.fusion import FusionConfig
+from ..retrieval.fusion_fit import log_fit
 from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
 from ..utils import atomic_write_json
@@ -70,8 +71,8 @@ def evaluate_retrieval(
             ``fusion.depth`` (default 200): its cut-offs beyond that are over those candidates only.
         fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` (or its fields as a mapping); default: the package's,
             its normalisation and dense weight fitted to the corpus without labels
-            (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives the
-            normalisation and weight used and, when fitted, how (``"fit"``).
+            (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives
+            the normalisation and weight used and, when fitted, how (``"fit"``).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,

@@ -6,8 +6,8 @@
 * ``int8``: a copy of the model whose ``nn.Linear`` layers use torch's dynamic int8 quantization (int8 weights,
   activations quantized per batch; CPU only). The model being trained is never changed.
 
-Whether a precision keeps retrieval quality is measured, not assumed: ``scripts/benchmarks/bench_precision.py`` reports
-nDCG@10 and speed of each on SciFact, ``scripts/benchmarks/bench_encode_bf16.py`` bf16's nDCG@10 on the dev splits.
+Whether a precision keeps retrieval quality is measured, not assumed: docs/precision.md gives each one's nDCG@10 and
+speed, and the commands that measure them.
 
 Corpus encodings of a whole run (the recipe's teacher, evaluations and hybrids) follow one precision set with
 :func:`corpus_encoding_precision`: :func:`~hf_cocodr.retrieval.encoding.encode_texts` encodes under it and the

@@ -136,8 +136,8 @@ def device_batch_size(cpu_batch: int, cap: int) -> int:
 
 
 # Corpus encodings and evaluations on a CPU core run faster in small batches (sentence-transformers sorts the texts by
-# length, so a batch pads little, and a batch of 16 x 256 tokens keeps its activations in cache; measured by
-# scripts/benchmarks/bench_encode_levers.py, docs/precision.md). A GPU wants larger ones.
+# length, so a batch pads little, and a batch of 16 x 256 tokens keeps its activations in cache; docs/precision.md
+# gives the measurement). A GPU wants larger ones.
 CPU_ENCODE_BATCH, GPU_ENCODE_BATCH = 16, 64
 
 

@@ -37,7 +37,7 @@ from ..modeling.asymmetric import document_modules, query_modules
 from ..modeling.precision import active_corpus_precision
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
-from . import fusion as fusion_module
+from . import fusion_fit
 
 logger = logging.getLogger(__name__)
 
@@ -172,13 +172,13 @@ def fit_fusion_once(
     queries=None,
     bm25=None,
 ):
-    """:func:`~hf_cocodr.retrieval.fusion.fit_fusion` of ``model`` over a corpus's ``texts`` (calibrated to the
+    """:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion` of ``model`` over a corpus's ``texts`` (calibrated to the
     unlabelled ``queries`` when given), computed once per :func:`cache_corpus_encodings` block for the same query
     encoder, document encoder, corpus, queries, fusion settings and encoding ``settings`` (precision, token limits);
     the documents the fit encodes are remembered by document encoder, so a model sharing its document route (a
     query-side model and its start) encodes them once. ``bm25``: the BM25 index over ``texts`` the caller holds."""
     if _ACTIVE is None or not fusion.needs_fit:
-        return fusion_module.fit_fusion(
+        return fusion_fit.fit_fusion(
             fusion, texts, embeddings, encode_queries, encode_documents, queries=queries, bm25=bm25
         )
     doc_key = document_encoder_key(model)
@@ -192,7 +192,7 @@ def fit_fusion_once(
     fitted = remembered(
         "fusion fit",
         key,
-        lambda: fusion_module.fit_fusion(
+        lambda: fusion_fit.fit_fusion(
             fusion, texts, embeddings, encode_queries, documents, queries=queries, bm25=bm25
         ),
     )

@@ -1,8 +1,14 @@
-"""Fusion of a dense and a BM25 ranking for one query, with label-free rules (the hybrid retriever's core).
+"""Fusion of a dense and a BM25 ranking for one query: the rules, in a registry (the hybrid retriever's core).
 
-- ``"convex"``: each system's scores are normalised over its own candidates for the query, and a candidate's fused
-  score is ``w · n_dense + (1 − w) · n_bm25`` (so ``w = 1`` is the dense ranking and ``w = 0`` the BM25 ranking).
-  The normalisation (``normalize``, :data:`NORMALIZATIONS`):
+A rule says what each system gives each candidate of a query; the fused score of a candidate at dense weight ``w`` is
+then ``w · dense + (1 − w) · bm25`` for every rule (``w = 1``: the dense ranking, ``w = 0``: the BM25 ranking). Every
+rule is one function of one signature, ``rule(dense_scores, bm25_scores, fusion) -> Parts``, registered by name with
+:func:`fusion_rule` in :data:`RULES`; :class:`FusionConfig` accepts, the hybrid fuses with, the label-free fit
+(:mod:`~hf_cocodr.retrieval.fusion_fit`) fits and the command line's ``--fusion`` offers every registered rule. The
+built-in rules:
+
+- ``"convex"``: each system's scores are normalised over its own candidates for the query. The normalisation
+  (``normalize``, :data:`NORMALIZATIONS`):
 
   - ``"z"``: z-scores, ``(s − mean) / std``; a candidate one system did not return sits one standard deviation below
     that system's last candidate;
@@ -13,53 +19,25 @@
     dense scores themselves, which a distillation teacher needs to equal its student exactly.
 
   A system whose candidates all score the same gives each of them 0 (``"z"``) or 0.5 (``"minmax"``, ``"dbsf"``).
-- ``"rrf"``: weighted reciprocal-rank fusion, ``w / (rrf_k + rank_dense) + (1 − w) / (rrf_k + rank_bm25)`` (ranks from
-  1; a system that did not return the candidate adds nothing).
+- ``"rrf"``: weighted reciprocal-rank fusion, each system gives ``1 / (rrf_k + rank)`` (ranks from 1; a system that
+  did not return the candidate gives nothing).
 
-The dense weight and the normalisation are by default *fitted to the corpus without labels* (``dense_weight="fit"``,
-``normalize="fit"``, :func:`fit_fusion`): pseudo-queries are drawn from the corpus in the inverse-cloze way (one
-sentence of a document is the query, the rest of that document, which no longer holds the sentence, is its one
-relevant document), both systems rank the corpus for them, and of the pairs (normalisation, weight) on a grid whose
-mean nDCG@10 of the fused ranking over the pseudo-queries stays within one standard error of the best on the way from
-the best toward equal weights, the one nearest equal weights is kept (:func:`fit_choice`), so the fusion follows how well each system, and their fusion, find a
-document from a passage it no longer holds, and leaves equal weights only for a difference beyond the
-pseudo-queries' noise. Given the real queries (unlabelled:
-``evaluate --hybrid`` and ``mteb --hybrid`` pass the ones they rank), the pseudo-queries are first made as easy for
-BM25 as those queries are: a share of the sentence's words (:data:`KEEP_SHARES`) stays in its document, the smallest
-share whose pseudo-queries' median BM25 top-score z (:func:`bm25_top_z`) reaches the real queries' (or the one
-nearest it), so a corpus whose queries copy its words (SQuAD's questions copy a sentence of their passage) is not fitted
-to pseudo-queries that share none. Either the weight or the normalisation can be given by hand; only the other is
-then fitted. No judgment of any kind is read. How the fusion was found is kept in :attr:`FusionConfig.fit`; the
-study of the rule on dev splits is ``scripts/studies/hybrid_fit_study.py`` (``reports/studies/hybrid_fit.md``).
+The dense weight and the normalisation are by default ``"fit"``: fitted to the corpus without labels by
+:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion` before anything is fused.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import ConfigError
-from .pseudo_queries import bm25_top_z, inverse_cloze
 
-logger = logging.getLogger(__name__)
-
-FUSION_RULES = ("convex", "rrf")
 NORMALIZATIONS = ("z", "minmax", "dbsf", "none")
-# the normalisations a fit chooses among, in the order equal pseudo-query means are broken ("none" mixes the two
-# systems' scales, which only a weight of 0 or 1 makes sense of)
-FIT_NORMALIZATIONS = ("z", "minmax", "dbsf")
 FIT = "fit"
-FIT_METHOD = (
-    "inverse-cloze pseudo-queries from the corpus, as easy for BM25 as the queries ranked (their text only; no labels)"
-)
-FIT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
-# the shares of a pseudo-query's words that may stay in its document, tried in this order until its pseudo-queries
-# are as easy for BM25 as the real queries (0: the plain inverse cloze)
-KEEP_SHARES = (0.0, 0.125, 0.25, 0.375, 0.5, 0.75, 1.0)
 
 
 @dataclass
@@ -67,21 +45,23 @@ class FusionConfig:
     """How the dense and the BM25 ranking of one query are fused (see the module docstring).
 
     Args:
-        rule: ``"convex"`` (per-query normalised scores, weighted sum) or ``"rrf"`` (weighted reciprocal ranks).
+        rule: the name of a registered rule (:data:`RULES`): ``"convex"`` (per-query normalised scores, weighted sum,
+            the default) or ``"rrf"`` (weighted reciprocal ranks) unless more were registered.
         dense_weight: ``w``, the dense system's weight in [0, 1] (1: dense alone, 0: BM25 alone), or ``"fit"`` (the
-            default): fitted to the corpus without labels when the retriever is built (:func:`fit_fusion`).
+            default): fitted to the corpus without labels when the retriever is built
+            (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`).
         depth: candidates taken from each system per query (at least the ``k`` asked for); 200 by default, so a
             document one system ranks low is still normalised against the other's list rather than missing from it.
         rrf_k: the rank offset of ``"rrf"``.
-        normalize: ``"convex"`` only: how each system's scores are normalised per query, one of
-            :data:`NORMALIZATIONS`, or ``"fit"`` (the default): chosen among :data:`FIT_NORMALIZATIONS` together with
-            a fitted weight; beside a weight given by hand it is ``"z"`` (the rule such weights were given for, and
-            what a fusion saved without this field used). ``True`` / ``False`` (what earlier versions saved) read as
-            ``"z"`` / ``"none"``.
-        bm25_zeros: ``"convex"`` only: where a query has fewer than ``depth`` BM25 hits, normalise BM25's top
-            ``depth`` as the index returns it, zero scores included (as mteb's hybrids see it), and give every
-            document BM25 did not return the normalised value of 0, its BM25 score (the default); false: normalise
-            the hits alone, a document not among them below the last (what a fusion saved without this field did).
+        normalize: for a rule that reads it (``"convex"``): how each system's scores are normalised per query, one of
+            :data:`NORMALIZATIONS`, or ``"fit"`` (the default): chosen by the fit together with a fitted weight; beside
+            a weight given by hand it is ``"z"`` (the rule such weights were given for, and what a fusion saved without
+            this field used). ``True`` / ``False`` (what earlier versions saved) read as ``"z"`` / ``"none"``.
+        bm25_zeros: for a rule that reads it (``"convex"``): where a query has fewer than ``depth`` BM25 hits,
+            normalise BM25's top ``depth`` as the index returns it, zero scores included (as mteb's hybrids see it),
+            and give every document BM25 did not return the normalised value of 0, its BM25 score (the default);
+            false: normalise the hits alone, a document not among them below the last (what a fusion saved without
+            this field did).
         fit: how a fitted fusion was found (method, pseudo-queries, seed, the mean nDCG@10 over the pseudo-queries at
             each normalisation and weight of the grid); ``None`` for a fusion given by hand.
     """
@@ -101,8 +81,8 @@ class FusionConfig:
         return self.dense_weight == FIT
 
     def __post_init__(self) -> None:
-        if self.rule not in FUSION_RULES:
-            raise ConfigError(f"fusion rule must be one of {FUSION_RULES}, got {self.rule!r}")
+        if self.rule not in RULES:
+            raise ConfigError(f"fusion rule must be one of {tuple(RULES)}, got {self.rule!r}")
         w = self.dense_weight
         if w != FIT and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0.0 <= w <= 1.0):
             raise ConfigError(f"fusion dense_weight must be a number in [0, 1] or {FIT!r}, got {w!r}")
@@ -124,16 +104,66 @@ class FusionConfig:
             )
 
 
-def is_fit_of(fitted: FusionConfig, asked: FusionConfig) -> bool:
-    """Whether ``fitted`` is ``asked`` with what ``asked`` leaves to ``"fit"`` fitted (its other settings the same),
-    so a fit made earlier (a cached retriever's) can stand for fitting ``asked`` again on the same corpus and model."""
-    if fitted.fit is None or fitted.needs_fit or not asked.needs_fit:
-        return False
-    fields = fitted.fit.get("fitted", ["dense_weight"])  # earlier versions fitted the weight alone
-    unfitted = replace(fitted, fit=None, dense_weight=FIT, **({"normalize": FIT} if "normalize" in fields else {}))
-    return unfitted == replace(asked, fit=None)
+# ------------------------------------------------------------------------------------------------------ the registry
+class Parts(NamedTuple):
+    """What each system gives the candidates of one query under a rule: ``dense`` has one value per dense candidate
+    (in the order given), ``bm25`` one per BM25 hit (each entry scoring above 0, in order); ``dense_missing`` /
+    ``bm25_missing``: what a system gives a candidate it did not return."""
+
+    dense: np.ndarray
+    dense_missing: float
+    bm25: np.ndarray
+    bm25_missing: float
 
 
+Rule = Callable[[np.ndarray, np.ndarray, FusionConfig], Parts]
+# the parameters every rule takes, in this order (tests/test_architecture.py checks each registered rule)
+RULE_PARAMETERS = ("dense_scores", "bm25_scores", "fusion")
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """A registered rule: its function (``parts(dense_scores, bm25_scores, fusion) -> Parts``: ``dense_scores``, the
+    dense candidates' scores best first; ``bm25_scores``, BM25's top ``depth`` as the index returns it, zero scores
+    included) and the :class:`FusionConfig` fields it reads besides the weight and the depth (``settings``: what the
+    fit may choose and what a hybrid's description states)."""
+
+    parts: Rule
+    settings: tuple[str, ...] = ()
+
+
+RULES: dict[str, FusionRule] = {}
+
+
+def fusion_rule(name: str, settings: tuple[str, ...] = ()) -> Callable[[Rule], Rule]:
+    """A decorator registering a rule under ``name`` in :data:`RULES` (see :class:`FusionRule`); the function is
+    returned unchanged. A name registered already, or a setting that is no :class:`FusionConfig` field, is refused."""
+    unknown = sorted(set(settings) - set(FusionConfig.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"fusion rule {name!r}: {unknown} are no FusionConfig fields")
+
+    def register(parts: Rule) -> Rule:
+        if name in RULES:
+            raise ValueError(f"a fusion rule named {name!r} is registered already")
+        RULES[name] = FusionRule(parts, tuple(settings))
+        return parts
+
+    return register
+
+
+def unregister_rule(name: str) -> None:
+    """Remove the rule ``name`` from :data:`RULES` (a saved hybrid fused with it no longer loads)."""
+    if name not in RULES:
+        raise ValueError(f"no fusion rule named {name!r} is registered")
+    del RULES[name]
+
+
+def rule_settings(rule: str) -> tuple[str, ...]:
+    """The :class:`FusionConfig` fields the registered rule ``rule`` reads besides the weight and the depth."""
+    return RULES[rule].settings
+
+
+# --------------------------------------------------------------------------------------------------- the built-ins
 def _spread(scores: np.ndarray) -> float:
     """A system's standard deviation over its candidates (1 where it has none, or they all score the same)."""
     std = float(scores.std()) if scores.size else 0.0
@@ -162,6 +192,57 @@ def normalized(scores: np.ndarray, how: str) -> tuple[np.ndarray, float]:
     return s, float(s.min() - _spread(s))
 
 
+@fusion_rule("convex", settings=("normalize", "bm25_zeros"))
+def convex(dense_scores: np.ndarray, bm25_scores: np.ndarray, fusion: FusionConfig) -> Parts:
+    """Each system's scores normalised by ``fusion.normalize`` over its own candidates (BM25's zeros included with
+    ``fusion.bm25_zeros``: a document BM25 did not return has no query term, its score is 0, normalised as the list's
+    zeros)."""
+    hits = bm25_scores > 0
+    nd, missing_d = normalized(dense_scores, fusion.normalize)
+    if fusion.bm25_zeros and not hits.all():
+        padded, _ = normalized(bm25_scores, fusion.normalize)
+        return Parts(nd, missing_d, padded[hits], float(padded[~hits][0]))
+    nb, missing_b = normalized(bm25_scores[hits], fusion.normalize)
+    return Parts(nd, missing_d, nb, missing_b)
+
+
+@fusion_rule("rrf", settings=("rrf_k",))
+def rrf(dense_scores: np.ndarray, bm25_scores: np.ndarray, fusion: FusionConfig) -> Parts:
+    """Each system's reciprocal ranks ``1 / (rrf_k + rank)`` (ranks from 1); a candidate it did not return gets 0."""
+    hits = int((bm25_scores > 0).sum())
+    return Parts(
+        1.0 / (fusion.rrf_k + np.arange(1, len(dense_scores) + 1)),
+        0.0,
+        1.0 / (fusion.rrf_k + np.arange(1, hits + 1)),
+        0.0,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------- the fusion
+def candidate_parts(
+    dense_rows: np.ndarray, dense_scores: np.ndarray, bm25_rows: np.ndarray, bm25_scores: np.ndarray, fusion
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One query's candidates and what each system gives them under ``fusion.rule``: ``(rows, dense_part, bm25_part,
+    dense_rank)``, the fused score at weight ``w`` being ``w · dense_part + (1 − w) · bm25_part``."""
+    hits = bm25_scores > 0
+    cand = np.unique(np.concatenate([dense_rows, bm25_rows[hits]]))
+    pos = {int(r): i for i, r in enumerate(cand)}
+    d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
+    b_idx = np.array([pos[int(r)] for r in bm25_rows[hits]], np.int64)
+    parts = RULES[fusion.rule].parts(dense_scores, bm25_scores, fusion)
+    if len(parts.dense) != len(d_idx) or len(parts.bm25) != len(b_idx):
+        raise ConfigError(
+            f"fusion rule {fusion.rule!r} gave {len(parts.dense)} dense and {len(parts.bm25)} BM25 values for "
+            f"{len(d_idx)} dense candidates and {len(b_idx)} BM25 hits"
+        )
+    dense_part = np.full(len(cand), parts.dense_missing)
+    bm25_part = np.full(len(cand), parts.bm25_missing)
+    dense_part[d_idx], bm25_part[b_idx] = parts.dense, parts.bm25
+    dense_rank = np.full(len(cand), len(cand) + 1, np.int64)
+    dense_rank[d_idx] = np.arange(len(d_idx))
+    return cand, dense_part, bm25_part, dense_rank
+
+
 def fuse(
     dense_rows: np.ndarray,
     dense_scores: np.ndarray,
@@ -178,274 +259,7 @@ def fuse(
     if fusion.needs_fit:
         raise ConfigError('the fusion weight is "fit" and was not fitted yet: call fit_fusion (or give a weight)')
     w = float(fusion.dense_weight)
-    cand, dense_part, bm25_part, dense_rank = _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion)
+    cand, dense_part, bm25_part, dense_rank = candidate_parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion)
     fused = w * dense_part + (1.0 - w) * bm25_part
     order = np.lexsort((cand, dense_rank, -fused))[:k]
     return cand[order], fused[order].astype(np.float32)
-
-
-def _parts(dense_rows, dense_scores, bm25_rows, bm25_scores, fusion: FusionConfig):
-    """One query's candidates and what each system gives them: ``(rows, dense_part, bm25_part, dense_rank)``, the
-    fused score at weight ``w`` being ``w · dense_part + (1 − w) · bm25_part`` (``"rrf"``: the reciprocal ranks)."""
-    hits = bm25_scores > 0
-    cand = np.unique(np.concatenate([dense_rows, bm25_rows[hits]]))
-    pos = {int(r): i for i, r in enumerate(cand)}
-    d_idx = np.array([pos[int(r)] for r in dense_rows], np.int64)
-    b_idx = np.array([pos[int(r)] for r in bm25_rows[hits]], np.int64)
-    if fusion.rule == "convex":
-        nd, missing_d = normalized(dense_scores, fusion.normalize)
-        if fusion.bm25_zeros and not hits.all():
-            padded, _ = normalized(bm25_scores, fusion.normalize)
-            # a document BM25 did not return has no query term: its BM25 score is 0, normalised as the list's zeros
-            nb, missing_b = padded[hits], float(padded[~hits][0])
-        else:
-            nb, missing_b = normalized(bm25_scores[hits], fusion.normalize)
-    else:  # a system that did not return a candidate adds nothing
-        nd, nb = (
-            1.0 / (fusion.rrf_k + np.arange(1, len(d_idx) + 1)),
-            1.0 / (fusion.rrf_k + np.arange(1, len(b_idx) + 1)),
-        )
-        missing_d = missing_b = 0.0
-    dense_part = np.full(len(cand), missing_d)
-    bm25_part = np.full(len(cand), missing_b)
-    dense_part[d_idx], bm25_part[b_idx] = nd, nb
-    dense_rank = np.full(len(cand), len(cand) + 1, np.int64)
-    dense_rank[d_idx] = np.arange(len(d_idx))
-    return cand, dense_part, bm25_part, dense_rank
-
-
-# ---------------------------------------------------------------------------------------------------- label-free fit
-# the fit's pseudo-queries: the inverse cloze of the corpus's pseudo-query module (one module draws every kind)
-pseudo_queries = inverse_cloze
-
-
-def keep_share_for(medians: dict[float, float], target: float) -> float:
-    """The share whose pseudo-queries' median BM25 top-score z is nearest ``target`` (the real queries'), among the
-    shares tried in order until one reached it (``medians``: share → median, in that order); equal distances go to
-    the smaller share."""
-    shares = list(medians)
-    return min(shares, key=lambda f: (abs(medians[f] - target), f))
-
-
-def fit_choice(
-    rankings: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]],
-    fusion: FusionConfig,
-    grid: tuple[float, ...] = FIT_GRID,
-    within_one_se: bool = True,
-    details: dict[str, Any] | None = None,
-) -> tuple[str, float, dict[str, dict[float, float]]]:
-    """The normalisation and dense weight chosen by the mean nDCG@10 of their fused ranking over pseudo-queries with
-    one relevant document each: ``(normalize, weight, {normalize: {weight: mean nDCG@10}})``.
-
-    The *peak* is the pair with the best mean. With ``within_one_se`` (the default) the choice walks from the peak's
-    weight toward 0.5, one grid weight at a time, while at the next weight some normalisation's mean is below the
-    peak's by at most one standard error of the per-query difference (paired over the pseudo-queries; the
-    one-standard-error rule), and stops before the first weight where none is; at each step the peak's normalisation
-    is kept if it qualifies, else the first one in :data:`FIT_NORMALIZATIONS` that does. Pseudo-queries are a noisy
-    proxy for the real ones: a difference within their noise is no reason to stay away from equal weights, and a weight
-    separated from the peak by a step beyond the noise is never reached. Without it the peak is the choice. ``details``, if given, receives the peak (``"peak"``) and the pairs within one standard error of
-    it (``"within_one_se"``).
-
-    What ``fusion`` gives is kept, what it leaves to ``"fit"`` is searched: the weights of ``grid``, and (``"convex"``
-    only) the normalisations of :data:`FIT_NORMALIZATIONS`. ``rankings``: one ``(dense_rows, dense_scores,
-    bm25_rows, bm25_scores, target_row)`` per pseudo-query (each system's candidates, best first, as :func:`fuse`
-    takes them). A target at fused rank ``r <= 10`` scores ``1 / log2(r + 1)``, else 0. Equal means (up to float
-    noise) go to the normalisation first in :data:`FIT_NORMALIZATIONS`, then to the weight nearest 0.5 (then the
-    lower one)."""
-    if not rankings:
-        raise ConfigError("fitting the fusion needs at least one pseudo-query")
-    if fusion.rule == "convex" and fusion.normalize == FIT:
-        norms: tuple[str, ...] = FIT_NORMALIZATIONS
-    else:
-        norms = (fusion.normalize,)  # given (or irrelevant: "rrf" normalises nothing)
-    weights = grid if fusion.dense_weight == FIT else (float(fusion.dense_weight),)
-    curves: dict[str, dict[float, float]] = {}
-    per_query: dict[str, np.ndarray] = {}  # normalisation -> (pseudo-query, weight) nDCG@10
-    at = np.asarray(weights, np.float64)[:, None]
-    for norm in norms:
-        cfg = replace(fusion, dense_weight=0.5, normalize=norm if norm != FIT else "z", fit=None)
-        gains = np.zeros((len(rankings), len(weights)))
-        for q, (d_rows, d_scores, b_rows, b_scores, target) in enumerate(rankings):
-            cand, dense_part, bm25_part, dense_rank = _parts(d_rows, d_scores, b_rows, b_scores, cfg)
-            hit = np.flatnonzero(cand == target)
-            if not hit.size:
-                continue
-            t = hit[0]
-            # every weight at once, as fuse computes each: the target's rank is the candidates fuse puts first
-            fused = at * dense_part + (1.0 - at) * bm25_part
-            tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
-            rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
-            gains[q] = np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
-        per_query[norm] = gains
-        curves[norm] = {float(w): float(g) for w, g in zip(weights, gains.mean(axis=0))}
-    best = max(v for curve in curves.values() for v in curve.values())
-    tied = [(i, n, w) for i, (n, curve) in enumerate(curves.items()) for w, v in curve.items() if v >= best - 1e-12]
-    _, norm, w = min(tied, key=lambda t: (t[0], abs(t[2] - 0.5), t[2]))
-    if details is not None:
-        details["peak"] = {"normalize": norm, "dense_weight": w, "ndcg_at_10": round(curves[norm][w], 4)}
-    if not within_one_se or len(rankings) < 2:
-        return norm, w, curves
-    peak = per_query[norm][:, list(weights).index(w)]
-    close: dict[float, list[str]] = {x: [] for x in weights}  # weight -> normalisations within one SE of the peak
-    for n, gains in per_query.items():
-        diff = peak[:, None] - gains  # per query, per weight
-        se = diff.std(axis=0, ddof=1) / np.sqrt(len(rankings))
-        for x, m, e in zip(weights, diff.mean(axis=0), se):
-            if m <= e + 1e-12:
-                close[x].append(n)
-    if details is not None:
-        details["within_one_se"] = {n: [float(x) for x in weights if n in close[x]] for n in per_query}
-    # walk from the peak toward 0.5, one grid weight at a time, while some normalisation stays within one SE
-    ordered = sorted(weights)
-    j = ordered.index(w)
-    step = 1 if w < 0.5 else -1
-    while 0 <= j + step < len(ordered) and abs(ordered[j + step] - 0.5) < abs(ordered[j] - 0.5):
-        nxt = ordered[j + step]
-        if not close[nxt]:
-            break
-        j += step
-        norm = norm if norm in close[nxt] else close[nxt][0]
-    return norm, float(ordered[j]), curves
-
-
-def fit_fusion(
-    fusion: FusionConfig,
-    texts: list[str],
-    embeddings: np.ndarray,
-    encode_queries: Callable[[list[str]], np.ndarray],
-    encode_documents: Callable[[list[str]], np.ndarray],
-    *,
-    queries: list[str] | None = None,
-    bm25=None,
-    n_queries: int = 400,
-    seed: int = 0,
-    min_queries: int = 8,
-) -> FusionConfig:
-    """``fusion`` with what it leaves to ``"fit"`` (the dense weight, the normalisation) fitted to the corpus without
-    labels (a copy; returned as is when nothing is left to fit).
-
-    ``texts``: the corpus as the BM25 side indexes it (``title + text``, in row order); ``embeddings``: its dense
-    vectors in the same order (scored by inner product, as the dense index does); ``encode_queries`` /
-    ``encode_documents``: the dense model's encoders. :func:`pseudo_queries` draws the pseudo-queries; each one's
-    source document is replaced, in a BM25 index over the corpus and in a copy of the vectors, by the document
-    without the sentence, and :func:`fit_choice` picks the normalisation and the weight. ``queries``: the real
-    queries the hybrid will rank (their text only, no judgments), if known: the share of each pseudo-query's words
-    left in its document is then chosen among :data:`KEEP_SHARES` so the pseudo-queries' median BM25 top-score z
-    (:func:`bm25_top_z`) meets the queries' (:func:`keep_share_for`); without them the share is 0. ``bm25``: a BM25
-    index over ``texts`` already built, which then ranks those queries (otherwise one is built). With fewer than
-    ``min_queries`` pseudo-queries (a corpus of one-sentence documents) the weight is 0.5, the normalisation z-scores,
-    and ``fit`` says why."""
-    if not fusion.needs_fit:
-        return fusion
-    picks = pseudo_queries(texts, n_queries, seed)
-    record: dict[str, Any] = {"method": FIT_METHOD, "pseudo_queries": len(picks), "seed": seed}
-    record["fitted"] = [n for n in ("normalize", "dense_weight") if getattr(fusion, n) == FIT]
-    if fusion.rule != "convex":  # "rrf" normalises nothing
-        record["fitted"] = [n for n in record["fitted"] if n != "normalize"]
-    if len(picks) < min_queries:
-        record["fallback"] = (
-            f"only {len(picks)} pseudo-queries could be drawn from the corpus, fewer than the {min_queries} the fit "
-            "needs (each is a sentence of a document of two sentences or more); weight 0.5, z-scores instead"
-        )
-        fallback = {"dense_weight": 0.5, "normalize": "z"}
-        return replace(fusion, **{k: fallback[k] for k in record["fitted"]}, fit=record)
-    depth = min(fusion.depth, len(texts))
-    bm25_side = _bm25_side(picks, texts, depth)
-    real = [q for q in (queries or []) if isinstance(q, str) and q.strip()]
-    record["keep_share"] = 0.0
-    if real:
-        if bm25 is None:
-            from .index import BM25Index
-
-            bm25 = BM25Index(texts)
-        target = float(np.median(bm25_top_z(bm25.search(real, depth)[0])))
-        medians = {0.0: float(np.median(bm25_top_z(bm25_side[0])))}
-        sides = {0.0: bm25_side}
-        for share in KEEP_SHARES[1:]:
-            if max(medians.values()) >= target:
-                break
-            picks_at = pseudo_queries(texts, n_queries, seed, keep_share=share)
-            sides[share] = _bm25_side(picks_at, texts, depth)
-            medians[share] = float(np.median(bm25_top_z(sides[share][0])))
-        share = keep_share_for(medians, target)
-        if share:
-            picks, bm25_side = pseudo_queries(texts, n_queries, seed, keep_share=share), sides[share]
-        record.update(
-            keep_share=share,
-            real_queries=len(real),
-            bm25_top_z_median={"queries": round(target, 4), **{f"{f:g}": round(m, 4) for f, m in medians.items()}},
-        )
-    rankings = _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side)
-    details: dict[str, Any] = {}
-    norm, w, curves = fit_choice(rankings, fusion, details=details)
-    record["grid_ndcg_at_10"] = {n: {f"{k:g}": round(v, 4) for k, v in c.items()} for n, c in curves.items()}
-    record.update(details, choice="from the peak toward 0.5 while within one standard error of it")
-    any_curve = next(iter(curves.values()))  # at w = 1 (0) every normalisation gives the dense (BM25) ranking
-    record.update(
-        dense_alone=round(any_curve[1.0], 4) if 1.0 in any_curve else None,
-        bm25_alone=round(any_curve[0.0], 4) if 0.0 in any_curve else None,
-    )
-    return replace(fusion, dense_weight=w, normalize=norm, fit=record)
-
-
-def fit_outcome(fusion: FusionConfig) -> str:
-    """How the label-free fit of ``fusion`` ended, in words for the log: ``"fitted without labels: ..."``, or ``"not
-    fitted: <reason>"`` where the fit took its fallback (too few pseudo-queries), or ``"given by hand: ..."``."""
-    fit = fusion.fit if isinstance(fusion.fit, dict) else None
-    rule = f"{fusion.normalize if fusion.rule == 'convex' else fusion.rule}, dense weight {fusion.dense_weight}"
-    if fit is None:
-        return f"given by hand: {rule}"
-    if fit.get("fallback"):
-        return f"not fitted: {fit['fallback']}"
-    return f"fitted without labels: {rule} ({fit.get('pseudo_queries', '?')} pseudo-queries)"
-
-
-def log_fit(fusion: FusionConfig, what: str, seconds: float | None = None) -> None:
-    """Log how the fit of ``what``'s fusion ended (:func:`fit_outcome`): a warning where it was not fitted."""
-    took = f" in {seconds:.1f} s" if seconds is not None else ""
-    outcome = fit_outcome(fusion)
-    if outcome.startswith("not fitted"):
-        logger.warning("%s: fusion %s%s", what, outcome, took)
-    else:
-        logger.info("%s: fusion %s%s", what, outcome, took)
-
-
-def _bm25_side(picks, texts, depth) -> tuple[np.ndarray, np.ndarray]:
-    """BM25's top ``depth`` ``(scores, rows)`` for each pseudo-query over the corpus with each source document
-    replaced by its ``rest``."""
-    from .index import BM25Index
-
-    mod_texts = list(texts)
-    for row, _, rest in picks:
-        mod_texts[row] = rest
-    bm25 = BM25Index(mod_texts)
-    del mod_texts
-    return bm25.search([p[1] for p in picks], depth)
-
-
-def _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side) -> list[tuple]:
-    """Each pseudo-query's two candidate lists over the corpus with its source document replaced by its ``rest``
-    (the form :func:`fit_choice` takes); ``bm25_side``: BM25's, from :func:`_bm25_side`."""
-    from .index import check_finite
-
-    rows = np.array([p[0] for p in picks], np.int64)
-    queries = [p[1] for p in picks]
-    rests = [p[2] for p in picks]
-    b_scores, b_rows = bm25_side
-    # NaN or inf vectors (a broken model, a damaged file) are refused: no rule is chosen from NaN rankings
-    emb = check_finite(np.asarray(embeddings, np.float32), "the corpus's vectors the fusion is fitted to")
-    rest_emb = check_finite(np.asarray(encode_documents(rests), np.float32), "the fit's document vectors")
-    q_emb = check_finite(np.asarray(encode_queries(queries), np.float32), "the fit's pseudo-query vectors")
-    sims = q_emb @ emb.T
-    # the source documents' vectors are those of their rests
-    sims[:, rows] = q_emb @ rest_emb.T
-    top = (
-        np.argpartition(-sims, depth - 1, axis=1)[:, :depth]
-        if depth < sims.shape[1]
-        else np.tile(np.arange(sims.shape[1]), (len(sims), 1))
-    )
-    rankings = []
-    for i in range(len(picks)):
-        cand = top[i][np.argsort(-sims[i, top[i]], kind="stable")]
-        rankings.append((cand, sims[i, cand], b_rows[i], b_scores[i], int(rows[i])))
-    return rankings

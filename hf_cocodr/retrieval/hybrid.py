@@ -5,8 +5,8 @@ corpus's own words, which a model trained elsewhere never saw weighted that way.
 indexes and fuses their rankings per query with a label-free rule (:class:`~hf_cocodr.retrieval.fusion.FusionConfig`:
 normalised scores in a convex combination, the default, or weighted reciprocal-rank fusion). By default the
 normalisation (z-scores, min-max or dbsf) and the dense weight are fitted to the corpus when the retriever is built,
-from pseudo-queries drawn from the corpus itself (no labels; :func:`~hf_cocodr.retrieval.fusion.fit_fusion`); what was
-chosen and how are saved with the retriever (``hybrid.fusion.normalize``, ``hybrid.fusion.dense_weight``,
+from pseudo-queries drawn from the corpus itself (no labels; :func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`);
+what was chosen and how are saved with the retriever (``hybrid.fusion.normalize``, ``hybrid.fusion.dense_weight``,
 ``hybrid.fusion.fit``). A weight given by hand is used as is (with z-scores unless a normalisation is given too).
 
 Example::
@@ -51,7 +51,8 @@ from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolved_path
 from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
-from .fusion import FusionConfig, fuse, log_fit
+from .fusion import FusionConfig, fuse
+from .fusion_fit import log_fit
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +165,8 @@ class HybridRetriever:
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
         FusionConfig` with its normalisation and dense weight fitted here to the corpus without labels
-        (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number as
-        ``dense_weight`` is used as is. ``queries``: the queries it will rank, if known (their text only; no
+        (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number
+        as ``dense_weight`` is used as is. ``queries``: the queries it will rank, if known (their text only; no
         judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
         still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then)."""
         from .encoding import build_index, model_similarity
@@ -223,8 +224,8 @@ class HybridRetriever:
 
     def fit_fusion(self, queries: list[str] | None = None) -> FusionConfig:
         """Fit what the fusion leaves to ``"fit"`` to the corpus without labels, calibrated to ``queries`` (their
-        text only) when given (:func:`~hf_cocodr.retrieval.fusion.fit_fusion`); a fusion already fitted, or given by
-        hand, stays as it is. Only a retriever built here (:meth:`build`) holds the corpus's texts this needs."""
+        text only) when given (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`); a fusion already fitted, or given
+        by hand, stays as it is. Only a retriever built here (:meth:`build`) holds the corpus's texts this needs."""
         if not self.fusion.needs_fit:
             self._texts = None  # nothing left to fit: the corpus's texts are not kept
             return self.fusion

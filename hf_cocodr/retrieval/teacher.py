@@ -16,7 +16,8 @@ from ..modeling.precision import active_corpus_precision
 from ..rundir.run_record import digest
 from ..storage import cache_dir
 from .encoding import encode_texts
-from .fusion import FusionConfig, fit_fusion, is_fit_of
+from .fusion import FusionConfig
+from .fusion_fit import fit_fusion, is_fit_of
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 
 logger = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ For each start model and dev split (SciFact ``train`` claims, NFCorpus ``dev``, 
 256 tokens) the corpus and the queries are encoded once and cached under ``--work`` (so arms are resumable); then:
 
 - the fixed convex fusion at every dense weight ``w`` in 0, 0.1, ..., 1 (0: BM25 alone, 1: the dense model alone),
-  for each normalisation of :data:`~hf_cocodr.retrieval.fusion.FIT_NORMALIZATIONS` (z-scores, min-max, dbsf);
-- the fitted fusion (:func:`hf_cocodr.retrieval.fusion.fit_fusion` at its defaults: the normalisation and the weight
-  chosen over pseudo-queries drawn from the corpus, no qrels), and the former rule (z-scores, the weight alone
+  for each normalisation of :data:`~hf_cocodr.retrieval.fusion_fit.FIT_NORMALIZATIONS` (z-scores, min-max, dbsf);
+- the fitted fusion (:func:`hf_cocodr.retrieval.fusion_fit.fit_fusion` at its defaults: the normalisation and the
+  weight chosen over pseudo-queries drawn from the corpus, no qrels), and the former rule (z-scores, the weight alone
   fitted: the best weight of the same fit's z-score curve);
 - mteb's own :class:`~mteb.models.hybrid_wrappers.HybridSearch` (rrf / dbsf / rsf, equal weights) over the same two
   top-``depth`` lists (the same dense model and the package's bm25s index), in the same process.
@@ -169,7 +169,8 @@ def arm(start: str, corpus: str, ns, root: Path, work: Path) -> dict:
     from hf_cocodr.data.beir import column_numpy, corpus_texts
     from hf_cocodr.evaluation.retrieval import summarize
     from hf_cocodr.retrieval.encoding import encode_texts
-    from hf_cocodr.retrieval.fusion import FusionConfig, fit_fusion, fuse
+    from hf_cocodr.retrieval.fusion import FusionConfig, fuse
+    from hf_cocodr.retrieval.fusion_fit import fit_fusion
     from hf_cocodr.retrieval.index import BM25Index, DenseIndex
 
     folder, split, label = CORPORA[corpus]

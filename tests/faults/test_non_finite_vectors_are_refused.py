@@ -33,12 +33,12 @@ def test_a_broken_models_vectors_are_refused_at_encode(tiny_st_dir, value):
 
 
 def test_a_hybrid_is_not_built_and_fitted_on_nan_vectors(tiny_st_dir, tiny_beir, monkeypatch):
-    import hf_cocodr.retrieval.fusion as fusion_module
+    import hf_cocodr.retrieval.fusion_fit as fusion_fit
 
     def no_fit(*a, **k):
         raise AssertionError("a fusion was fitted on NaN vectors")
 
-    monkeypatch.setattr(fusion_module, "fit_choice", no_fit)
+    monkeypatch.setattr(fusion_fit, "fit_choice", no_fit)
     with pytest.raises(ConfigError, match=r"not finite"):
         HybridRetriever.build(_broken(tiny_st_dir, float("nan")), tiny_beir)
 

@@ -93,14 +93,14 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
     document route) fits again but encodes none of the fit's documents (those without their pseudo-query's sentence)
     that its start encoded already."""
     import hf_cocodr.retrieval.encoding as encoding
-    import hf_cocodr.retrieval.fusion as fusion_module
+    import hf_cocodr.retrieval.fusion_fit as fusion_fit
     from hf_cocodr import evaluate_retrieval
     from hf_cocodr.modeling.asymmetric import query_side_model
     from hf_cocodr.retrieval.hybrid import HybridRetriever, _corpus_ids_texts
 
     corpus = set(_corpus_ids_texts(tiny_beir)[1])
     fits, fit_docs = [], []
-    real_fit, real_encode = fusion_module.fit_fusion, encoding.encode_texts
+    real_fit, real_encode = fusion_fit.fit_fusion, encoding.encode_texts
 
     def fit(*args, **kw):
         fits.append(1)
@@ -116,7 +116,7 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
     queries = list(load_beir(tiny_beir, "dev").queries["text"])  # what the evaluation calibrates its fit to
     model = load_encoder(str(tiny_st_dir))
     fresh = HybridRetriever.build(model, tiny_beir, queries=queries).fusion  # no block: nothing remembered
-    monkeypatch.setattr(fusion_module, "fit_fusion", fit)
+    monkeypatch.setattr(fusion_fit, "fit_fusion", fit)
     monkeypatch.setattr(encoding, "encode_texts", encode)
     monkeypatch.setattr("hf_cocodr.evaluation.retrieval.encode_texts", encode)
     with cache_corpus_encodings():

@@ -11,20 +11,17 @@ import numpy as np
 import pytest
 
 from hf_cocodr.errors import ConfigError
-from hf_cocodr.retrieval.fusion import (
-    FIT,
+from hf_cocodr.retrieval.fusion import FIT, FusionConfig, fuse, normalized
+from hf_cocodr.retrieval.fusion_fit import (
     FIT_GRID,
     KEEP_SHARES,
-    FusionConfig,
-    bm25_top_z,
     fit_choice,
-    fuse,
     is_fit_of,
     keep_share_for,
-    normalized,
     pseudo_queries,
 )
 from hf_cocodr.retrieval.hybrid import HybridRetriever
+from hf_cocodr.retrieval.pseudo_queries import bm25_top_z
 
 # the lists of tests/test_hybrid.py: dense ranks rows 0, 1, 2 (scores 3, 2, 1); BM25 ranks rows 2, 3 (scores 10, 5).
 # z-scores: dense (z, 0, -z) with z = sqrt(1.5), row 3 at -z - 1; BM25 (1, -1), rows 0 and 1 at -2. Fused at w:

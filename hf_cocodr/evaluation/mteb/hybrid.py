@@ -3,7 +3,7 @@
 :class:`HybridSearchModel` follows mteb 2's search protocol (``index(corpus, ...)`` then ``search(queries, ...)``):
 ``index`` builds a :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` over the task's corpus; ``search`` fits the
 normalisation and the dense weight to that corpus without labels, calibrated to the task's queries (their text only;
-the default, :func:`~hf_cocodr.retrieval.fusion.fit_fusion`), or uses the weight given, and fuses each system's top
+the default, :func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`), or uses the weight given, and fuses each system's top
 ``fusion.depth`` per query exactly as ``hf-cocodr evaluate --hybrid`` does, so the task's scores equal the evaluation's
 on the same data. :func:`hybrid_model_meta` turns the dense model's ``ModelMeta`` into the
 hybrid's: ``model_type=["hybrid"]``, the two parts, the fusion and how it is fitted in ``loader_kwargs``, the dense
@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ...retrieval.fusion import FIT, FIT_METHOD, FIT_NORMALIZATIONS, FusionConfig, fuse
+from ...retrieval.fusion import FIT, FusionConfig, fuse, rule_settings
+from ...retrieval.fusion_fit import FIT_METHOD, FIT_NORMALIZATIONS
 from ...retrieval.hybrid import HybridRetriever
 from ...utils import public_label
 
@@ -34,17 +35,14 @@ def _fusion_config(fusion) -> FusionConfig:
 
 
 def describe_fusion(fusion: FusionConfig) -> dict[str, Any]:
-    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the normalisation and the weight (or how they
-    are fitted), the depth."""
+    """The fusion as the hybrid's ``ModelMeta`` states it: the rule, the settings it reads (the normalisation, or
+    how it is fitted), the weight (or how it is fitted), the depth."""
     out: dict[str, Any] = {"rule": fusion.rule, "depth": fusion.depth}
-    if fusion.rule == "rrf":
-        out["rrf_k"] = fusion.rrf_k
-    elif fusion.normalize == FIT:
-        out["normalize"] = f"fitted per task corpus, one of {', '.join(FIT_NORMALIZATIONS)}"
-    else:
-        out["normalize"] = fusion.normalize
-    if fusion.rule == "convex":
-        out["bm25_zeros"] = fusion.bm25_zeros
+    for name in rule_settings(fusion.rule):  # the settings the rule reads ("convex": normalize, bm25_zeros)
+        if name == "normalize" and fusion.normalize == FIT:
+            out[name] = f"fitted per task corpus, one of {', '.join(FIT_NORMALIZATIONS)}"
+        else:
+            out[name] = getattr(fusion, name)
     if fusion.needs_fit:
         out["dense_weight"] = "fitted per task corpus"
         out["fit"] = FIT_METHOD
