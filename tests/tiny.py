@@ -39,16 +39,26 @@ def training_lines(n: int = 400, seed: int = 0) -> list[str]:
 
 
 def make_tokenizer(out_dir: str | Path, vocab_size: int = 400):
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    """A BERT WordPiece tokenizer over :func:`training_lines`, the same ids in every process: its vocabulary is the
+    special tokens, every character alone and as a ``##`` continuation, then the words by count (ties by spelling)
+    up to ``vocab_size`` (the tokenizers library's trainer breaks ties in a per-process hash order)."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    )
-    tok.train_from_iterator(training_lines(), trainer)
+    normalizer = normalizers.BertNormalizer(lowercase=True)
+    pre = pre_tokenizers.BertPreTokenizer()
+    counts: Counter[str] = Counter()
+    for line in training_lines():
+        counts.update(w for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(line)))
+    chars = sorted({c for w in counts for c in w})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+    words = sorted((w for w in counts if w not in set(vocab)), key=lambda w: (-counts[w], w))
+    vocab += words[: max(0, vocab_size - len(vocab))]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
