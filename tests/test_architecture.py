@@ -758,3 +758,40 @@ def test_the_citation_check_finds_a_citation(tmp_path):
     (pkg / "clean.py").write_text("# see docs/hybrid.md; reports its metrics\n")
     (pkg / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\x00reports/studies/x.md")
     assert citations_of_reports_or_scripts(pkg) == ["hf_cocodr/a.py:3", "hf_cocodr/sub/README.md:1"]
+
+
+# ---- issue 51: the distillation's one settings source
+def unmapped_argument_options(options: set[str], arguments: set[str], mapping: dict[str, str]) -> list[str]:
+    """What breaks "one settings source": an option (of ``options``) that names a training argument (of
+    ``arguments``: the field itself, or the field after its stage prefix ``distill_``) missing from ``mapping``
+    (option -> field), an option of ``mapping`` that is not an option, or a field of ``mapping`` that is not an
+    argument."""
+    names = {o for o in options if o in arguments or o.removeprefix("distill_") in arguments}
+    return sorted(
+        [f"option {o} is not mapped" for o in names - set(mapping)]
+        + [f"{o} is not an option" for o in set(mapping) - options]
+        + [f"{f} is not a field" for f in set(mapping.values()) - arguments]
+    )
+
+
+def test_the_distillation_options_map_onto_its_training_arguments():
+    """Every distillation option that names a DistillationTrainingArguments field is in the stage's option -> field
+    map (so its ``distill:`` mapping leaves the field to the option), every field the map names exists, and the
+    class the ``distill:`` mapping is checked against is the one the stage trains with."""
+    from dataclasses import fields
+
+    from hf_cocodr.finetuning import DistillationTrainer, DistillationTrainingArguments
+    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS, DistillSettings
+
+    options = {f.name for f in fields(DistillSettings)}
+    arguments = {f.name for f in fields(DistillationTrainingArguments)}
+    assert unmapped_argument_options(options, arguments, ARGUMENT_OPTIONS) == []
+    assert DistillSettings.arguments_class() is DistillationTrainer.arguments_class is DistillationTrainingArguments
+
+
+def test_the_mapping_check_sees_an_unmapped_option_and_a_missing_field():
+    options, arguments = {"distill_k", "distill_seed", "distill_teacher_temperature"}, {"seed", "teacher_x"}
+    assert unmapped_argument_options(options, arguments, {"distill_teacher_temperature": "teacher_temperature"}) == [
+        "option distill_seed is not mapped",
+        "teacher_temperature is not a field",
+    ]

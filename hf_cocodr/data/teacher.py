@@ -5,6 +5,8 @@ The teacher is any object with ``search(queries, k) -> (ids, scores)`` (a
 from :mod:`hf_cocodr.retrieval.teacher`). Each query's row holds the teacher's top-``k`` documents, best first,
 and ``label`` their ``k`` teacher scores, the layout ``HybridDistillLoss`` and sentence-transformers'
 ``DistillKLDivLoss`` read. Queries for which the teacher returns fewer than ``k`` documents are left out and counted.
+The distillation's rows travel as one :class:`TeacherRows` (the teacher makes them, the recipe's stage and
+:class:`~hf_cocodr.DistillationTrainer` take them).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -25,7 +28,14 @@ from .training import RowsSource
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FrozenCandidateRows", "frozen_candidate_rows", "route_queries", "teacher_rows"]
+__all__ = [
+    "FrozenCandidateRows",
+    "TeacherRows",
+    "TeacherSource",
+    "frozen_candidate_rows",
+    "route_queries",
+    "teacher_rows",
+]
 
 
 def teacher_rows(teacher, queries: Sequence[str], doc_texts: Mapping[str, str], k: int, *, batch_size: int = 1024):
@@ -81,11 +91,14 @@ class FrozenCandidateRows(RowsSource):
         scores: ``(n, k)`` teacher scores, best first.
         candidates: ``(n, k)`` rows of the frozen vectors.
         name: a label for logs and the model card.
+        vectors: the frozen ``(N, d)`` vectors the candidates' rows index (the starting model's vectors of the
+            corpora); :class:`~hf_cocodr.DistillationTrainer`'s default loss distils against them (None: a loss
+            given to the trainer holds them).
     """
 
     negatives_source = "none"
 
-    def __init__(self, queries: Sequence[str], scores, candidates, name: str = "teacher rows"):
+    def __init__(self, queries: Sequence[str], scores, candidates, name: str = "teacher rows", *, vectors=None):
         scores = np.asarray(scores, dtype=np.float64)
         candidates = np.asarray(candidates, dtype=np.int64)
         if not len(queries):
@@ -98,6 +111,7 @@ class FrozenCandidateRows(RowsSource):
         self.query_texts = list(queries)
         self.query_ids = [str(i) for i in range(len(self.query_texts))]
         self.scores, self.candidates, self.name = scores, candidates, name
+        self.vectors = vectors
         self.columns = ["query"]
 
     def __len__(self) -> int:
@@ -124,9 +138,11 @@ class FrozenCandidateRows(RowsSource):
         pass
 
 
-def frozen_candidate_rows(teacher, queries: Sequence[str], doc_rows: Mapping[str, int], k: int, *, name: str = ""):
+def frozen_candidate_rows(
+    teacher, queries: Sequence[str], doc_rows: Mapping[str, int], k: int, *, name: str = "", vectors=None
+):
     """:class:`FrozenCandidateRows` from the teacher's top-``k`` of each query (``doc_rows``: document id → its row
-    in the frozen vectors); queries with fewer than ``k`` candidates are left out and counted, as in
+    in the frozen ``vectors``); queries with fewer than ``k`` candidates are left out and counted, as in
     :func:`teacher_rows`."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise ValueError(f"frozen_candidate_rows: k must be a whole number >= 2, got {k!r}")
@@ -149,7 +165,41 @@ def frozen_candidate_rows(teacher, queries: Sequence[str], doc_rows: Mapping[str
         [[float(x) for x in scores[i][:k]] for i in kept],
         [[doc_rows[d] for d in ids[i][:k]] for i in kept],
         name=name or "teacher rows",
+        vectors=vectors,
     )
+
+
+class TeacherSource(TypedDict):
+    """One query source the teacher ranked (as the stage's completion marker records it)."""
+
+    queries: str  # the source's name
+    corpus: str  # the target corpus its queries were ranked over
+    num_queries: int
+    cached: bool  # whether the teacher's indexes of the corpus came from the cache
+
+
+@dataclass
+class TeacherRows:
+    """The distillation's training rows, as the teacher makes them and the recipe's stage and
+    :class:`~hf_cocodr.DistillationTrainer` take them.
+
+    Args:
+        rows: the trainer's rows: a ``datasets.Dataset`` of ``(query, doc_1, ..., doc_k, label)``
+            (:func:`teacher_rows`), or :class:`FrozenCandidateRows` holding the frozen vectors its candidates index
+            (query-side distillation).
+        sources: each query source the teacher ranked (none for rows of the right shape drawn for a probe).
+    """
+
+    rows: Any
+    sources: list[TeacherSource] = field(default_factory=list)
+
+    @property
+    def query_side(self) -> bool:
+        """Whether the candidates are rows of frozen vectors (only the queries are encoded)."""
+        return isinstance(self.rows, FrozenCandidateRows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
 
 # ------------------------------------------------------------------------------------------ the recipe's teacher

@@ -47,8 +47,9 @@ class RecipeConfig(*CONFIG_BASES):
     :class:`~hf_cocodr.recipe.stages.finetune.FinetuneSettings`, :class:`~hf_cocodr.recipe.stages.target.
     TargetSettings`, :class:`~hf_cocodr.recipe.stages.distill.DistillSettings`,
     :class:`~hf_cocodr.recipe.stages.wise.WiseSettings`). ``coco``, ``finetune``, ``target`` and ``distill`` hold
-    extra ``CocoPretrainingArguments`` / ``IDROTrainingArguments`` fields for the four training stages (they win over
-    the recipe's defaults).
+    extra training-arguments fields for the four training stages (``CocoPretrainingArguments`` for ``coco``,
+    ``DistillationTrainingArguments`` for ``distill``, ``IDROTrainingArguments`` for the others; they win over the
+    recipe's defaults).
 
     Stages, in order (each can be switched off; :data:`Auto.AUTO` settings are resolved by
     :func:`~hf_cocodr.recipe.choose_schedule` from the starting model and logged, written to ``recipe.json`` and to
@@ -250,7 +251,7 @@ class RecipeArguments:
         + ") among them, plus "
         + ", ".join(f"`{name}:`" for name in STAGE_OPTIONS)
         + " mappings of each stage's training arguments (CocoPretrainingArguments for coco, "
-        "IDROTrainingArguments for the others)",
+        "DistillationTrainingArguments for distill, IDROTrainingArguments for the others)",
     )
 
     @property

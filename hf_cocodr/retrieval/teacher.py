@@ -1,6 +1,6 @@
 """The recipe's distillation teacher: the hybrid of the starting model and BM25 over a target corpus
 (:class:`~hf_cocodr.retrieval.hybrid.HybridRetriever`, its indexes cached by model and corpus), its rankings of the
-target queries, and the training rows built from them (:func:`hf_cocodr.data.teacher.teacher_rows`)."""
+target queries, and the training rows built from them (a :class:`~hf_cocodr.data.teacher.TeacherRows`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..data.teacher import FrozenCandidateRows, frozen_candidate_rows, route_queries, teacher_rows
+from ..data.teacher import (
+    FrozenCandidateRows,
+    TeacherRows,
+    TeacherSource,
+    frozen_candidate_rows,
+    route_queries,
+    teacher_rows,
+)
 from ..errors import ConfigError
 from ..modeling.precision import active_corpus_precision
 from ..rundir.run_record import digest
@@ -132,21 +139,25 @@ def distill_dataset(
     fusion=None,
     batch_size: int = 64,
     cache: bool = True,
-):
+) -> TeacherRows:
     """The distillation rows of the recipe: each ``--target-queries`` source routed to its target corpus
-    (:func:`route_queries`), ranked by the hybrid teacher (:func:`teacher_rankings`), as :func:`teacher_rows`.
-    Returns ``(dataset, info)``: ``info`` names each source, its corpus, its queries and whether the teacher was
-    cached."""
+    (:func:`route_queries`), ranked by the hybrid teacher (:func:`teacher_rankings`), as :func:`teacher_rows`; the
+    :class:`~hf_cocodr.data.teacher.TeacherRows` name each source, its corpus, its queries and whether the teacher
+    was cached."""
     from datasets import concatenate_datasets
 
-    parts, info = [], []
+    parts, sources = [], []
     for corpus, src in route_queries(query_specs, target_corpora):
         ids, scores, doc_ids, doc_texts, cached = teacher_rankings(
             model, model_key, corpus, src.texts, k, fusion=fusion, batch_size=batch_size, cache=cache
         )
         parts.append(teacher_rows(_Ranked(ids, scores), src.texts, dict(zip(doc_ids, doc_texts)), k))
-        info.append({"queries": src.name, "corpus": str(corpus), "num_queries": len(src.texts), "cached": cached})
-    return concatenate_datasets(parts) if len(parts) > 1 else parts[0], info
+        sources.append(_source(src, corpus, cached))
+    return TeacherRows(concatenate_datasets(parts) if len(parts) > 1 else parts[0], sources)
+
+
+def _source(src, corpus, cached: bool) -> TeacherSource:
+    return TeacherSource(queries=src.name, corpus=str(corpus), num_queries=len(src.texts), cached=cached)
 
 
 def query_side_dataset(
@@ -159,14 +170,14 @@ def query_side_dataset(
     fusion=None,
     batch_size: int = 64,
     cache: bool = True,
-):
-    """The rows of query-side distillation (:class:`~hf_cocodr.data.teacher.FrozenCandidateRows`): as
-    :func:`distill_dataset`, but each candidate is its row in the starting model's vectors of the corpora (the
-    teacher's dense index, the corpora one after the other) instead of its text. Returns ``(rows, info,
-    embeddings)``."""
+) -> TeacherRows:
+    """The rows of query-side distillation: as :func:`distill_dataset`, but their rows are
+    :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`, each candidate its row in the starting model's vectors of
+    the corpora (the teacher's dense index, the corpora one after the other; the rows' ``vectors``) instead of its
+    text."""
     import numpy as np
 
-    queries, scores, candidates, tables, info, offset = [], [], [], [], [], 0
+    queries, scores, candidates, tables, sources, offset = [], [], [], [], [], 0
     for corpus, src in route_queries(query_specs, target_corpora):
         hybrid, doc_ids, _, cached = teacher_retriever(
             model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache
@@ -178,9 +189,15 @@ def query_side_dataset(
         candidates.append(part.candidates)
         tables.append(np.asarray(hybrid.embeddings, dtype=np.float32))
         offset += len(doc_ids)
-        info.append({"queries": src.name, "corpus": str(corpus), "num_queries": len(src.texts), "cached": cached})
-    rows = FrozenCandidateRows(queries, np.concatenate(scores), np.concatenate(candidates), name="teacher rows")
-    return rows, info, np.concatenate(tables)
+        sources.append(_source(src, corpus, cached))
+    rows = FrozenCandidateRows(
+        queries,
+        np.concatenate(scores),
+        np.concatenate(candidates),
+        name="teacher rows",
+        vectors=np.concatenate(tables),
+    )
+    return TeacherRows(rows, sources)
 
 
 class _Batched:

@@ -208,16 +208,15 @@ def test_the_distillation_without_document_gradients_reaches_the_probe_and_the_t
 ):
     """``distill_document_gradients: false`` builds the loss of the probe and of the training without them, and a
     run with it is another stage (its identity differs)."""
-    import hf_cocodr.finetuning.losses.distill as loss_module
+    from hf_cocodr.finetuning.losses.distill import HybridDistillLoss
 
-    built, real = [], loss_module.HybridDistillLoss
+    built, real = [], HybridDistillLoss.__init__
 
-    class Spy(real):
-        def __init__(self, *a, **k):
-            built.append(k.get("document_gradients"))
-            super().__init__(*a, **k)
+    def spy(self, *a, **k):
+        built.append(k.get("document_gradients"))
+        real(self, *a, **k)
 
-    monkeypatch.setattr(loss_module, "HybridDistillLoss", Spy)
+    monkeypatch.setattr(HybridDistillLoss, "__init__", spy)  # (whoever builds it: the trainer, from its arguments)
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_document_gradients": False}
     args = (str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir))
     run_recipe(*args, tmp_path / "off", config=cfg, max_minutes=30)
@@ -376,3 +375,150 @@ def test_the_probe_times_documents_spread_through_the_corpora_it_will_encode():
     assert spread_sample([big, ["c0", "c1"], []], 4) == ["a0", "a100", "a199", "a299", "c0"]
     # fewer documents than asked: all of them, in order
     assert spread_sample([small[:3], big[:2]], 8) == ["b0", "b1", "b2", "a0", "a1"]
+
+
+# ---- one settings source: DistillationTrainingArguments (issue 51)
+# a value other than the default for each option that sets a training argument
+OPTION_VALUES = {
+    "distill_teacher_temperature": 2.5,
+    "distill_in_batch_weight": 0.25,
+    "distill_document_gradients": False,
+}
+
+
+def test_the_distill_mapping_takes_only_what_the_distillation_reads():
+    """The ``distill:`` mapping is checked against DistillationTrainingArguments, the class the stage trains with: an
+    iDRO field it never read is refused by name, and a field a recipe option sets is left to the option."""
+    from hf_cocodr.finetuning import DistillationTrainingArguments
+    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS
+
+    unknown = (
+        r"^recipe option distill: unknown field\(s\) \['idro_preset'\], not DistillationTrainingArguments fields$"
+    )
+    with pytest.raises(ConfigError, match=unknown):
+        RecipeConfig(distill={"idro_preset": "uniform"}).validate()
+    with pytest.raises(ConfigError, match=r"unknown field\(s\) \['modir_lambda'\]"):
+        RecipeConfig(distill={"modir_lambda": 0.1}).validate()
+    for option, field in ARGUMENT_OPTIONS.items():
+        with pytest.raises(
+            ConfigError, match=f"^recipe option distill.{field}: set the recipe option {option} instead$"
+        ):
+            RecipeConfig(distill={field: OPTION_VALUES[option]}).validate()
+    RecipeConfig(distill={"distill_temperature": 0.1, "packed_forward": False}).validate()  # the trainer's own fields
+    with pytest.raises(ConfigError, match=r"no field\(s\) \['idro_preset'\]"):
+        DistillationTrainingArguments.from_arguments({"output_dir": "unused", "idro_preset": "uniform"})
+
+
+def _stub_run(tmp_path, **options):
+    """A run of the stage with ``options``, as far as its training arguments read it."""
+    from types import SimpleNamespace
+
+    distill = {"per_device_train_batch_size": 4, "bf16": False}
+    cfg = RecipeConfig(skip_distill=False, target_queries=["q"], distill=distill, **options)
+    run = SimpleNamespace(cfg=cfg, dir=lambda name: tmp_path / name, arguments={})
+    run.arguments["distill"] = DistillStage().arguments(run)
+    return run
+
+
+def test_each_option_sets_the_training_argument_the_trainer_reads(tmp_path):
+    """An option set through the recipe gives the training arguments that setting its field directly gives, and they
+    differ from the defaults' (the field is what the option moves)."""
+    from hf_cocodr.finetuning import DistillationTrainingArguments
+    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS
+
+    assert set(OPTION_VALUES) == set(ARGUMENT_OPTIONS)
+    stage, plain = DistillStage(), _stub_run(tmp_path)
+    default = stage.training_arguments(plain, DistillationTrainingArguments, 5)
+    for option, field in ARGUMENT_OPTIONS.items():
+        value = OPTION_VALUES[option]
+        through_option = stage.training_arguments(
+            _stub_run(tmp_path, **{option: value}), DistillationTrainingArguments, 5
+        )
+        direct = stage.training_arguments(plain, DistillationTrainingArguments, 5, forced={field: value})
+        assert through_option == direct and getattr(through_option, field) == value
+        assert through_option != default
+
+
+def _old_loss(model, cfg, similarity: str, vectors=None):
+    """The loss the stage built by hand before the trainer built it (its ``_loss_options``)."""
+    from hf_cocodr.finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
+
+    options = {
+        "temperature": 0.05 if similarity == "cosine" else 1.0,
+        "teacher_temperature": float(cfg.distill_teacher_temperature),
+        "in_batch_weight": float(cfg.distill_in_batch_weight),
+        "similarity": similarity,
+    }
+    if vectors is not None:
+        return QuerySideDistillLoss(model, vectors, **options)
+    return HybridDistillLoss(model, document_gradients=bool(cfg.distill_document_gradients), **options)
+
+
+@pytest.mark.parametrize("options", [{}, OPTION_VALUES], ids=["defaults", "options"])
+@pytest.mark.parametrize("side", ["full", "query"])
+def test_the_trainers_default_loss_is_the_one_the_stage_built(
+    tiny_st_dir, tiny_bert_nomlm_dir, tmp_path, options, side
+):
+    """The trainer's default loss, built from the stage's arguments, gives the value of the loss the stage built by
+    hand on a small batch: for a cosine and a dot-product model, the full and the query-side distillation."""
+    import random
+
+    import tiny
+    import torch
+    from datasets import Dataset
+
+    from hf_cocodr.data.teacher import FrozenCandidateRows, TeacherRows
+    from hf_cocodr.finetuning import DistillationTrainer, DistillationTrainingArguments
+    from hf_cocodr.modeling.asymmetric import query_side_model
+    from hf_cocodr.modeling.loading import load_encoder
+    from hf_cocodr.recipe.runner import _model_similarity
+
+    rng, k, n = random.Random(3), 3, 4
+    topics = sorted(tiny.TOPICS)
+    queries = [tiny.sentence(rng, rng.choice(topics), 5) for _ in range(n)]
+    docs = [[tiny.sentence(rng, rng.choice(topics)) for _ in range(k)] for _ in range(n)]
+    scores = [sorted((rng.gauss(0, 1) for _ in range(k)), reverse=True) for _ in range(n)]
+    run = _stub_run(tmp_path, **options)
+    forced = {"router_mapping": {"query": "query"}} if side == "query" else None
+    args = DistillStage().training_arguments(run, DistillationTrainingArguments, 2, forced=forced)
+    values = set()
+    for path in (tiny_st_dir, tiny_bert_nomlm_dir):
+        similarity = _model_similarity(str(path))[1]
+        model = load_encoder(str(path)).eval()
+        if side == "query":
+            model = query_side_model(model).eval()
+            vectors = torch.randn(n * k, model.get_embedding_dimension(), generator=torch.Generator().manual_seed(0))
+            rows = FrozenCandidateRows(
+                queries, scores, [[q * k + j for j in range(k)] for q in range(n)], vectors=vectors
+            )
+            old = _old_loss(model, run.cfg, similarity, vectors)
+            features, labels = [model.preprocess(queries, task="query")], torch.as_tensor(rows.row_labels(range(n)))
+        else:
+            columns = {"query": queries, **{f"doc_{j + 1}": [d[j] for d in docs] for j in range(k)}, "label": scores}
+            rows, old = Dataset.from_dict(columns), _old_loss(model, run.cfg, similarity)
+            features = [model.preprocess(queries, task="query")]
+            features += [model.preprocess([d[j] for d in docs], task="document") for j in range(k)]
+            labels = torch.tensor(scores)
+        trainer = DistillationTrainer(model=model, args=args, train_dataset=TeacherRows(rows))
+        assert type(trainer.loss) is type(old) and trainer.loss.get_config_dict() == old.get_config_dict()
+        with torch.no_grad():
+            got, expected = float(trainer.loss(features, labels)), float(old(features, labels))
+        assert got == pytest.approx(expected, rel=1e-6)
+        values.add(round(got, 6))
+    assert len(values) == 2  # (the two models' losses differ: the batch tells them apart)
+
+
+def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
+    """The stage's identity, pinned as the code before issue 51 computed it (its settings held ``idro_preset``), so a
+    distillation finished then is skipped on a re-run."""
+    from hf_cocodr.rundir.run_record import digest
+
+    def identity(**options):
+        run = _stub_run(tmp_path, distill_steps=10, **options)
+        run.plan, run.fps, run.encode_precision = Plan(steps={"distill": 10}), {"model": "m", "targets": "t"}, "fp32"
+        stage = DistillStage()
+        stage.queries_digest, stage.num_queries = "digest", 240
+        return digest(stage.identity(run, "start"))
+
+    assert identity() == "ce539d4cb1c7d979"
+    assert identity(**OPTION_VALUES) == "995eec268bc95182"

@@ -52,13 +52,15 @@ def test_the_document_vectors_of_a_step_are_the_cached_starting_ones(tiny_bert_n
     start = load_encoder(str(tiny_bert_nomlm_dir))
     spec = f"{tiny_beir}:train"
     with cache_corpus_encodings() as record:
-        rows, info, table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+        made = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+    rows, table = made.rows, made.rows.vectors
+    assert made.query_side and [s["corpus"] for s in made.sources] == [str(tiny_beir)]
     assert [r["source"] for r in record] == ["encoded"]  # the teacher's encoding, kept in the cache
     doc_ids, texts = _corpus_ids_texts(tiny_beir)
     fresh = encode_texts(start, texts, kind="document")
     assert np.allclose(table, fresh, atol=1e-5)
     with cache_corpus_encodings() as again:  # the teacher's index from its cache; the vectors the same
-        _, _, cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+        cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3).rows.vectors
     assert np.array_equal(cached_table, table) and again == []  # nothing encoded again
     # the candidates a step hands the loss are those rows: the teacher's top-k documents, as the start encodes them
     loss = QuerySideDistillLoss(query_side_model(start), table)

@@ -3,11 +3,15 @@ model on unlabelled target queries.
 
 The teacher is :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` of the *starting* model and BM25 over the target corpus
 the queries belong to (:func:`~hf_cocodr.data.teacher.route_queries`); for each query its top ``distill_k``
-documents and fused scores are the training row, and the student (the model the stages before left behind) learns
-the teacher's score distribution over them with :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` (listwise
-KL, plus the in-batch contrast on the teacher's first candidate). The query labels are never read. The teacher's
-indexes are cached per model and corpus (``<cache>/teacher``), so a resumed or repeated run encodes only the
-queries again.
+documents and fused scores are the training row (:class:`~hf_cocodr.data.teacher.TeacherRows`), and the student
+(the model the stages before left behind) learns the teacher's score distribution over them with
+:class:`~hf_cocodr.finetuning.DistillationTrainer`'s loss (:class:`~hf_cocodr.finetuning.losses.HybridDistillLoss`:
+listwise KL, plus the in-batch contrast on the teacher's first candidate). The query labels are never read. The
+teacher's indexes are cached per model and corpus (``<cache>/teacher``), so a resumed or repeated run encodes only
+the queries again.
+
+The stage's one settings source is :class:`~hf_cocodr.finetuning.DistillationTrainingArguments`: the ``distill:``
+mapping holds its fields, and the options of :data:`ARGUMENT_OPTIONS` set the fields they name.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..settings import (
 from ..stage import Cost, Stage, run_arguments, trajectory
 
 if TYPE_CHECKING:
+    from ...data.teacher import TeacherRows
     from ..config import RecipeConfig
     from ..context import RecipeRun
     from ..plan import Plan
@@ -52,6 +57,16 @@ DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (disti
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
 MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
 PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encoding of the corpora
+# The recipe options that are DistillationTrainingArguments fields: option -> the field it sets (the trainer's loss
+# reads them); the ``distill:`` mapping leaves them to these options.
+ARGUMENT_OPTIONS = {
+    "distill_teacher_temperature": "distill_teacher_temperature",
+    "distill_in_batch_weight": "distill_in_batch_weight",
+    "distill_document_gradients": "distill_document_gradients",
+}
+# The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
+# ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
+LEGACY_SETTINGS = {"idro_preset": "uniform"}
 
 
 def spread_sample(corpora: list[list[str]], n: int) -> list[str]:
@@ -72,7 +87,7 @@ def spread_sample(corpora: list[list[str]], n: int) -> list[str]:
 @dataclass
 class DistillSettings:
     """The distillation's options (``distill_*``, ``skip_distill`` and the ``distill`` mapping of
-    ``IDROTrainingArguments`` fields)."""
+    ``DistillationTrainingArguments`` fields; the options of :data:`ARGUMENT_OPTIONS` set the fields they name)."""
 
     training_options: ClassVar[str] = "distill"
     length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
@@ -124,14 +139,14 @@ class DistillSettings:
         "title, ict); auto: the default mix, or one calibrated to the --target-queries of the corpus where given",
     )
     distill: dict[str, Any] = option(
-        help="IDROTrainingArguments fields of the distillation", cli=False, default_factory=dict
+        help="DistillationTrainingArguments fields of the distillation", cli=False, default_factory=dict
     )
 
     @staticmethod
     def arguments_class() -> type:
-        from ...finetuning import IDROTrainingArguments
+        from ...finetuning import DistillationTrainingArguments
 
-        return IDROTrainingArguments
+        return DistillationTrainingArguments
 
     def check(self) -> None:
         """Refuse out-of-range distillation options by name."""
@@ -150,6 +165,10 @@ class DistillSettings:
                 f"recipe option distill_side must be one of {', '.join(DISTILL_SIDES)}, got {self.distill_side!r}"
             )
         check_switch(self, "skip_distill")
+        for key in self.distill if isinstance(self.distill, dict) else ():
+            option = next((o for o, f in ARGUMENT_OPTIONS.items() if f == key), None)
+            if option is not None:
+                raise ConfigError(f"recipe option distill.{key}: set the recipe option {option} instead")
         if self.pseudo_queries != AUTO:
             check_whole(self, "pseudo_queries", 0, allow_none=False)
         if self.pseudo_query_mix != "auto":
@@ -158,12 +177,19 @@ class DistillSettings:
             parse_mix(self.pseudo_query_mix)
 
 
+def trained_before(cfg: RecipeConfig, stages) -> list[str]:
+    """The labels of the stages of ``stages`` that train before the distillation with ``cfg`` (none: it starts from
+    the starting model)."""
+    names = [s.name for s in stages]
+    end = names.index(DistillStage.name) if DistillStage.name in names else len(stages)
+    return [s.label for s in stages[:end] if s.trains and s.enabled(cfg)]
+
+
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
     """``(side, why)`` for ``distill_side: auto``: ``query`` on a CPU when the distillation runs, starts from the
-    starting model (no training stage before it) and no WiSE-FT follows it; ``full`` otherwise (why: the
-    "Which side trains by default" paragraph of docs/adaptation.md)."""
-    names = [s.name for s in stages]
-    before = [s.label for s in stages[: names.index("distill")] if s.trains and s.enabled(cfg)]
+    starting model (no training stage before it, :func:`trained_before`) and no WiSE-FT follows it; ``full``
+    otherwise (why: the "Which side trains by default" paragraph of docs/adaptation.md)."""
+    before = trained_before(cfg, stages)
     if on_gpu:
         return "full", "a GPU trains the whole model (the full distillation is the one measured there)"
     if before:
@@ -171,6 +197,29 @@ def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, 
     if cfg.wise_alpha is not None:
         return "full", "WiSE-FT follows, which cannot interpolate an asymmetric model"
     return "query", "on a CPU the query side buys many more steps (a step encodes its queries only)"
+
+
+def _check_query_side(cfg: RecipeConfig, trained: str | None) -> None:
+    """Refuse ``distill_side: query`` where the distillation would not start from the starting model (``trained``
+    says why; its frozen documents are the starting model's vectors) or WiSE-FT would follow it (it cannot
+    interpolate an asymmetric model with the starting one)."""
+    if trained:
+        raise ConfigError(
+            "distill_side query trains the query side against the starting model's document vectors, but "
+            f"{trained}: switch the stages before it off, or set distill_side full"
+        )
+    if cfg.wise_alpha is not None:
+        raise ConfigError(
+            "distill_side query saves an asymmetric model (a query route and the starting model's document "
+            "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
+            "distill_side full"
+        )
+
+
+def without(values: dict[str, Any], names) -> dict[str, Any]:
+    """``values`` less the keys in ``names``."""
+    names = set(names)
+    return {k: v for k, v in values.items() if k not in names}
 
 
 def _pseudo(cfg: RecipeConfig) -> int:
@@ -245,9 +294,9 @@ class DistillStage(Stage):
             per_device_train_batch_size=self._batch_size(run),
             learning_rate=5e-5,  # docs/adaptation.md says why
             warmup_steps=0.1,
-            idro_preset="uniform",
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
+            **{field: getattr(cfg, option) for option, field in ARGUMENT_OPTIONS.items()},
         )
         if bf16_by_default(cfg):  # where the machine computes bf16 natively (docs/precision.md)
             defaults["bf16"] = True
@@ -283,7 +332,10 @@ class DistillStage(Stage):
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
                 **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
             },
-            "settings": trajectory(run.arguments[self.name]),
+            # (the fields the options set are the loss's above)
+            "settings": trajectory(
+                {**without(run.arguments[self.name], ARGUMENT_OPTIONS.values()), **LEGACY_SETTINGS}
+            ),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
         }
 
@@ -349,49 +401,35 @@ class DistillStage(Stage):
         return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 4), **parts}
 
     def build_trainer(
-        self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows=None, info=()
+        self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows: TeacherRows | None = None
     ):
-        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns
-        :class:`~hf_cocodr.finetuning.losses.HybridDistillLoss` on ``rows`` (the teacher's, ``info`` naming their
-        queries and corpora; in a probe, rows of their shape drawn from the target queries and documents with random
-        teacher scores, since the teacher's rankings are not computed yet)."""
+        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns the trainer's
+        default loss (the stage's arguments describe it) on ``rows`` (the teacher's; in a probe, rows of their shape
+        drawn from the target queries and documents with random teacher scores, since the teacher's rankings are
+        not computed yet)."""
         from ...data.target_queries import read_target_queries
         from ...finetuning import DistillationTrainer, DistillationTrainingArguments
-        from ...finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
 
         query_side = self.query_side(run)
+        # only the query route trains, against the starting model's vectors of the corpora
+        model = query_side_model(load_encoder(run.current)) if query_side else load_encoder(run.current)
         if rows is None:
-            rows = self._probe_rows(run, max_steps)
+            rows = self._probe_rows(run, max_steps, model)
         # a Router model is trained with the route of each column named (the rows' one column: the queries)
         forced = {"router_mapping": {"query": "query"}} if query_side else None
         args = self.training_arguments(
             run, DistillationTrainingArguments, max_steps, output_dir=output_dir, probe=probe, forced=forced
         )
-        options = self._loss_options(run.cfg, run.similarity)
-        if query_side:  # only the query route trains, against the starting model's vectors (rows, table)
-            import torch
-
-            rows, table = rows
-            model = query_side_model(load_encoder(run.current))
-            if isinstance(table, int):  # a probe's: random vectors of the model's width (their values cost nothing)
-                dim = model.get_embedding_dimension()
-                table = torch.randn(table, dim, generator=torch.Generator().manual_seed(0))
-            del options["document_gradients"]
-            loss = QuerySideDistillLoss(model, table, **options)
-        else:
-            model = load_encoder(run.current)
-            loss = HybridDistillLoss(model, **options)
         return DistillationTrainer(
             model=model,
             args=args,
             train_dataset=rows,
-            loss=loss,
             card_methods=["hybrid-teacher distillation" + (" (query side)" if query_side else "")],
             negatives_label="the hybrid teacher's candidates",
             # the user's query sources by their own names (the run's query files hold them, and pseudo-queries,
             # which are the corpus's text: the card says so apart)
-            target_queries_read=[read_target_queries(spec).name for spec in run.cfg.target_queries] if info else [],
-            target_corpora_read=[i["corpus"] for i in info],
+            target_queries_read=[read_target_queries(q).name for q in run.cfg.target_queries] if rows.sources else [],
+            target_corpora_read=[source["corpus"] for source in rows.sources],
         )
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
@@ -400,7 +438,7 @@ class DistillStage(Stage):
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
         make = query_side_dataset if self.query_side(run) else distill_dataset
-        made = make(
+        rows = make(
             run.model,
             run.fps["model"],
             run.target_corpora,
@@ -409,11 +447,10 @@ class DistillStage(Stage):
             fusion=self._fusion(cfg),
             batch_size=encode_batch_size(cfg),
         )
-        rows, info = made[0], made[1]
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
             len(rows),
-            "; ".join(f"{i['queries']} -> {i['corpus']}{' (cached)' if i['cached'] else ''}" for i in info),
+            "; ".join(f"{i['queries']} -> {i['corpus']}{' (cached)' if i['cached'] else ''}" for i in rows.sources),
             time.perf_counter() - t0,
         )
         if steps < planned:
@@ -425,7 +462,7 @@ class DistillStage(Stage):
                 cfg.distill_max_passes,
                 self.num_queries,
             )
-        trainer = self.build_trainer(run, steps, rows=(rows, made[2]) if len(made) == 3 else rows, info=info)
+        trainer = self.build_trainer(run, steps, rows=rows)
         marker = self.run_trainer(run, trainer)
         ended = {k: v for k, v in marker.items() if k == "stopped_by_deadline_at_step"}
         # the cap ended the stage: it had fewer steps than planned, and no deadline stopped it before them
@@ -437,27 +474,15 @@ class DistillStage(Stage):
                 trainer.state.global_step,
                 steps,
             )
-        return {**marker, "rows": len(rows), "teacher": info, **capped}
+        return {**marker, "rows": len(rows), "teacher": rows.sources, **capped}
 
     def check(self, cfg: RecipeConfig, stages) -> None:
         """Refuse, before any work, a query-side distillation (``distill_side: query``) that a stage before it would
         start from another model (its frozen documents are the starting model's vectors) or WiSE-FT would follow
         (it cannot interpolate an asymmetric model with the starting one)."""
-        if cfg.distill_side != "query" or not self.enabled(cfg):
-            return
-        names = [s.name for s in stages]
-        before = [s.label for s in stages[: names.index(self.name)] if s.trains and s.enabled(cfg)]
-        if before:
-            raise ConfigError(
-                "distill_side query trains the query side against the starting model's document vectors, but "
-                f"{', '.join(before)} would train the model before it: switch them off, or set distill_side full"
-            )
-        if cfg.wise_alpha is not None:
-            raise ConfigError(
-                "distill_side query saves an asymmetric model (a query route and the starting model's document "
-                "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
-                "distill_side full"
-            )
+        if cfg.distill_side == "query" and self.enabled(cfg):
+            before = trained_before(cfg, stages)
+            _check_query_side(cfg, f"{', '.join(before)} would train the model before it" if before else None)
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -466,18 +491,10 @@ class DistillStage(Stage):
         would not be the model the stage starts from, or a later stage would mix the two sides' weights."""
         if run.cfg.distill_side != "query":
             return False
-        if str(run.current) != str(run.model):
-            raise ConfigError(
-                "distill_side query trains the query side against the starting model's document vectors, but the "
-                f"distillation starts from {run.current}, not the starting model: switch the stages before it off, "
-                "or set distill_side full"
-            )
-        if run.cfg.wise_alpha is not None:
-            raise ConfigError(
-                "distill_side query saves an asymmetric model (a query route and the starting model's document "
-                "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
-                "distill_side full"
-            )
+        other = str(run.current) != str(run.model)
+        _check_query_side(
+            run.cfg, f"the distillation starts from {run.current}, not the starting model" if other else None
+        )
         return True
 
     def _targets(self, run: RecipeRun) -> list[tuple[list[str], list[str], list[str]]]:
@@ -493,12 +510,13 @@ class DistillStage(Stage):
             ]
         return self.targets
 
-    def _probe_rows(self, run: RecipeRun, steps: int):
-        """Rows of the training rows' shape for ``steps`` steps: target queries, target documents drawn at random
-        as their candidates, random teacher scores (a probe times the step, not what it learns)."""
+    def _probe_rows(self, run: RecipeRun, steps: int, model) -> TeacherRows:
+        """Rows of the training rows' shape for ``steps`` steps of ``model``: target queries, target documents drawn
+        at random as their candidates, random teacher scores, and for the query side random frozen vectors of the
+        model's width (a probe times the step, not what it learns)."""
         import numpy as np
 
-        from ...data.teacher import teacher_rows
+        from ...data.teacher import TeacherRows, teacher_rows
 
         docs: dict[str, str] = {}
         queries: list[str] = []
@@ -516,10 +534,15 @@ class DistillStage(Stage):
                 return picks, gen.standard_normal((len(chunk), kk)).tolist()
 
         if self.query_side(run):  # the candidates are rows of frozen vectors (random ones: their values cost nothing)
+            import torch
+
             from ...data.teacher import frozen_candidate_rows
 
-            return frozen_candidate_rows(_Random(), asked, {d: i for i, d in enumerate(doc_ids)}, k), len(doc_ids)
-        return teacher_rows(_Random(), asked, docs, k)
+            dim = model.get_embedding_dimension()
+            vectors = torch.randn(len(doc_ids), dim, generator=torch.Generator().manual_seed(0))
+            doc_rows = {d: i for i, d in enumerate(doc_ids)}
+            return TeacherRows(frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors))
+        return TeacherRows(teacher_rows(_Random(), asked, docs, k))
 
     @staticmethod
     def _fusion(cfg: RecipeConfig):
@@ -528,17 +551,6 @@ class DistillStage(Stage):
         # z-scores of BM25's hits alone over each system's top 100: the teacher the stage's identity has always named
         # (bm25_zeros and the default depth of 200 came later)
         return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
-
-    @staticmethod
-    def _loss_options(cfg: RecipeConfig, similarity: str) -> dict[str, Any]:
-        return {
-            # the student's own scale: a cosine model was trained at temperature 0.05 (scale 20)
-            "temperature": 0.05 if similarity == "cosine" else 1.0,
-            "teacher_temperature": float(cfg.distill_teacher_temperature),
-            "in_batch_weight": float(cfg.distill_in_batch_weight),
-            "similarity": similarity,
-            "document_gradients": bool(cfg.distill_document_gradients),
-        }
 
     def _queries_digest(self, run: RecipeRun) -> str:
         """A digest of the target queries' texts (read once per run)."""
