@@ -509,10 +509,10 @@ def _queries_of(corpus, specs) -> list[str] | None:
     return texts or None
 
 
-def _save_hybrids(run: RecipeRun, model, session: EncodingSession) -> None:
+def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
-    fitted to that corpus and calibrated to the target queries given from its folder, if any; encoded in
-    ``session``."""
+    fitted to that corpus and calibrated to the target queries given from its folder, if any; encoded in ``session``
+    (the run's)."""
     for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
             hybrid = HybridRetriever.build(
