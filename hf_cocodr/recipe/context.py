@@ -70,7 +70,7 @@ class RecipeRun:
     precision: dict[str, Any] = field(default_factory=dict)
     encode_precision: str = "fp32"  # the corpus encodings' (resolve_corpus_precision of cfg.encode_precision)
     encode_precision_why: str = ""
-    # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
+    # every corpus encoding the run's session did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
     corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
     # the run's corpus encodings: their precision, the encoding cache (recording into corpus_encodings), the fits
     # computed once; passed to the teacher, the guard, the evaluations and the hybrids (made by the runner)

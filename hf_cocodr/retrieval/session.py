@@ -42,7 +42,7 @@ class EncodingSession:
 
     precision: str = "fp32"
     cache: bool = False
-    record: list[dict[str, Any]] = field(default_factory=list)
+    record: list[dict[str, Any]] = field(default_factory=list, repr=False)
     reuse: bool = False
     # what the session computed once: (kind, key) -> value (fits, the fits' documents), a corpus's fingerprint by
     # its dataset, and the indexes kept with ``reuse`` (key -> (index, order))
