@@ -70,7 +70,9 @@ LAYERS = {
     "modeling": 4.7,
     # the label-free fit of a fusion: the rules, the index and the pseudo-queries below it (the rules never reach it)
     "retrieval.fusion_fit": 4.75,
-    # the indexes and the fusion rules import only the bottom layer (the BM25 negatives of the data use the index)
+    # a run's encoding session (precision, cache, fits): below the encoders, the hybrid and the teacher that take it
+    "retrieval.session": 4.6,
+    # the indexes and the fusion import only the bottom layer (the BM25 negatives of the data use the index)
     "retrieval.index": 4.8,
     "retrieval.fusion": 4.8,
     "retrieval.pseudo_queries": 4.8,
@@ -795,3 +797,39 @@ def test_the_mapping_check_sees_an_unmapped_option_and_a_missing_field():
         "option distill_seed is not mapped",
         "teacher_temperature is not a field",
     ]
+
+
+# ---- issue 51: no module-level mutable state
+# Modules that may rebind a module-level name from inside a function (``global``), and why. What decides a
+# computation (a cache, a precision, a memo) is passed as an argument (e.g. hf_cocodr.retrieval.session's
+# EncodingSession), never switched in a module global.
+GLOBAL_OK: dict[str, str] = {}
+
+
+def global_statements(root: Path = PACKAGE) -> list[str]:
+    """``path:line name`` for every ``global`` statement in the package's modules (each name it rebinds)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Global):
+                found += [f"{path.relative_to(root.parent)}:{node.lineno} {name}" for name in node.names]
+    return found
+
+
+def test_no_module_rebinds_a_global_from_a_function():
+    found = [g for g in global_statements() if g.split(":")[0] not in GLOBAL_OK]
+    assert not found, (
+        "module-level state rebound inside a function (pass it as an argument, or give the reason in GLOBAL_OK):\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_global_check_sees_a_global_statement(tmp_path):
+    pkg = tmp_path / "hf_cocodr"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "state.py").write_text(
+        "_ON = None\n\n\nclass C:\n    def f(self):\n        global _ON, _N\n        _ON = 1\n\n\n"
+        "def g():\n    x = 1\n\n    def h():\n        nonlocal x\n        x = 2\n"
+    )
+    assert global_statements(pkg) == ["hf_cocodr/sub/state.py:6 _ON", "hf_cocodr/sub/state.py:6 _N"]

@@ -17,20 +17,21 @@ from ..data.beir import BEIRData, column_numpy, corpus_texts, load_beir
 from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
-from ..modeling.precision import active_corpus_precision, check_encode_precision, encoding_precision
+from ..modeling.precision import check_encode_precision, encoding_precision
 from ..retrieval.encoding import build_index, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
 from ..retrieval.fusion import FusionConfig
 from ..retrieval.fusion_fit import log_fit
 from ..retrieval.hybrid import HybridRetriever
 from ..retrieval.index import BM25Index, DenseIndex
+from ..retrieval.session import EncodingSession
 from ..utils import atomic_write_json
 from .metrics import compute_metrics
 
 logger = logging.getLogger(__name__)
 
 
-# over 80 lines: the Python twin of `hf-cocodr evaluate`, one documented keyword argument per flag (a 64-line body)
+# over 80 lines: the Python twin of `hf-cocodr evaluate`, one documented keyword argument per flag (a 75-line body)
 def evaluate_retrieval(
     model,
     folder: str | os.PathLike | BEIRData,
@@ -48,6 +49,7 @@ def evaluate_retrieval(
     encode_precision: str = "fp32",
     hybrid: bool = False,
     fusion: FusionConfig | dict | None = None,
+    session: EncodingSession | None = None,
 ) -> dict[str, Any]:
     """Evaluate a SentenceTransformer on a BEIR split with exact search.
 
@@ -63,8 +65,8 @@ def evaluate_retrieval(
         top_k: documents retrieved per query.
         output: also write the result JSON and the run (top-100 per query) to this file (atomically).
         encode_precision: ``fp32`` (exact, default), ``bf16`` or ``int8`` (see :mod:`hf_cocodr.modeling.precision`);
-            inside :func:`~hf_cocodr.modeling.precision.corpus_encoding_precision` ``"bf16"`` (a recipe run that
-            encodes in bf16), ``fp32`` means the run's bf16, and the result says ``bf16``.
+            with a ``session`` whose precision is ``bf16`` (a recipe run that encodes in bf16), ``fp32`` means the
+            run's bf16, and the result says ``bf16``.
         hybrid: evaluate the hybrid of the model and BM25 over the same corpus (:mod:`hf_cocodr.retrieval.fusion`): the
             top-level metrics are the hybrid's, with the dense model's under ``"dense"`` and BM25's under ``"bm25"``
             (and the BM25 index and fusion seconds apart). The hybrid ranks the union of each system's top
@@ -73,6 +75,8 @@ def evaluate_retrieval(
             its normalisation and dense weight fitted to the corpus without labels
             (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; no qrels are read); the result's ``"fusion"`` gives
             the normalisation and weight used and, when fitted, how (``"fit"``).
+        session: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession` (its precision, its encoding cache,
+            its fits); default: a fresh one (fp32, nothing cached or kept).
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -80,7 +84,8 @@ def evaluate_retrieval(
     """
 
     check_encode_precision(encode_precision)
-    if encode_precision == "fp32" and active_corpus_precision() == "bf16":
+    session = session if session is not None else EncodingSession()
+    if encode_precision == "fp32" and session.precision == "bf16":
         encode_precision = "bf16"  # inside a run whose corpus encodings are bf16 (the recipe's encode_precision)
     check_lengths(model, {"query_max_length": query_max_length, "doc_max_length": doc_max_length})
     if isinstance(model, (str, os.PathLike)):
@@ -97,10 +102,16 @@ def evaluate_retrieval(
             max_length=doc_max_length,
             backend=backend,
             show_progress_bar=show_progress_bar,
+            session=session,
         )
         qids = list(queries["_id"])
         q_emb = encode_texts(
-            encoder, list(queries["text"]), kind="query", batch_size=batch_size, max_length=query_max_length
+            encoder,
+            list(queries["text"]),
+            kind="query",
+            batch_size=batch_size,
+            max_length=query_max_length,
+            session=session,
         )
     encode_seconds = time.perf_counter() - t0
 
@@ -122,7 +133,7 @@ def evaluate_retrieval(
         def encode_for_fit(texts: list[str], kind: str) -> np.ndarray:
             with encoding_precision(model, encode_precision) as enc:
                 length = query_max_length if kind == "query" else doc_max_length
-                return encode_texts(enc, texts, kind=kind, batch_size=batch_size, max_length=length)
+                return encode_texts(enc, texts, kind=kind, batch_size=batch_size, max_length=length, session=session)
 
         result, run = _hybrid_result(
             result,
@@ -140,6 +151,7 @@ def evaluate_retrieval(
             encode_for_fit,
             fit_settings=(encode_precision, query_max_length, doc_max_length),
             corpus_name=str(data.folder),
+            session=session,
         )
     if output is not None:
         write_result(output, result, run)
@@ -164,6 +176,7 @@ def _hybrid_result(
     encode_for_fit=None,
     fit_settings: tuple = ("fp32", None, None),
     corpus_name: str | None = None,
+    session: EncodingSession | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
     """The hybrid of the dense index already built and BM25 over the same corpus: its metrics at the top level, the
     dense and BM25 metrics beside them; returns the result and the hybrid's run. The fused ranking is
@@ -187,7 +200,9 @@ def _hybrid_result(
         # once per model, corpus, queries and settings within the recipe's run; the queries' text only: the
         # pseudo-queries are made as easy for BM25 as they are
         encoders = (lambda q: encode_for_fit(q, "query"), lambda d: encode_for_fit(d, "document"))
-        fusion = fit_fusion_once(model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts), bm25)
+        fusion = fit_fusion_once(
+            model, fusion, texts, embeddings, *encoders, fit_settings, list(query_texts), bm25, session=session
+        )
         del embeddings
         fit_s = time.perf_counter() - t_fit
         log_fit(fusion, f"hybrid over {corpus_name or 'the corpus'}", fit_s)

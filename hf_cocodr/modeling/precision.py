@@ -9,10 +9,10 @@
 Whether a precision keeps retrieval quality is measured, not assumed: docs/precision.md gives each one's nDCG@10 and
 speed, and the commands that measure them.
 
-Corpus encodings of a whole run (the recipe's teacher, evaluations and hybrids) follow one precision set with
-:func:`corpus_encoding_precision`: :func:`~hf_cocodr.retrieval.encoding.encode_texts` encodes under it and the
-encoding cache keys by it. ``auto`` (:func:`resolve_corpus_precision`) is bf16 where the machine computes bf16
-natively and fp32 elsewhere.
+Corpus encodings of a whole run (the recipe's teacher, evaluations and hybrids) follow one precision, held by the
+run's :class:`~hf_cocodr.retrieval.session.EncodingSession`: :func:`~hf_cocodr.retrieval.encoding.encode_texts`
+encodes under it (:func:`encoding_autocast`) and the encoding cache keys by it. ``auto``
+(:func:`resolve_corpus_precision`) is bf16 where the machine computes bf16 natively and fp32 elsewhere.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from ..utils import native_bf16
 
 ENCODE_PRECISIONS = ("fp32", "bf16", "int8")
 CORPUS_PRECISIONS = ("auto", "fp32", "bf16")  # what a run's corpus encodings may use (int8 loses nDCG@10)
-
-_CORPUS_PRECISION: str | None = None  # set by corpus_encoding_precision
 
 
 def check_encode_precision(precision: str, flag: str = "encode_precision") -> str:
@@ -85,33 +83,13 @@ def resolve_corpus_precision(choice: str = "auto") -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def corpus_encoding_precision(precision: str) -> Iterator[str]:
-    """Within the block, :func:`~hf_cocodr.retrieval.encoding.encode_texts` encodes in ``precision`` (``fp32`` or
-    ``bf16``, autocast on the model's device) unless a caller set autocast itself, and the corpus-encoding cache keys
-    its vectors by it. Blocks nest; the innermost wins."""
-    global _CORPUS_PRECISION
-    if precision not in ("fp32", "bf16"):
-        raise ConfigError(f"a run's corpus encodings are fp32 or bf16, got {precision!r}")
-    outer, _CORPUS_PRECISION = _CORPUS_PRECISION, precision
-    try:
-        yield precision
-    finally:
-        _CORPUS_PRECISION = outer
-
-
-def active_corpus_precision() -> str | None:
-    """The precision :func:`corpus_encoding_precision` set, or None outside any block."""
-    return _CORPUS_PRECISION
-
-
-@contextlib.contextmanager
-def encoding_autocast(model) -> Iterator[None]:
-    """bf16 autocast on ``model``'s device when :func:`corpus_encoding_precision` asks for bf16 and no autocast is on
-    already; nothing otherwise."""
+def encoding_autocast(model, precision: str = "fp32") -> Iterator[None]:
+    """bf16 autocast on ``model``'s device when ``precision`` (a run's corpus-encoding precision) is ``bf16`` and no
+    autocast is on already; nothing otherwise."""
     import torch
 
     kind = torch.device(getattr(model, "device", "cpu")).type
-    if _CORPUS_PRECISION != "bf16" or torch.is_autocast_enabled(kind):
+    if precision != "bf16" or torch.is_autocast_enabled(kind):
         yield
         return
     with torch.autocast(kind, dtype=torch.bfloat16):

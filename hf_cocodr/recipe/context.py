@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..retrieval.session import EncodingSession
 from .outputs import STAGE_MARKER, read_marker
 from .plan import Plan
 
@@ -69,8 +70,11 @@ class RecipeRun:
     precision: dict[str, Any] = field(default_factory=dict)
     encode_precision: str = "fp32"  # the corpus encodings' (resolve_corpus_precision of cfg.encode_precision)
     encode_precision_why: str = ""
-    # every corpus encoding the run did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
+    # every corpus encoding the run's session did or reused (hf_cocodr.retrieval.encoding_cache), for recipe.json
     corpus_encodings: list[dict[str, Any]] = field(default_factory=list)
+    # the run's corpus encodings: their precision, the encoding cache (recording into corpus_encodings), the fits
+    # computed once; passed to the teacher, the guard, the evaluations and the hybrids (made by the runner)
+    encodings: EncodingSession = field(default_factory=EncodingSession)
     meters: dict[str, Any] = field(default_factory=dict)  # stage -> its ThroughputMeter (texts/s, tokens/s, GPU use)
     queries: list = field(default_factory=list)  # each target corpus's query files (hf_cocodr.recipe.queries)
     guard: dict[str, Any] | None = None  # the label-free guard's reading and verdict (hf_cocodr.recipe.guard)

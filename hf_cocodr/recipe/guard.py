@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..modeling.loading import load_encoder
+from ..retrieval.session import EncodingSession
 from .queries import corpus_dataset
 from .settings import encode_batch_size
 from .stages.distill import DistillStage
@@ -86,8 +87,8 @@ class _Ranker:
     query-side model's documents go through its starting model's route: the start's index serves both), from the
     run's encoding cache where it was encoded before."""
 
-    def __init__(self, corpus_ds, batch_size: int):
-        self.ds, self.batch_size = corpus_ds, batch_size
+    def __init__(self, corpus_ds, batch_size: int, session: EncodingSession):
+        self.ds, self.batch_size, self.session = corpus_ds, batch_size, session
         self.doc_ids = [str(x) for x in corpus_ds["_id"]]
         self.indexes: dict[str, tuple] = {}
 
@@ -98,10 +99,14 @@ class _Ranker:
 
         key = document_encoder_key(model)
         if key not in self.indexes:
-            self.indexes[key] = build_index(model, self.ds, batch_size=self.batch_size, show_progress_bar=False)
+            self.indexes[key] = build_index(
+                model, self.ds, batch_size=self.batch_size, show_progress_bar=False, session=self.session
+            )
         index, order = self.indexes[key]
         normalize = model_similarity(model) == "cosine"
-        q = encode_texts(model, texts, kind="query", batch_size=self.batch_size, normalize=normalize)
+        q = encode_texts(
+            model, texts, kind="query", batch_size=self.batch_size, normalize=normalize, session=self.session
+        )
         _, rows = index.search(q, DEPTH)
         return [[self.doc_ids[order[r]] for r in row if r >= 0] for row in rows]
 
@@ -113,9 +118,10 @@ def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[s
     from ..retrieval.teacher import teacher_cache_path, teacher_retriever
 
     ids, doc_texts = _corpus_ids_texts(corpus)
-    if not (teacher_cache_path(run.fps["model"], ids, doc_texts) / HYBRID_FILE).is_file():
+    if not (teacher_cache_path(run.fps["model"], ids, doc_texts, run.encodings) / HYBRID_FILE).is_file():
         return None
-    hybrid, *_ = teacher_retriever(start, run.fps["model"], corpus, fusion=DistillStage._fusion(run.cfg))
+    fusion = DistillStage._fusion(run.cfg)
+    hybrid, *_ = teacher_retriever(start, run.fps["model"], corpus, fusion=fusion, session=run.encodings)
     found, _ = hybrid.search(texts, DEPTH)
     return [list(r) for r in found]
 
@@ -139,7 +145,7 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
         rows = _read_rows(entry.guard)
         pseudo = [r for r in rows if r.get("doc_id")]
         real = [r for r in rows if not r.get("doc_id")]
-        ranker = _Ranker(corpus_dataset(entry.corpus), batch)
+        ranker = _Ranker(corpus_dataset(entry.corpus), batch, run.encodings)
         corpora[entry.name] = {}
         if pseudo:
             texts = [r["text"] for r in pseudo]

@@ -29,11 +29,10 @@ from ..methods import method_target_queries, validate_methods
 from ..model_card import EVAL_FILE, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, pooling_mode
-from ..modeling.precision import corpus_encoding_precision, resolve_corpus_precision
+from ..modeling.precision import resolve_corpus_precision
 from ..provenance import PROVENANCE_FILE
-from ..retrieval.encoding import reuse_corpus_encodings
-from ..retrieval.encoding_cache import cache_corpus_encodings
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
+from ..retrieval.session import EncodingSession
 from ..rundir.run_record import RunFolder, data_fingerprint, digest, fingerprint
 from ..storage import check_before_work
 from ..utils import add_written_entries, atomic_write_json, native_bf16
@@ -276,14 +275,14 @@ def _all_off(cfg: RecipeConfig, training: list[Stage]) -> str:
 def _run_stages(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     """The stages of :func:`run_recipe` in its claimed output folder, then the export and the evaluations; each
     corpus is encoded once per model (the teacher, the evaluations and the hybrids share it, and a resumed or repeated
-    run reads it from the cache: :func:`~hf_cocodr.retrieval.encoding_cache.cache_corpus_encodings`)."""
+    run reads it from the cache: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession`)."""
     run.encode_precision, run.encode_precision_why = resolve_corpus_precision(run.cfg.encode_precision)
-    with cache_corpus_encodings(run.corpus_encodings), corpus_encoding_precision(run.encode_precision):
-        return _run_stages_cached(run, stages)
+    run.encodings = EncodingSession(run.encode_precision, cache=True, record=run.corpus_encodings)
+    return _run_stages_cached(run, stages)
 
 
 def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
-    """:func:`_run_stages` inside its corpus-encoding cache."""
+    """:func:`_run_stages` once its encoding session is made."""
     cfg = run.cfg
     run.pooling, run.similarity = _model_similarity(run.model)
     logger.info(
@@ -411,7 +410,9 @@ def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) -> dict[str, dict]:
+def _run_start_eval(
+    model: str, evals: list[str], out: Path, batch_size: int, session: EncodingSession | None = None
+) -> dict[str, dict]:
     """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json``: each split's result under the
     fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus), so
     a changed model or a changed split is evaluated again, whatever its name."""
@@ -433,7 +434,9 @@ def _run_start_eval(model: str, evals: list[str], out: Path, batch_size: int) ->
         st = load_encoder(model)
         for spec in todo:
             folder, split = parse_eval_spec(spec)
-            res = evaluate_retrieval(st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True)
+            res = evaluate_retrieval(
+                st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True, session=session
+            )
             cached["results"][spec] = split_hybrid(res)
             cached.setdefault("inputs", {})[spec] = inputs[spec]
             atomic_write_json(path, cached)
@@ -463,17 +466,19 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
     t0 = time.perf_counter()
     final = load_encoder(str(final_dir))
-    with reuse_corpus_encodings():  # a target corpus that is also evaluated is encoded once by the final model
-        results = evaluate_all(final, run.evals, final_dir, batch_size=encode_batch_size(cfg), hybrid=True)
-        summary = {spec: split_hybrid(r) for spec, r in results.items()}
-        seconds["evaluation"] = round(time.perf_counter() - t0, 1)
-        if cfg.save_hybrid and run.target_corpora:
-            t0 = time.perf_counter()
-            _save_hybrids(run, final)
-            seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
+    reusing = run.encodings.with_reuse()  # a target corpus that is also evaluated is encoded once by the final model
+    batch = encode_batch_size(cfg)
+    results = evaluate_all(final, run.evals, final_dir, batch_size=batch, hybrid=True, session=reusing)
+    summary = {spec: split_hybrid(r) for spec, r in results.items()}
+    seconds["evaluation"] = round(time.perf_counter() - t0, 1)
+    if cfg.save_hybrid and run.target_corpora:
+        t0 = time.perf_counter()
+        _save_hybrids(run, final, reusing)
+        seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
+    del reusing  # (the final model's kept indexes)
     if run.evals and cfg.evaluate_start:
         t0 = time.perf_counter()
-        for spec, start in _run_start_eval(run.model, run.evals, run.out, encode_batch_size(cfg)).items():
+        for spec, start in _run_start_eval(run.model, run.evals, run.out, batch, run.encodings).items():
             summary[spec]["start"] = start
             logger.info(
                 "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
@@ -521,9 +526,10 @@ def _queries_of(corpus, specs) -> list[str] | None:
     return texts or None
 
 
-def _save_hybrids(run: RecipeRun, model) -> None:
+def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
-    fitted to that corpus and calibrated to the target queries given from its folder, if any."""
+    fitted to that corpus and calibrated to the target queries given from its folder, if any; encoded in ``session``
+    (the run's)."""
     for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
             hybrid = HybridRetriever.build(
@@ -531,6 +537,7 @@ def _save_hybrids(run: RecipeRun, model) -> None:
                 corpus,
                 queries=_queries_of(corpus, run.cfg.target_queries),
                 batch_size=encode_batch_size(run.cfg),
+                session=session,
             )
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
             logger.warning("no hybrid retriever for %s: %s", corpus, e)

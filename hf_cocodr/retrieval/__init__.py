@@ -1,7 +1,7 @@
 """Search, one home below both training and evaluation: encoding a corpus and queries with a model
-(:mod:`~hf_cocodr.retrieval.encoding`), the exact dense and BM25 indexes and K-Means (:mod:`~hf_cocodr.retrieval.index`),
-the fusion of two rankings (its rules: :mod:`~hf_cocodr.retrieval.fusion`; their label-free fit:
-:mod:`~hf_cocodr.retrieval.fusion_fit`), the hybrid retriever
+(:mod:`~hf_cocodr.retrieval.encoding`, as a run's :class:`~hf_cocodr.retrieval.session.EncodingSession` says), the
+exact dense and BM25 indexes and K-Means (:mod:`~hf_cocodr.retrieval.index`), the fusion of two rankings (its rules:
+:mod:`~hf_cocodr.retrieval.fusion`; their label-free fit: :mod:`~hf_cocodr.retrieval.fusion_fit`), the hybrid retriever
 (:mod:`~hf_cocodr.retrieval.hybrid`) and the distillation teacher's rankings (:mod:`~hf_cocodr.retrieval.teacher`).
 
 Names are imported on first use, so ``import hf_cocodr.retrieval.fusion`` loads no torch.
@@ -16,7 +16,7 @@ _LAZY = {
     "build_index": "encoding",
     "search_run": "encoding",
     "model_similarity": "encoding",
-    "reuse_corpus_encodings": "encoding",
+    "EncodingSession": "session",
     "DenseIndex": "index",
     "BM25Index": "index",
     "kmeans": "index",

@@ -1,9 +1,9 @@
 """Encoding and exact dense search: the model's query/document encodings, the corpus streamed into an exact index in
-length-sorted chunks (reused within :func:`reuse_corpus_encodings`), and a search's top-``k`` as a run."""
+length-sorted chunks (in a run's :class:`~hf_cocodr.retrieval.session.EncodingSession`: read from the encoding cache, or
+kept for reuse), and a search's top-``k`` as a run."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import Any
@@ -16,6 +16,7 @@ from ..modeling.precision import encoding_autocast
 from ..rundir.run_record import model_fingerprint
 from . import encoding_cache
 from .index import DenseIndex, check_finite
+from .session import EncodingSession
 
 logger = logging.getLogger(__name__)
 
@@ -45,14 +46,16 @@ def encode_texts(
     batch_size: int = 64,
     max_length: int | None = None,
     normalize: bool | None = None,
+    session: EncodingSession | None = None,
 ) -> np.ndarray:
-    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths.
+    """Encode queries (``kind="query"``) or documents (``kind="document"``) with the model's own prompts/lengths, in
+    the ``session``'s precision (bf16 autocast where it is bf16 and the caller set no autocast; default fp32).
     Vectors with a NaN or an infinite value (a broken model) are refused (:func:`~hf_cocodr.retrieval.index.
     check_finite`): nothing is indexed, ranked or fitted on them."""
     if normalize is None:
         normalize = model_similarity(model) == "cosine"
     fn = getattr(model, "encode_query" if kind == "query" else "encode_document", None) or model.encode
-    with encoding_autocast(model):  # bf16 within a run that encodes in bf16 (corpus_encoding_precision)
+    with encoding_autocast(model, session.precision if session is not None else "fp32"):
         emb = fn(
             texts,
             batch_size=batch_size,
@@ -72,33 +75,13 @@ def length_sorted_order(corpus) -> np.ndarray:
     return np.argsort(-lengths, kind="stable")
 
 
-# Corpus encodings kept while :func:`reuse_corpus_encodings` is active: (model weights, corpus, settings) -> the index
-_REUSE: dict[tuple, tuple[DenseIndex, np.ndarray]] | None = None
-REUSE_MAX_BYTES = 1 << 30  # what the kept indexes may hold in all
-
-
-@contextlib.contextmanager
-def reuse_corpus_encodings():
-    """Within the block, :func:`build_index` encodes a corpus once per model: a second call with the same weights
-    (their SHA-256), the same corpus dataset and the same settings returns the index the first built (up to
-    :data:`REUSE_MAX_BYTES` of vectors in all). The recipe evaluates its final model and then builds that model's
-    hybrid retrievers over the target corpora, which are often the evaluation corpora too."""
-    global _REUSE
-    outer, _REUSE = _REUSE, {} if _REUSE is None else _REUSE
-    try:
-        yield
-    finally:
-        if outer is None:
-            _REUSE = None
-
-
-def _reuse_key(model, corpus, max_length, backend, normalize) -> tuple | None:
+def _reuse_key(model, corpus, max_length, backend, normalize, session: EncodingSession) -> tuple | None:
     fp = getattr(corpus, "_fingerprint", None)
-    if _REUSE is None or fp is None:
+    if not session.reuse or fp is None:
         return None
     weights = model_fingerprint(model)["weights_sha256"]
-    # the precision as the disk cache keys it: a run's bf16 (corpus_encoding_precision) or the caller's own autocast
-    precision = encoding_cache.current_precision(model)
+    # the precision as the disk cache keys it: the session's bf16 or the caller's own autocast
+    precision = encoding_cache.current_precision(model, session)
     return (weights, fp, len(corpus), max_length, backend, normalize, precision)
 
 
@@ -112,25 +95,32 @@ def build_index(
     backend: str = "auto",
     show_progress_bar: bool = True,
     on_chunk=None,
+    session: EncodingSession | None = None,
 ) -> tuple[DenseIndex, np.ndarray]:
-    """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index.
+    """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index, in the
+    ``session``'s precision (:func:`encode_texts`).
 
     Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy (within :func:`~hf_cocodr.retrieval.encoding_cache.
-    cache_corpus_encodings`, a second copy is written to the disk cache, and a cached encoding is served instead of
-    encoding again). ``on_chunk(n_done)`` is called after every chunk.
+    one chunk of embeddings, never a second full copy (with a caching ``session``, a second copy is written to the
+    disk cache, and a cached encoding is served instead of encoding again, :mod:`~hf_cocodr.retrieval.
+    encoding_cache`; with a reusing one, an index this session built for the same weights, corpus and settings is
+    returned). ``on_chunk(n_done)`` is called after every chunk.
     """
     from tqdm.auto import tqdm
 
+    session = session if session is not None else EncodingSession()
     t0 = time.perf_counter()
     normalize = model_similarity(model) == "cosine"
-    key = _reuse_key(model, corpus, max_length, backend, normalize)
-    disk_key = encoding_cache.encoding_key(model, corpus, max_length, normalize) if encoding_cache.active() else None
-    if key is not None and key in _REUSE:
+    key = _reuse_key(model, corpus, max_length, backend, normalize, session)
+    disk_key = (
+        encoding_cache.encoding_key(model, corpus, max_length, normalize, session=session) if session.cache else None
+    )
+    kept = session.kept(key)
+    if kept is not None:
         logger.info("corpus of %d documents: its encoding by this model is reused", len(corpus))
         if disk_key is not None:
-            encoding_cache.record(disk_key, "memory", time.perf_counter() - t0)
-        return _REUSE[key]
+            encoding_cache.record(session, disk_key, "memory", time.perf_counter() - t0)
+        return kept
     order = length_sorted_order(corpus)
     dim = model.get_embedding_dimension()
     index = DenseIndex(dim, backend=backend, capacity=len(order))
@@ -138,10 +128,10 @@ def build_index(
     if cached is not None:  # the same exact index a fresh encoding builds: the vectors in length-sorted order
         index.add(cached[order])
         logger.info("corpus of %d documents: its encoding by this model is read from the cache", len(corpus))
-        encoding_cache.record(disk_key, "disk cache", time.perf_counter() - t0)
+        encoding_cache.record(session, disk_key, "disk cache", time.perf_counter() - t0)
         if on_chunk is not None:
             on_chunk(len(order))
-        _keep(key, index, order, dim)
+        session.keep(key, index, order, dim)
         return index, order
     bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
     for s in range(0, len(order), chunk_docs):
@@ -151,7 +141,13 @@ def build_index(
         texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
         index.add(
             encode_texts(
-                model, texts, kind="document", batch_size=batch_size, max_length=max_length, normalize=normalize
+                model,
+                texts,
+                kind="document",
+                batch_size=batch_size,
+                max_length=max_length,
+                normalize=normalize,
+                session=session,
             )
         )
         bar.update(len(rows))
@@ -163,15 +159,9 @@ def build_index(
         embeddings = np.empty((len(order), dim), dtype=np.float32)
         embeddings[order] = index.reconstruct_all()  # back to corpus row order
         encoding_cache.store(disk_key, embeddings, seconds)
-        encoding_cache.record(disk_key, "encoded", seconds)
-    _keep(key, index, order, dim)
+        encoding_cache.record(session, disk_key, "encoded", seconds)
+    session.keep(key, index, order, dim)
     return index, order
-
-
-def _keep(key, index: DenseIndex, order: np.ndarray, dim: int) -> None:
-    """Keep an index for :func:`reuse_corpus_encodings` while the kept ones stay under :data:`REUSE_MAX_BYTES`."""
-    if key is not None and 4 * dim * (len(order) + sum(len(o) for _, o in _REUSE.values())) <= REUSE_MAX_BYTES:
-        _REUSE[key] = (index, order)
 
 
 def search_run(

@@ -1,7 +1,8 @@
 """One encoding per model per corpus: a disk cache of corpus encodings, and the record of every encoding a run did.
 
-Within :func:`cache_corpus_encodings` (the recipe runs inside one), :func:`~hf_cocodr.retrieval.encoding.build_index`
-first looks for the corpus's vectors in ``<cache>/encodings``, under a key made of
+With a caching :class:`~hf_cocodr.retrieval.session.EncodingSession` (the recipe's run has one),
+:func:`~hf_cocodr.retrieval.encoding.build_index` first looks for the corpus's vectors in ``<cache>/encodings``, under a
+key made of
 
 * the fingerprint of the model's **document encoder** (:func:`document_encoder_key`): the modules a document goes
   through (the ``document`` route of a :class:`~sentence_transformers.base.modules.Router` model, every module of a
@@ -16,17 +17,15 @@ served as the same exact index a fresh encoding builds (the vectors in the corpu
 recipe's starting model encodes each target corpus once, for its teacher, its evaluation and its hybrid; a resumed or
 repeated run encodes none again; and the document route of a query-side model (its starting encoder) reuses the
 starting model's vectors. Each encoding (``"encoded"``) or reuse (``"disk cache"``, ``"memory"``) is recorded in the
-list :func:`cache_corpus_encodings` yields, with its seconds (the recipe writes it into ``recipe.json``).
+session's ``record``, with its seconds (the recipe writes it into ``recipe.json``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,43 +33,20 @@ import numpy as np
 
 from ..data.beir import corpus_texts
 from ..modeling.asymmetric import document_modules, query_modules
-from ..modeling.precision import active_corpus_precision
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
 from . import fusion_fit
+from .session import EncodingSession
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["cache_corpus_encodings", "document_encoder_key", "document_route", "fit_fusion_once", "query_encoder_key"]
+__all__ = ["document_encoder_key", "document_route", "fit_fusion_once", "query_encoder_key"]
 
 ENCODINGS_KIND = "encodings"  # the cache sub-folder
 ENCODINGS_FILE = "embeddings.npy"  # the vectors in corpus row order
 META_FILE = "encoding.json"
 FORMAT = 1
 CACHE_MAX_BYTES = 4 << 30  # larger encodings are not written to the cache (they are recorded all the same)
-
-_ACTIVE: dict[str, Any] | None = None  # {"record": [...], "corpus_keys": {...}} while cache_corpus_encodings is on
-
-
-@contextlib.contextmanager
-def cache_corpus_encodings(record: list | None = None) -> Iterator[list]:
-    """Within the block, :func:`~hf_cocodr.retrieval.encoding.build_index` serves a corpus's vectors from the disk
-    cache when the same document encoder, corpus, length and precision encoded it before, and stores what it
-    encodes; yields the list each encoding or reuse is appended to (``record`` when given). Nested blocks share the
-    outer block's list."""
-    global _ACTIVE
-    outer = _ACTIVE
-    if outer is None:
-        _ACTIVE = {"record": record if record is not None else [], "corpus_keys": {}}
-    try:
-        yield _ACTIVE["record"]
-    finally:
-        if outer is None:
-            _ACTIVE = None
-
-
-def active() -> bool:
-    return _ACTIVE is not None
 
 
 def document_route(model) -> list:
@@ -120,10 +96,9 @@ def _encoder_key(model, modules, task: str) -> str:
     return h.hexdigest()[:32]
 
 
-def current_precision(model) -> str:
-    """How the documents are encoded right now: ``bf16`` / ``fp16`` under autocast (the caller's, or the run's
-    :func:`~hf_cocodr.modeling.precision.corpus_encoding_precision`), ``int8`` for a dynamically quantized copy, the
-    weights' dtype otherwise (``fp32``)."""
+def current_precision(model, session: EncodingSession | None = None) -> str:
+    """How the documents are encoded right now: ``bf16`` / ``fp16`` under autocast (the caller's, or the ``session``'s
+    precision), ``int8`` for a dynamically quantized copy, the weights' dtype otherwise (``fp32``)."""
     import torch
 
     device = getattr(model, "device", torch.device("cpu"))
@@ -132,7 +107,7 @@ def current_precision(model) -> str:
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_dtype(kind), "autocast")
     if any("quantized" in type(m).__module__ for m in model.modules()):
         return "int8"
-    if active_corpus_precision() == "bf16":  # encode_texts will autocast
+    if session is not None and session.precision == "bf16":  # encode_texts will autocast
         return "bf16"
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     return {torch.float32: "fp32", torch.bfloat16: "bf16-weights", torch.float16: "fp16-weights"}.get(
@@ -148,19 +123,6 @@ def texts_digest(texts: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def remembered(kind: str, key: tuple, compute):
-    """Within :func:`cache_corpus_encodings`, the value ``compute()`` gave for the same ``(kind, key)`` earlier in the
-    block (computed once; kept in memory only); outside a block, ``compute()``. The recipe fits the hybrid's fusion
-    for its final model twice per corpus (its evaluation, its saved retriever) and, for a query-side model, encodes
-    the fit's documents with the starting model's document route as the starting model's evaluation did."""
-    if _ACTIVE is None:
-        return compute()
-    memo = _ACTIVE.setdefault("memo", {})
-    if (kind, key) not in memo:
-        memo[(kind, key)] = compute()
-    return memo[(kind, key)]
-
-
 def fit_fusion_once(
     model,
     fusion,
@@ -171,13 +133,16 @@ def fit_fusion_once(
     settings: tuple,
     queries=None,
     bm25=None,
+    *,
+    session: EncodingSession | None = None,
 ):
     """:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion` of ``model`` over a corpus's ``texts`` (calibrated to the
-    unlabelled ``queries`` when given), computed once per :func:`cache_corpus_encodings` block for the same query
-    encoder, document encoder, corpus, queries, fusion settings and encoding ``settings`` (precision, token limits);
-    the documents the fit encodes are remembered by document encoder, so a model sharing its document route (a
-    query-side model and its start) encodes them once. ``bm25``: the BM25 index over ``texts`` the caller holds."""
-    if _ACTIVE is None or not fusion.needs_fit:
+    unlabelled ``queries`` when given), computed once per caching ``session`` for the same query encoder, document
+    encoder, corpus, queries, fusion settings and encoding ``settings`` (precision, token limits); the documents the
+    fit encodes are remembered by document encoder, so a model sharing its document route (a query-side model and its
+    start) encodes them once. The recipe fits the hybrid's fusion for its final model twice per corpus (its
+    evaluation, its saved retriever). ``bm25``: the BM25 index over ``texts`` the caller holds."""
+    if session is None or not session.cache or not fusion.needs_fit:
         return fusion_fit.fit_fusion(
             fusion, texts, embeddings, encode_queries, encode_documents, queries=queries, bm25=bm25
         )
@@ -185,11 +150,13 @@ def fit_fusion_once(
     corpus = texts_digest(texts)
 
     def documents(batch: list[str]):
-        return remembered("fit documents", (doc_key, settings, texts_digest(batch)), lambda: encode_documents(batch))
+        return session.remembered(
+            "fit documents", (doc_key, settings, texts_digest(batch)), lambda: encode_documents(batch)
+        )
 
     asked = texts_digest(list(queries)) if queries else None
     key = (doc_key, query_encoder_key(model), corpus, asked, repr(fusion), settings)
-    fitted = remembered(
+    fitted = session.remembered(
         "fusion fit",
         key,
         lambda: fusion_fit.fit_fusion(
@@ -210,11 +177,11 @@ def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
-def corpus_key(corpus) -> str:
+def corpus_key(corpus, session: EncodingSession | None = None) -> str:
     """The content fingerprint of a corpus dataset (ids and ``title + text`` in order), computed once per dataset
-    within the block."""
+    in a caching ``session``."""
     memo_key = (getattr(corpus, "_fingerprint", None), len(corpus))
-    memo = _ACTIVE["corpus_keys"] if _ACTIVE is not None else {}
+    memo = session.corpus_keys if session is not None and session.cache else {}
     if memo_key[0] is not None and memo_key in memo:
         return memo[memo_key]
     ids, texts = [], []
@@ -228,17 +195,25 @@ def corpus_key(corpus) -> str:
 
 
 def encoding_key(
-    model, corpus, max_length: int | None, normalize: bool, *, corpus_fp: str | None = None, num_docs: int = 0
+    model,
+    corpus,
+    max_length: int | None,
+    normalize: bool,
+    *,
+    session: EncodingSession | None = None,
+    corpus_fp: str | None = None,
+    num_docs: int = 0,
 ) -> dict[str, Any]:
-    """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring); ``corpus_fp`` and
-    ``num_docs`` stand in for a corpus whose content fingerprint is known (``corpus`` None)."""
+    """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring), encoded in the
+    ``session``'s precision; ``corpus_fp`` and ``num_docs`` stand in for a corpus whose content fingerprint is known
+    (``corpus`` None)."""
     return {
         "format": FORMAT,
         "document_encoder": document_encoder_key(model),
-        "corpus": corpus_key(corpus) if corpus_fp is None else corpus_fp,
+        "corpus": corpus_key(corpus, session) if corpus_fp is None else corpus_fp,
         "num_docs": len(corpus) if corpus_fp is None else int(num_docs),
         "max_length": int(max_length) if max_length else int(model.max_seq_length or 0),
-        "precision": current_precision(model),
+        "precision": current_precision(model, session),
         "normalize": bool(normalize),
     }
 
@@ -281,11 +256,10 @@ def store(key: dict[str, Any], embeddings: np.ndarray, seconds: float) -> None:
         logger.warning("the corpus encoding could not be cached (%s); going on without", e)
 
 
-def record(key: dict[str, Any], source: str, seconds: float) -> None:
-    """Append one encoding (``source``: ``"encoded"``, ``"disk cache"`` or ``"memory"``) to the active record."""
-    if _ACTIVE is None:
-        return
-    _ACTIVE["record"].append(
+def record(session: EncodingSession, key: dict[str, Any], source: str, seconds: float) -> None:
+    """Append one encoding (``source``: ``"encoded"``, ``"disk cache"`` or ``"memory"``) to the ``session``'s record
+    (a caching session's)."""
+    session.note(
         {
             "document_encoder": key["document_encoder"],
             "corpus": key["corpus"],

@@ -53,6 +53,7 @@ from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolve
 from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
 from .fusion import FusionConfig, fuse
 from .fusion_fit import log_fit
+from .session import EncodingSession
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,14 @@ class HybridRetriever:
     :meth:`build`, or :meth:`load` a saved one."""
 
     def __init__(
-        self, model, doc_ids: list[str], embeddings: np.ndarray, bm25, fusion: FusionConfig, meta: dict[str, Any]
+        self,
+        model,
+        doc_ids: list[str],
+        embeddings: np.ndarray,
+        bm25,
+        fusion: FusionConfig,
+        meta: dict[str, Any],
+        session: EncodingSession | None = None,
     ):
         from .index import DenseIndex
 
@@ -120,10 +128,20 @@ class HybridRetriever:
         # the corpus's texts and the encoding batch size, kept by build while the fusion is left to fit
         self._texts: list[str] | None = None
         self._batch_size = 64
+        # how its queries (and a fit's texts) are encoded: the run's precision and fits (default: fp32, none kept)
+        self.session = session if session is not None else EncodingSession()
 
     @classmethod
     def from_index(
-        cls, model, doc_ids, dense_index, order, bm25, fusion: FusionConfig, meta: dict[str, Any] | None = None
+        cls,
+        model,
+        doc_ids,
+        dense_index,
+        order,
+        bm25,
+        fusion: FusionConfig,
+        meta: dict[str, Any] | None = None,
+        session: EncodingSession | None = None,
     ) -> HybridRetriever:
         """A retriever over a dense index already built, without a copy of its vectors: index row ``r`` holds the
         document ``doc_ids[order[r]]`` (as :func:`~hf_cocodr.retrieval.encoding.build_index` returns it), ``bm25``
@@ -135,6 +153,7 @@ class HybridRetriever:
         self.fusion, self.meta = fusion, dict(meta or {})
         self.empty_rows = np.asarray(self.meta.get("empty_rows") or [], np.int64)
         self._texts, self._batch_size = None, 64
+        self.session = session if session is not None else EncodingSession()
         return self
 
     @property
@@ -159,6 +178,7 @@ class HybridRetriever:
         batch_size: int = 64,
         doc_max_length: int | None = None,
         show_progress_bar: bool = False,
+        session: EncodingSession | None = None,
     ) -> HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
@@ -168,7 +188,8 @@ class HybridRetriever:
         (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`; the build log and ``hybrid.fusion.fit`` say how); a number
         as ``dense_weight`` is used as is. ``queries``: the queries it will rank, if known (their text only; no
         judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
-        still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then)."""
+        still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then).
+        ``session``: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession` (its precision, cache and fits)."""
         from .encoding import build_index, model_similarity
         from .index import BM25Index
 
@@ -191,7 +212,12 @@ class HybridRetriever:
         bm25_s = time.perf_counter() - t1
         t0 = time.perf_counter()
         index, order = build_index(
-            st, dataset, batch_size=batch_size, max_length=doc_max_length, show_progress_bar=show_progress_bar
+            st,
+            dataset,
+            batch_size=batch_size,
+            max_length=doc_max_length,
+            show_progress_bar=show_progress_bar,
+            session=session,
         )
         in_index_order = index.reconstruct_all()
         del index
@@ -207,7 +233,7 @@ class HybridRetriever:
             "document_encoder": document_encoder_key(st),
             "similarity": model_similarity(st),
             "doc_max_length": doc_max_length,
-            "encode_precision": current_precision(st),  # of the document vectors (fp32 unless a run asked for bf16)
+            "encode_precision": current_precision(st, session),  # of the document vectors (the session's precision)
             "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
             "corpus_fingerprint": corpus_fingerprint(ids, texts),
             "num_docs": len(ids),
@@ -216,7 +242,7 @@ class HybridRetriever:
             "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
         }
         logger.info("hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s", len(ids), dense_s, bm25_s)
-        built = cls(st, ids, embeddings, bm25, fusion, meta)
+        built = cls(st, ids, embeddings, bm25, fusion, meta, session)
         built._texts, built._batch_size = texts, batch_size
         if fit:
             built.fit_fusion(queries)
@@ -235,17 +261,21 @@ class HybridRetriever:
         from .encoding import encode_texts
 
         st, batch_size, doc_max_length = self.model, self._batch_size, self.meta.get("doc_max_length")
+        session = self.session
         t0 = time.perf_counter()
         self.fusion = fit_fusion_once(
             st,
             self.fusion,
             texts,
             self.embeddings,
-            lambda q: encode_texts(st, q, kind="query", batch_size=batch_size),
-            lambda d: encode_texts(st, d, kind="document", batch_size=batch_size, max_length=doc_max_length),
+            lambda q: encode_texts(st, q, kind="query", batch_size=batch_size, session=session),
+            lambda d: encode_texts(
+                st, d, kind="document", batch_size=batch_size, max_length=doc_max_length, session=session
+            ),
             settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
             queries=queries,
             bm25=self.bm25,
+            session=session,
         )
         self._texts = None  # a fitted fusion is not fitted again
         seconds = time.perf_counter() - t0
@@ -257,7 +287,7 @@ class HybridRetriever:
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
         from .encoding import encode_texts
 
-        return encode_texts(self.model, list(queries), kind="query", batch_size=batch_size)
+        return encode_texts(self.model, list(queries), kind="query", batch_size=batch_size, session=self.session)
 
     def search_dense(
         self, queries: list[str], k: int, *, query_embeddings: np.ndarray | None = None
@@ -438,14 +468,16 @@ class HybridRetriever:
         return info, doc_ids, embeddings
 
     @classmethod
-    def load(cls, path: str | os.PathLike, model=None, *, corpus=None) -> HybridRetriever:
+    def load(
+        cls, path: str | os.PathLike, model=None, *, corpus=None, session: EncodingSession | None = None
+    ) -> HybridRetriever:
         """Load a saved retriever. ``model``: the encoder for the queries (default: the one it was built with); its
         document encoder must be the one the documents were encoded with: the model it was built with, or one that
         shares its document encoder (a query-side model and its start, either way round;
         :func:`~hf_cocodr.retrieval.encoding_cache.document_encoder_key`). ``corpus``: if given, it must be the corpus
         the retriever was built from (same ids and texts), else a :class:`~hf_cocodr.errors.ConfigError` names the
         difference. The saved parts are checked against each other before the model loads (a damaged one is a
-        ``ConfigError`` naming its file)."""
+        ``ConfigError`` naming its file). ``session``: how its queries are encoded (default: fp32)."""
         from .index import BM25Index
 
         folder = resolved_path(path)
@@ -512,7 +544,7 @@ class HybridRetriever:
                 model_fingerprint=fp,
                 document_encoder=document_encoder_key(st),
             )
-        return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta)
+        return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta, session)
 
 
 def _whole(value, low: int = 0) -> bool:

@@ -19,13 +19,13 @@ from ..data.teacher import (
     teacher_rows,
 )
 from ..errors import ConfigError
-from ..modeling.precision import active_corpus_precision
 from ..rundir.run_record import digest
 from ..storage import cache_dir
 from .encoding import encode_texts
 from .fusion import FusionConfig
 from .fusion_fit import fit_fusion, is_fit_of
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
+from .session import EncodingSession
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +37,14 @@ def _as_fusion(fusion):
     return fusion if isinstance(fusion, FusionConfig) else FusionConfig(**(fusion or {}))
 
 
-def teacher_cache_path(model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str]) -> Path:
+def teacher_cache_path(
+    model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str], session: EncodingSession | None = None
+) -> Path:
     """Where :func:`teacher_rankings` keeps the teacher's indexes of a corpus (a saved
     :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever`): by the model (``model_key``, what identifies its weights) and the
-    corpus's content, and the precision of the corpus encoding when it is not fp32
-    (:func:`~hf_cocodr.modeling.precision.corpus_encoding_precision`)."""
+    corpus's content, and the precision of the corpus encoding (the ``session``'s) when it is not fp32."""
     ident = {"teacher": 2, "model": model_key, "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts))}
-    precision = active_corpus_precision() or "fp32"
+    precision = session.precision if session is not None else "fp32"
     if precision != "fp32":
         ident["encode_precision"] = precision
     key = digest(ident)
@@ -60,34 +61,47 @@ def teacher_rankings(
     fusion=None,
     batch_size: int = 64,
     cache: bool = True,
+    session: EncodingSession | None = None,
 ) -> tuple[list[list[str]], list[list[float]], list[str], list[str], bool]:
     """The hybrid teacher's top-``k`` over ``corpus`` for each query: ``(ids, scores, doc_ids, doc_texts, cached)``.
 
     The teacher is :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever` of ``model`` (at its own document length) and BM25
     over ``corpus``, fused with ``fusion``. With ``cache``, its indexes are kept in ``<cache>/teacher`` (see
     :func:`teacher_cache_path`; ``cached`` says whether they were there), so a resumed or repeated run, another
-    seed or other settings of the stage encode only the queries, not the corpus again."""
+    seed or other settings of the stage encode only the queries, not the corpus again. ``session``: the run's
+    :class:`~hf_cocodr.retrieval.session.EncodingSession` (the precision its corpus and queries are encoded in, the
+    encoding cache); default: a fresh one (fp32)."""
     hybrid, doc_ids, doc_texts, cached = teacher_retriever(
-        model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache
+        model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache, session=session
     )
     ids, scores = _Batched(hybrid).search(queries, k)
     return ids, scores, doc_ids, doc_texts, cached
 
 
 def teacher_retriever(
-    model, model_key: Any, corpus, *, fusion=None, batch_size: int = 64, cache: bool = True
+    model,
+    model_key: Any,
+    corpus,
+    *,
+    fusion=None,
+    batch_size: int = 64,
+    cache: bool = True,
+    session: EncodingSession | None = None,
 ) -> tuple[HybridRetriever, list[str], list[str], bool]:
     """The hybrid teacher over ``corpus`` with ``fusion`` set (see :func:`teacher_rankings`): ``(hybrid, doc_ids,
     doc_texts, cached)``; ``hybrid.embeddings`` are the starting model's vectors of the corpus in ``doc_ids``
-    order."""
+    order; its queries are encoded in the ``session``'s precision."""
+    session = session if session is not None else EncodingSession()
     fusion = _as_fusion(fusion)
     doc_ids, doc_texts = _corpus_ids_texts(corpus)
-    path = teacher_cache_path(model_key, doc_ids, doc_texts) if cache else None
+    path = teacher_cache_path(model_key, doc_ids, doc_texts, session) if cache else None
     hybrid, cached = None, False
     if path is not None and (path / HYBRID_FILE).is_file():
         try:
             hybrid, cached = (
-                HybridRetriever.load(path, model if not isinstance(model, (str, os.PathLike)) else None),
+                HybridRetriever.load(
+                    path, model if not isinstance(model, (str, os.PathLike)) else None, session=session
+                ),
                 True,
             )
             if hybrid.doc_ids != list(doc_ids):  # the rows must be this corpus's documents, in its order
@@ -96,7 +110,7 @@ def teacher_retriever(
             logger.warning("teacher cache %s cannot be used (%s): building it again", path, e)
             hybrid, cached = None, False
     if hybrid is None:
-        hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size)
+        hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size, session=session)
         if path is not None:
             try:
                 hybrid.save(path)
@@ -109,8 +123,8 @@ def teacher_retriever(
             fusion,
             doc_texts,
             hybrid.embeddings,
-            lambda q: encode_texts(hybrid.model, q, kind="query", batch_size=batch_size),
-            lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size),
+            lambda q: encode_texts(hybrid.model, q, kind="query", batch_size=batch_size, session=session),
+            lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size, session=session),
         )
     hybrid.fusion = fusion
     return hybrid, doc_ids, doc_texts, cached
@@ -139,17 +153,18 @@ def distill_dataset(
     fusion=None,
     batch_size: int = 64,
     cache: bool = True,
+    session: EncodingSession | None = None,
 ) -> TeacherRows:
     """The distillation rows of the recipe: each ``--target-queries`` source routed to its target corpus
     (:func:`route_queries`), ranked by the hybrid teacher (:func:`teacher_rankings`), as :func:`teacher_rows`; the
     :class:`~hf_cocodr.data.teacher.TeacherRows` name each source, its corpus, its queries and whether the teacher
-    was cached."""
+    was cached. ``session``: the run's encoding session (:func:`teacher_rankings`)."""
     from datasets import concatenate_datasets
 
     parts, sources = [], []
     for corpus, src in route_queries(query_specs, target_corpora):
         ids, scores, doc_ids, doc_texts, cached = teacher_rankings(
-            model, model_key, corpus, src.texts, k, fusion=fusion, batch_size=batch_size, cache=cache
+            model, model_key, corpus, src.texts, k, fusion=fusion, batch_size=batch_size, cache=cache, session=session
         )
         parts.append(teacher_rows(_Ranked(ids, scores), src.texts, dict(zip(doc_ids, doc_texts)), k))
         sources.append(_source(src, corpus, cached))
@@ -170,6 +185,7 @@ def query_side_dataset(
     fusion=None,
     batch_size: int = 64,
     cache: bool = True,
+    session: EncodingSession | None = None,
 ) -> TeacherRows:
     """The rows of query-side distillation: as :func:`distill_dataset`, but their rows are
     :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`, each candidate its row in the starting model's vectors of
@@ -180,7 +196,7 @@ def query_side_dataset(
     queries, scores, candidates, tables, sources, offset = [], [], [], [], [], 0
     for corpus, src in route_queries(query_specs, target_corpora):
         hybrid, doc_ids, _, cached = teacher_retriever(
-            model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache
+            model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache, session=session
         )
         doc_rows = {d: offset + i for i, d in enumerate(doc_ids)}
         part = frozen_candidate_rows(_Batched(hybrid), src.texts, doc_rows, k, name=src.name)

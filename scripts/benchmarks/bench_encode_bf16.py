@@ -58,7 +58,7 @@ def main() -> int:
     from hf_cocodr.evaluation.metrics import compute_metrics
     from hf_cocodr.modeling.bundled import bundled_model_path
     from hf_cocodr.retrieval.encoding import build_index, encode_texts
-    from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
+    from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.utils import atomic_write_json, native_bf16
 
     try:
@@ -75,8 +75,8 @@ def main() -> int:
     qtexts = list(data.queries["text"])
 
     t0 = time.perf_counter()
-    with cache_corpus_encodings() as record:
-        index, order = build_index(model, data.corpus, batch_size=ns.batch_size, show_progress_bar=False)
+    session = EncodingSession(cache=True)
+    index, order = build_index(model, data.corpus, batch_size=ns.batch_size, show_progress_bar=False, session=session)
     docs32 = np.empty((len(order), index.dim), dtype=np.float32)
     docs32[order] = index.reconstruct_all()
     fp32_corpus_s = time.perf_counter() - t0
@@ -130,7 +130,7 @@ def main() -> int:
         "bf16_docs_per_s": round(len(cand) / bf16_s, 3),
         "fp32_docs_per_s": round(len(cand) / fp32_cand_s, 3),
         "fp32_corpus_s": round(fp32_corpus_s, 1),
-        "fp32_corpus_source": [r["source"] for r in record],
+        "fp32_corpus_source": [r["source"] for r in session.record],
         "native_bf16": native_bf16(),
         "cpu": platform.processor() or platform.machine(),
         "capability": torch.backends.cpu.get_cpu_capability(),

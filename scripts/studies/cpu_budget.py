@@ -140,17 +140,17 @@ def warm_cache(ns, data: Path, model: str) -> Path:
     if record.is_file():
         return path
     os.environ["HF_COCODR_CACHE"] = str(path)
-    from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
+    from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.retrieval.teacher import teacher_rankings
     from hf_cocodr.rundir.run_record import fingerprint
 
     seconds = {}
-    with cache_corpus_encodings() as encodings:
-        for name, _ in EVALS:
-            t0 = time.time()
-            teacher_rankings(model, fingerprint(model), str(data / name), [], 2)
-            seconds[name] = round(time.time() - t0, 1)
-    record.write_text(json.dumps({"seconds": seconds, "encodings": encodings}, indent=2) + "\n")
+    session = EncodingSession(cache=True)
+    for name, _ in EVALS:
+        t0 = time.time()
+        teacher_rankings(model, fingerprint(model), str(data / name), [], 2, session=session)
+        seconds[name] = round(time.time() - t0, 1)
+    record.write_text(json.dumps({"seconds": seconds, "encodings": session.record}, indent=2) + "\n")
     return path
 
 

@@ -76,10 +76,11 @@ def main() -> int:
     from hf_cocodr.evaluation.metrics import compute_metrics
     from hf_cocodr.finetuning.ceiling import free_query_vectors, order_reachable
     from hf_cocodr.modeling.bundled import bundled_model_path
-    from hf_cocodr.modeling.precision import corpus_encoding_precision, resolve_corpus_precision
+    from hf_cocodr.modeling.precision import resolve_corpus_precision
     from hf_cocodr.recipe.config import RecipeConfig
     from hf_cocodr.recipe.stages.distill import DistillStage
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
+    from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.retrieval.teacher import teacher_retriever
     from hf_cocodr.rundir.run_record import fingerprint
     from hf_cocodr.utils import atomic_write_json
@@ -93,65 +94,63 @@ def main() -> int:
     fusion = DistillStage._fusion(RecipeConfig())
     out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
     t0 = time.time()
-    with corpus_encoding_precision(precision):
-        for name in CORPORA:
-            folder = data / name
-            hybrid, doc_ids, _, _ = teacher_retriever(start, fingerprint(model), str(folder), fusion=fusion)
-            docs = np.asarray(hybrid.embeddings, np.float32)
-            row_of = {d: i for i, d in enumerate(doc_ids)}
-            queries = load_queries(folder)
-            text_of = dict(zip(queries["_id"], queries["text"]))
-            held = {
-                json.loads(line)["text"]
-                for line in (run_dir / "queries" / f"{name}.guard.jsonl").read_text().splitlines()
-                if line.strip() and not json.loads(line).get("doc_id")
+    session = EncodingSession(precision)  # the precision a recipe run encodes its corpora in
+    for name in CORPORA:
+        folder = data / name
+        hybrid, doc_ids, _, _ = teacher_retriever(
+            start, fingerprint(model), str(folder), fusion=fusion, session=session
+        )
+        docs = np.asarray(hybrid.embeddings, np.float32)
+        row_of = {d: i for i, d in enumerate(doc_ids)}
+        queries = load_queries(folder)
+        text_of = dict(zip(queries["_id"], queries["text"]))
+        held = {
+            json.loads(line)["text"]
+            for line in (run_dir / "queries" / f"{name}.guard.jsonl").read_text().splitlines()
+            if line.strip() and not json.loads(line).get("doc_id")
+        }
+        res: dict = {}
+        for split in ("dev", POOL):
+            qrels = load_qrels(folder, split)
+            qids = [q for q in qrels if q in text_of]
+            texts = [text_of[q] for q in qids]
+            found, fused = hybrid.search(texts, 100)
+            teacher_run = {q: {d: float(s) for d, s in zip(f, sc)} for q, f, sc in zip(qids, found, fused)}
+            teacher_top = {q: list(f[:10]) for q, f in zip(qids, found)}
+            q_start = encode_texts(start, texts, kind="query", normalize=normalize, session=session)
+            q_student = encode_texts(student, texts, kind="query", normalize=normalize, session=session)
+            cand = np.array([[row_of[d] for d in f[: ns.k]] for f in found])
+            t_scores = np.array([sc[: ns.k] for sc in fused], np.float32)
+            q_free = free_query_vectors(docs, cand, t_scores, q_start, similarity=similarity, steps=ns.steps)
+            runs = {
+                "start": ranked_run(qids, q_start, docs, doc_ids),
+                "teacher": teacher_run,
+                "student": ranked_run(qids, q_student, docs, doc_ids),
+                "free_vectors": ranked_run(qids, q_free, docs, doc_ids),
             }
-            res: dict = {}
-            for split in ("dev", POOL):
-                qrels = load_qrels(folder, split)
-                qids = [q for q in qrels if q in text_of]
-                texts = [text_of[q] for q in qids]
-                found, fused = hybrid.search(texts, 100)
-                teacher_run = {q: {d: float(s) for d, s in zip(f, sc)} for q, f, sc in zip(qids, found, fused)}
-                teacher_top = {q: list(f[:10]) for q, f in zip(qids, found)}
-                q_start = encode_texts(start, texts, kind="query", normalize=normalize)
-                q_student = encode_texts(student, texts, kind="query", normalize=normalize)
-                cand = np.array([[row_of[d] for d in f[: ns.k]] for f in found])
-                t_scores = np.array([sc[: ns.k] for sc in fused], np.float32)
-                q_free = free_query_vectors(docs, cand, t_scores, q_start, similarity=similarity, steps=ns.steps)
-                runs = {
-                    "start": ranked_run(qids, q_start, docs, doc_ids),
-                    "teacher": teacher_run,
-                    "student": ranked_run(qids, q_student, docs, doc_ids),
-                    "free_vectors": ranked_run(qids, q_free, docs, doc_ids),
-                }
-                entry = {name_: round(compute_metrics(qrels, r)["ndcg@10"], 4) for name_, r in runs.items()}
-                entry["queries"] = len(qids)
-                checked = list(range(min(ns.reachable_queries, len(qids))))
-                reach = [order_reachable(docs, cand[i], similarity=similarity) for i in checked]
-                entry["teacher_top_k_reachable"] = round(float(np.mean(reach)), 4)
-                entry["free_vectors_top_k_as_teacher"] = round(
-                    float(
-                        np.mean(
-                            [np.argsort(-(docs @ q_free[i]))[: ns.k].tolist() == cand[i].tolist() for i in checked]
-                        )
-                    ),
-                    4,
-                )
-                for who in ("start", "student", "free_vectors"):
-                    entry[f"{who}_agreement"] = agreement(runs[who], teacher_top)
-                if split == POOL:  # the student's agreement with the teacher: trained queries vs held-out ones
-                    trained = [q for q in qids if text_of[q] not in held]
-                    out_q = [q for q in qids if text_of[q] in held]
-                    for label, subset in (("trained", trained), ("held_out", out_q)):
-                        for who in ("start", "student"):
-                            entry[f"{who}_agreement_{label}"] = agreement(
-                                {q: runs[who][q] for q in subset}, teacher_top
-                            )
-                        entry[f"{label}_queries"] = len(subset)
-                res[split] = entry
-                print(name, split, json.dumps(entry), f"{time.time() - t0:.0f} s", flush=True)
-            out["corpora"][name] = res
+            entry = {name_: round(compute_metrics(qrels, r)["ndcg@10"], 4) for name_, r in runs.items()}
+            entry["queries"] = len(qids)
+            checked = list(range(min(ns.reachable_queries, len(qids))))
+            reach = [order_reachable(docs, cand[i], similarity=similarity) for i in checked]
+            entry["teacher_top_k_reachable"] = round(float(np.mean(reach)), 4)
+            entry["free_vectors_top_k_as_teacher"] = round(
+                float(
+                    np.mean([np.argsort(-(docs @ q_free[i]))[: ns.k].tolist() == cand[i].tolist() for i in checked])
+                ),
+                4,
+            )
+            for who in ("start", "student", "free_vectors"):
+                entry[f"{who}_agreement"] = agreement(runs[who], teacher_top)
+            if split == POOL:  # the student's agreement with the teacher: trained queries vs held-out ones
+                trained = [q for q in qids if text_of[q] not in held]
+                out_q = [q for q in qids if text_of[q] in held]
+                for label, subset in (("trained", trained), ("held_out", out_q)):
+                    for who in ("start", "student"):
+                        entry[f"{who}_agreement_{label}"] = agreement({q: runs[who][q] for q in subset}, teacher_top)
+                    entry[f"{label}_queries"] = len(subset)
+            res[split] = entry
+            print(name, split, json.dumps(entry), f"{time.time() - t0:.0f} s", flush=True)
+        out["corpora"][name] = res
     out["seconds"] = round(time.time() - t0, 1)
     out["reachable_queries"] = ns.reachable_queries
     atomic_write_json(Path(ns.out + ".json"), out)

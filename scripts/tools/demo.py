@@ -189,8 +189,8 @@ def encode_probe(model: str, corpus: Path, precision: str) -> dict[str, float]:
     """Seconds this machine takes to encode the whole corpus with the starting model, from ``PROBE_DOCS`` documents
     spread through it (after a warm-up batch), in the precision the run encodes in."""
     from hf_cocodr import load_encoder
-    from hf_cocodr.modeling.precision import corpus_encoding_precision
     from hf_cocodr.retrieval.encoding import encode_texts
+    from hf_cocodr.retrieval.session import EncodingSession
 
     with open(corpus, encoding="utf-8") as f:
         docs = [json.loads(line) for line in f if line.strip()]
@@ -198,11 +198,11 @@ def encode_probe(model: str, corpus: Path, precision: str) -> dict[str, float]:
     step = max(1, len(texts) // PROBE_DOCS)
     sample = texts[::step][:PROBE_DOCS]
     st = load_encoder(model)
-    with corpus_encoding_precision(precision):
-        encode_texts(st, sample[:8], kind="document", batch_size=16)  # warm-up
-        t0 = time.perf_counter()
-        encode_texts(st, sample, kind="document", batch_size=16)
-        seconds = time.perf_counter() - t0
+    session = EncodingSession(precision)
+    encode_texts(st, sample[:8], kind="document", batch_size=16, session=session)  # warm-up
+    t0 = time.perf_counter()
+    encode_texts(st, sample, kind="document", batch_size=16, session=session)
+    seconds = time.perf_counter() - t0
     return {"docs": len(texts), "probe_docs": len(sample), "encode_minutes": seconds / len(sample) * len(texts) / 60}
 
 
@@ -297,14 +297,13 @@ def evaluate_start(model: str, folder: Path, precision: str, batch_size: int) ->
     from) the encoding cache the recipe runs read; returns the result and how the vectors came. (The library's own
     encoding bar moves once per 4,096 documents, so the caller shows a bar of its own.)"""
     from hf_cocodr import evaluate_retrieval
-    from hf_cocodr.modeling.precision import corpus_encoding_precision
-    from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
+    from hf_cocodr.retrieval.session import EncodingSession
 
-    with cache_corpus_encodings() as record, corpus_encoding_precision(precision):
-        res = evaluate_retrieval(
-            model, folder, SPLIT_EVAL, hybrid=True, batch_size=batch_size, show_progress_bar=False
-        )
-    return {"result": res, "encodings": [r.get("source") for r in record]}
+    session = EncodingSession(precision, cache=True)
+    res = evaluate_retrieval(
+        model, folder, SPLIT_EVAL, hybrid=True, batch_size=batch_size, show_progress_bar=False, session=session
+    )
+    return {"result": res, "encodings": [r.get("source") for r in session.record]}
 
 
 def run_one(kind: str, model: str, data: dict, source: Path, out: Path, budget: float | None, smoke: bool) -> dict:

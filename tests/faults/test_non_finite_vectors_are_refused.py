@@ -14,8 +14,8 @@ from hf_cocodr.data.beir import load_corpus
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.modeling.loading import load_encoder
 from hf_cocodr.retrieval.encoding import build_index, encode_texts
-from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
 from hf_cocodr.retrieval.hybrid import EMBEDDINGS_FILE, HybridRetriever
+from hf_cocodr.retrieval.session import EncodingSession
 
 
 def _broken(model_dir, value: float):
@@ -58,16 +58,18 @@ def test_a_saved_retriever_with_non_finite_vectors_is_refused_naming_the_file(ti
 def test_a_cached_encoding_with_nan_is_encoded_again(tiny_st_dir, tiny_beir, caplog, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
     model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
-    with cache_corpus_encodings():
-        fresh = build_index(model, corpus, show_progress_bar=False)[0].reconstruct_all()
+    fresh = build_index(model, corpus, show_progress_bar=False, session=EncodingSession(cache=True))[
+        0
+    ].reconstruct_all()
     (cached,) = (tmp_path / "cache").rglob("embeddings.npy")
     bad = np.load(cached)
     bad[3] = np.nan
     np.save(cached, bad)
-    with caplog.at_level(logging.WARNING), cache_corpus_encodings() as record:
-        again = build_index(model, corpus, show_progress_bar=False)[0].reconstruct_all()
+    run = EncodingSession(cache=True)
+    with caplog.at_level(logging.WARNING):
+        again = build_index(model, corpus, show_progress_bar=False, session=run)[0].reconstruct_all()
     assert np.isfinite(again).all() and np.array_equal(again, fresh)
-    assert [r["source"] for r in record] == ["encoded"]
+    assert [r["source"] for r in run.record] == ["encoded"]
     assert any("not finite" in r.getMessage() for r in caplog.records)
 
 

@@ -134,3 +134,25 @@ def test_a_bf16_run_encodes_every_corpus_in_bf16_and_plans_it_cold(tiny_st_dir, 
     assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_bm25"] > 0  # cold for bf16
     hybrid = json.loads((tmp_path / "bf16" / "hybrid" / tiny_beir.name / "hybrid.json").read_text())
     assert hybrid["encode_precision"] == "bf16"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_fine_tuning_mines_its_negatives_in_the_runs_corpus_precision_unless_told(precision, tmp_path):
+    """The self-negative refreshes encode the corpus in the run's precision (the trainer's own default, fp32, where the
+    run is fp32: the stage's arguments leave it out); a ``finetune`` option of the user's wins."""
+    from types import SimpleNamespace
+
+    from hf_cocodr.finetuning import IDROTrainingArguments
+    from hf_cocodr.recipe import RecipeConfig
+    from hf_cocodr.recipe.stages.finetune import FinetuneStage
+
+    def arguments(finetune):
+        cfg = RecipeConfig(finetune=finetune)
+        run = SimpleNamespace(cfg=cfg, similarity="cosine", encode_precision=precision, dir=lambda n: tmp_path / n)
+        return FinetuneStage().arguments(run)
+
+    kw = arguments({})
+    expected = precision if precision != "fp32" else IDROTrainingArguments.negatives_encode_precision
+    assert kw.get("negatives_encode_precision", IDROTrainingArguments.negatives_encode_precision) == expected
+    assert ("negatives_encode_precision" in kw) == (precision != "fp32")  # an fp32 run's identity is unchanged
+    assert arguments({"negatives_encode_precision": "int8"})["negatives_encode_precision"] == "int8"

@@ -20,8 +20,8 @@ from hf_cocodr.modeling.asymmetric import query_side_model
 from hf_cocodr.modeling.loading import load_encoder, pooling_mode
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.retrieval.encoding import encode_texts
-from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings
 from hf_cocodr.retrieval.hybrid import _corpus_ids_texts
+from hf_cocodr.retrieval.session import EncodingSession
 from hf_cocodr.retrieval.teacher import query_side_dataset, teacher_rankings
 
 CFG = dict(
@@ -51,17 +51,17 @@ class _Fixed:
 def test_the_document_vectors_of_a_step_are_the_cached_starting_ones(tiny_bert_nomlm_dir, tiny_beir):
     start = load_encoder(str(tiny_bert_nomlm_dir))
     spec = f"{tiny_beir}:train"
-    with cache_corpus_encodings() as record:
-        made = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3)
+    run = EncodingSession(cache=True)
+    made = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3, session=run)
     rows, table = made.rows, made.rows.vectors
     assert made.query_side and [s["corpus"] for s in made.sources] == [str(tiny_beir)]
-    assert [r["source"] for r in record] == ["encoded"]  # the teacher's encoding, kept in the cache
+    assert [r["source"] for r in run.record] == ["encoded"]  # the teacher's encoding, kept in the cache
     doc_ids, texts = _corpus_ids_texts(tiny_beir)
     fresh = encode_texts(start, texts, kind="document")
     assert np.allclose(table, fresh, atol=1e-5)
-    with cache_corpus_encodings() as again:  # the teacher's index from its cache; the vectors the same
-        cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3).rows.vectors
-    assert np.array_equal(cached_table, table) and again == []  # nothing encoded again
+    again = EncodingSession(cache=True)  # another run: the teacher's index from its cache; the vectors the same
+    cached_table = query_side_dataset(start, "key", [str(tiny_beir)], [spec], 3, session=again).rows.vectors
+    assert np.array_equal(cached_table, table) and again.record == []  # nothing encoded again
     # the candidates a step hands the loss are those rows: the teacher's top-k documents, as the start encodes them
     loss = QuerySideDistillLoss(query_side_model(start), table)
     labels = torch.as_tensor(rows.row_labels([0, 1, 2, 3]))

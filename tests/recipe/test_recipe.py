@@ -8,10 +8,10 @@ import torch
 from helpers import CFG
 from tiny import crash_at
 
-import hf_cocodr.modeling.precision as precision_module
 from hf_cocodr.modeling.precision import resolve_corpus_precision
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.runner import _precision_choice
+from hf_cocodr.retrieval.session import EncodingSession
 
 
 def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
@@ -187,8 +187,8 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     record = json.loads((out / "recipe.json").read_text())
     # the run encodes its corpora in the precision it recorded (bf16 on a machine with native bf16): so do these
-    monkeypatch.setattr(precision_module, "_CORPUS_PRECISION", record["precision"]["encoding"])
-    start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev")
+    session = EncodingSession(record["precision"]["encoding"])
+    start = evaluate_retrieval(load_encoder(str(tiny_bert_nomlm_dir)), str(tiny_beir), "dev", session=session)
     # the starting model's own score; the tiny random BERT ties many of its scores, and vectors that differ in their
     # last bits (the run encodes its corpus once, in its own batches, or takes them from the session's encoding cache)
     # can reorder tied documents: 0.0009 apart was seen once in a full-suite run, a different model is far more

@@ -1,6 +1,7 @@
 """One encoding per model per corpus: the disk cache of corpus encodings serves exactly what a fresh encoding builds,
 and never when the model, the corpus, the length or the precision changed; a recipe run encodes each corpus once
-per model (its record and the encoder's calls say so)."""
+per model (its record and the encoder's calls say so); what one run's encoding session holds (its precision, its
+kept indexes, its fits) never reaches another's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from hf_cocodr.data.beir import load_corpus
 from hf_cocodr.modeling.loading import load_encoder
 from hf_cocodr.retrieval.encoding import build_index
-from hf_cocodr.retrieval.encoding_cache import cache_corpus_encodings, document_encoder_key
+from hf_cocodr.retrieval.encoding_cache import document_encoder_key
+from hf_cocodr.retrieval.session import EncodingSession
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +31,11 @@ def _vectors(model, corpus, **kw):
 
 def test_a_cached_encoding_is_the_fresh_one_and_a_repeated_run_reads_it(tiny_st_dir, tiny_beir):
     model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
-    fresh, fresh_order = _vectors(model, corpus)  # no cache outside the block
-    with cache_corpus_encodings() as first:
-        a, order_a = _vectors(model, corpus)
-    with cache_corpus_encodings() as second:  # another run: another block, the same disk cache
-        b, order_b = _vectors(load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir))
+    fresh, fresh_order = _vectors(model, corpus)  # no cache without a caching session
+    first, second = EncodingSession(cache=True), EncodingSession(cache=True)  # two runs, the same disk cache
+    a, order_a = _vectors(model, corpus, session=first)
+    b, order_b = _vectors(load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir), session=second)
+    first, second = first.record, second.record
     assert [r["source"] for r in first] == ["encoded"] and [r["source"] for r in second] == ["disk cache"]
     assert np.array_equal(a, fresh) and np.array_equal(b, fresh)  # bit for bit, in the same index order
     assert np.array_equal(order_a, fresh_order) and np.array_equal(order_b, fresh_order)
@@ -42,25 +44,26 @@ def test_a_cached_encoding_is_the_fresh_one_and_a_repeated_run_reads_it(tiny_st_
 
 def test_a_changed_model_corpus_length_or_precision_is_never_served_from_the_cache(tiny_st_dir, tiny_beir, tmp_path):
     model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
-    with cache_corpus_encodings() as record:
-        _vectors(model, corpus)
-        other = copy.deepcopy(model)
-        with torch.no_grad():
-            next(other.parameters()).add_(1e-3)  # one weight moved
-        changed = tmp_path / "changed"
-        changed.mkdir()
-        lines = (tiny_beir / "corpus.jsonl").read_text().splitlines()
-        doc = json.loads(lines[5])
-        doc["text"] += " one more word"
-        (changed / "corpus.jsonl").write_text("\n".join(lines[:5] + [json.dumps(doc)] + lines[6:]) + "\n")
-        got = {
-            "model": _vectors(other, corpus)[0],
-            "corpus": _vectors(model, load_corpus(changed))[0],
-            "length": _vectors(model, corpus, max_length=8)[0],
-        }
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            got["precision"] = _vectors(model, corpus)[0]
-        _vectors(model, corpus)  # the unchanged one: read back
+    run = EncodingSession(cache=True)
+    _vectors(model, corpus, session=run)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)  # one weight moved
+    changed = tmp_path / "changed"
+    changed.mkdir()
+    lines = (tiny_beir / "corpus.jsonl").read_text().splitlines()
+    doc = json.loads(lines[5])
+    doc["text"] += " one more word"
+    (changed / "corpus.jsonl").write_text("\n".join(lines[:5] + [json.dumps(doc)] + lines[6:]) + "\n")
+    got = {
+        "model": _vectors(other, corpus, session=run)[0],
+        "corpus": _vectors(model, load_corpus(changed), session=run)[0],
+        "length": _vectors(model, corpus, max_length=8, session=run)[0],
+    }
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got["precision"] = _vectors(model, corpus, session=run)[0]
+    _vectors(model, corpus, session=run)  # the unchanged one: read back
+    record = run.record
     assert [r["source"] for r in record] == ["encoded"] * 5 + ["disk cache"]
     assert len({(r["document_encoder"], r["corpus"], r["max_length"], r["precision"]) for r in record[:5]}) == 5
     assert record[4]["precision"] == "bf16" and record[3]["max_length"] == 8
@@ -81,15 +84,15 @@ def test_the_document_route_of_a_router_model_shares_the_plain_models_encoding(t
     asym = SentenceTransformer(modules=[router], similarity_fn_name=start.similarity_fn_name)
     assert document_encoder_key(asym) == document_encoder_key(start) != document_encoder_key(query_side)
     corpus = load_corpus(tiny_beir)
-    with cache_corpus_encodings() as record:
-        a = _vectors(start, corpus)[0]
-        b = _vectors(asym, corpus)[0]
-    assert [r["source"] for r in record] == ["encoded", "disk cache"] and np.array_equal(a, b)
+    run = EncodingSession(cache=True)
+    a = _vectors(start, corpus, session=run)[0]
+    b = _vectors(asym, corpus, session=run)[0]
+    assert [r["source"] for r in run.record] == ["encoded", "disk cache"] and np.array_equal(a, b)
 
 
 def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tiny_beir, monkeypatch):
-    """Inside a run's block, the hybrid evaluation and a retriever of one model over one corpus for the same queries
-    fit the fusion once, to what a fit outside any block gives; a query-side model (its own query route, its start's
+    """In a run's session, the hybrid evaluation and a retriever of one model over one corpus for the same queries
+    fit the fusion once, to what a fit without a session gives; a query-side model (its own query route, its start's
     document route) fits again but encodes none of the fit's documents (those without their pseudo-query's sentence)
     that its start encoded already."""
     import hf_cocodr.retrieval.encoding as encoding
@@ -115,44 +118,42 @@ def test_the_fusion_fit_runs_once_per_model_and_corpus_in_a_run(tiny_st_dir, tin
 
     queries = list(load_beir(tiny_beir, "dev").queries["text"])  # what the evaluation calibrates its fit to
     model = load_encoder(str(tiny_st_dir))
-    fresh = HybridRetriever.build(model, tiny_beir, queries=queries).fusion  # no block: nothing remembered
+    fresh = HybridRetriever.build(model, tiny_beir, queries=queries).fusion  # no session: nothing remembered
     monkeypatch.setattr(fusion_fit, "fit_fusion", fit)
     monkeypatch.setattr(encoding, "encode_texts", encode)
     monkeypatch.setattr("hf_cocodr.evaluation.retrieval.encode_texts", encode)
-    with cache_corpus_encodings():
-        evaluated = evaluate_retrieval(model, tiny_beir, "dev", hybrid=True, show_progress_bar=False)["fusion"]
-        built = HybridRetriever.build(model, tiny_beir, queries=queries).fusion
-        assert len(fits) == 1 and built == fresh
-        HybridRetriever.build(model, tiny_beir)  # other queries (none): a fit of its own
-        assert len(fits) == 2
-        assert evaluated["dense_weight"] == fresh.dense_weight and evaluated["normalize"] == fresh.normalize
-        assert len(fit_docs) >= 1
-        asym = query_side_model(model)
-        with torch.no_grad():  # the query route moved: its fit is its own, its fit documents are the start's
-            for p in asym[0].sub_modules["query"].parameters():
-                p.mul_(1.5)
-        before = len(fit_docs)
-        HybridRetriever.build(asym, tiny_beir, queries=queries)
-        assert len(fits) == 3 and len(fit_docs) == before
+    run = EncodingSession(cache=True)
+    evaluated = evaluate_retrieval(model, tiny_beir, "dev", hybrid=True, show_progress_bar=False, session=run)
+    built = HybridRetriever.build(model, tiny_beir, queries=queries, session=run).fusion
+    assert len(fits) == 1 and built == fresh
+    HybridRetriever.build(model, tiny_beir, session=run)  # other queries (none): a fit of its own
+    assert len(fits) == 2
+    assert evaluated["fusion"]["dense_weight"] == fresh.dense_weight
+    assert evaluated["fusion"]["normalize"] == fresh.normalize
+    assert len(fit_docs) >= 1
+    asym = query_side_model(model)
+    with torch.no_grad():  # the query route moved: its fit is its own, its fit documents are the start's
+        for p in asym[0].sub_modules["query"].parameters():
+            p.mul_(1.5)
+    before = len(fit_docs)
+    HybridRetriever.build(asym, tiny_beir, queries=queries, session=run)
+    assert len(fits) == 3 and len(fit_docs) == before
 
 
 def test_a_run_in_bf16_encodes_under_autocast_and_never_shares_the_fp32_encoding(tiny_st_dir, tiny_beir):
-    """Within corpus_encoding_precision("bf16") a corpus is encoded as under the caller's own bf16 autocast, cached
-    under its own key, and neither precision is served the other's vectors."""
-    from hf_cocodr.modeling.precision import corpus_encoding_precision
-
+    """In a bf16 session a corpus is encoded as under the caller's own bf16 autocast, cached under its own key, and
+    neither precision is served the other's vectors."""
     model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        by_hand, _ = _vectors(model, corpus)  # no cache outside the block
+        by_hand, _ = _vectors(model, corpus)  # no cache without a caching session
     fp32, _ = _vectors(model, corpus)
-    with cache_corpus_encodings() as record:
-        got = {"fp32": _vectors(model, corpus)[0]}
-        with corpus_encoding_precision("bf16"):
-            got["bf16"] = _vectors(model, corpus)[0]
-    with cache_corpus_encodings() as again, corpus_encoding_precision("bf16"):  # another run: read back
-        got["bf16 again"] = _vectors(load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir))[0]
+    record: list = []  # two sessions of one run's record: fp32, then bf16
+    got = {"fp32": _vectors(model, corpus, session=EncodingSession(cache=True, record=record))[0]}
+    got["bf16"] = _vectors(model, corpus, session=EncodingSession("bf16", cache=True, record=record))[0]
+    again = EncodingSession("bf16", cache=True)  # another run: read back
+    got["bf16 again"] = _vectors(load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir), session=again)[0]
     assert [(r["precision"], r["source"]) for r in record] == [("fp32", "encoded"), ("bf16", "encoded")]
-    assert [(r["precision"], r["source"]) for r in again] == [("bf16", "disk cache")]
+    assert [(r["precision"], r["source"]) for r in again.record] == [("bf16", "disk cache")]
     assert np.array_equal(got["bf16"], by_hand) and np.array_equal(got["bf16 again"], by_hand)
     assert np.array_equal(got["fp32"], fp32) and not np.array_equal(by_hand, fp32)
 
@@ -160,11 +161,7 @@ def test_a_run_in_bf16_encodes_under_autocast_and_never_shares_the_fp32_encoding
 def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkeypatch):
     import hf_cocodr.modeling.precision as precision
     from hf_cocodr.errors import ConfigError
-    from hf_cocodr.modeling.precision import (
-        active_corpus_precision,
-        corpus_encoding_precision,
-        resolve_corpus_precision,
-    )
+    from hf_cocodr.modeling.precision import resolve_corpus_precision
     from hf_cocodr.recipe import RecipeConfig
 
     for native, expected in ((True, "bf16"), (False, "fp32")):
@@ -179,16 +176,12 @@ def test_auto_encodes_in_bf16_only_where_the_machine_computes_it_natively(monkey
     assert ENCODE_PRECISIONS == precision.CORPUS_PRECISIONS  # the flag's choices are what a run can resolve
     with pytest.raises(ConfigError, match="encode_precision must be 'auto', 'fp32' or 'bf16', got 'fp16'"):
         RecipeConfig(encode_precision="fp16").validate()
-    assert active_corpus_precision() is None
-    with corpus_encoding_precision("bf16"):
-        with corpus_encoding_precision("fp32"):
-            assert active_corpus_precision() == "fp32"  # the innermost block wins
-        assert active_corpus_precision() == "bf16"
-    assert active_corpus_precision() is None
+    assert EncodingSession().precision == "fp32"  # a call without a session encodes as the model is
+    with pytest.raises(ConfigError, match="fp32 or bf16, got 'int8'"):
+        EncodingSession("int8")  # a session holds what a run resolved, never "auto" or int8
 
 
 def test_the_teachers_cache_is_keyed_by_the_encoding_precision(tiny_beir):
-    from hf_cocodr.modeling.precision import corpus_encoding_precision
     from hf_cocodr.retrieval.hybrid import _corpus_ids_texts, corpus_fingerprint
     from hf_cocodr.retrieval.teacher import teacher_cache_path
     from hf_cocodr.rundir.run_record import digest
@@ -197,27 +190,25 @@ def test_the_teachers_cache_is_keyed_by_the_encoding_precision(tiny_beir):
     fp32 = teacher_cache_path("key", ids, texts)
     # fp32 keeps the key it always had (the caches of earlier runs stay valid)
     assert fp32.name == "hybrid-" + digest({"teacher": 2, "model": "key", "corpus": corpus_fingerprint(ids, texts)})
-    with corpus_encoding_precision("fp32"):
-        assert teacher_cache_path("key", ids, texts) == fp32
-    with corpus_encoding_precision("bf16"):
-        assert teacher_cache_path("key", ids, texts) != fp32
+    assert teacher_cache_path("key", ids, texts, EncodingSession("fp32")) == fp32
+    assert teacher_cache_path("key", ids, texts, EncodingSession("bf16")) != fp32
 
 
 def test_the_in_memory_reuse_never_serves_another_precision(tiny_st_dir, tiny_beir):
-    """Within reuse_corpus_encodings, a corpus encoded in fp32 is not served to the same model under bf16, whether a
-    run asked for bf16 or the caller set autocast, and each bf16 index is what bf16 encodes afresh."""
-    from hf_cocodr.modeling.precision import corpus_encoding_precision
-    from hf_cocodr.retrieval.encoding import reuse_corpus_encodings
+    """In a reusing session, a corpus encoded in fp32 is not served to the same model under bf16, whether a session
+    sharing its kept indexes asks for bf16 or the caller set autocast, and each bf16 index is what bf16 encodes
+    afresh."""
+    from dataclasses import replace
 
     model, corpus = load_encoder(str(tiny_st_dir)), load_corpus(tiny_beir)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         fresh_bf16, _ = _vectors(model, corpus)
-    with reuse_corpus_encodings():
-        fp32, _ = _vectors(model, corpus)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            by_caller, _ = _vectors(model, corpus)
-        with corpus_encoding_precision("bf16"):
-            by_run, _ = _vectors(model, corpus)
+    reusing = EncodingSession().with_reuse()
+    fp32, _ = _vectors(model, corpus, session=reusing)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        by_caller, _ = _vectors(model, corpus, session=reusing)
+    by_run, _ = _vectors(model, corpus, session=replace(reusing, precision="bf16"))  # the same kept indexes
+    assert len(reusing.indexes) == 2  # fp32 and bf16, each under its own key
     assert not np.array_equal(fp32, fresh_bf16)
     assert np.array_equal(by_caller, fresh_bf16) and np.array_equal(by_run, fresh_bf16)
 
@@ -242,3 +233,61 @@ def test_the_native_bf16_switch_forces_either_path_on_any_machine(monkeypatch):
 
     if not torch.cuda.is_available():  # unset: the CPU's own answer (oneDNN's bf16 kernels)
         assert native_bf16() is bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def test_two_evaluations_in_two_precisions_interleaved_never_share_an_encoding(tiny_st_dir, tiny_beir, monkeypatch):
+    """Two runs in one process, one fp32 and one bf16, each with its own caching and reusing session, evaluate the
+    same model on the same split in turn: each encodes the corpus once in its own precision (never served the other's
+    vectors, from the disk or from memory), and each result is what a call without the cache gives in that
+    precision (cached == uncached)."""
+    import hf_cocodr.retrieval.encoding as encoding
+    from hf_cocodr import evaluate_retrieval
+
+    model = load_encoder(str(tiny_st_dir))
+
+    def evaluate(session):
+        res = evaluate_retrieval(
+            model, tiny_beir, "dev", hybrid=True, return_run=True, show_progress_bar=False, session=session
+        )
+        return res["run"], res["dense"]["ndcg@10"], res["ndcg@10"], res["fusion"]
+
+    expected = {p: evaluate(EncodingSession(p)) for p in ("fp32", "bf16")}  # no cache, nothing kept
+    assert expected["fp32"][0] != expected["bf16"][0]  # the two precisions rank with other scores
+    encoded = []
+    real = encoding.encode_texts
+
+    def counting(m, texts, *, kind, **kw):
+        if kind == "document" and len(texts) == 80:  # the whole toy corpus (one chunk)
+            encoded.append(kw["session"].precision)
+        return real(m, texts, kind=kind, **kw)
+
+    monkeypatch.setattr(encoding, "encode_texts", counting)
+    runs = {p: EncodingSession(p, cache=True).with_reuse() for p in ("fp32", "bf16")}
+    got = {p: [] for p in runs}
+    for p in ("fp32", "bf16", "fp32", "bf16"):
+        got[p].append(evaluate(runs[p]))
+    assert sorted(encoded) == ["bf16", "fp32"]  # one encoding each
+    for p, session in runs.items():
+        assert got[p] == [expected[p], expected[p]]
+        assert [(r["precision"], r["source"]) for r in session.record] == [(p, "encoded"), (p, "memory")]
+
+
+def test_a_fit_memo_of_one_run_is_never_read_by_another(tiny_st_dir, tiny_beir, monkeypatch):
+    """A run's session fits a corpus's fusion once; another run's session fits it again (to the same fusion), and a
+    call without a session fits every time."""
+    import hf_cocodr.retrieval.fusion_fit as fusion_module
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+
+    fits = []
+    real_fit = fusion_module.fit_fusion
+    monkeypatch.setattr(fusion_module, "fit_fusion", lambda *a, **kw: fits.append(1) or real_fit(*a, **kw))
+    model = load_encoder(str(tiny_st_dir))
+    first, second = EncodingSession(cache=True), EncodingSession(cache=True)
+    a = HybridRetriever.build(model, tiny_beir, session=first).fusion
+    assert HybridRetriever.build(model, tiny_beir, session=first).fusion == a and len(fits) == 1
+    assert HybridRetriever.build(model, tiny_beir, session=second).fusion == a and len(fits) == 2
+    assert HybridRetriever.build(model, tiny_beir, session=second).fusion == a and len(fits) == 2
+    assert first.memo and second.memo and not set(map(id, first.memo.values())) & set(map(id, second.memo.values()))
+    HybridRetriever.build(model, tiny_beir)
+    HybridRetriever.build(model, tiny_beir)
+    assert len(fits) == 4

@@ -215,15 +215,16 @@ def test_the_cli_prints_the_hybrid_with_dense_and_bm25_beside_it(tiny_st_dir, ti
     assert "dense_weight" in capsys.readouterr().err
 
 
-def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_st_dir, tiny_beir, monkeypatch):
-    """The recipe evaluates its final model, then builds its hybrid over the same corpus: inside
-    ``reuse_corpus_encodings`` the documents are encoded once, and the retriever equals one built afresh (cached ==
-    uncached); changed weights are a new model, encoded again."""
+def test_within_a_reusing_session_a_corpus_is_encoded_once_per_model(tiny_st_dir, tiny_beir, monkeypatch):
+    """The recipe evaluates its final model, then builds its hybrid over the same corpus: given one reusing
+    :class:`EncodingSession` the documents are encoded once, and the retriever equals one built afresh (cached ==
+    uncached); changed weights are a new model, encoded again; a call without the session keeps nothing."""
     import numpy as np
     import torch
 
     from hf_cocodr import HybridRetriever, evaluate_retrieval, load_encoder
     from hf_cocodr.retrieval import encoding
+    from hf_cocodr.retrieval.session import EncodingSession
 
     model = load_encoder(str(tiny_st_dir))
     fresh = HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
@@ -232,13 +233,14 @@ def test_within_reuse_corpus_encodings_a_corpus_is_encoded_once_per_model(tiny_s
     monkeypatch.setattr(
         encoding, "encode_texts", lambda m, texts, **kw: calls.append(kw["kind"]) or real(m, texts, **kw)
     )
-    with encoding.reuse_corpus_encodings():
-        evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False)
-        reused = HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
-        assert calls.count("document") == 1
-        with torch.no_grad():
-            next(model.parameters()).add_(0.01)
-        HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})
-        assert calls.count("document") == 2
+    session = EncodingSession().with_reuse()
+    evaluate_retrieval(model, tiny_beir, "dev", show_progress_bar=False, session=session)
+    reused = HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5}, session=session)
+    assert calls.count("document") == 1
     assert reused.doc_ids == fresh.doc_ids and np.array_equal(reused.embeddings, fresh.embeddings)
-    assert encoding._REUSE is None  # nothing is kept after the block
+    HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5})  # no session: encoded again
+    assert calls.count("document") == 2
+    with torch.no_grad():
+        next(model.parameters()).add_(0.01)
+    HybridRetriever.build(model, tiny_beir, fusion={"dense_weight": 0.5}, session=session)
+    assert calls.count("document") == 3

@@ -362,11 +362,17 @@ class DistillStage(Stage):
         queries, to_index, to_encode = [], [], []
         for doc_ids, texts, asked in self._targets(run):
             queries += asked
-            if (teacher_cache_path(run.fps["model"], doc_ids, texts) / HYBRID_FILE).is_file():
+            if (teacher_cache_path(run.fps["model"], doc_ids, texts, run.encodings) / HYBRID_FILE).is_file():
                 continue  # the teacher's indexes are cached: the queries alone
             to_index.append(texts)
             key = encoding_cache.encoding_key(
-                st, None, None, normalize, corpus_fp=corpus_fingerprint(doc_ids, texts), num_docs=len(texts)
+                st,
+                None,
+                None,
+                normalize,
+                session=run.encodings,
+                corpus_fp=corpus_fingerprint(doc_ids, texts),
+                num_docs=len(texts),
             )
             if encoding_cache.load(key) is None:
                 to_encode.append(texts)
@@ -376,11 +382,12 @@ class DistillStage(Stage):
         # run pays it, on documents spread through the corpora it is paid for (their lengths, not the first rows')
         batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
         per_doc = per_bm25_doc = 0.0
+        as_run = {"batch_size": batch, "normalize": normalize, "session": run.encodings}
         if encode_docs:
             docs = spread_sample(to_encode, PROBE_DOCS)
-            encode_texts(st, docs[:batch], kind="document", batch_size=batch, normalize=normalize)  # warm-up
+            encode_texts(st, docs[:batch], kind="document", **as_run)  # warm-up
             t0 = time.perf_counter()
-            encode_texts(st, docs, kind="document", batch_size=batch, normalize=normalize)
+            encode_texts(st, docs, kind="document", **as_run)
             per_doc = (time.perf_counter() - t0) / len(docs)
         if bm25_docs:
             docs = spread_sample(to_index, PROBE_DOCS)
@@ -388,9 +395,9 @@ class DistillStage(Stage):
             BM25Index(docs)
             per_bm25_doc = (time.perf_counter() - t0) / len(docs)
         asked = queries[:64]
-        encode_texts(st, asked[:batch], kind="query", batch_size=batch, normalize=normalize)  # warm-up
+        encode_texts(st, asked[:batch], kind="query", **as_run)  # warm-up
         t0 = time.perf_counter()
-        encode_texts(st, asked, kind="query", batch_size=batch, normalize=normalize)
+        encode_texts(st, asked, kind="query", **as_run)
         per_query = (time.perf_counter() - t0) / len(asked)
         # to the 0.1 ms: a cost the run pays is never recorded as 0 (a small corpus indexes for BM25 in milliseconds)
         parts = {
@@ -446,6 +453,7 @@ class DistillStage(Stage):
             cfg.distill_k,
             fusion=self._fusion(cfg),
             batch_size=encode_batch_size(cfg),
+            session=run.encodings,
         )
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",

@@ -109,6 +109,8 @@ def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
         # tau sets how fast the cluster weights move; the gradient inner products scale with the
         # similarity (cosine x 20 vs raw dot products)
         idro_tau=100.0 if similarity == "cosine" else 3000.0,
+        # the self-mined negatives' corpus encodings in the run's corpus precision (bf16 where the CPU has it natively)
+        **({"negatives_encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
     )
 
 
