@@ -207,7 +207,7 @@ def _hybrid_result(
         fit_s = time.perf_counter() - t_fit
         log_fit(fusion, f"hybrid over {corpus_name or 'the corpus'}", fit_s)
     del texts
-    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, bm25, fusion)
+    hybrid = HybridRetriever.from_index(model, doc_ids.tolist(), index, order, bm25, fusion, session=session)
     t1 = time.perf_counter()
     b_scores, b_rows = hybrid.search_bm25(query_texts, top_k)
     bm25_s = time.perf_counter() - t1

@@ -108,7 +108,7 @@ def check_budget_buys_steps(plan: Mapping[str, Any], one_step: Mapping[str, tupl
 
     ``plan`` is the planner's (``budget_seconds``, ``fixed_seconds``: loads, exports, K-Means, refreshes and the time
     spent so far); ``one_step`` maps each training stage that runs, in order, to the seconds its first step costs and
-    how they are made up (:meth:`~hf_cocodr.recipe.Stage.one_step`: a COCO soup of several runs needs one step of
+    how they are made up (:func:`~hf_cocodr.recipe.planner.one_step`: a COCO soup of several runs needs one step of
     each run and a model load + export for every run after the first).
 
     Raises:

@@ -15,7 +15,7 @@ import re
 import typing
 from collections.abc import Iterable
 from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import ConfigError
 from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
@@ -365,6 +365,7 @@ _NUMBER_OR_WORD = {
     float | Auto | None: "A|none",
     int | Auto: "N|budget",
     float | None: "X|none",
+    float | Literal["fit"]: "X|fit",
 }
 
 
@@ -442,6 +443,11 @@ def _number_or_word(value: str, flag: str, hint: Any, metavar: str | None = None
             raise ConfigError(f"{flag} must be a whole number >= 0 or 'auto', got {value!r}") from None
     if hint in (float | Auto | None, float | None) and text in ("none", "off"):
         return None
+    if hint == float | Literal["fit"]:  # a number or fitted (the distillation teacher's weight)
+        try:
+            return "fit" if text == "fit" else float(value)
+        except ValueError:
+            raise ConfigError(f"{flag} must be a number in [0, 1] or 'fit', got {value!r}") from None
     if hint == float | None:
         try:
             return float(value)

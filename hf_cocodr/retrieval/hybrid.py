@@ -272,7 +272,7 @@ class HybridRetriever:
             lambda d: encode_texts(
                 st, d, kind="document", batch_size=batch_size, max_length=doc_max_length, session=session
             ),
-            settings=("fp32", None, doc_max_length),  # (precision, query and document token limits)
+            settings=(session.precision, None, doc_max_length),  # (precision, query and document token limits)
             queries=queries,
             bm25=self.bm25,
             session=session,

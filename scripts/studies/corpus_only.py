@@ -74,6 +74,15 @@ ARMS = {
         f"the COCO soup, then the whole model distilled on {N_PSEUDO} pseudo-queries of the default mix",
     ),
     "queries": ("@queries", "reference: query-side distillation on the real train queries (the study's pools)"),
+    # issue 49's lever for a teacher that caps its student (NFCorpus): the fusion fitted to each corpus as the teacher
+    "queries-fit": (
+        "@queries --distill-teacher-weight fit",
+        "the `queries` row with the teacher's fusion fitted to each corpus (the saved hybrid's) instead of fixed",
+    ),
+    "pq-mix-fit": (
+        ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit"],
+        f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
+    ),
 }
 
 
@@ -104,12 +113,13 @@ def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[
         "--max-minutes", f"{ns.budget_minutes:g}", "--seed", str(seed), "--guard", "record",
         "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
     ]  # fmt: skip
-    if extra == "@queries":
+    if isinstance(extra, str) and extra.startswith("@queries"):  # the study's pools as the user's queries
         return cmd + [
             "--target-queries",
             f"{data / 'scifact'}:{POOL}",
             "--target-queries",
             f"{data / 'nfcorpus'}:{POOL}",
+            *extra.split()[1:],
         ]
     return cmd + extra
 

@@ -137,22 +137,26 @@ def test_a_bf16_run_encodes_every_corpus_in_bf16_and_plans_it_cold(tiny_st_dir, 
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_fine_tuning_mines_its_negatives_in_the_runs_corpus_precision_unless_told(precision, tmp_path):
-    """The self-negative refreshes encode the corpus in the run's precision (the trainer's own default, fp32, where the
-    run is fp32: the stage's arguments leave it out); a ``finetune`` option of the user's wins."""
+def test_the_fine_tuning_mines_its_negatives_in_the_runs_corpus_precision_unless_told(
+    precision, tmp_path, monkeypatch
+):
+    """The self-negative refreshes encode the corpus in the run's precision; a ``finetune`` option of the user's
+    wins; the stage's identity (its arguments) does not change with it, as the run's precision never did."""
     from types import SimpleNamespace
 
-    from hf_cocodr.finetuning import IDROTrainingArguments
     from hf_cocodr.recipe import RecipeConfig
-    from hf_cocodr.recipe.stages.finetune import FinetuneStage
+    from hf_cocodr.recipe.plan import Plan
+    from hf_cocodr.recipe.stages import finetune
 
-    def arguments(finetune):
-        cfg = RecipeConfig(finetune=finetune)
+    monkeypatch.setattr(finetune, "idro_trainer", lambda run, args, *a, **kw: args)  # the arguments it trains with
+
+    def trained_with(options):
+        cfg = RecipeConfig(finetune=options, finetune_preset="paper")
         run = SimpleNamespace(cfg=cfg, similarity="cosine", encode_precision=precision, dir=lambda n: tmp_path / n)
-        return FinetuneStage().arguments(run)
+        run.arguments = {"finetune": finetune.FinetuneStage().arguments(run)}
+        run.plan, run.train_data, run.methods, run.target_corpora = Plan(), None, (), ()
+        return run.arguments["finetune"], finetune.FinetuneStage().build_trainer(run, 4)
 
-    kw = arguments({})
-    expected = precision if precision != "fp32" else IDROTrainingArguments.negatives_encode_precision
-    assert kw.get("negatives_encode_precision", IDROTrainingArguments.negatives_encode_precision) == expected
-    assert ("negatives_encode_precision" in kw) == (precision != "fp32")  # an fp32 run's identity is unchanged
-    assert arguments({"negatives_encode_precision": "int8"})["negatives_encode_precision"] == "int8"
+    kw, args = trained_with({})
+    assert args.negatives_encode_precision == precision and "negatives_encode_precision" not in kw
+    assert trained_with({"negatives_encode_precision": "int8"})[1].negatives_encode_precision == "int8"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -522,3 +523,33 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
 
     assert identity() == "ce539d4cb1c7d979"
     assert identity(**OPTION_VALUES) == "995eec268bc95182"
+
+
+def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """``--distill-teacher-weight fit``: the teacher's fusion is fitted to the corpus without labels (the rule the
+    saved hybrid uses) and the teacher kept with its fit; a number keeps the fixed z-score fusion; anything else is
+    refused by name, before any work."""
+    import os
+
+    import yaml
+
+    from hf_cocodr.cli import main
+
+    fitted = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit"))
+    fixed = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.3))
+    assert fitted.needs_fit and (fixed.needs_fit, fixed.dense_weight, fixed.normalize) == (False, 0.3, "z")
+    for bad in ("fitted", 1.5, None):
+        with pytest.raises(ConfigError, match="distill_teacher_weight"):
+            RecipeConfig(distill_teacher_weight=bad).validate()
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_steps": 2}))
+    args = ["recipe", "--model", str(tiny_bert_nomlm_dir), "--target-corpus", str(tiny_beir)]
+    args += ["--source-data", str(tiny_beir), "--config", str(config), "--distill-teacher-weight"]
+    teachers = Path(os.environ["HF_COCODR_CACHE"]) / "teacher"
+    for weight, out in (("fit", tmp_path / "fit"), ("0.5", tmp_path / "fixed")):
+        assert main([*args, weight, "--output_dir", str(out)]) == 0
+        recorded = json.loads((out / "recipe.json").read_text())["config"]["distill_teacher_weight"]
+        assert recorded == ("fit" if weight == "fit" else float(weight))
+    # one teacher per model and corpus (the fixed run reads the fitted run's indexes): it was built, and kept, fitted
+    (saved,) = teachers.glob("*/hybrid.json")
+    assert json.loads(saved.read_text())["fusion"]["fit"] is not None

@@ -295,3 +295,18 @@ def test_recipe_config_inherits_the_settings_of_the_stages_and_nothing_else():
     assert STAGE_SETTINGS == tuple(s.settings for s in STAGES)
     assert set(RecipeConfig.__bases__) == set(STAGE_SETTINGS) and len(RecipeConfig.__bases__) == len(STAGES)
     assert RecipeConfig.settings_classes() == list(STAGE_SETTINGS)[::-1]
+
+
+def test_the_stage_switches_and_step_seconds_read_a_config_the_schedule_has_not_resolved():
+    """``stage_switches`` / ``stage_step_seconds`` (public) answer for a config whose shares are still ``auto`` (the
+    same steps and step seconds as for the config the schedule resolves: they read no share)."""
+    from hf_cocodr.recipe import choose_schedule
+    from hf_cocodr.recipe.stages import stage_switches
+
+    cfg = RecipeConfig(coco_steps=3)
+    resolved = choose_schedule(cfg, has_mlm_head=True)[0]
+    throughput = {"coco_step_s": 0.5, "finetune_step_s": 0.25}
+    steps = {name: fixed for name, (_, fixed) in stage_switches(cfg).items()}
+    assert steps["coco"] == 3 and steps == {name: fixed for name, (_, fixed) in stage_switches(resolved).items()}
+    assert stage_step_seconds(throughput, cfg) == stage_step_seconds(throughput, resolved)
+    assert stage_step_seconds(throughput, cfg)["finetune"] == 0.25

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
+from ..plan import Plan
 from ..stage import Stage
 from .coco import MLM_HEAD_WARMUP_SHARE, CocoStage
 from .distill import DISTILL_MAX_PASSES, DistillStage
@@ -70,11 +71,11 @@ def stage_switches(cfg: RecipeConfig, stages=None) -> dict[str, tuple[bool, int 
     """Whether each training stage runs, and its fixed step count (None: planned from the budget; its
     :meth:`~hf_cocodr.recipe.Stage.cost` says). In the joint schedule the target pairs train inside the source
     steps, so the target stage does not run on its own."""
-    return {s.name: (s.enabled(cfg), s.cost({}, cfg, budget_s=0.0).steps) for s in instantiate(stages) if s.trains}
+    return {s.name: (s.enabled(cfg), s.cost({}, cfg, plan=Plan()).steps) for s in instantiate(stages) if s.trains}
 
 
 def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig, stages=None) -> dict[str, float]:
     """Measured seconds of one optimizer step of each training stage (its :meth:`~hf_cocodr.recipe.Stage.cost`). In
     the joint schedule the target pairs are a term of every source step, so their cost goes to that stage (and the
     target stage has no steps of its own)."""
-    return {s.name: s.cost(tp, cfg, budget_s=0.0).step_s for s in instantiate(stages) if s.trains}
+    return {s.name: s.cost(tp, cfg, plan=Plan()).step_s for s in instantiate(stages) if s.trains}

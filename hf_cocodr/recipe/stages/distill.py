@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from ...errors import ConfigError
 from ...modeling.asymmetric import query_side_model
@@ -100,8 +100,10 @@ class DistillSettings:
     distill_steps: int | None = option(None, "steps of the distillation (default: planned, or 500)")
     distill_share: float | Auto = option(AUTO, "the distillation's share of the training budget")
     distill_k: int = option(8, "distillation: the teacher's candidates per query (its top-k)")
-    distill_teacher_weight: float = option(
-        0.5, "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone)"
+    distill_teacher_weight: float | Literal["fit"] = option(
+        0.5,
+        "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), or fit: "
+        "the fusion fitted to each corpus without labels (the saved hybrid's)",
     )
     distill_teacher_temperature: float = option(
         1.0, "distillation: temperature of the teacher's (z-normalised, fused) scores"
@@ -151,7 +153,11 @@ class DistillSettings:
     def check(self) -> None:
         """Refuse out-of-range distillation options by name."""
         check_number(self, "distill_share", 0, 1)
-        check_number(self, "distill_teacher_weight", 0, 1, allow_auto=False)
+        if self.distill_teacher_weight != "fit":
+            try:
+                check_number(self, "distill_teacher_weight", 0, 1, allow_auto=False)
+            except ConfigError as e:
+                raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus)") from None
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_auto=False, allow_none=True)
@@ -556,6 +562,10 @@ class DistillStage(Stage):
     def _fusion(cfg: RecipeConfig):
         from ...retrieval.fusion import FusionConfig
 
+        if (
+            cfg.distill_teacher_weight == "fit"
+        ):  # the rule, normalisation and weight fitted per corpus, as the hybrid's
+            return FusionConfig()
         # z-scores of BM25's hits alone over each system's top 100: the teacher the stage's identity has always named
         # (bm25_zeros and the default depth of 200 came later)
         return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)

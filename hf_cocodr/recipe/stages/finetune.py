@@ -109,8 +109,6 @@ def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
         # tau sets how fast the cluster weights move; the gradient inner products scale with the
         # similarity (cosine x 20 vs raw dot products)
         idro_tau=100.0 if similarity == "cosine" else 3000.0,
-        # the self-mined negatives' corpus encodings in the run's corpus precision (bf16 where the CPU has it natively)
-        **({"negatives_encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
     )
 
 
@@ -283,6 +281,9 @@ class FinetuneStage(Stage):
             probe=probe,
             forced={"refresh_negatives_every_steps": 0} if probe else None,
             refresh_negatives_every_steps=every,
+            # the self-mined negatives' corpus encodings in the run's corpus precision unless the finetune options set
+            # it (a default below the user's options, out of the stage's identity as the run's precision always was)
+            negatives_encode_precision=run.encode_precision,
         )
         joint = None
         if is_joint(cfg):
