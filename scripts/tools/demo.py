@@ -182,6 +182,11 @@ def setup_logs(path: Path) -> None:
         root.addHandler(handler)
     root.setLevel(logging.INFO)
     root.propagate = False
+    # the libraries' own bars (every checkpoint's "Writing model shards", every load's "Loading weights") would
+    # bury the demo's: one bar per step is the demo's
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
 
 
 # ---------------------------------------------------------------------------------------------------------- plan
@@ -311,6 +316,7 @@ def run_one(kind: str, model: str, data: dict, source: Path, out: Path, budget: 
     what it reused and its minutes, or the one-line reason it did not run."""
     from hf_cocodr import run_recipe
     from hf_cocodr.errors import ConfigError
+    from hf_cocodr.recipe.guard import DECIDES
 
     folder = data["folder"]
     # the start is step 1's; the guard reads and records (its verdict is shown), so the table shows the adapted model
@@ -337,9 +343,11 @@ def run_one(kind: str, model: str, data: dict, source: Path, out: Path, budget: 
     return {
         "guard": {
             name: f"{r.get('difference', 0.0):+.4f} ± {r.get('se') or 0.0:.4f} over {r.get('queries')}, {r.get('verdict')}"
+            + ("" if name in DECIDES else " (recorded, not decided on)")
             for name, r in readings.items()
             if isinstance(r, dict)
         },
+        "guard_verdict": guard.get("verdict"),
         "result": summary[spec],
         "minutes": (time.perf_counter() - t0) / 60,
         "earlier_run": earlier,
@@ -373,7 +381,7 @@ def build_rows(start: dict, runs: dict[str, dict], model_name: str) -> list[dict
             row.update(pick(run["result"]))
             row["hybrid_ndcg@10"] = run["result"]["hybrid"]["ndcg@10"]
             verdicts = run.get("guard") or {}
-            worse = sorted(name for name, v in verdicts.items() if v.endswith("worse"))
+            worse = run.get("guard_verdict") == "worse"
             row["note"] = f"schedule {run['schedule']}, steps {run['steps']}; label-free guard: " + (
                 "; ".join(f"{name} {v}" for name, v in sorted(verdicts.items())) or "no reading"
             )
