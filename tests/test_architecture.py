@@ -70,6 +70,8 @@ LAYERS = {
     "modeling": 4.7,
     # the label-free fit of a fusion: the rules, the index and the pseudo-queries below it (the rules never reach it)
     "retrieval.fusion_fit": 4.75,
+    # the index chosen by size (exact or faiss HNSW / IVF): above the indexes it measures against
+    "retrieval.ann": 4.78,
     # a run's encoding session (precision, cache, fits): below the encoders, the hybrid and the teacher that take it
     "retrieval.session": 4.6,
     # the indexes and the fusion import only the bottom layer (the BM25 negatives of the data use the index)

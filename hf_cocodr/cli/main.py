@@ -55,6 +55,7 @@ def _add_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--doc-max-length", type=int, default=None)
     p.add_argument("--top-k", type=int, default=1000)
     p.add_argument("--backend", choices=["auto", "faiss", "torch"], default="auto")
+    add_index_flags(p, "")
     p.add_argument(
         "--encode-precision",
         dest="encode_precision",
@@ -84,6 +85,9 @@ def _run_evaluate(args, _rest) -> int:
     _positive("--top-k", args.top_k)
     _output_file("--output", args.output)
     from ..data.beir import load_beir
+    from ..retrieval.ann import IndexChoice
+
+    index = IndexChoice(**index_flags(args)).check(args.backend)  # faiss for an approximate kind, before any work
 
     given = (("rule", args.fusion), ("dense_weight", args.dense_weight), ("normalize", args.fusion_normalize))
     fusion = {k: v for k, v in given if v is not None}
@@ -110,6 +114,7 @@ def _run_evaluate(args, _rest) -> int:
         encode_precision=args.encode_precision,
         hybrid=args.hybrid,
         fusion=fusion or None,
+        index=index,
     )
     run = result.pop("run")
     print_result_line(result)  # before --output is written: a failing write never loses the metrics
@@ -189,6 +194,37 @@ def add_fusion_flags(p: argparse.ArgumentParser, dense_weight_help: str) -> None
         "weight, z-scores beside a --dense-weight)",
     )
     p.add_argument("--dense-weight", dest="dense_weight", type=float, default=None, help=dense_weight_help)
+
+
+INDEX_KINDS = ("exact", "hnsw", "ivf", "auto")  # hf_cocodr.retrieval.ann's (not imported: it loads numpy)
+
+
+def add_index_flags(p: argparse.ArgumentParser, scope: str) -> None:
+    """``--index`` and ``--index-exact-max-docs``: the dense index, as ``evaluate`` and ``mteb --hybrid`` take it
+    (:mod:`hf_cocodr.retrieval.ann`); ``scope`` prefixes their help (``"with --hybrid: "``)."""
+    p.add_argument(
+        "--index",
+        default="auto",
+        help=f"{scope}the dense index, one of {', '.join(INDEX_KINDS)} (default auto: exact search up to "
+        "--index-exact-max-docs documents, HNSW beyond; an approximate index's recall@100 against exact search is "
+        "measured and recorded in the JSON's index)",
+    )
+    p.add_argument(
+        "--index-exact-max-docs",
+        dest="index_exact_max_docs",
+        type=int,
+        default=1_000_000,
+        help=f"{scope}the largest corpus --index auto searches exactly (default 1000000)",
+    )
+
+
+def index_flags(args) -> dict[str, object]:
+    """The :class:`~hf_cocodr.retrieval.ann.IndexChoice` fields ``--index`` and ``--index-exact-max-docs`` give,
+    refused with one line (naming the flag) before any work when wrong."""
+    if args.index not in INDEX_KINDS:
+        raise UsageError(f"--index must be one of {', '.join(INDEX_KINDS)}, got {args.index!r}")
+    _positive("--index-exact-max-docs", args.index_exact_max_docs)
+    return {"kind": args.index, "exact_max_docs": args.index_exact_max_docs}
 
 
 def add_overwrite_flag(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..rundir.run_record import RunFolder, fingerprint, read_record
 from ..utils import atomic_write_text
-from .main import UsageError, add_fusion_flags, add_overwrite_flag, register
+from .main import UsageError, add_fusion_flags, add_index_flags, add_overwrite_flag, index_flags, register
 
 logger = logging.getLogger("hf_cocodr.cli")
 
@@ -72,6 +72,7 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
         "labels) through mteb's search protocol; --model-name names the hybrid (model_type hybrid)",
     )
     add_fusion_flags(p, "with --hybrid: the dense system's weight in [0, 1] instead of the fitted one")
+    add_index_flags(p, "with --hybrid: ")
     p.add_argument(
         "--dense-model-name",
         default=None,
@@ -112,6 +113,14 @@ def _run_mteb(args, _rest) -> int:
     fusion = {k: v for k, v in given if v is not None}
     if (fusion or args.dense_model_name) and not args.hybrid:
         raise UsageError("--fusion / --dense-weight / --fusion-normalize / --dense-model-name need --hybrid")
+    given_index = index_flags(args)
+    index = None  # the default: results files keep the inputs earlier runs recorded
+    if given_index != {"kind": "auto", "exact_max_docs": 1_000_000}:
+        if not args.hybrid:
+            raise UsageError("--index / --index-exact-max-docs need --hybrid (mteb searches the dense model itself)")
+        from ..retrieval.ann import IndexChoice
+
+        index = IndexChoice(**given_index).check()  # faiss for an approximate kind, before any work
     if args.hybrid:
         from ..retrieval.fusion import FusionConfig
 
@@ -152,6 +161,7 @@ def _run_mteb(args, _rest) -> int:
             fusion=fusion or None,
             dense_model_name=args.dense_model_name,
             provenance=run.record["results"],
+            index=index,
         )
     finally:
         run.release()

@@ -1,4 +1,5 @@
-"""Exact dense retrieval evaluation on a BEIR folder: encode, index, search top-k, score with pytrec_eval."""
+"""Dense retrieval evaluation on a BEIR folder: encode, index (exact, or approximate beyond a size), search top-k, score
+with pytrec_eval."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
+from ..retrieval.ann import ApproximateIndex, IndexChoice, index_choice
 from ..retrieval.encoding import build_index, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
 from ..retrieval.fusion import FusionConfig
@@ -50,8 +52,9 @@ def evaluate_retrieval(
     hybrid: bool = False,
     fusion: FusionConfig | dict | None = None,
     session: EncodingSession | None = None,
+    index: IndexChoice | str = "auto",
 ) -> dict[str, Any]:
-    """Evaluate a SentenceTransformer on a BEIR split with exact search.
+    """Evaluate a SentenceTransformer on a BEIR split with exact search (or, beyond a size, approximate: ``index``).
 
     The corpus is encoded as ``title + " " + text`` in length-sorted batches and streamed into an exact
     inner-product index (faiss ``IndexFlatIP`` when installed, torch otherwise); the model's own similarity is
@@ -77,6 +80,9 @@ def evaluate_retrieval(
             the normalisation and weight used and, when fitted, how (``"fit"``).
         session: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession` (its precision, its encoding cache,
             its fits); default: a fresh one (fp32, nothing cached or kept).
+        index: ``auto`` (exact search up to 1,000,000 documents, HNSW beyond), ``exact``, ``hnsw``, ``ivf`` or an
+            :class:`~hf_cocodr.retrieval.ann.IndexChoice`; an approximate index's kind, parameters and recall@100
+            against exact search are the result's ``"index"``.
 
     Returns:
         A dict with ``ndcg@10``, ``recall@100``, ``mrr@10`` (and the other cut-offs), ``num_queries``,
@@ -84,6 +90,7 @@ def evaluate_retrieval(
     """
 
     check_encode_precision(encode_precision)
+    choice = index_choice(index, backend)
     session = session if session is not None else EncodingSession()
     if encode_precision == "fp32" and session.precision == "bf16":
         encode_precision = "bf16"  # inside a run whose corpus encodings are bf16 (the recipe's encode_precision)
@@ -103,6 +110,7 @@ def evaluate_retrieval(
             backend=backend,
             show_progress_bar=show_progress_bar,
             session=session,
+            index=choice,
         )
         qids = list(queries["_id"])
         q_emb = encode_texts(
@@ -128,6 +136,8 @@ def evaluate_retrieval(
         index_backend=index.backend,
         encode_precision=encode_precision,
     )
+    if isinstance(index, ApproximateIndex):
+        result["index"] = index.record
     if hybrid:
 
         def encode_for_fit(texts: list[str], kind: str) -> np.ndarray:
@@ -163,7 +173,7 @@ def evaluate_retrieval(
 def _hybrid_result(
     dense_result,
     model,
-    index: DenseIndex,
+    index: DenseIndex | ApproximateIndex,
     order,
     corpus,
     qids,
@@ -236,6 +246,8 @@ def _hybrid_result(
             "search_seconds": round(bm25_s, 3),
         },
     )
+    if "index" in dense_result:  # the dense index the hybrid searched: approximate
+        out["index"] = dense_result["index"]
     return out, run
 
 

@@ -18,6 +18,7 @@ _LAZY = {
     "model_similarity": "encoding",
     "EncodingSession": "session",
     "DenseIndex": "index",
+    "IndexChoice": "ann",
     "BM25Index": "index",
     "kmeans": "index",
     "FusionConfig": "fusion",

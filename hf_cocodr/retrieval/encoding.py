@@ -1,6 +1,7 @@
-"""Encoding and exact dense search: the model's query/document encodings, the corpus streamed into an exact index in
+"""Encoding and dense search: the model's query/document encodings, the corpus streamed into an exact index in
 length-sorted chunks (in a run's :class:`~hf_cocodr.retrieval.session.EncodingSession`: read from the encoding cache, or
-kept for reuse), and a search's top-``k`` as a run."""
+kept for reuse; an approximate one built from it beyond a size, :mod:`~hf_cocodr.retrieval.ann`), and a search's
+top-``k`` as a run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..data.beir import column_array, doc_text
 from ..modeling.precision import encoding_autocast
 from ..rundir.run_record import model_fingerprint
 from . import encoding_cache
+from .ann import ApproximateIndex, IndexChoice, build_approximate, index_choice
 from .index import DenseIndex, check_finite
 from .session import EncodingSession
 
@@ -96,7 +98,8 @@ def build_index(
     show_progress_bar: bool = True,
     on_chunk=None,
     session: EncodingSession | None = None,
-) -> tuple[DenseIndex, np.ndarray]:
+    index: IndexChoice | str = "exact",
+) -> tuple[DenseIndex | ApproximateIndex, np.ndarray]:
     """Encode a corpus dataset in length-sorted chunks and stream the vectors into an exact index, in the
     ``session``'s precision (:func:`encode_texts`).
 
@@ -104,8 +107,24 @@ def build_index(
     one chunk of embeddings, never a second full copy (with a caching ``session``, a second copy is written to the
     disk cache, and a cached encoding is served instead of encoding again, :mod:`~hf_cocodr.retrieval.
     encoding_cache`; with a reusing one, an index this session built for the same weights, corpus and settings is
-    returned). ``on_chunk(n_done)`` is called after every chunk.
+    returned). ``on_chunk(n_done)`` is called after every chunk. ``index``: ``exact`` (default), or the
+    :class:`~hf_cocodr.retrieval.ann.IndexChoice` that makes an approximate index from the exact one (its rows in the
+    same order, its recall in ``.record``); a bad choice is refused before a document is encoded.
     """
+    choice = index_choice(index, backend)
+    exact, order = _build_exact_index(
+        model, corpus, batch_size, max_length, chunk_docs, backend, show_progress_bar, on_chunk, session
+    )
+    kind = choice.resolve(len(order), backend)
+    if kind == "exact":
+        return exact, order
+    return build_approximate(exact.reconstruct_all(), kind, choice, exact=exact), order
+
+
+def _build_exact_index(
+    model, corpus, batch_size, max_length, chunk_docs, backend, show_progress_bar, on_chunk, session
+) -> tuple[DenseIndex, np.ndarray]:
+    """:func:`build_index`'s exact index and order."""
     from tqdm.auto import tqdm
 
     session = session if session is not None else EncodingSession()
@@ -165,7 +184,7 @@ def build_index(
 
 
 def search_run(
-    index: DenseIndex,
+    index: DenseIndex | ApproximateIndex,
     order: np.ndarray,
     doc_ids,
     query_ids: list[str],

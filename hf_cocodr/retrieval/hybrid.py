@@ -50,6 +50,7 @@ from ..modeling.loading import load_encoder
 from ..rundir.run_record import model_fingerprint
 from ..storage import carry_over
 from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolved_path
+from .ann import APPROXIMATE_KINDS, ApproximateIndex, IndexChoice, build_approximate, index_choice, read_approximate
 from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
 from .fusion import FusionConfig, fuse
 from .fusion_fit import log_fit
@@ -62,8 +63,11 @@ FORMAT_VERSION = 1
 EMBEDDINGS_FILE = "dense_embeddings.npy"
 DOC_IDS_FILE = "doc_ids.json"
 BM25_FOLDER = "bm25"
+ANN_FILE = (
+    "dense_index.faiss"  # an approximate dense index (faiss.write_index); an exact one is rebuilt from the vectors
+)
 # the entries save() writes; anything else in a saved retriever's folder is the user's and is carried over
-HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, HYBRID_FILE)
+HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, ANN_FILE, HYBRID_FILE)
 # the fields of hybrid.json that record paths (or a Hub id) as data: written as they are, never redacted (a model
 # folder whose name has the shape of a Hub token must still be found), as the document ids are
 DATA_FIELDS = ("model", "corpus")
@@ -110,15 +114,19 @@ class HybridRetriever:
         fusion: FusionConfig,
         meta: dict[str, Any],
         session: EncodingSession | None = None,
+        dense_index: ApproximateIndex | None = None,
     ):
         from .index import DenseIndex
 
         self.model = model
         self.doc_ids = list(doc_ids)
         self._embeddings = embeddings
-        self.dense_index = DenseIndex(embeddings.shape[1], capacity=len(embeddings))
-        if len(embeddings):
-            self.dense_index.add(embeddings)
+        if dense_index is not None:  # an approximate index over the embeddings (their rows, in the same order)
+            self.dense_index = dense_index
+        else:
+            self.dense_index = DenseIndex(embeddings.shape[1], capacity=len(embeddings))
+            if len(embeddings):
+                self.dense_index.add(embeddings)
         self._order: np.ndarray | None = None  # index row -> document row (None: the same)
         self.bm25 = bm25
         self.fusion = fusion
@@ -179,6 +187,7 @@ class HybridRetriever:
         doc_max_length: int | None = None,
         show_progress_bar: bool = False,
         session: EncodingSession | None = None,
+        index: IndexChoice | str = "auto",
     ) -> HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
@@ -189,10 +198,14 @@ class HybridRetriever:
         as ``dense_weight`` is used as is. ``queries``: the queries it will rank, if known (their text only; no
         judgments): the fit makes its pseudo-queries as easy for BM25 as they are. ``fit=False`` leaves a fusion
         still to fit unfitted, for :meth:`fit_fusion` to fit once the queries are known (search refuses until then).
-        ``session``: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession` (its precision, cache and fits)."""
-        from .encoding import build_index, model_similarity
+        ``session``: the run's :class:`~hf_cocodr.retrieval.session.EncodingSession` (its precision, cache and fits).
+        ``index``: the dense index (:mod:`~hf_cocodr.retrieval.ann`): ``auto`` (exact up to 1,000,000 documents, HNSW
+        beyond), ``exact``, ``hnsw``, ``ivf`` or an :class:`~hf_cocodr.retrieval.ann.IndexChoice`; an approximate
+        one's kind, parameters and measured recall@100 are ``meta["index"]``, saved and loaded with it."""
+        from .encoding import model_similarity
         from .index import BM25Index
 
+        choice = index_choice(index)  # a bad choice is refused before any work
         fusion = _fusion(fusion)
         # a model held in memory only (an unsaved Router model) has no reference: None, and load asks for model=
         model_ref = str(model) if isinstance(model, (str, os.PathLike)) else _model_ref(model)
@@ -211,19 +224,9 @@ class HybridRetriever:
         bm25 = BM25Index(texts, name=str(corpus) if isinstance(corpus, (str, os.PathLike)) else None)
         bm25_s = time.perf_counter() - t1
         t0 = time.perf_counter()
-        index, order = build_index(
-            st,
-            dataset,
-            batch_size=batch_size,
-            max_length=doc_max_length,
-            show_progress_bar=show_progress_bar,
-            session=session,
+        embeddings, dense_index = _dense_part(
+            st, dataset, batch_size, doc_max_length, show_progress_bar, session, choice
         )
-        in_index_order = index.reconstruct_all()
-        del index
-        embeddings = np.empty_like(in_index_order)
-        embeddings[order] = in_index_order  # back to corpus order
-        del in_index_order
         dense_s = time.perf_counter() - t0
         empty_rows = _empty_rows(texts, corpus)
         meta = {
@@ -241,8 +244,10 @@ class HybridRetriever:
             "empty_rows": empty_rows,
             "build_seconds": {"dense": round(dense_s, 2), "bm25": round(bm25_s, 2)},
         }
+        if dense_index is not None:
+            meta["index"] = dense_index.record
         logger.info("hybrid retriever over %d documents: dense %.1f s, BM25 %.1f s", len(ids), dense_s, bm25_s)
-        built = cls(st, ids, embeddings, bm25, fusion, meta, session)
+        built = cls(st, ids, embeddings, bm25, fusion, meta, session, dense_index=dense_index)
         built._texts, built._batch_size = texts, batch_size
         if fit:
             built.fit_fusion(queries)
@@ -383,6 +388,10 @@ class HybridRetriever:
             **self.meta,
             "bm25": self.bm25.config(),
         }
+        approximate = isinstance(self.dense_index, ApproximateIndex)
+        record.pop("index", None)
+        if approximate:  # what the saved faiss index is, and its measured recall
+            record["index"] = self.dense_index.record
         record["doc_ids_sha256"] = doc_ids_digest(self.doc_ids)
         record["empty_rows"] = [int(r) for r in self.empty_rows]
         record.pop("model_relative_to_folder", None)
@@ -399,6 +408,8 @@ class HybridRetriever:
             # the folder as a whole is atomic
             (tmp / DOC_IDS_FILE).write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
             self.bm25.save(tmp / BM25_FOLDER)
+            if approximate:
+                self.dense_index.write(tmp / ANN_FILE)
             atomic_write_text(tmp / HYBRID_FILE, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
             if out.is_dir():  # the user's entries beside a saved retriever stay
                 for entry in out.iterdir():
@@ -489,6 +500,7 @@ class HybridRetriever:
                 f"{folder / BM25_FOLDER}: the BM25 index cannot be read ({' '.join(str(e).split())[:200]}); this "
                 "saved hybrid retriever is damaged: build it again"
             ) from None
+        dense_index = _read_dense_index(folder, info, embeddings.shape[1]) if "index" in info else None
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
             got = corpus_fingerprint(ids, texts)
@@ -544,7 +556,7 @@ class HybridRetriever:
                 model_fingerprint=fp,
                 document_encoder=document_encoder_key(st),
             )
-        return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta, session)
+        return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta, session, dense_index=dense_index)
 
 
 def _whole(value, low: int = 0) -> bool:
@@ -608,6 +620,8 @@ def _check_record(info_file: Path, info: dict[str, Any]) -> None:
             raise ConfigError(f"{info_file}: bm25.{field} is missing; this saved hybrid retriever is damaged")
         if not ok(bm25[field]):
             raise _wrong_type(info_file, f"bm25.{field}", bm25[field], expected)
+    if "index" in info:
+        _check_index_record(info_file, info["index"])
     unknown = sorted(set(info["fusion"]) - set(FusionConfig.__dataclass_fields__))
     if unknown:
         raise _wrong_type(
@@ -622,6 +636,39 @@ def _check_record(info_file: Path, info: dict[str, Any]) -> None:
         raise ConfigError(
             f"{info_file}: {e}; this saved hybrid retriever is damaged or was edited: build it again"
         ) from None
+
+
+def _check_index_record(info_file: Path, record) -> None:
+    """Refuse, naming the field, an approximate index's record that is not ``{kind, params, recall@100, sample}``."""
+    if not isinstance(record, dict):
+        raise _wrong_type(info_file, "index", record, "a mapping")
+    if record.get("kind") not in APPROXIMATE_KINDS:
+        raise _wrong_type(info_file, "index.kind", record.get("kind"), f"one of {APPROXIMATE_KINDS}")
+    params = record.get("params")
+    needed = {"hnsw": ("ef_search",), "ivf": ("nprobe",)}[record["kind"]]
+    if not isinstance(params, dict) or not all(_whole(params.get(p), 1) for p in needed):
+        raise _wrong_type(
+            info_file, "index.params", params, f"a mapping with {', '.join(needed)} (whole numbers >= 1)"
+        )
+
+
+def _read_dense_index(folder: Path, info: dict[str, Any], dim: int) -> ApproximateIndex:
+    """The approximate index a retriever was saved with, checked against its vectors (count, dimension)."""
+    file = folder / ANN_FILE
+    kind = info["index"]["kind"]
+    index_choice(kind)  # faiss installed, or one line naming the extra
+    if not file.is_file():
+        raise ConfigError(f"{file}: missing ({HYBRID_FILE} records a {kind} index); this saved hybrid is damaged")
+    try:
+        index = read_approximate(file, info["index"])
+    except (RuntimeError, OSError, AttributeError) as e:
+        raise ConfigError(f"{file}: not a readable {kind} faiss index ({' '.join(str(e).split())[:200]})") from None
+    if index.ntotal != info["num_docs"] or index.dim != dim:
+        raise ConfigError(
+            f"{file}: {index.ntotal} vectors of dimension {index.dim}, expected {info['num_docs']} of dimension {dim}; "
+            "this saved hybrid retriever is damaged: build it again"
+        )
+    return index
 
 
 def _saved_fusion(info: dict[str, Any]) -> FusionConfig:
@@ -651,6 +698,29 @@ def _saved_model_ref(folder: Path, info: dict[str, Any]) -> str:
     if not Path(ref).is_absolute() and not Path(ref).exists() and (folder / ref).exists():
         return str(resolved_path(folder / ref))
     return ref
+
+
+def _dense_part(st, dataset, batch_size, doc_max_length, show_progress_bar, session, choice: IndexChoice):
+    """The documents' vectors in corpus order, and the approximate index over them that ``choice`` makes (None: exact
+    search, which the retriever builds from the vectors), its recall measured against the exact index built here."""
+    from .encoding import build_index
+
+    exact, order = build_index(
+        st,
+        dataset,
+        batch_size=batch_size,
+        max_length=doc_max_length,
+        show_progress_bar=show_progress_bar,
+        session=session,
+    )
+    in_index_order = exact.reconstruct_all()
+    embeddings = np.empty_like(in_index_order)
+    embeddings[order] = in_index_order  # back to corpus order
+    del in_index_order
+    kind = choice.resolve(len(embeddings))
+    if kind == "exact":
+        return embeddings, None
+    return embeddings, build_approximate(embeddings, kind, choice, exact=exact, exact_order=order)
 
 
 def _empty_rows(texts: list[str], corpus) -> list[int]:

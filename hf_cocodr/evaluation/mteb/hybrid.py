@@ -60,16 +60,22 @@ class HybridSearchModel:
         fusion: a :class:`~hf_cocodr.retrieval.fusion.FusionConfig` or its fields; default: the package's (normalisation and
             weight fitted per corpus). After each task, :attr:`fusions` maps its name to the fusion used (what was
             fitted and how).
+        index: the dense index (:mod:`~hf_cocodr.retrieval.ann`); :attr:`indexes` maps a task searched with an
+            approximate one to its record (kind, parameters, recall@100).
     """
 
-    def __init__(self, model, meta=None, fusion=None, batch_size: int = 64, doc_max_length: int | None = None):
+    def __init__(
+        self, model, meta=None, fusion=None, batch_size: int = 64, doc_max_length: int | None = None, index="auto"
+    ):
         self.model = model
+        self.index_choice = index
         self.mteb_model_meta = meta
         self.fusion = _fusion_config(fusion)
         self.batch_size = batch_size
         self.doc_max_length = doc_max_length
         self.retriever = None
         self.fusions: dict[str, dict[str, Any]] = {}
+        self.indexes: dict[str, dict[str, Any]] = {}
 
     def index(self, corpus, *, task_metadata, hf_split: str, hf_subset: str, encode_kwargs, num_proc=None, **kwargs):
         """Encode the task's corpus and index it for BM25; the fusion (unless a weight was given) is fitted to it when
@@ -83,6 +89,7 @@ class HybridSearchModel:
             fit=False,
             batch_size=int((encode_kwargs or {}).get("batch_size", self.batch_size)),
             doc_max_length=self.doc_max_length,
+            index=self.index_choice,
         )
 
     def search(
@@ -110,6 +117,8 @@ class HybridSearchModel:
         name = getattr(task_metadata, "name", None) or "task"
         fusion = self.retriever.fusion
         self.fusions[name] = asdict(fusion)
+        if "index" in self.retriever.meta:  # an approximate dense index: its kind, parameters and recall@100
+            self.indexes[name] = self.retriever.meta["index"]
         logger.info(
             "%s: hybrid fusion %s (%s), dense weight %s", name, fusion.rule, fusion.normalize, fusion.dense_weight
         )

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...modeling.loading import _hub_has_modules_json, load_encoder
 from ...provenance import resolve_hub_id
+from ...retrieval.ann import index_choice
 from .common import DEFAULT_LANGUAGES, check_model_name, check_revision, warnings_quiet
 from .meta import model_meta_for, model_revision, read_training_info
 from .model import mteb_model
@@ -123,7 +124,13 @@ _SKIPPED = {
     True: "results are already in the output folder, not computed by this run (overwrite=True runs it again)",
 }
 # how a results file's inputs that differ from this run's are named
-_WHAT_DIFFERS = {"model": "model", "data": "data", "system": "system (dense or hybrid)", "fusion": "fusion"}
+_WHAT_DIFFERS = {
+    "model": "model",
+    "data": "data",
+    "system": "system (dense or hybrid)",
+    "fusion": "fusion",
+    "index": "dense index",
+}
 
 
 def _system(hybrid: bool, fusion) -> dict[str, Any]:
@@ -215,6 +222,7 @@ def run_mteb(
     fusion=None,
     dense_model_name: str | None = None,
     provenance: dict[str, Any] | None = None,
+    index=None,
 ) -> dict[str, Any]:
     """Evaluate a model with ``mteb.evaluate`` on a local BEIR split and/or built-in MTEB tasks.
 
@@ -250,6 +258,9 @@ def run_mteb(
         dense_model_name: with ``hybrid``: how ``model_meta.json`` names the dense part (default: the Hub id given,
             else the base model mteb knows for a model no hf_cocodr stage trained, else the last component of the
             model's folder: never a local path, and never labelled with the hybrid's revision).
+        index: with ``hybrid``: the dense index (``auto``, ``exact``, ``hnsw``, ``ivf`` or an :class:`~hf_cocodr.
+            retrieval.ann.IndexChoice`, default ``auto``); a task searched with an approximate one has ``"index"``
+            (its kind, parameters and recall@100).
         provenance: what computed each results file in ``output_folder``: its path relative to the folder →
             ``{"model": content hash of the model, "data": the task's dataset revision, "system", ...}``, as
             ``hf-cocodr mteb`` keeps it in the folder's owner record; updated in place as files are written. With
@@ -274,6 +285,7 @@ def run_mteb(
         revision = check_revision(revision)
     if batch_size is None or batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    choice = None if index is None else index_choice(index)  # a bad index is refused before any work
     if folder is None and not tasks:
         raise ValueError(
             "nothing to evaluate: give a BEIR folder (DATA_DIR) or MTEB task names (--tasks SciFact,...)."
@@ -291,13 +303,15 @@ def run_mteb(
 
         dense_ref, dense_revision = _dense_part(model_ref, meta, dense_model_name)
         meta = hybrid_model_meta(meta, model_name, fusion, dense_ref, dense_revision)
-        encoder = HybridSearchModel(model, meta, fusion, batch_size=batch_size)
+        encoder = HybridSearchModel(model, meta, fusion, batch_size=batch_size, index=choice or "auto")
     else:
         encoder = mteb_model(model, meta)
     cache = mteb.ResultCache(output_folder)
     encode_kwargs = {"batch_size": int(batch_size), "show_progress_bar": False}
     summary: dict[str, Any] = {}
     system = _system(hybrid, fusion)
+    if hybrid and choice is not None:  # a results file computed with another index is computed again
+        system["index"] = asdict(choice)
     model_hash = model_revision(model) if provenance is not None else None
     for task in [*local_tasks, *task_objects, *builtin]:
         name = task.metadata.name
@@ -326,6 +340,8 @@ def run_mteb(
             summary[task_result.task_name] = {**_summarise(task_result), "file": str(file)}
             if hybrid and task_result.task_name in encoder.fusions:
                 summary[task_result.task_name]["fusion"] = encoder.fusions[task_result.task_name]
+            if hybrid and task_result.task_name in encoder.indexes:
+                summary[task_result.task_name]["index"] = encoder.indexes[task_result.task_name]
         if provenance is not None:
             provenance[rel] = inputs
     # ResultCache.save_to_cache writes model_meta.json next to the task files, as if it were a task's results
