@@ -13,6 +13,7 @@ import pytest
 import hf_cocodr.cli.mteb  # noqa: F401  (registers the mteb command)
 from hf_cocodr import evaluate_retrieval, load_encoder
 from hf_cocodr.cli import main
+from hf_cocodr.utils import faiss_available
 
 MODEL_NAME = "test-org/tiny-hybrid"
 REVISION = "fedcba9876543210"
@@ -140,3 +141,15 @@ def test_an_asymmetric_model_is_run_by_mteb_through_its_routes(wide_model, tiny_
     start = evaluate_retrieval(load_encoder(wide_model), tiny_beir, "dev", show_progress_bar=False, batch_size=16)
     keys = [k for k in ours if k.startswith(("ndcg@", "mrr@", "map@"))]
     assert any(abs(ours[k] - start[k]) > 1e-4 for k in keys)
+
+
+@pytest.mark.skipif(not faiss_available(), reason="an approximate index needs faiss")
+def test_an_approximate_index_is_recorded_per_task_and_sets_the_files_inputs(wide_model, tiny_beir, tmp_path):
+    code, stdout = _mteb(wide_model, tiny_beir, tmp_path / "o", "--hybrid", "--index", "ivf")
+    assert code == 0
+    task = json.loads(stdout.strip().splitlines()[-1])["tasks"]["toy-dev"]
+    assert task["index"]["kind"] == "ivf" and 0.0 <= task["index"]["recall@100"] <= 1.0
+    assert task["index"]["sample"]["queries"] == 80  # every document of the tiny corpus (fewer than 1,000)
+    # the same folder with the default index: a file computed with another index is computed again, not skipped
+    code, stdout = _mteb(wide_model, tiny_beir, tmp_path / "o", "--hybrid")
+    assert code == 0 and "skipped" not in json.loads(stdout.strip().splitlines()[-1])["tasks"]["toy-dev"]
