@@ -42,6 +42,7 @@ from cpu_budget import (  # noqa: E402
     gain_cell,
     load_text,
     pinned_run,
+    row_folder,
     start_line,
     study_inputs,
 )
@@ -132,12 +133,9 @@ def cpu_model() -> str:
 
 
 def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
-    folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
-    row_file = folder / "row.json"
-    if row_file.is_file():
-        return json.loads(row_file.read_text())
-    shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
-    folder.mkdir(parents=True)
+    folder, done = row_folder(ns, arm, seed)
+    if done is not None:
+        return done
     out, cache = folder / "run", folder / "cache"
     cmd = command(arm, seed, ns, data, model, out)
     from hf_cocodr.utils import native_bf16
@@ -154,7 +152,7 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     ).stdout.strip()
     if row["returncode"] == 0:
         row.update(read_run(out, data))
-    row_file.write_text(json.dumps(row, indent=2) + "\n")
+    (folder / "row.json").write_text(json.dumps(row, indent=2) + "\n")
     # the row keeps what it needs: the run's caches and checkpoints go (the models stay for a later look)
     shutil.rmtree(cache, ignore_errors=True)
     return row

@@ -191,13 +191,22 @@ def pinned_run(folder: Path, cmd: list[str], cache: Path) -> dict:
     return row
 
 
-def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
+def row_folder(ns, arm: str, seed: int) -> tuple[Path, dict | None]:
+    """The folder of one row (``WORK/budget<minutes>/<arm>/seed<seed>``) and its finished row, if it has one; else
+    the folder emptied and made again for a cold start (no output folder, an empty cache: the study wrote it all)."""
     folder = Path(ns.work) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}"
     row_file = folder / "row.json"
     if row_file.is_file():
-        return json.loads(row_file.read_text())
-    shutil.rmtree(folder, ignore_errors=True)  # a cold start: no output folder, an empty cache
+        return folder, json.loads(row_file.read_text())
+    shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    return folder, None
+
+
+def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
+    folder, done = row_folder(ns, arm, seed)
+    if done is not None:
+        return done
     out, cache = folder / "run", folder / "cache"
     if parse_arm(arm)[2]:  # a repeated run's cache (and every fixed-steps row's): a copy of the warm one
         shutil.copytree(warm_cache(ns, data, model), cache)
@@ -205,7 +214,7 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     row = {"arm": arm, "seed": seed, **pinned_run(folder, cmd, cache)}
     if row["returncode"] == 0:
         row.update(read_run(out, data))
-    row_file.write_text(json.dumps(row, indent=2) + "\n")
+    (folder / "row.json").write_text(json.dumps(row, indent=2) + "\n")
     return row
 
 
