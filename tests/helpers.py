@@ -4,12 +4,15 @@ other). Fixtures live in ``conftest.py``; tiny models and data in ``tiny.py``; t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from hf_cocodr import CocoPretrainer, CocoPretrainingArguments
 from hf_cocodr.cli import main
+from hf_cocodr.recipe import Stage
+from hf_cocodr.recipe.outputs import export_final
 
 # ------------------------------------------------------------------------------------- the recipe at its smallest
 CFG = dict(
@@ -193,3 +196,17 @@ def push_capturing(model: Path, monkeypatch, repo_id: str, token: str) -> dict[s
     monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
     push_directory(model, repo_id, token=token)
     return uploaded
+
+
+# ------------------------------------------------------------------------------------- a toy stage of the contract
+class Copy(Stage):
+    """A stage that "trains" two steps by copying the model it starts from."""
+
+    name = "polish"
+
+    def cost(self, throughput, cfg, **kw):
+        return replace(super().cost(throughput, cfg, **kw), steps=2)
+
+    def train(self, run):
+        export_final(Path(run.current), run.dir(self.name))
+        return {"steps": 2}

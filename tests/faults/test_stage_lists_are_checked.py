@@ -5,30 +5,16 @@ is one ``ConfigError`` naming the stage, and nothing is written."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
+from helpers import Copy
 
 from hf_cocodr.errors import ConfigError
-from hf_cocodr.recipe import STAGES, Stage, run_recipe
-from hf_cocodr.recipe.outputs import export_final
+from hf_cocodr.recipe import STAGES, run_recipe
 from hf_cocodr.recipe.settings import check_whole, option
 
 ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
-
-
-class Copy(Stage):
-    """A stage that "trains" two steps by copying the model it starts from."""
-
-    name = "polish"
-
-    def cost(self, throughput, cfg, **kw):
-        return replace(super().cost(throughput, cfg, **kw), steps=2)
-
-    def train(self, run):
-        export_final(Path(run.current), run.dir(self.name))
-        return {"steps": 2}
 
 
 def named(name, settings=None, base=Copy):

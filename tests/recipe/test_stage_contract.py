@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import Copy
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_cocodr.errors import ConfigError
@@ -184,19 +185,6 @@ def test_a_stage_without_a_trainer_or_fixed_steps_is_refused_by_name_not_divided
             stages=(NoTrainer,),
             max_minutes=0.5,
         )
-
-
-class Copy(Stage):
-    """A stage that "trains" two steps by copying the model it starts from."""
-
-    name = "polish"
-
-    def cost(self, throughput, cfg, **kw):
-        return replace(super().cost(throughput, cfg, **kw), steps=2)
-
-    def train(self, run):
-        export_final(Path(run.current), run.dir(self.name))
-        return {"steps": 2}
 
 
 def _mentions_distillation(record) -> list[str]:
