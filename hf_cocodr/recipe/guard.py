@@ -13,9 +13,17 @@ Two readings, each pooled over the target corpora (per-corpus figures are record
 
 For each reading, the per-query difference adapted − start gives a mean and its standard error; the reading is
 ``worse`` where the mean is below −1 SE, ``better`` above +1 SE, else ``no difference``. The verdict rests on the
-pseudo-queries' reading (:data:`DECIDES`); the queries' reading is recorded beside it. With ``guard: on`` (the
-default) the recipe keeps the starting model when the verdict is ``worse``; ``guard: record`` reads and records
-only. The reading lands in ``recipe.json`` (``guard``) and on the model card, whatever it decides.
+pseudo-queries' reading (:data:`DECIDES`); the queries' reading is recorded beside it.
+
+A reading the run's own training shaped cannot vouch for it (:func:`shaped_readings`): where the distillation trained
+the document side (``distill_side: full``) on pseudo-queries, the model learnt the very task the held-out
+pseudo-queries test (find the document a crop, a keyword set or a title came from), of every kind, held out or not,
+and their reading says ``better`` whatever the labels say. Such a reading is recorded and not decided on, and a
+verdict left with no reading to rest on is ``unverified``.
+
+Verdicts: ``worse``, ``unverified`` or ``not worse``. With ``guard: on`` (the default) the recipe keeps the starting
+model unless the verdict is ``not worse``; ``guard: record`` reads and records only. The reading lands in
+``recipe.json`` (``guard``) and on the model card, whatever it decides.
 """
 
 from __future__ import annotations
@@ -73,9 +81,29 @@ def paired_reading(start: list[float], adapted: list[float]) -> dict[str, Any]:
     }
 
 
-def decide(readings: dict[str, dict[str, Any]]) -> str:
-    """``worse`` where a reading the verdict rests on (:data:`DECIDES`) is ``worse``, else ``not worse``."""
-    return "worse" if any(readings.get(r, {}).get("verdict") == "worse" for r in DECIDES) else "not worse"
+def decide(readings: dict[str, dict[str, Any]], shaped: dict[str, str] | None = None) -> str:
+    """``worse`` where a reading the verdict rests on (:data:`DECIDES`, less the ``shaped`` ones) is ``worse``;
+    ``unverified`` where each such reading read was shaped by the training (:func:`shaped_readings`); else ``not
+    worse`` (no reading to decide on included: the corpus gave no held-out pseudo-query)."""
+    shaped = shaped or {}
+    deciding = [r for r in DECIDES if r not in shaped]
+    if any(readings.get(r, {}).get("verdict") == "worse" for r in deciding):
+        return "worse"
+    unvouched = any(r in readings for r in DECIDES if r in shaped) and not any(r in readings for r in deciding)
+    return "unverified" if unvouched else "not worse"
+
+
+def shaped_readings(cfg, counts: list[dict[str, Any]]) -> dict[str, str]:
+    """The guard's readings the run's training shaped, each with why (recorded, not decided on): the pseudo-queries'
+    where the distillation trained the document side (``distill_side: full``) on pseudo-queries (``counts``: each
+    target corpus's query counts, :class:`~hf_cocodr.recipe.queries.CorpusQueries`)."""
+    pseudo = sum(int(c.get("train_pseudo_queries", 0)) for c in counts)
+    if pseudo and cfg.distill_side == "full" and DistillStage().enabled(cfg):
+        return {
+            "pseudo_queries": "the distillation trained the document side on pseudo-queries drawn from the corpus, "
+            "the task the held-out pseudo-queries test (docs/adaptation.md, \"The label-free guard\")"
+        }
+    return {}
 
 
 def _read_rows(path) -> list[dict[str, Any]]:
@@ -171,17 +199,21 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
             corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
     readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
     kinds = {k: paired_reading(v["start"], v["adapted"]) for k, v in by_kind.items()}
-    # the decision rests on the pseudo-queries' reading (their labels are the corpus's own); the queries' reading is
-    # recorded beside it, not decided on: against the teacher's top 10 it read a distilled model worse on held-out
-    # queries where the labels read it better (docs/adaptation.md, "The label-free guard")
-    verdict = decide(readings)
-    worse = verdict == "worse"
+    # the decision rests on the pseudo-queries' reading (their labels are the corpus's own) where the training did not
+    # shape it; the queries' reading is recorded beside it, not decided on: against the teacher's top 10 it read a
+    # distilled model worse on held-out queries where the labels read it better (docs/adaptation.md, "The label-free
+    # guard")
+    shaped = shaped_readings(cfg, [q.counts for q in run.queries])
+    verdict = decide(readings, shaped)
+    worse = verdict != "not worse"
     keep_start = worse and cfg.guard == "on"
     record = {
         "mode": cfg.guard,
         "readings": readings,
         "corpora": corpora,
         "pseudo_query_kinds": kinds,
+        "decided_on": [r for r in DECIDES if r in readings and r not in shaped],
+        **({"not_decided": shaped} if shaped else {}),
         "verdict": verdict,
         "kept": "start" if keep_start else "adapted",
         "seconds": round(time.perf_counter() - t0, 1),
@@ -191,12 +223,17 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
         f"{v['verdict']})"
         for r, v in readings.items()
     )
+    why = (
+        f"the adapted model reads worse than the starting model beyond one standard error ({said})"
+        if verdict == "worse"
+        else f"no reading can vouch for the adapted model: {'; '.join(shaped.values())} ({said})"
+    )
     if keep_start:
-        record["why"] = f"the adapted model reads worse than the starting model beyond one standard error ({said})"
-        logger.warning("guard: the starting model is kept: %s", record["why"])
+        record["why"] = why
+        logger.warning("guard: the starting model is kept: %s (guard: record keeps the adapted one)", why)
         run.current = run.model
     elif worse:
-        logger.warning("guard (record only): the adapted model reads worse than the starting model (%s)", said)
+        logger.warning("guard (record only): %s", why)
     else:
         logger.info("guard: the adapted model is kept (%s)", said)
     return record

@@ -179,6 +179,7 @@ def read_run(out: Path, data: Path) -> dict:
         "capped_at_passes": rec.get("capped_at_passes", {}),
         "stopped_by_deadline": rec.get("stopped_by_deadline", {}),
         "schedule": rec.get("schedule", {}).get("kind"),
+        "distill": distill_settings(rec),
         "queries": rec.get("queries"),
         "guard": rec.get("guard"),
         "stage_seconds": rec.get("stage_seconds"),
@@ -201,13 +202,37 @@ def label_reading(rows: list[dict], label: str) -> tuple[float, float, str]:
     return mean, half, verdict
 
 
+def distill_settings(rec: dict) -> dict:
+    """The resolved settings of a run's ``recipe.json`` that decide which guard readings its training shaped."""
+    cfg = rec.get("config") or {}
+    return {k: cfg.get(k) for k in ("distill_side", "skip_distill", "pseudo_queries", "target_queries")}
+
+
+def guard_verdict(r: dict, corpus: str) -> str:
+    """The guard's verdict of one row on one corpus: its held-out pseudo-queries' reading, or ``unverified`` where
+    the run's training shaped that reading (:func:`hf_cocodr.recipe.guard.shaped_readings`: the guard rests nothing
+    on it, and ``guard: on`` keeps the start). A row written before the guard knew this rule is re-read under it
+    from its recorded settings (marked ``*``; its reading is unchanged, in the Rows table)."""
+    from types import SimpleNamespace
+
+    from hf_cocodr.recipe.guard import shaped_readings
+
+    g = r.get("guard") or {}
+    reading = g.get("corpora", {}).get(corpus, {}).get("pseudo_queries")
+    if not reading:
+        return "–"
+    if "decided_on" in g:
+        return "unverified" if "pseudo_queries" in (g.get("not_decided") or {}) else reading["verdict"]
+    settings = r.get("distill")
+    if settings is None:
+        return reading["verdict"]
+    shaped = shaped_readings(SimpleNamespace(**settings), list((r.get("queries") or {}).values()))
+    return "unverified*" if "pseudo_queries" in shaped else reading["verdict"]
+
+
 def guard_reading(rows: list[dict], corpus: str) -> str:
-    """The guard's verdicts of an arm's rows on one corpus (its held-out pseudo-queries), seed by seed."""
-    out = []
-    for r in rows:
-        g = (r.get("guard") or {}).get("corpora", {}).get(corpus, {}).get("pseudo_queries")
-        out.append(g["verdict"] if g else "–")
-    return ", ".join(out)
+    """The guard's verdicts of an arm's rows on one corpus (:func:`guard_verdict`), seed by seed."""
+    return ", ".join(guard_verdict(r, corpus) for r in rows)
 
 
 CORPUS_OF = {"SciFact dev": "scifact", "NFCorpus dev": "nfcorpus"}
@@ -218,9 +243,10 @@ def agreement_lines(rows: dict) -> list[str]:
     beyond its spread (better or worse), does each seed's guard reading of that corpus (its held-out pseudo-queries)
     say the same: not worse where the labels read better, worse where they read worse?"""
     out = [
-        "The guard against the labels (where the labels see a difference beyond the spread; the guard's reading of the "
-        "corpus, seed by seed: agrees when it is not `worse` for a model the labels read better, `worse` for one they "
-        "read worse):",
+        "The guard against the labels (where the labels see a difference beyond the spread; the guard's verdict on the "
+        "corpus, seed by seed: agrees when it keeps the adapted model (not `worse`, not `unverified`) for a model the "
+        "labels read better, and keeps the start (`worse` or `unverified`) for one they read worse; `*`: a row written "
+        "before the guard's current rule, re-read under it from its recorded settings):",
         "",
         "| arm | corpus | labels: mean gain ± half-range (seeds) | labels say | guard per seed | agrees |",
         "|---|---|---|---|---|---|",
@@ -232,14 +258,9 @@ def agreement_lines(rows: dict) -> list[str]:
             continue
         for _, label in EVALS:
             mean, half, says = label_reading(done, label)
-            verdicts = [
-                ((r.get("guard") or {}).get("corpora", {}).get(CORPUS_OF[label], {}).get("pseudo_queries") or {}).get(
-                    "verdict", "–"
-                )
-                for r in done
-            ]
+            verdicts = [guard_verdict(r, CORPUS_OF[label]) for r in done]
             if says in ("better", "worse"):
-                ok = [(v == "worse") == (says == "worse") for v in verdicts if v != "–"]
+                ok = [(v.rstrip("*") in ("worse", "unverified")) == (says == "worse") for v in verdicts if v != "–"]
                 agree, total = agree + sum(ok), total + len(ok)
                 agrees = f"{sum(ok)} of {len(ok)}"
             else:
@@ -361,6 +382,19 @@ def write_report(ns, rows: dict) -> None:
     )
 
 
+def study_rows(ns) -> dict:
+    """The cached rows; a row written before rows kept their distillation settings reads them from its run's
+    ``recipe.json`` (where the run folder is still there)."""
+    rows = cached_rows(ns)
+    base = Path(ns.work) / f"budget{ns.budget_minutes:g}"
+    for arm, by_seed in rows.items():
+        for seed, r in by_seed.items():
+            rec = base / arm / f"seed{seed}" / "run" / "recipe.json"
+            if "metrics" in r and "distill" not in r and rec.is_file():
+                r["distill"] = distill_settings(json.loads(rec.read_text()))
+    return rows
+
+
 def main() -> int:
     ns = parse()
     data, model = study_inputs(ns)
@@ -373,8 +407,8 @@ def main() -> int:
                 t0 = time.time()
                 row = run_row(arm, seed, ns, data, model)
                 print(f"{arm} seed {seed}: rc {row['returncode']}, {(time.time() - t0) / 60:.1f} min", flush=True)
-                write_report(ns, cached_rows(ns))
-    write_report(ns, cached_rows(ns))
+                write_report(ns, study_rows(ns))
+    write_report(ns, study_rows(ns))
     return 0
 
 

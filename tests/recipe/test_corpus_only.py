@@ -142,3 +142,53 @@ def test_the_verdict_rests_on_the_pseudo_queries_and_records_the_queries_reading
     assert queries["verdict"] == "worse"
     assert decide({"pseudo_queries": pseudo, "queries": queries}) == "not worse"
     assert decide({"pseudo_queries": queries}) == "worse"
+
+
+@pytest.mark.parametrize("mode", ["on", "record"])
+def test_the_guard_cannot_vouch_for_a_document_side_trained_on_pseudo_queries(tiny_st_dir, tiny_beir, tmp_path, mode):
+    """The whole model distilled on pseudo-queries learns what the held-out pseudo-queries test: their reading is
+    recorded and not decided on, the verdict is ``unverified``; ``guard: on`` exports the starting model and says
+    why, ``guard: record`` keeps the adapted one; the card says which."""
+    from sentence_transformers import SentenceTransformer
+
+    out = tmp_path / "out"
+    cfg = {**CFG, "distill_side": "full", "distill_steps": 2, "guard": mode}
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
+    guard = json.loads((out / "recipe.json").read_text())["guard"]
+    assert guard["verdict"] == "unverified" and guard["decided_on"] == []
+    assert "document side on pseudo-queries" in guard["not_decided"]["pseudo_queries"]
+    assert guard["readings"]["pseudo_queries"]["queries"] > 0  # read and recorded all the same
+    texts = ["alpha beta gamma", "a query about kernels"]
+    start, final = SentenceTransformer(str(tiny_st_dir)), SentenceTransformer(str(out / "model"))
+    same = np.allclose(final.encode_document(texts), start.encode_document(texts), atol=1e-5)
+    card = (out / "model" / "README.md").read_text()
+    assert "reading is not decided on" in card
+    if mode == "on":
+        assert guard["kept"] == "start" and "no reading can vouch" in guard["why"] and same
+        assert "no reading could vouch for the adapted model, so this model is the starting model" in card
+    else:
+        assert guard["kept"] == "adapted" and not same  # (its document side trained)
+        assert "the guard recorded it only" in card
+
+
+def test_a_reading_the_training_shaped_is_not_decided_on():
+    """Hand-made readings: a shaped reading decides nothing (a better one cannot vouch, a worse one cannot refuse);
+    with no reading left to rest on the verdict is ``unverified``; the query side's run is decided as before."""
+    from types import SimpleNamespace
+
+    from hf_cocodr.recipe.guard import decide, paired_reading, shaped_readings
+
+    better = paired_reading([0.5, 0.6, 0.7, 0.4], [0.7, 0.8, 0.9, 0.6])
+    worse = paired_reading([0.5, 0.6, 0.7, 0.4], [0.3, 0.4, 0.55, 0.2])
+    assert better["verdict"] == "better" and worse["verdict"] == "worse"
+    shaped = {"pseudo_queries": "trained on them"}
+    assert decide({"pseudo_queries": better}, shaped) == "unverified"
+    assert decide({"pseudo_queries": worse}, shaped) == "unverified"
+    assert decide({"pseudo_queries": better}) == "not worse" and decide({"pseudo_queries": worse}) == "worse"
+    assert decide({"queries": worse}, shaped) == "not worse"  # no pseudo-query held out: nothing shaped was read
+    counts = [{"train_pseudo_queries": 10}, {"train_pseudo_queries": 0}]
+    full = SimpleNamespace(distill_side="full", skip_distill=False, target_queries=[], pseudo_queries=10)
+    assert set(shaped_readings(full, counts)) == {"pseudo_queries"}
+    assert shaped_readings(SimpleNamespace(**{**vars(full), "distill_side": "query"}), counts) == {}
+    assert shaped_readings(full, [{"train_pseudo_queries": 0}]) == {}  # the user's queries alone trained
+    assert shaped_readings(SimpleNamespace(**{**vars(full), "skip_distill": True}), counts) == {}

@@ -67,8 +67,8 @@ def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillatio
 
 def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_the_model(monkeypatch):
     """``distill_side: auto`` resolves to ``query`` on a CPU when the distillation starts from the starting model and
-    no WiSE-FT follows, to ``full`` where a stage trains before it, WiSE-FT follows or a GPU trains; a side the user
-    gives is kept; the choice and why are recorded."""
+    no WiSE-FT follows, to ``full`` where a stage trains before it, WiSE-FT follows or a GPU trains on the user's
+    queries alone; a side the user gives is kept; the choice and why are recorded."""
     queries = ["data/scifact:train"]
     monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: True)
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
@@ -84,6 +84,15 @@ def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_
     monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: False)
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
     assert cfg.distill_side == "full" and "GPU" in record["distill_side"]
+    # on a GPU too, a distillation on pseudo-queries trains the query side: the guard cannot vouch for a document
+    # side trained on them; one after COCO trains the whole model (and the guard says it cannot vouch for it)
+    cfg, record = choose_schedule(RecipeConfig(), False)
+    assert record["kind"] == "no_mlm_head" and cfg.pseudo_queries > 0
+    assert cfg.distill_side == "query" and "pseudo-queries" in record["distill_side"]
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries, pseudo_queries=100), False)
+    assert cfg.distill_side == "query"
+    cfg, record = choose_schedule(RecipeConfig(skip_coco=False), False)
+    assert cfg.distill_side == "full" and "COCO" in record["distill_side"]
 
 
 def test_the_recipe_trains_the_stages_the_rule_gives_each_kind_of_model(

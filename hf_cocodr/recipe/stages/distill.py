@@ -192,16 +192,23 @@ def trained_before(cfg: RecipeConfig, stages) -> list[str]:
 
 
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
-    """``(side, why)`` for ``distill_side: auto``: ``query`` on a CPU when the distillation runs, starts from the
-    starting model (no training stage before it, :func:`trained_before`) and no WiSE-FT follows it; ``full``
-    otherwise (why: the "Which side trains by default" paragraph of docs/adaptation.md)."""
+    """``(side, why)`` for ``distill_side: auto``: ``query`` when the distillation runs, starts from the starting
+    model (no training stage before it, :func:`trained_before`), no WiSE-FT follows it, and either the machine has no
+    GPU or the distillation trains on pseudo-queries; ``full`` otherwise (why: the "Which side trains by default"
+    paragraph of docs/adaptation.md)."""
     before = trained_before(cfg, stages)
-    if on_gpu:
+    pseudo = _pseudo(cfg) > 0
+    if on_gpu and not pseudo:
         return "full", "a GPU trains the whole model (the full distillation is the one measured there)"
     if before:
         return "full", f"{', '.join(before)} train(s) the model before the distillation"
     if cfg.wise_alpha is not None:
         return "full", "WiSE-FT follows, which cannot interpolate an asymmetric model"
+    if on_gpu:
+        return "query", (
+            "it trains on pseudo-queries: a document side trained on them learns what the guard's held-out "
+            "pseudo-queries test, so the guard could not vouch for it"
+        )
     return "query", "on a CPU the query side buys many more steps (a step encodes its queries only)"
 
 
