@@ -101,7 +101,7 @@ def shaped_readings(cfg, counts: list[dict[str, Any]]) -> dict[str, str]:
     if pseudo and cfg.distill_side == "full" and DistillStage().enabled(cfg):
         return {
             "pseudo_queries": "the distillation trained the document side on pseudo-queries drawn from the corpus, "
-            "the task the held-out pseudo-queries test (docs/adaptation.md, \"The label-free guard\")"
+            'the task the held-out pseudo-queries test (docs/adaptation.md, "The label-free guard")'
         }
     return {}
 
