@@ -115,7 +115,8 @@ class RecipeConfig(*CONFIG_BASES):
         "the label-free guard: before the export, the adapted and the starting model rank queries neither trained "
         "on (held-out pseudo-queries of the target corpora, and a held-out share of --target-queries, recorded); on: "
         "keep the starting model where the adapted one finds the held-out pseudo-queries' documents worse beyond one "
-        "standard error; record: read and record only; off",
+        "standard error, or where its training shaped that reading (a document side distilled on pseudo-queries); "
+        "record: read and record only; off",
         choices=("on", "record", "off"),
     )
     guard_queries: int = _opt(200, "held-out pseudo-queries per target corpus the guard reads")
