@@ -80,6 +80,12 @@ ARMS = {
         "@queries --distill-teacher-weight fit",
         "the `queries` row with the teacher's fusion fitted to each corpus (the saved hybrid's) instead of fixed",
     ),
+    # issue 49's lever for a student that fits its training queries better than unseen ones (SciFact): more and more
+    # varied queries, the corpus's pseudo-queries added to the user's
+    "queries-pq": (
+        f"@queries --pseudo-queries {N_PSEUDO // 2}",
+        f"the `queries` row with {N_PSEUDO // 2} pseudo-queries of the mix calibrated to the user's queries added",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit"],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
