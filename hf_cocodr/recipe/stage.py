@@ -38,6 +38,14 @@ _NOT_TRAJECTORY = (
 )
 JOINT = "joint"  # a Stage.reads condition: read under the joint schedule only (settings.is_joint)
 UNBUDGETED_STEPS = 500  # a stage's steps without a budget and without fixed steps
+
+
+def unbudgeted_steps(runs: bool, fixed: int | None) -> int:
+    """A stage's steps without a budget: 0 where it does not run, its ``fixed`` steps where set, else
+    :data:`UNBUDGETED_STEPS`."""
+    return 0 if not runs else (UNBUDGETED_STEPS if fixed is None else fixed)
+
+
 # What a probe trainer changes in a stage's training arguments: it writes nothing that outlives the probe.
 _PROBE_ARGUMENTS = dict(save_strategy="no", logging_strategy="no", logging_first_step=False, report_to="none")
 
@@ -155,7 +163,7 @@ class Stage:
         ``share_option`` (or ``<name>_share``) its share."""
         fixed = getattr(cfg, f"{self.name}_steps", None)
         if budget_s is None and plan is None:  # no budget: the steps it trains
-            fixed = 0 if not self.enabled(cfg) else (UNBUDGETED_STEPS if fixed is None else fixed)
+            fixed = unbudgeted_steps(self.enabled(cfg), fixed)
         cost = Cost(step_s=throughput.get(f"{self.name}_step_s", 0.0), steps=fixed)
         if budget_s is not None and plan is None:  # (only a budget is shared; the deadlines read no share)
             cost.share = float(getattr(cfg, self.share_option or f"{self.name}_share", 1.0))

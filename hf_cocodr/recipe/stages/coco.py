@@ -21,7 +21,7 @@ from ..settings import (
     gpu_bf16_default,
     option,
 )
-from ..stage import UNBUDGETED_STEPS, Cost, Stage, run_arguments, source_identity, split_runs, trajectory
+from ..stage import Cost, Stage, run_arguments, source_identity, split_runs, trajectory, unbudgeted_steps
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -113,7 +113,7 @@ class CocoStage(Stage):
         if budget_s is None and plan is None:  # no budget: a soup's runs are coco_run_steps long
             runs = NO_BUDGET_COCO_RUNS if soup else int(cfg.coco_runs)
             steps = cfg.coco_steps if cfg.coco_steps or not soup else cfg.coco_run_steps
-            cost.steps = 0 if cfg.skip_coco else (UNBUDGETED_STEPS if steps is None else steps)
+            cost.steps = unbudgeted_steps(not cfg.skip_coco, steps)
         else:
             runs = plan.runs_of(self.name) if plan is not None else None if soup else int(cfg.coco_runs)
         cost.runs, cost.run_steps, cost.loads = runs, cfg.coco_run_steps, int(self.enabled(cfg))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..settings import AUTO, Auto, check_choice, check_number, check_whole, gpu_bf16_default, is_joint, option
-from ..stage import UNBUDGETED_STEPS, Cost, Stage, trajectory
+from ..stage import Cost, Stage, trajectory, unbudgeted_steps
 from .finetune import _finetune_defaults, idro_trainer, train_idro
 
 if TYPE_CHECKING:
@@ -91,8 +91,7 @@ class TargetPairsStage(Stage):
         if is_joint(cfg):
             cost.step_s = 0.0
         if budget_s is None and plan is None:
-            steps = cfg.target_steps
-            cost.steps = 0 if cfg.target_pairs == "none" else (UNBUDGETED_STEPS if steps is None else steps)
+            cost.steps = unbudgeted_steps(cfg.target_pairs != "none", cfg.target_steps)
         return cost
 
     def arguments(self, run: RecipeRun) -> dict[str, Any]:
