@@ -154,6 +154,21 @@ def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[s
     return [list(r) for r in found]
 
 
+def _why(readings: dict[str, dict[str, Any]], verdict: str, shaped: dict[str, str]) -> tuple[str, str]:
+    """The readings in one line, and why the verdict is what it is."""
+    said = "; ".join(
+        f"{r}: {v['difference']:+.4f} ± {v['se'] if v['se'] is not None else 'n/a'} ({v['queries']} queries, "
+        f"{v['verdict']})"
+        for r, v in readings.items()
+    )
+    why = (
+        f"the adapted model reads worse than the starting model beyond one standard error ({said})"
+        if verdict == "worse"
+        else f"no reading can vouch for the adapted model: {'; '.join(shaped.values())} ({said})"
+    )
+    return said, why
+
+
 def guard_run(run: RecipeRun) -> dict[str, Any] | None:
     """Read the guard (see the module docstring) for the model the stages left (``run.current``) against the
     starting model; with ``guard: on`` and a ``worse`` reading, ``run.current`` becomes the starting model. Returns
@@ -218,16 +233,7 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
         "kept": "start" if keep_start else "adapted",
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    said = "; ".join(
-        f"{r}: {v['difference']:+.4f} ± {v['se'] if v['se'] is not None else 'n/a'} ({v['queries']} queries, "
-        f"{v['verdict']})"
-        for r, v in readings.items()
-    )
-    why = (
-        f"the adapted model reads worse than the starting model beyond one standard error ({said})"
-        if verdict == "worse"
-        else f"no reading can vouch for the adapted model: {'; '.join(shaped.values())} ({said})"
-    )
+    said, why = _why(readings, verdict, shaped)
     if keep_start:
         record["why"] = why
         logger.warning("guard: the starting model is kept: %s (guard: record keeps the adapted one)", why)
