@@ -53,7 +53,30 @@ def interpolate_state_dicts(
 def wise_ensemble(start_model, adapted_model, alpha: float):
     """Load the interpolation of ``start_model`` and ``adapted_model`` (two ``SentenceTransformer`` objects with the
     same architecture) into ``adapted_model`` and return it. Only the weights change: the adapted model's modules,
-    pooling, similarity and tokenizer are kept."""
+    pooling, similarity and tokenizer are kept.
+
+    An asymmetric adapted model (a ``Router`` of a query and a document route, each a copy of the plain starting
+    model's modules, as the query-side distillation saves it) is interpolated route by route with the starting
+    model's modules: its query route becomes ``(1 − α)·θ_start + α·θ_query``, and its document route, where it is the
+    starting model's frozen copy, stays the starting model's (an index built with the start stays valid)."""
+    from .asymmetric import document_modules, is_asymmetric, query_modules
+
+    if is_asymmetric(adapted_model) and not is_asymmetric(start_model):
+        base = list(start_model)
+        done: set[int] = set()
+        for route in (query_modules(adapted_model), document_modules(adapted_model)):
+            if len(route) != len(base):
+                raise ValueError(
+                    f"cannot ensemble weights: a route of the adapted model has {len(route)} modules, the starting "
+                    f"model {len(base)}"
+                )
+            for mine, theirs in zip(route, base):
+                if id(mine) in done:  # (a module after the router serves both routes: interpolated once)
+                    continue
+                done.add(id(mine))
+                mine.load_state_dict(interpolate_state_dicts(theirs.state_dict(), mine.state_dict(), alpha))
+        logger.info("WiSE-FT: each route = %.2f x starting model + %.2f x adapted route", 1.0 - alpha, alpha)
+        return adapted_model
     merged = interpolate_state_dicts(start_model.state_dict(), adapted_model.state_dict(), alpha)
     adapted_model.load_state_dict(merged)
     logger.info("WiSE-FT: weights = %.2f x starting model + %.2f x adapted model", 1.0 - alpha, alpha)

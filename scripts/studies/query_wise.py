@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-CORPORA = {"scifact": "SciFact dev", "nfcorpus": "NFCorpus dev"}
+CORPORA = {"scifact": "SciFact", "nfcorpus": "NFCorpus"}
 
 
 def parse() -> argparse.Namespace:
@@ -35,6 +35,12 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--budget-minutes", type=float, default=15.0)
     ap.add_argument("--work", default="outputs/query_wise")
     ap.add_argument("--report", default="reports/studies/query_wise")
+    ap.add_argument(
+        "--splits",
+        default="dev",
+        help="labelled splits to score: dev (where alpha is chosen), and for students that never saw a real query, "
+        "pool-distinct (the `queries` arm's training queries: SciFact's even-id half, NFCorpus train) to confirm it",
+    )
     return ap.parse_args()
 
 
@@ -63,7 +69,12 @@ def measure(ns, arm: str, seed: int, alphas: list[float], start, session) -> dic
     folder = Path(ns.work) / arm / f"seed{seed}"
     out_file = folder / "row.json"
     row = json.loads(out_file.read_text()) if out_file.is_file() else {}
-    todo = [a for a in alphas if str(a) not in row]
+    splits = ns.splits.split(",")
+    todo = [
+        a
+        for a in alphas
+        if any(f"{label} {split}" not in row.get(str(a), {}) for label in CORPORA.values() for split in splits)
+    ]
     if not todo:
         return row
     model_dir = Path(ns.study) / f"budget{ns.budget_minutes:g}" / arm / f"seed{seed}" / "run" / "model"
@@ -73,12 +84,15 @@ def measure(ns, arm: str, seed: int, alphas: list[float], start, session) -> dic
     for alpha in todo:
         interpolate(student, start, alpha, saved)
         t0 = time.perf_counter()
-        scores = {}
+        scores = dict(row.get(str(alpha), {}))
         for name, label in CORPORA.items():
-            res = evaluate_retrieval(
-                student, data / name, split="dev", session=session, show_progress_bar=False, k_values=(10,)
-            )
-            scores[label] = res["ndcg@10"]
+            for split in splits:
+                if f"{label} {split}" in scores:
+                    continue
+                res = evaluate_retrieval(
+                    student, data / name, split=split, session=session, show_progress_bar=False, k_values=(10,)
+                )
+                scores[f"{label} {split}"] = res["ndcg@10"]
         row[str(alpha)] = {**scores, "seconds": round(time.perf_counter() - t0, 1)}
         folder.mkdir(parents=True, exist_ok=True)
         out_file.write_text(json.dumps(row, indent=2) + "\n")
@@ -97,22 +111,28 @@ def write_report(ns, rows: dict, alphas: list[float]) -> None:
         "alpha 1 is the student as trained, alpha 0 the starting model. Dense nDCG@10 on the dev splits; gain over "
         "alpha 0, mean ± half-range over the seeds.",
         "",
-        "| arm | alpha | seeds | SciFact dev gain | NFCorpus dev gain |",
-        "|---|---|---|---|---|",
+        "| arm | alpha | seeds | "
+        + " | ".join(f"{label} {split} gain" for split in ns.splits.split(",") for label in CORPORA.values())
+        + " |",
+        "|---|---|---|" + "---|" * (len(CORPORA) * len(ns.splits.split(","))),
     ]
     summary: dict = {}
     for arm, by_seed in rows.items():
         for alpha in alphas:
             cells = []
-            for label in CORPORA.values():
-                gains = [r[str(alpha)][label] - r["0.0"][label] for r in by_seed.values() if str(alpha) in r]
+            for label in [f"{c} {split}" for split in ns.splits.split(",") for c in CORPORA.values()]:
+                gains = [
+                    r[str(alpha)][label] - r["0.0"][label]
+                    for r in by_seed.values()
+                    if label in r.get(str(alpha), {}) and label in r.get("0.0", {})
+                ]
                 if not gains:
                     cells.append("")
                     continue
                 mean, half = statistics.mean(gains), (max(gains) - min(gains)) / 2
                 summary.setdefault(arm, {}).setdefault(str(alpha), {})[label] = [mean, half, len(gains)]
                 cells.append(f"{mean:+.4f} ± {half:.4f}")
-            lines.append(f"| {arm} | {alpha:g} | {len(by_seed)} | {cells[0]} | {cells[1]} |")
+            lines.append(f"| {arm} | {alpha:g} | {len(by_seed)} | " + " | ".join(cells) + " |")
     Path(ns.report).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(Path(f"{ns.report}.md"), "\n".join(lines) + "\n")
     atomic_write_json(Path(f"{ns.report}.json"), {"rows": rows, "summary": summary})

@@ -41,6 +41,39 @@ def test_wise_alpha_endpoints_are_exact_and_half_is_the_mean(tiny_st_dir):
     assert np.array_equal(merged.encode(texts), ref.encode(texts))
 
 
+def test_wise_of_a_query_side_model_interpolates_its_query_route_and_keeps_the_start_documents(tiny_st_dir):
+    """An asymmetric model (the query-side distillation's: a trained query route, the start's frozen document route)
+    interpolated with its plain starting model: the query vectors are those of the plain model holding the
+    interpolated weights (hand-made: start + alpha x (trained - start)), the document vectors stay the start's, and
+    alpha 1 / 0 give the trained / the starting query route exactly."""
+    from hf_cocodr import load_encoder
+    from hf_cocodr.modeling.asymmetric import query_modules, query_side_model
+
+    start = load_encoder(str(tiny_st_dir))
+    trained = _perturbed(tiny_st_dir, 5)  # what the query route learnt
+    texts = ["alpha beta", "gamma delta epsilon"]
+
+    def asymmetric():
+        model = query_side_model(load_encoder(str(tiny_st_dir)))
+        for mine, theirs in zip(query_modules(model), list(trained)):
+            mine.load_state_dict(theirs.state_dict())
+        return model
+
+    for alpha in (0.0, 0.3, 1.0):
+        merged = wise_ensemble(start, asymmetric(), alpha)
+        ref = load_encoder(str(tiny_st_dir))
+        ref.load_state_dict(
+            {
+                k: v + alpha * (trained.state_dict()[k] - v) if v.is_floating_point() else v
+                for k, v in start.state_dict().items()
+            }
+        )
+        assert np.allclose(merged.encode_query(texts), ref.encode_query(texts), atol=1e-6), alpha
+        assert np.array_equal(merged.encode_document(texts), start.encode_document(texts)), alpha
+    assert np.array_equal(wise_ensemble(start, asymmetric(), 1.0).encode_query(texts), trained.encode_query(texts))
+    assert np.array_equal(wise_ensemble(start, asymmetric(), 0.0).encode_query(texts), start.encode_query(texts))
+
+
 def test_wise_refuses_bad_alpha_and_mismatched_models(tiny_st_dir):
     s = {"w": torch.zeros(2, 3)}
     for bad in (-0.1, 1.5, float("nan")):

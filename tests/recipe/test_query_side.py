@@ -160,11 +160,28 @@ def test_a_query_side_run_saves_an_asymmetric_model_whose_document_route_is_the_
 def test_query_side_distillation_refuses_what_it_cannot_do(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
     with pytest.raises(ConfigError, match="distill_side must be one of auto, full, query"):
         RecipeConfig(distill_side="documents").validate()
-    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "wise_alpha": 0.5}
-    with pytest.raises(ConfigError, match="WiSE-FT cannot interpolate"):
-        run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "w", config=cfg)
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "skip_finetune": False, "finetune_steps": 2}
     with pytest.raises(ConfigError, match="source fine-tuning would train the model before it"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "f", config=cfg)
-    # both refused before any work: no folder claimed, no model loaded
-    assert not (tmp_path / "w").exists() and not (tmp_path / "f").exists()
+    # refused before any work: no folder claimed, no model loaded
+    assert not (tmp_path / "f").exists()
+
+
+def test_wise_after_a_query_side_distillation_interpolates_the_query_route(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """``wise_alpha`` after the query side: the exported model is the distillation's asymmetric model with its query
+    route interpolated toward the start (what :func:`~hf_cocodr.modeling.wise.wise_ensemble` gives the two), its
+    document route still the starting model's, so an index built with the start stays valid."""
+    from hf_cocodr.modeling.wise import wise_ensemble
+
+    out = tmp_path / "out"
+    cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "wise_alpha": 0.5, "guard": "record"}
+    run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
+    rec = json.loads((out / "recipe.json").read_text())
+    assert rec["steps_trained"]["distill"] == 3 and rec["config"]["wise_alpha"] == 0.5
+    start, final = load_encoder(str(tiny_bert_nomlm_dir)), load_encoder(str(out / "model"))
+    distilled = load_encoder(str(out / "distill"))
+    expected = wise_ensemble(start, load_encoder(str(out / "distill")), 0.5)
+    texts = ["alpha beta gamma", "a query about kernels"]
+    assert np.allclose(final.encode_query(texts), expected.encode_query(texts), atol=1e-6)
+    assert not np.allclose(final.encode_query(texts), distilled.encode_query(texts), atol=1e-4)
+    assert np.array_equal(final.encode_document(texts), start.encode_document(texts))

@@ -121,8 +121,9 @@ class DistillSettings:
         "distillation: what trains. full: the whole model, its candidates encoded in every step; query: the query "
         "side alone, against the starting model's frozen vectors of the corpus (a step encodes its queries only), "
         "saved as an asymmetric model (a sentence-transformers Router: queries through the adapted encoder, "
-        "documents through the starting one, so an index built with the starting model stays valid); auto: query "
-        "on a CPU where the distillation starts from the starting model and no WiSE-FT follows, full otherwise",
+        "documents through the starting one, so an index built with the starting model stays valid; a WiSE-FT after "
+        "it interpolates the query route alone); auto: query where the distillation starts from the starting model "
+        "on a CPU, or trains on pseudo-queries; full otherwise",
     )
     distill_max_passes: float | None = option(
         DISTILL_MAX_PASSES,
@@ -193,17 +194,15 @@ def trained_before(cfg: RecipeConfig, stages) -> list[str]:
 
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
     """``(side, why)`` for ``distill_side: auto``: ``query`` when the distillation runs, starts from the starting
-    model (no training stage before it, :func:`trained_before`), no WiSE-FT follows it, and either the machine has no
-    GPU or the distillation trains on pseudo-queries; ``full`` otherwise (why: the "Which side trains by default"
-    paragraph of docs/adaptation.md)."""
+    model (no training stage before it, :func:`trained_before`), and either the machine has no GPU or the
+    distillation trains on pseudo-queries; ``full`` otherwise (why: the "Which side trains by default" paragraph of
+    docs/adaptation.md). A WiSE-FT after it interpolates the query route alone."""
     before = trained_before(cfg, stages)
     pseudo = _pseudo(cfg) > 0
     if on_gpu and not pseudo:
         return "full", "a GPU trains the whole model (the full distillation is the one measured there)"
     if before:
         return "full", f"{', '.join(before)} train(s) the model before the distillation"
-    if cfg.wise_alpha is not None:
-        return "full", "WiSE-FT follows, which cannot interpolate an asymmetric model"
     if on_gpu:
         return "query", (
             "it trains on pseudo-queries: a document side trained on them learns what the guard's held-out "
@@ -214,18 +213,11 @@ def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, 
 
 def _check_query_side(cfg: RecipeConfig, trained: str | None) -> None:
     """Refuse ``distill_side: query`` where the distillation would not start from the starting model (``trained``
-    says why; its frozen documents are the starting model's vectors) or WiSE-FT would follow it (it cannot
-    interpolate an asymmetric model with the starting one)."""
+    says why; its frozen documents are the starting model's vectors)."""
     if trained:
         raise ConfigError(
             "distill_side query trains the query side against the starting model's document vectors, but "
             f"{trained}: switch the stages before it off, or set distill_side full"
-        )
-    if cfg.wise_alpha is not None:
-        raise ConfigError(
-            "distill_side query saves an asymmetric model (a query route and the starting model's document "
-            "route), which WiSE-FT cannot interpolate with the starting model: set wise_alpha none, or "
-            "distill_side full"
         )
 
 
@@ -499,8 +491,7 @@ class DistillStage(Stage):
 
     def check(self, cfg: RecipeConfig, stages) -> None:
         """Refuse, before any work, a query-side distillation (``distill_side: query``) that a stage before it would
-        start from another model (its frozen documents are the starting model's vectors) or WiSE-FT would follow
-        (it cannot interpolate an asymmetric model with the starting one)."""
+        start from another model (its frozen documents are the starting model's vectors)."""
         if cfg.distill_side == "query" and self.enabled(cfg):
             before = trained_before(cfg, stages)
             _check_query_side(cfg, f"{', '.join(before)} would train the model before it" if before else None)
@@ -509,7 +500,7 @@ class DistillStage(Stage):
     @staticmethod
     def query_side(run: RecipeRun) -> bool:
         """Whether the query side alone trains (``distill_side: query``); refused where the frozen document side
-        would not be the model the stage starts from, or a later stage would mix the two sides' weights."""
+        would not be the model the stage starts from."""
         if run.cfg.distill_side != "query":
             return False
         other = str(run.current) != str(run.model)
