@@ -7,6 +7,8 @@ dtype or row count; they follow the backend's device rules, so they also work un
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -100,8 +102,6 @@ def init_from_env() -> bool:
     """Join the process group a launcher such as ``torchrun`` describes (``RANK`` and ``WORLD_SIZE`` in the
     environment, world size > 1) unless one is initialised already: NCCL where CUDA is available, gloo otherwise.
     Returns whether this call initialised it (the caller then destroys it, :func:`destroy`)."""
-    import os
-
     if not (dist.is_available() and "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1):
         return False
     if dist.is_initialized():

@@ -126,6 +126,11 @@ def _rank_scratch(args) -> str | None:
     return scratch
 
 
+def _drop_scratch(scratch: str | None) -> None:
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _run_mteb(args, _rest) -> int:
     from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
@@ -191,8 +196,7 @@ def _run_mteb(args, _rest) -> int:
         )
     finally:
         run.release()
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
+        _drop_scratch(scratch)
     for name, scores in result["tasks"].items():
         if "skipped" in scores:  # this run computed no score for it: none is printed as this run's
             logger.info("%s: skipped: %s; results in %s", name, scores["skipped"], scores["file"])

@@ -11,7 +11,8 @@ same.
 
     python scripts/benchmarks/bench_shard.py [--docs 100000] [--queries 1000]
 
-Prints a table and writes ``reports/benchmarks/bench_shard.json`` (``--docs 2000`` is a smoke test).
+Prints a table and writes its JSON (``--output``; default: this script's name under ``reports/benchmarks``).
+``--docs 2000 --chunk-docs 250`` is a smoke test.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=1000)
-    ap.add_argument("--output", default="reports/benchmarks/bench_shard.json")
+    ap.add_argument("--output", default=str(Path("reports") / "benchmarks" / f"{Path(__file__).stem}.json"))
     ap.add_argument(
         "--chunk-docs",
         type=int,
