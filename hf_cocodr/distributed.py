@@ -7,6 +7,8 @@ dtype or row count; they follow the backend's device rules, so they also work un
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -47,6 +49,76 @@ def gather_rows(x: np.ndarray, total: int) -> np.ndarray:
     if len(out) != total:
         raise RuntimeError(f"gather_rows: the ranks hold {len(out)} rows together, expected {total}")
     return out
+
+
+def chunk_owner(index: int, size: int) -> int:
+    """The rank that encodes chunk ``index`` of a corpus's length-sorted order among ``size`` ranks.
+
+    Whole chunks are dealt in a snake (ranks 0, 1, ..., N-1, then N-1, ..., 0, then 0, 1, ...): each chunk is a
+    contiguous slice of the sorted order, so its documents are batched exactly as one process batches them (the same
+    vectors, bit for bit on the same threads), while the ranks share long and short documents alike. Contiguous runs
+    of chunks would give rank 0 all the longest documents (the first of a length-sorted order), and dealing round
+    robin (0, 1, 0, 1, ...) would give it the longer chunk of every pair."""
+    if size <= 1:
+        return 0
+    r = index % (2 * size)
+    return r if r < size else 2 * size - 1 - r
+
+
+def agree(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (a collective; ``ok`` itself in one process)."""
+    if world()[0] == 1:
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def raise_together(error: BaseException | None) -> None:
+    """Raise on every rank when any rank failed (a collective): the failing rank re-raises its own ``error``, the
+    others a :class:`RuntimeError` naming it, so no rank is left waiting in a later collective."""
+    size, rank = world()
+    if size == 1:
+        if error is not None:
+            raise error
+        return
+    errors: list[str | None] = [None] * size
+    dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: {error}")
+    if error is not None:
+        raise error
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        r, e = failed[0]
+        raise RuntimeError(f"rank {r} of {size} failed ({e}); this rank stops with it")
+
+
+def _collective_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def init_from_env() -> bool:
+    """Join the process group a launcher such as ``torchrun`` describes (``RANK`` and ``WORLD_SIZE`` in the
+    environment, world size > 1) unless one is initialised already: NCCL where CUDA is available, gloo otherwise.
+    Returns whether this call initialised it (the caller then destroys it, :func:`destroy`)."""
+    if not (dist.is_available() and "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1):
+        return False
+    if dist.is_initialized():
+        return False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    return True
+
+
+def destroy() -> None:
+    """Leave the process group (after a barrier, so no rank exits while another still talks to it)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def shard_range(total: int) -> tuple[int, int]:

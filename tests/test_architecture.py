@@ -63,7 +63,6 @@ LAYERS = {
     "export": 4,
     "model_card": 4,
     "provenance": 4,
-    "distributed": 4,
     # search: the teacher's rankings -> the hybrid retriever -> encoding (below training and evaluation)
     "retrieval": 4.5,
     "data": 4.7,
@@ -79,6 +78,8 @@ LAYERS = {
     "retrieval.fusion": 4.8,
     "retrieval.pseudo_queries": 4.8,
     "rundir": 4.9,
+    # the collectives (torch only): below the corpus encoding the ranks share
+    "distributed": 4.9,
     "errors": 5,
     "utils": 5,
     "citations": 5,

@@ -118,7 +118,7 @@ def _run_evaluate(args, _rest) -> int:
     )
     run = result.pop("run")
     print_result_line(result)  # before --output is written: a failing write never loses the metrics
-    if args.output:
+    if args.output and _writes_outputs():
         write_result(args.output, result, run)
     return 0
 
@@ -267,6 +267,15 @@ register("export", "write a correct sentence-transformers directory (CLS/dot by 
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
+def _writes_outputs() -> bool:
+    """Whether this process writes the command's files: one process, or rank 0 of a ``torchrun`` launch."""
+    if not _launched_distributed():
+        return True
+    from ..distributed import is_main
+
+    return is_main()
+
+
 def _positive(flag: str, value: int | float) -> None:
     if value is None or value <= 0:
         raise UsageError(f"{flag} must be positive, got {value}")
@@ -348,6 +357,37 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# the commands whose corpus encodings the ranks of a ``torchrun`` launch share (retrieval.encoding.encode_sharded)
+DISTRIBUTED_COMMANDS = ("evaluate", "mteb")  # (mteb: its hybrid's corpus)
+
+
+def _launched_distributed() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def _run_distributed(cmd: Command, args, rest: list[str]) -> int:
+    """``cmd`` on one rank of a ``torchrun`` launch: it joins the process group (gloo on CPU, NCCL on CUDA) unless
+    one is initialised, every rank computes the same result (sharing the corpus encodings), and only rank 0 prints
+    it and writes the outputs: its output is exactly one process's. The other ranks log warnings only."""
+    from .. import distributed as D
+
+    created = D.init_from_env()
+    try:
+        if D.is_main():
+            setup_logging(logging.WARNING if args.quiet else logging.INFO)
+            return cmd.run(args, rest)
+        setup_logging(logging.WARNING)
+        with open(os.devnull, "w") as devnull:
+            stdout, sys.stdout = sys.stdout, devnull
+            try:
+                return cmd.run(args, rest)
+            finally:
+                sys.stdout = stdout
+    finally:
+        if created:
+            D.destroy()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
@@ -364,6 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = COMMANDS[args.command]
         if rest and not cmd.passthrough:
             raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+        if args.command in DISTRIBUTED_COMMANDS and _launched_distributed():
+            return _run_distributed(cmd, args, rest)
         setup_logging(logging.WARNING if args.quiet else logging.INFO)
         return cmd.run(args, rest)
     except (UsageError, *USER_ERRORS) as e:

@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from ..rundir.run_record import RunFolder, fingerprint, read_record
@@ -101,6 +104,33 @@ def _claim_results_folder(args, tasks: list[str]) -> RunFolder:
     return run
 
 
+def _rank_scratch(args) -> str | None:
+    """Under ``torchrun``, a rank other than 0 computes what rank 0 computes (the hybrid's corpus encoding is
+    shared, :func:`~hf_cocodr.retrieval.encoding.encode_sharded`) but writes into a scratch copy of the results
+    folder, taken before rank 0 writes anything (so it skips or computes the same tasks); returns that scratch
+    folder (None on rank 0 and in one process), which the caller removes."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or "RANK" not in os.environ:
+        return None
+    from ..distributed import barrier, is_main
+
+    scratch = None
+    if not is_main():
+        scratch = tempfile.mkdtemp(prefix="hf-cocodr-mteb-rank-")
+        out = Path(scratch) / "results"
+        if Path(args.output_folder).expanduser().is_dir():
+            shutil.copytree(Path(args.output_folder).expanduser(), out, symlinks=True)
+        args.output_folder = str(out)
+        if args.prediction_folder:
+            args.prediction_folder = str(Path(scratch) / "predictions")
+    barrier()  # rank 0 writes only once the others hold their copy
+    return scratch
+
+
+def _drop_scratch(scratch: str | None) -> None:
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _run_mteb(args, _rest) -> int:
     from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
@@ -141,6 +171,7 @@ def _run_mteb(args, _rest) -> int:
         raise FileNotFoundError(
             f"model {args.model!r} not found: no such directory, and it is not a Hub id (org/name)."
         )
+    scratch = _rank_scratch(args)
     run = _claim_results_folder(args, tasks)
     try:
         result = run_mteb(
@@ -165,6 +196,7 @@ def _run_mteb(args, _rest) -> int:
         )
     finally:
         run.release()
+        _drop_scratch(scratch)
     for name, scores in result["tasks"].items():
         if "skipped" in scores:  # this run computed no score for it: none is printed as this run's
             logger.info("%s: skipped: %s; results in %s", name, scores["skipped"], scores["file"])

@@ -20,7 +20,7 @@ from ..modeling.limits import check_lengths
 from ..modeling.loading import load_encoder
 from ..modeling.precision import check_encode_precision, encoding_precision
 from ..retrieval.ann import ApproximateIndex, IndexChoice, index_choice
-from ..retrieval.encoding import build_index, encode_texts, search_run
+from ..retrieval.encoding import build_index, encode_documents, encode_texts, search_run
 from ..retrieval.encoding_cache import fit_fusion_once
 from ..retrieval.fusion import FusionConfig
 from ..retrieval.fusion_fit import log_fit
@@ -142,8 +142,13 @@ def evaluate_retrieval(
 
         def encode_for_fit(texts: list[str], kind: str) -> np.ndarray:
             with encoding_precision(model, encode_precision) as enc:
-                length = query_max_length if kind == "query" else doc_max_length
-                return encode_texts(enc, texts, kind=kind, batch_size=batch_size, max_length=length, session=session)
+                if kind == "document":  # (shared by the ranks under torch.distributed, as the corpus is)
+                    return encode_documents(
+                        enc, texts, batch_size=batch_size, max_length=doc_max_length, session=session
+                    )
+                return encode_texts(
+                    enc, texts, kind=kind, batch_size=batch_size, max_length=query_max_length, session=session
+                )
 
         result, run = _hybrid_result(
             result,

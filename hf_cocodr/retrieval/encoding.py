@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
+from .. import distributed as D
 from ..data.beir import column_array, doc_text
 from ..modeling.precision import encoding_autocast
 from ..rundir.run_record import model_fingerprint
@@ -23,6 +25,7 @@ from .session import EncodingSession
 logger = logging.getLogger(__name__)
 
 SUPPORTED_SIMILARITIES = ("dot", "cosine")
+CHUNK_DOCS = 4096  # documents a chunk of a corpus encoding (the unit the ranks share, see encode_sharded)
 
 
 def model_similarity(model) -> str:
@@ -93,7 +96,7 @@ def build_index(
     *,
     batch_size: int = 64,
     max_length: int | None = None,
-    chunk_docs: int = 4096,
+    chunk_docs: int | None = None,
     backend: str = "auto",
     show_progress_bar: bool = True,
     on_chunk=None,
@@ -110,6 +113,11 @@ def build_index(
     returned). ``on_chunk(n_done)`` is called after every chunk. ``index``: ``exact`` (default), or the
     :class:`~hf_cocodr.retrieval.ann.IndexChoice` that makes an approximate index from the exact one (its rows in the
     same order, its recall in ``.record``); a bad choice is refused before a document is encoded.
+
+    Under ``torch.distributed`` (``torchrun``) the ranks share the encoding (:func:`encode_sharded`: each encodes
+    its chunks of the length-sorted order, ``chunk_docs`` documents each, default :data:`CHUNK_DOCS`) and each holds
+    the whole index, equal to the one a single process builds; every rank must call it. The disk cache is served
+    only where every rank can read it, and written by rank 0.
     """
     choice = index_choice(index, backend)
     exact, order = _build_exact_index(
@@ -124,9 +132,7 @@ def build_index(
 def _build_exact_index(
     model, corpus, batch_size, max_length, chunk_docs, backend, show_progress_bar, on_chunk, session
 ) -> tuple[DenseIndex, np.ndarray]:
-    """:func:`build_index`'s exact index and order."""
-    from tqdm.auto import tqdm
-
+    """:func:`build_index`'s exact index and order (encoded through :func:`encode_sharded`)."""
     session = session if session is not None else EncodingSession()
     t0 = time.perf_counter()
     normalize = model_similarity(model) == "cosine"
@@ -143,7 +149,7 @@ def _build_exact_index(
     order = length_sorted_order(corpus)
     dim = model.get_embedding_dimension()
     index = DenseIndex(dim, backend=backend, capacity=len(order))
-    cached = encoding_cache.load(disk_key) if disk_key is not None else None
+    cached = _load_cached(disk_key)
     if cached is not None:  # the same exact index a fresh encoding builds: the vectors in length-sorted order
         index.add(cached[order])
         logger.info("corpus of %d documents: its encoding by this model is read from the cache", len(corpus))
@@ -152,35 +158,142 @@ def _build_exact_index(
             on_chunk(len(order))
         session.keep(key, index, order, dim)
         return index, order
-    bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
-    for s in range(0, len(order), chunk_docs):
-        rows = order[s : s + chunk_docs]
+
+    def encode_rows(rows: np.ndarray) -> np.ndarray:
         b = corpus[rows]
         titles = b.get("title") or [""] * len(rows)
         texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
-        index.add(
-            encode_texts(
-                model,
-                texts,
-                kind="document",
-                batch_size=batch_size,
-                max_length=max_length,
-                normalize=normalize,
-                session=session,
-            )
+        return encode_texts(
+            model,
+            texts,
+            kind="document",
+            batch_size=batch_size,
+            max_length=max_length,
+            normalize=normalize,
+            session=session,
         )
-        bar.update(len(rows))
+
+    def add(vectors: np.ndarray, done: int) -> None:
+        index.add(vectors)
         if on_chunk is not None:
-            on_chunk(s + len(rows))
-    bar.close()
+            on_chunk(done)
+
+    encode_sharded(encode_rows, order, dim, add, chunk_docs=chunk_docs, show_progress_bar=show_progress_bar)
     if disk_key is not None:
         seconds = time.perf_counter() - t0
-        embeddings = np.empty((len(order), dim), dtype=np.float32)
-        embeddings[order] = index.reconstruct_all()  # back to corpus row order
-        encoding_cache.store(disk_key, embeddings, seconds)
+        if D.is_main():  # one writer: every rank holds the same vectors
+            embeddings = np.empty((len(order), dim), dtype=np.float32)
+            embeddings[order] = index.reconstruct_all()  # back to corpus row order
+            encoding_cache.store(disk_key, embeddings, seconds)
+            del embeddings
         encoding_cache.record(session, disk_key, "encoded", seconds)
     session.keep(key, index, order, dim)
     return index, order
+
+
+def _load_cached(disk_key: dict | None) -> np.ndarray | None:
+    """The cached vectors for ``disk_key`` where every rank can read them (a cache on a disk the ranks share), else
+    None on every rank (then all encode): the ranks never split between a cached and a fresh encoding."""
+    cached = encoding_cache.load(disk_key) if disk_key is not None else None
+    if disk_key is not None and not D.agree(cached is not None):
+        return None
+    return cached
+
+
+def encode_sharded(
+    encode_rows: Callable[[np.ndarray], np.ndarray],
+    order: np.ndarray,
+    dim: int,
+    emit: Callable[[np.ndarray, int], None],
+    *,
+    chunk_docs: int | None = None,
+    show_progress_bar: bool = False,
+) -> None:
+    """The one path every corpus encoding takes: ``order`` (the rows to encode, in the order their vectors are
+    wanted) is cut into chunks of ``chunk_docs`` (default :data:`CHUNK_DOCS`), each chunk's rows are encoded by
+    ``encode_rows(rows)`` into a ``(len(rows), dim)`` float32 array, and ``emit(vectors, n_done)`` receives the chunks
+    in order.
+
+    Under ``torch.distributed`` each rank encodes its own chunks (dealt by :func:`~hf_cocodr.distributed.
+    chunk_owner`: whole contiguous slices of ``order``, so a chunk is batched exactly as one process batches it) and
+    every chunk is then broadcast from its rank, so every rank's ``emit`` receives the same vectors in the same order:
+    the same index everywhere, equal to one process's. A rank may have no chunk (a corpus of fewer chunks than ranks).
+    It is a collective: every rank must call it, with the same ``order`` and ``chunk_docs``. A rank that fails to
+    encode makes every rank raise (:func:`~hf_cocodr.distributed.raise_together`). In one process it encodes and emits
+    chunk by chunk (peak memory: one chunk)."""
+    from tqdm.auto import tqdm
+
+    chunk = int(chunk_docs or CHUNK_DOCS)
+    if chunk < 1:
+        raise ValueError(f"chunk_docs must be >= 1, got {chunk_docs!r}")
+    spans = [(s, min(s + chunk, len(order))) for s in range(0, len(order), chunk)]
+    size, rank = D.world()
+    bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar or rank != 0)
+    if size == 1:
+        for s, e in spans:
+            emit(_checked(encode_rows(order[s:e]), e - s, dim), e)
+            bar.update(e - s)
+        bar.close()
+        return
+    mine: dict[int, np.ndarray] = {}
+    error: BaseException | None = None
+    try:
+        for i, (s, e) in enumerate(spans):
+            if D.chunk_owner(i, size) == rank:
+                mine[i] = _checked(encode_rows(order[s:e]), e - s, dim)
+                bar.update(size * (e - s))  # (rank 0's view: the ranks advance together)
+    except Exception as e:  # every rank must hear of it before the broadcasts
+        error = e
+    bar.close()
+    D.raise_together(error)
+    for i, (_, e) in enumerate(spans):
+        emit(D.broadcast_array(mine.pop(i, None), src=D.chunk_owner(i, size)), e)
+
+
+def _checked(vectors: np.ndarray, rows: int, dim: int) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.shape != (rows, dim):
+        raise RuntimeError(
+            f"a chunk of {rows} documents was encoded into vectors of shape {vectors.shape}, expected ({rows}, {dim})"
+        )
+    return vectors
+
+
+def encode_documents(
+    model,
+    texts: list[str],
+    *,
+    batch_size: int = 64,
+    max_length: int | None = None,
+    normalize: bool | None = None,
+    session: EncodingSession | None = None,
+    chunk_docs: int | None = None,
+) -> np.ndarray:
+    """:func:`encode_texts` of documents given as texts (``kind="document"``), through :func:`encode_sharded`: under
+    ``torch.distributed`` the ranks share the chunks (contiguous slices of ``texts``) and each returns all the
+    vectors, in ``texts`` order (a collective: every rank calls it with the same texts). The fusion fit encodes its
+    documents with it."""
+    dim = model.get_embedding_dimension()
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    at = [0]
+
+    def encode_rows(rows: np.ndarray) -> np.ndarray:
+        return encode_texts(
+            model,
+            [texts[i] for i in rows],
+            kind="document",
+            batch_size=batch_size,
+            max_length=max_length,
+            normalize=normalize,
+            session=session,
+        )
+
+    def emit(vectors: np.ndarray, done: int) -> None:
+        out[at[0] : done] = vectors
+        at[0] = done
+
+    encode_sharded(encode_rows, np.arange(len(texts)), dim, emit, chunk_docs=chunk_docs)
+    return out
 
 
 def search_run(

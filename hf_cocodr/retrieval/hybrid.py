@@ -263,7 +263,7 @@ class HybridRetriever:
         texts = self._texts
         if texts is None:
             raise ConfigError("fit_fusion needs the corpus's texts, which only a retriever made by build holds")
-        from .encoding import encode_texts
+        from .encoding import encode_documents, encode_texts
 
         st, batch_size, doc_max_length = self.model, self._batch_size, self.meta.get("doc_max_length")
         session = self.session
@@ -274,9 +274,7 @@ class HybridRetriever:
             texts,
             self.embeddings,
             lambda q: encode_texts(st, q, kind="query", batch_size=batch_size, session=session),
-            lambda d: encode_texts(
-                st, d, kind="document", batch_size=batch_size, max_length=doc_max_length, session=session
-            ),
+            lambda d: encode_documents(st, d, batch_size=batch_size, max_length=doc_max_length, session=session),
             settings=(session.precision, None, doc_max_length),  # (precision, query and document token limits)
             queries=queries,
             bm25=self.bm25,

@@ -21,7 +21,7 @@ from ..data.teacher import (
 from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..storage import cache_dir
-from .encoding import encode_texts
+from .encoding import encode_documents, encode_texts
 from .fusion import FusionConfig
 from .fusion_fit import fit_fusion, is_fit_of
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
@@ -124,7 +124,7 @@ def teacher_retriever(
             doc_texts,
             hybrid.embeddings,
             lambda q: encode_texts(hybrid.model, q, kind="query", batch_size=batch_size, session=session),
-            lambda d: encode_texts(hybrid.model, d, kind="document", batch_size=batch_size, session=session),
+            lambda d: encode_documents(hybrid.model, d, batch_size=batch_size, session=session),
         )
     hybrid.fusion = fusion
     return hybrid, doc_ids, doc_texts, cached

@@ -23,7 +23,8 @@ class HardNegativeRefreshCallback(TrainerCallback):
     ``[skip_top, top_k)`` minus the query's labelled positives as its new negatives. With ``recluster=True`` the
     queries are re-clustered at the same time (as the COCO-DR paper does), reusing the query embeddings.
 
-    Rank 0 mines and broadcasts the table, so every rank samples from the same negatives.
+    The ranks share the corpus's encoding (each encodes its chunks); rank 0 ranks the queries and broadcasts the
+    table, so every rank samples from the same negatives.
 
     The :class:`~hf_cocodr.IDROTrainer` inserts it when ``refresh_negatives_every_steps > 0`` and hands it what it
     reads and updates through :meth:`bind` (the model, the training rows, the row-group switch, the K-Means
@@ -121,39 +122,39 @@ class HardNegativeRefreshCallback(TrainerCallback):
             )
 
     def _mine(self, model, data):
-        """``(neg_ptr, neg_idx, query embeddings or None)`` on rank 0 (``None``s elsewhere)."""
-        q_all = None
-        if D.is_main():
-            with encoding_precision(model, self.encode_precision) as encoder:
-                index, order = build_index(
+        """``(neg_ptr, neg_idx, query embeddings or None)`` on rank 0 (``None``s elsewhere): the ranks share the
+        corpus's encoding (:func:`~hf_cocodr.retrieval.encoding.build_index` under torch.distributed), rank 0 ranks
+        the queries."""
+        with encoding_precision(model, self.encode_precision) as encoder:
+            index, order = build_index(
+                encoder,
+                data.corpus,
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                max_length=self.max_length,
+            )
+            if not D.is_main():
+                return None, None, None
+            k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
+            blocks, q_parts = [], []
+            for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
+                q = encode_texts(
                     encoder,
-                    data.corpus,
+                    data.query_texts[s : s + self.query_chunk],
+                    kind="query",
                     batch_size=self.batch_size,
-                    show_progress_bar=False,
                     max_length=self.max_length,
                 )
-                k = min(self.top_k + int(np.diff(data.pos_ptr).max()), index.ntotal)
-                blocks, q_parts = [], []
-                for s in range(0, len(data), self.query_chunk):  # bounded memory for very large query sets
-                    q = encode_texts(
-                        encoder,
-                        data.query_texts[s : s + self.query_chunk],
-                        kind="query",
-                        batch_size=self.batch_size,
-                        max_length=self.max_length,
-                    )
-                    _, idx = index.search(q, k)
-                    ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
-                    blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
-                    if self.recluster:
-                        q_parts.append(q.astype(np.float32))
-            del index
-            counts = np.concatenate([c for c, _ in blocks])
-            neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            neg_idx = np.concatenate([f for _, f in blocks]).astype(np.int64)
-            q_all = np.concatenate(q_parts) if q_parts else None
-        else:
-            neg_ptr = neg_idx = None
+                _, idx = index.search(q, k)
+                ranked = np.where(idx >= 0, order[np.clip(idx, 0, None)], -1)
+                blocks.append(data.clean_ranking(s, ranked, self.skip_top, self.top_k - self.skip_top))
+                if self.recluster:
+                    q_parts.append(q.astype(np.float32))
+        del index
+        counts = np.concatenate([c for c, _ in blocks])
+        neg_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        neg_idx = np.concatenate([f for _, f in blocks]).astype(np.int64)
+        q_all = np.concatenate(q_parts) if q_parts else None
         return neg_ptr, neg_idx, q_all
 
     def state(self) -> tuple[dict, dict]:

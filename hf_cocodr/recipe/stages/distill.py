@@ -280,7 +280,11 @@ class DistillStage(Stage):
         **sizes: Any,
     ) -> Cost:
         """Its steps, and the teacher's fixed costs as probed: encoding the corpora (unless the teacher's indexes of
-        them are cached), BM25 and ranking the queries (``distill_teacher_s``, named one by one)."""
+        them are cached), BM25 and ranking the queries (``distill_teacher_s``, named one by one). The probe times one
+        process's encoding; under torch.distributed the ranks share it (:func:`~hf_cocodr.retrieval.encoding.
+        encode_sharded`), so its part is divided by the number of ranks."""
+        from ...distributed import world
+
         cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
         cost.fixed_s = throughput.get("distill_teacher_s", 0.0)
         names = ("encode", "bm25", "rank")
@@ -289,6 +293,11 @@ class DistillStage(Stage):
             for n in names
             if f"distill_teacher_{n}_s" in throughput
         }
+        ranks = world()[0]
+        if ranks > 1 and "distill_teacher_encode" in parts:
+            shared = parts["distill_teacher_encode"] * (ranks - 1) / ranks
+            parts["distill_teacher_encode"] = round(parts["distill_teacher_encode"] / ranks, 4)
+            cost.fixed_s = max(0.0, cost.fixed_s - shared)
         cost.parts = parts or ({self.name: round(cost.fixed_s, 2)} if cost.fixed_s else {})
         return cost
 

@@ -200,8 +200,12 @@ class FinetuneStage(Stage):
         if idro is None:
             idro = str(cfg.finetune.get("idro_preset", cfg.finetune_preset)) != "uniform"
         encode_doc, encode_query = throughput.get("encode_doc_s", 0.0), throughput.get("encode_query_s", 0.0)
-        refresh_s = encode_doc * pool_docs + (encode_query * n_queries if idro else 0.0)
-        kmeans_s = encode_query * n_queries if idro else 0.0
+        # (probed in one process) the ranks share the pool's encoding and K-Means's queries; rank 0 ranks the queries
+        from ...distributed import world
+
+        ranks = world()[0]
+        refresh_s = encode_doc * pool_docs / ranks + (encode_query * n_queries if idro else 0.0)
+        kmeans_s = encode_query * n_queries / ranks if idro else 0.0
         refreshes = cfg.refreshes
         if refreshes is None:
             affordable = (REFRESH_BUDGET_SHARE * budget_s) // refresh_s if refresh_s > 0 else 0

@@ -1,0 +1,158 @@
+"""Sharded corpus encoding: two CPU ranks (torchrun, gloo) == one process, for every caller that encodes a corpus
+(the index of the evaluation, the hybrid build, the teacher, the fusion fit's documents), a corpus whose size does
+not divide by the ranks and a rank with an empty slice included; the ``evaluate`` command prints the same JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).parent / "shard_worker.py"
+ROOT = Path(__file__).resolve().parents[2]
+CHUNK = 8  # 81 documents: 11 chunks (the last of one document), dealt 5 / 6 to the two ranks
+
+
+def _env():
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
+    )
+    return env
+
+
+def _torchrun() -> list[str]:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    return [torchrun, "--nproc_per_node", "2", "--master_port", str(29700 + os.getpid() % 1000)]
+
+
+def _run(cmd: list[str], cwd=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def shard_beir(tmp_path_factory):
+    import tiny
+
+    return tiny.make_beir(tmp_path_factory.mktemp("shard_beir") / "b", n_docs=81, n_queries=24)
+
+
+@pytest.fixture(scope="module")
+def shard_runs(tiny_st_dir, shard_beir, tmp_path_factory):
+    base = tmp_path_factory.mktemp("shard_runs")
+    args = [str(WORKER), str(tiny_st_dir), str(shard_beir)]
+    _run(_torchrun() + args + [str(base / "two"), str(CHUNK)])
+    _run([sys.executable] + args + [str(base / "one"), str(CHUNK)])
+
+    def load(folder, rank):
+        return json.loads((folder / f"rank{rank}.json").read_text()), dict(np.load(folder / f"rank{rank}.npz"))
+
+    return [load(base / "two", 0), load(base / "two", 1)], load(base / "one", 0)
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_ranks_build_the_index_one_process_builds(shard_runs):
+    ranks, (one, one_arr) = shard_runs
+    assert one["world_size"] == 1
+    for rec, arr in ranks:
+        assert rec["world_size"] == 2
+        _close(arr["index_vectors"], one_arr["index_vectors"])
+        assert rec["index_order"] == one["index_order"]
+        assert rec["index_rows"] == one["index_rows"]
+        _close(arr["index_scores"], one_arr["index_scores"])
+        # a one-document corpus (rank 1's slice is empty) and texts in uneven chunks
+        _close(arr["one_vectors"], one_arr["one_vectors"])
+        assert rec["one_order"] == one["one_order"] == [0]
+        _close(arr["one_texts"], one_arr["one_texts"])
+        _close(arr["texts"], one_arr["texts"])
+    # every rank holds the same vectors, bit for bit (broadcast from the rank that encoded them)
+    assert np.array_equal(ranks[0][1]["index_vectors"], ranks[1][1]["index_vectors"])
+
+
+@pytest.mark.slow
+def test_two_ranks_evaluate_as_one_process(shard_runs):
+    ranks, (one, _) = shard_runs
+    for rec, _ in ranks:
+        ev, ref = rec["evaluation"], one["evaluation"]
+        assert ev["run"] == ref["run"]  # the hybrid's fused rankings and scores
+        assert {k: v for k, v in ev.items() if k != "run"} == {k: v for k, v in ref.items() if k != "run"}
+
+
+@pytest.mark.slow
+def test_two_ranks_build_the_hybrid_one_process_builds(shard_runs):
+    ranks, (one, one_arr) = shard_runs
+    for rec, arr in ranks:
+        _close(arr["hybrid_embeddings"], one_arr["hybrid_embeddings"])
+        assert rec["hybrid_fusion"] == one["hybrid_fusion"]
+        assert rec["hybrid_ids"] == one["hybrid_ids"]
+        _close(rec["hybrid_scores"], one["hybrid_scores"])
+
+
+@pytest.mark.slow
+def test_two_ranks_rank_as_the_teacher_of_one_process(shard_runs):
+    ranks, (one, _) = shard_runs
+    for rec, _ in ranks:
+        assert rec["teacher_ids"] == one["teacher_ids"]
+        _close(rec["teacher_scores"], one["teacher_scores"])
+
+
+@pytest.mark.slow
+def test_evaluate_command_under_torchrun_prints_one_process_json(tiny_st_dir, shard_beir, tmp_path):
+    """``torchrun -m hf_cocodr evaluate --hybrid`` prints on rank 0 the JSON one process prints (its timings
+    aside), and nothing on rank 1; ``--output`` is written once. The corpus is one chunk here: rank 1's slice is
+    empty."""
+    common = ["-q", "evaluate", str(tiny_st_dir), str(shard_beir), "--split", "dev", "--hybrid"]
+    two = _run(_torchrun() + ["--tee", "1", "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "two.json")])
+    one = _run([sys.executable, "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "one.json")])
+
+    def timeless(d):
+        if isinstance(d, dict):
+            return {k: timeless(v) for k, v in d.items() if not k.endswith("_seconds")}
+        return d
+
+    def result(line: str) -> dict:
+        return timeless(json.loads(line))
+
+    printed = [line for line in two.stdout.splitlines() if line.strip()]
+    assert len(printed) == 1, two.stdout  # rank 0's line only (torchrun --tee prefixes ranks' lines)
+    line = printed[0].split("]:", 1)[1] if printed[0].startswith("[") else printed[0]
+    assert result(line) == result(one.stdout.strip().splitlines()[-1])
+    written = json.loads((tmp_path / "two.json").read_text())
+    assert written["run"] == json.loads((tmp_path / "one.json").read_text())["run"]
+
+
+def test_planner_divides_the_teacher_encoding_by_the_ranks(monkeypatch):
+    from hf_cocodr import distributed as D
+    from hf_cocodr.recipe import RecipeConfig
+    from hf_cocodr.recipe.stages.distill import DistillStage
+
+    throughput = {
+        "distill_step_s": 0.1,
+        "distill_teacher_encode_s": 40.0,
+        "distill_teacher_bm25_s": 2.0,
+        "distill_teacher_rank_s": 1.0,
+        "distill_teacher_s": 43.0,
+    }
+    cfg = RecipeConfig(target_queries=["q"])
+    one = DistillStage().cost(throughput, cfg)
+    monkeypatch.setattr(D, "world", lambda: (4, 0))
+    four = DistillStage().cost(throughput, cfg)
+    assert one.fixed_s == pytest.approx(43.0) and one.parts["distill_teacher_encode"] == 40.0
+    assert four.fixed_s == pytest.approx(13.0) and four.parts["distill_teacher_encode"] == 10.0
+    assert four.parts["distill_teacher_bm25"] == 2.0 and four.parts["distill_teacher_rank"] == 1.0
