@@ -17,6 +17,8 @@ import math
 
 import torch
 
+from .asymmetric import document_modules, is_asymmetric, query_modules
+
 logger = logging.getLogger(__name__)
 
 
@@ -59,8 +61,6 @@ def wise_ensemble(start_model, adapted_model, alpha: float):
     model's modules, as the query-side distillation saves it) is interpolated route by route with the starting
     model's modules: its query route becomes ``(1 − α)·θ_start + α·θ_query``, and its document route, where it is the
     starting model's frozen copy, stays the starting model's (an index built with the start stays valid)."""
-    from .asymmetric import document_modules, is_asymmetric, query_modules
-
     if is_asymmetric(adapted_model) and not is_asymmetric(start_model):
         base = list(start_model)
         done: set[int] = set()
