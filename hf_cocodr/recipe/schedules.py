@@ -54,9 +54,13 @@ SCHEDULES: dict[str, dict[str, Any]] = {
 SCHEDULES["no_mlm_head_queries"] = dict(
     SCHEDULES["no_mlm_head_soup"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
 )
-# No MLM head and the corpus alone: the same distillation on pseudo-queries drawn from the target corpora (the
-# corpus-only study's best arm, docs/adaptation.md "Adaptation from the corpus alone").
-SCHEDULES["no_mlm_head"] = dict(SCHEDULES["no_mlm_head_queries"], pseudo_queries=CORPUS_PSEUDO_QUERIES)
+# No MLM head and the corpus alone: the same distillation on pseudo-queries drawn from the target corpora, its query
+# route then interpolated with the start's at CORPUS_WISE_ALPHA (WiSE-FT; the corpus-only study's best arm,
+# docs/adaptation.md "Adaptation from the corpus alone").
+CORPUS_WISE_ALPHA = 0.75
+SCHEDULES["no_mlm_head"] = dict(
+    SCHEDULES["no_mlm_head_queries"], pseudo_queries=CORPUS_PSEUDO_QUERIES, wise_alpha=CORPUS_WISE_ALPHA
+)
 
 
 def choose_schedule(

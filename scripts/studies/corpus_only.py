@@ -49,29 +49,35 @@ from cpu_budget import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N_PSEUDO = 8000  # pseudo-queries over the two corpora (split by their sizes): 3 passes fill about 15 minutes here
+# the pseudo-query arms as they ran before the corpus-only schedule ended with WiSE-FT (the pq-mix-wise arm)
+NO_WISE = ["--wise-alpha", "none"]
 ARMS = {
     "soup": ([], "today's no-queries default: the COCO soup (MLM through a fresh Condenser head, averaged runs)"),
     **{
         f"pq-{kind}": (
-            ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", kind],
+            ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", kind, *NO_WISE],
             f"query-side distillation on {N_PSEUDO} {kind} pseudo-queries",
         )
         for kind in ("span", "keywords", "title", "ict")
     },
     "pq-mix": (
-        ["--pseudo-queries", str(N_PSEUDO)],
+        ["--pseudo-queries", str(N_PSEUDO), *NO_WISE],
         f"query-side distillation on {N_PSEUDO} pseudo-queries of the default mix (span, keywords, title: equal)",
     ),
+    "pq-mix-wise": (
+        ["--pseudo-queries", str(N_PSEUDO), "--wise-alpha", "0.75"],
+        "the `pq-mix` row with its query route interpolated toward the start (WiSE-FT 0.75): the corpus-only default",
+    ),
     "pq-mix4": (
-        ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", "span,keywords,title,ict"],
+        ["--pseudo-queries", str(N_PSEUDO), "--pseudo-query-mix", "span,keywords,title,ict", *NO_WISE],
         f"query-side distillation on {N_PSEUDO} pseudo-queries of every kind alike (span, keywords, title, ict)",
     ),
     "pq-mix-16k": (
-        ["--pseudo-queries", str(2 * N_PSEUDO)],
+        ["--pseudo-queries", str(2 * N_PSEUDO), *NO_WISE],
         f"query-side distillation on {2 * N_PSEUDO} pseudo-queries of the default mix (more than 3 passes' steps)",
     ),
     "coco-pq": (
-        ["--pseudo-queries", str(N_PSEUDO), "--skip-coco", "false", "--distill-side", "full"],
+        ["--pseudo-queries", str(N_PSEUDO), "--skip-coco", "false", "--distill-side", "full", *NO_WISE],
         f"the COCO soup, then the whole model distilled on {N_PSEUDO} pseudo-queries of the default mix",
     ),
     "queries": ("@queries", "reference: query-side distillation on the real train queries (the study's pools)"),
@@ -87,7 +93,7 @@ ARMS = {
         f"the `queries` row with {N_PSEUDO // 2} pseudo-queries of the mix calibrated to the user's queries added",
     ),
     "pq-mix-fit": (
-        ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit"],
+        ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
     ),
 }

@@ -12,7 +12,7 @@ from hf_cocodr.recipe import (
     RecipeConfig,
     choose_schedule,
 )
-from hf_cocodr.recipe.schedules import CORPUS_PSEUDO_QUERIES
+from hf_cocodr.recipe.schedules import CORPUS_PSEUDO_QUERIES, CORPUS_WISE_ALPHA
 
 
 def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
@@ -37,6 +37,10 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     alone = SCHEDULES["no_mlm_head"]
     assert (alone["skip_coco"], alone["skip_finetune"], alone["skip_distill"]) == (True, True, False)
     assert alone["pseudo_queries"] == CORPUS_PSEUDO_QUERIES and alone["distill_share"] == 1.0
+    # ... and its query route interpolated toward the start; with the user's queries, no WiSE-FT
+    assert alone["wise_alpha"] == CORPUS_WISE_ALPHA == 0.75 and SCHEDULES["no_mlm_head_queries"]["wise_alpha"] is None
+    cfg, record = choose_schedule(RecipeConfig(), False)
+    assert cfg.wise_alpha == 0.75 and record["chosen"]["wise_alpha"] == 0.75
     assert "mlm_head" not in choose_schedule(RecipeConfig(), False)[1]  # no COCO: no fresh head to warm up
     # the soup, where no pseudo-query is drawn (or the distillation is off): its fresh MLM head warmed up
     for off in ({"pseudo_queries": 0}, {"skip_distill": True}):

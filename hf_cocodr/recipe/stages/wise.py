@@ -20,7 +20,9 @@ class WiseSettings:
     """WiSE-FT's option (``wise_alpha``)."""
 
     wise_alpha: float | Auto | None = option(
-        AUTO, "WiSE-FT: final weights = (1-a) x start + a x adapted; 'none' or 1 to skip"
+        AUTO,
+        "WiSE-FT: final weights = (1-a) x start + a x adapted (of a query-side model: its query route); 'none' or 1 "
+        "to skip",
     )
 
     def check(self) -> None:
