@@ -19,6 +19,7 @@ from . import encoding_cache
 from .ann import ApproximateIndex, IndexChoice, build_approximate, index_choice
 from .index import DenseIndex, check_finite
 from .session import EncodingSession
+from .vectors import as_stored, storage_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +105,11 @@ def build_index(
     ``session``'s precision (:func:`encode_texts`).
 
     Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy (with a caching ``session``, a second copy is written to the
-    disk cache, and a cached encoding is served instead of encoding again, :mod:`~hf_cocodr.retrieval.
-    encoding_cache`; with a reusing one, an index this session built for the same weights, corpus and settings is
+    one chunk of embeddings, never a second full copy (with a caching ``session``, each chunk is also streamed into the
+    disk cache's memory-mapped file, and a cached encoding is served from it a chunk at a time instead of encoding
+    again, :mod:`~hf_cocodr.retrieval.encoding_cache`; a bf16 encoding's vectors are rounded to the float16 the cache
+    keeps them in, cached or not, :func:`~hf_cocodr.retrieval.vectors.as_stored`; with a reusing one, an index this
+    session built for the same weights, corpus and settings is
     returned). ``on_chunk(n_done)`` is called after every chunk. ``index``: ``exact`` (default), or the
     :class:`~hf_cocodr.retrieval.ann.IndexChoice` that makes an approximate index from the exact one (its rows in the
     same order, its recall in ``.record``); a bad choice is refused before a document is encoded.
@@ -145,20 +148,24 @@ def _build_exact_index(
     index = DenseIndex(dim, backend=backend, capacity=len(order))
     cached = encoding_cache.load(disk_key) if disk_key is not None else None
     if cached is not None:  # the same exact index a fresh encoding builds: the vectors in length-sorted order
-        index.add(cached[order])
+        for s in range(0, len(order), chunk_docs):  # read from the memory-mapped file a chunk at a time
+            index.add(cached[order[s : s + chunk_docs]])
         logger.info("corpus of %d documents: its encoding by this model is read from the cache", len(corpus))
         encoding_cache.record(session, disk_key, "disk cache", time.perf_counter() - t0)
         if on_chunk is not None:
             on_chunk(len(order))
         session.keep(key, index, order, dim)
         return index, order
+    # the vectors as the cache keeps them (float16 for bf16: vectors.as_stored), streamed into its file as encoded
+    stored = storage_dtype(encoding_cache.current_precision(model, session))
+    sink = encoding_cache.writer(disk_key, dim) if disk_key is not None else None
     bar = tqdm(total=len(order), desc="Encoding corpus", unit="doc", disable=not show_progress_bar)
     for s in range(0, len(order), chunk_docs):
         rows = order[s : s + chunk_docs]
         b = corpus[rows]
         titles = b.get("title") or [""] * len(rows)
         texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
-        index.add(
+        vectors = as_stored(
             encode_texts(
                 model,
                 texts,
@@ -167,17 +174,20 @@ def _build_exact_index(
                 max_length=max_length,
                 normalize=normalize,
                 session=session,
-            )
+            ),
+            stored,
         )
+        index.add(vectors)
+        if sink is not None:
+            sink.write(rows, vectors)  # (corpus row order)
         bar.update(len(rows))
         if on_chunk is not None:
             on_chunk(s + len(rows))
     bar.close()
     if disk_key is not None:
         seconds = time.perf_counter() - t0
-        embeddings = np.empty((len(order), dim), dtype=np.float32)
-        embeddings[order] = index.reconstruct_all()  # back to corpus row order
-        encoding_cache.store(disk_key, embeddings, seconds)
+        if sink is not None:
+            encoding_cache.commit(disk_key, sink, seconds)
         encoding_cache.record(session, disk_key, "encoded", seconds)
     session.keep(key, index, order, dim)
     return index, order
