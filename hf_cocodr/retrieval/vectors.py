@@ -135,19 +135,25 @@ class MappedIndex:
     """Exact inner-product search over vectors held on disk (or any 2-D array): the same ``search`` /
     ``reconstruct_all`` as :class:`~hf_cocodr.retrieval.index.DenseIndex`, reading the vectors in blocks of about
     32 MiB (as float32) and merging each block's top-``k`` into a running one, so memory is one block and one block's
-    scores, whatever the number of vectors. Its results are exact search's (the same rows; scores equal up to float
-    rounding); equal scores are ordered by row. A block with a NaN or infinite value is refused with one line naming
+    scores, whatever the number of vectors. Each block is scored as the exact index scores it (faiss's exhaustive
+    inner-product search when faiss is installed, bit for bit the scores of ``IndexFlatIP``; else a torch matrix
+    product, as the torch backend), so its results are exact search's; equal scores are ordered by row. A block with a NaN or infinite value is refused with one line naming
     ``name`` (the file) and nothing is returned.
 
     Args:
         vectors: a ``(n, dim)`` float32 or float16 array (:func:`open_vectors`'s memory map).
         name: what the vectors are, for the error that refuses them.
         block_rows: rows per block (default: 32 MiB of float32 rows).
+        backend: ``"auto"`` (faiss when installed, else torch), ``"faiss"`` or ``"torch"``, as for ``DenseIndex``.
     """
 
-    backend = "mapped"
+    def __init__(
+        self, vectors: np.ndarray, name: str | None = None, block_rows: int | None = None, backend: str = "auto"
+    ):
+        from .index import _want_faiss
 
-    def __init__(self, vectors: np.ndarray, name: str | None = None, block_rows: int | None = None):
+        self.use_faiss = _want_faiss(backend)
+        self.backend = "faiss" if self.use_faiss else "torch"
         if vectors.ndim != 2:
             raise ValueError(f"expected (n, dim) vectors, got shape {vectors.shape}")
         self.vectors = vectors
@@ -156,7 +162,7 @@ class MappedIndex:
         self.block_rows = int(block_rows or max(1024, BLOCK_BYTES // (4 * max(1, self.dim))))
 
     def _block(self, start: int) -> np.ndarray:
-        block = np.asarray(self.vectors[start : start + self.block_rows], dtype=np.float32)
+        block = np.array(self.vectors[start : start + self.block_rows], dtype=np.float32)
         if not np.isfinite(block).all():
             row = start + int(np.flatnonzero(~np.isfinite(block).all(axis=1))[0])
             raise ConfigError(
@@ -167,8 +173,6 @@ class MappedIndex:
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` by inner product: ``(scores, rows)`` of shape ``(n_queries, min(k, ntotal))``, best first."""
-        import torch
-
         from .index import _as_f32_numpy
 
         q = _as_f32_numpy(queries)
@@ -179,18 +183,28 @@ class MappedIndex:
             return best_s, best_i
         q_batch = max(1, SCORES_BYTES // (4 * self.block_rows))
         for start in range(0, self.ntotal, self.block_rows):
-            block = torch.from_numpy(self._block(start))
+            block = self._block(start)
             kb = min(k, len(block))
             for s in range(0, len(q), q_batch):
-                sims = torch.from_numpy(q[s : s + q_batch]) @ block.T
-                top = torch.topk(sims, kb, dim=1, sorted=False)
-                cand_s = np.concatenate([best_s[s : s + q_batch], top.values.numpy()], axis=1)
-                cand_i = np.concatenate([best_i[s : s + q_batch], top.indices.numpy() + start], axis=1)
+                top_s, top_i = self._block_top(q[s : s + q_batch], block, kb)
+                cand_s = np.concatenate([best_s[s : s + q_batch], top_s], axis=1)
+                cand_i = np.concatenate([best_i[s : s + q_batch], top_i + start], axis=1)
                 # best first, equal scores by row (the -1 placeholders of a first short block sort last)
                 keep = np.lexsort((np.where(cand_i < 0, np.iinfo(np.int64).max, cand_i), -cand_s), axis=1)[:, :k]
                 best_s[s : s + q_batch] = np.take_along_axis(cand_s, keep, axis=1)
                 best_i[s : s + q_batch] = np.take_along_axis(cand_i, keep, axis=1)
         return best_s, best_i
+
+    def _block_top(self, q: np.ndarray, block: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.use_faiss:
+            import faiss
+
+            scores, rows = faiss.knn(q, block, k, metric=faiss.METRIC_INNER_PRODUCT)
+            return scores, rows.astype(np.int64)
+        import torch
+
+        top = torch.topk(torch.from_numpy(q) @ torch.from_numpy(block).T, k, dim=1, sorted=False)
+        return top.values.numpy(), top.indices.numpy()
 
     def reconstruct_all(self) -> np.ndarray:
         """Every vector as a float32 array in memory (the whole corpus: for callers that need it so)."""
