@@ -174,12 +174,16 @@ def fit_fusion_once(
 def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
     """A content hash of a corpus as the hybrid indexes it (its ids and its ``title + text`` in order)."""
     h = hashlib.sha256()
+    _fingerprint_update(h, doc_ids, texts)
+    return h.hexdigest()[:32]
+
+
+def _fingerprint_update(h, doc_ids, texts) -> None:
     for doc_id, text in zip(doc_ids, texts):
         h.update(doc_id.encode("utf-8", "surrogatepass"))
         h.update(b"\x1f")
         h.update(text.encode("utf-8", "surrogatepass"))
         h.update(b"\x1e")
-    return h.hexdigest()[:32]
 
 
 def corpus_key(corpus, session: EncodingSession | None = None) -> str:
@@ -189,11 +193,10 @@ def corpus_key(corpus, session: EncodingSession | None = None) -> str:
     memo = session.corpus_keys if session is not None and session.cache else {}
     if memo_key[0] is not None and memo_key in memo:
         return memo[memo_key]
-    ids, texts = [], []
+    h = hashlib.sha256()  # (corpus_fingerprint's digest, a batch at a time: the texts are never all in memory)
     for batch_ids, batch_texts in corpus_texts(corpus):
-        ids += list(batch_ids)
-        texts += batch_texts
-    fp = corpus_fingerprint(ids, texts)
+        _fingerprint_update(h, batch_ids, batch_texts)
+    fp = h.hexdigest()[:32]
     if memo_key[0] is not None:
         memo[memo_key] = fp
     return fp
