@@ -188,8 +188,10 @@ def child(args) -> dict:
         index, _ = build_index(model, corpus, batch_size=256, show_progress_bar=False, session=session)
         seconds = time.perf_counter() - t0
         if step == "encode":  # the cache's memory-mapped file, for every later step
-            (cached,) = (work / "cache" / "encodings").rglob("embeddings.npy")
-            os.symlink(cached, work / "vectors.npy")
+            (cached,) = (Path(os.environ["HF_COCODR_CACHE"]) / "encodings").rglob("embeddings.npy")
+            link = work / f".vectors-{os.getpid()}.npy"
+            os.symlink(cached, link)
+            os.replace(link, work / "vectors.npy")
             extra["cache_file_bytes"] = cached.stat().st_size
         extra["documents"] = len(corpus)
     elif step == "bm25":
@@ -415,7 +417,8 @@ def extrapolate(results: dict, n: int, tokens_256: float) -> dict:
             seconds, how = r["seconds"] * scale, "linear in documents (an upper bound: HNSW/IVF grow slower)"
         else:
             seconds, how = r["seconds"] * scale, "linear in documents"
-        rows[step] = {"seconds": round(seconds, 1), "how": how}
+        grown = r["before_step_rss_mib"] + (r["peak_rss_mib"] - r["before_step_rss_mib"]) * (step != "load" and scale)
+        rows[step] = {"seconds": round(seconds, 1), "how": how, "peak_rss_mib": round(max(grown, r["peak_rss_mib"]))}
     gpu = gpu_encoding_rate(tokens_256)
     for gpus in (1, 8):
         rows[f"encode_minilm_{gpus}gpu"] = {
@@ -455,15 +458,22 @@ def table(results: dict, n: int) -> str:
 
 
 def extrapolation_table(ex: dict) -> str:
-    lines = [f"| step at {TARGET_DOCS:,} documents | seconds | hours | how |", "|---|---:|---:|---|"]
+    lines = [
+        f"| step at {TARGET_DOCS:,} documents | seconds | hours | peak RSS (MiB, tiny model) | how |",
+        "|---|---:|---:|---:|---|",
+    ]
     for step, r in ex.items():
         if isinstance(r, dict) and "seconds" in r and step != "gpu":
-            lines.append(f"| {step} | {r['seconds']:.0f} | {r['seconds'] / 3600:.2f} | {r['how']} |")
+            mem = f"{r['peak_rss_mib']:,}" if "peak_rss_mib" in r else ""
+            lines.append(f"| {step} | {r['seconds']:.0f} | {r['seconds'] / 3600:.2f} | {mem} | {r['how']} |")
     lines.append("")
     lines.append(
         f"Dominant step: tiny model on this CPU: **{ex['dominant_tiny_model']}**; with all-MiniLM-L6-v2 on 1 GPU: "
         f"**{ex['dominant_with_1gpu']}**; on 8 GPUs: **{ex['dominant_with_8gpu']}**. GPU rate: {ex['gpu']['source']}; "
-        f"{ex['gpu']['tokens_per_doc']} tokens per document (max 256) -> {ex['gpu']['docs_per_s']:.0f} documents/s."
+        f"{ex['gpu']['tokens_per_doc']} tokens per document (max 256) -> {ex['gpu']['docs_per_s']:.0f} documents/s. "
+        "Peak RSS at 10^7: the memory a step took above its starting level, scaled with the documents (linear: an "
+        "upper bound for the steps that read memory-mapped files in blocks; load: constant). The search rows are "
+        "1,000 queries."
     )
     return "\n".join(lines)
 
@@ -480,6 +490,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to run (default: all)")
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other steps' results of --out (a rerun of some steps)"
+    )
     ap.add_argument("--step", help=argparse.SUPPRESS)
     ap.add_argument("--half", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -487,7 +500,9 @@ def main() -> int:
         print(json.dumps(child(args)), flush=True)
         return 0
     args.work = Path(args.work or tempfile.mkdtemp(prefix="bench_million_"))
-    env = {**os.environ, "HF_COCODR_CACHE": str(args.work / "cache"), "PYTHONPATH": os.getcwd()}
+    # a fresh encoding cache per run, so that the encode step encodes (a rerun in the same --work too)
+    cache = args.work / f"cache-{time.strftime('%Y%m%d-%H%M%S')}"
+    env = {**os.environ, "HF_COCODR_CACHE": str(cache), "PYTHONPATH": os.getcwd()}
     t0 = time.perf_counter()
     prep = {}
     if not (args.work / "corpus" / "corpus.jsonl").exists():
@@ -496,17 +511,20 @@ def main() -> int:
     prep["seconds"] = round(time.perf_counter() - t0, 1)
     tokens = mean_tokens(args.work / "corpus", args.work / "st")
     print(f"work folder {args.work}; corpus and model ready in {prep['seconds']} s; tokens/doc {tokens}", flush=True)
-    results = {}
+    out = Path(args.out)
+    previous = json.loads(out.read_text()) if args.merge and out.is_file() else {}
+    results = dict(previous.get("steps", {}))
     for step in args.steps.split(","):
         results[step] = run_two_ranks(args, env) if step == "encode_2ranks" else run_child(args, step, env)
         print(step, json.dumps(results[step]), flush=True)
+    results = {s: results[s] for s in STEPS if s in results}
     ex = extrapolate(results, args.docs, tokens["256"])
     import torch
 
     report = {
         "docs": args.docs,
         "model": {"layers": args.layers, "hidden": args.hidden, "max_length": args.max_length, "vocab": 30522},
-        "corpus": prep,
+        "corpus": prep if "sentences" in prep else {**previous.get("corpus", {}), "rerun_seconds": prep["seconds"]},
         "tokens_per_doc": tokens,
         "approx": args.approx,
         "cpu": _cpu_name(),
@@ -514,7 +532,8 @@ def main() -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "command": " ".join(["python -m scripts.benchmarks.bench_million", *sys.argv[1:]]),
+        "command": previous.get("command") or " ".join(["python -m scripts.benchmarks.bench_million", *sys.argv[1:]]),
+        "reruns": [*previous.get("reruns", []), " ".join(sys.argv[1:])] if previous else [],
         "steps": results,
         "extrapolation": ex,
         "peak_rss_mib_max": max(r["peak_rss_mib"] for k, r in results.items() if k != "encode_2ranks"),
@@ -522,7 +541,6 @@ def main() -> int:
     }
     text = table(results, args.docs) + "\n\n" + extrapolation_table(ex)
     print(text)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     out.with_suffix(".md").write_text(
