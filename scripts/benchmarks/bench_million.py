@@ -22,8 +22,7 @@ seconds and its peak resident memory (``ru_maxrss``) beside the memory it held b
   1,000 queries against the exact top-100; then the queries searched on it.
 
 It prints a table and writes ``--out`` (JSON) and the same name with ``.md``; a second table extrapolates each step to
-10^7 documents from its measured per-document cost (load: constant; search: per query, linear in the documents for
-exact search) and the encoding to all-MiniLM-L6-v2 on 1 and 8 GPUs from the H100 throughput in
+10^7 documents from its measured per-document cost (search: per 1,000 queries, linear in the documents) and the encoding to all-MiniLM-L6-v2 on 1 and 8 GPUs from the H100 throughput in
 ``reports/benchmarks/gpu_check_h100.json``, and names the step that dominates. Pin it to cores with ``taskset``; the
 JSON records the CPUs it ran on.
 
@@ -412,12 +411,12 @@ def extrapolate(results: dict, n: int, tokens_256: float) -> dict:
     rows = {}
     for step, r in results.items():
         if step == "load":
-            seconds, how = r["seconds"], "constant (memory-mapped)"
+            seconds, how = r["seconds"] * scale, "linear: the ids (JSON) and their hash; vectors and BM25 are mapped"
         elif step == "search_approx":
             seconds, how = r["seconds"] * scale, "linear in documents (an upper bound: HNSW/IVF grow slower)"
         else:
             seconds, how = r["seconds"] * scale, "linear in documents"
-        grown = r["before_step_rss_mib"] + (r["peak_rss_mib"] - r["before_step_rss_mib"]) * (step != "load" and scale)
+        grown = r["before_step_rss_mib"] + (r["peak_rss_mib"] - r["before_step_rss_mib"]) * scale
         rows[step] = {"seconds": round(seconds, 1), "how": how, "peak_rss_mib": round(max(grown, r["peak_rss_mib"]))}
     gpu = gpu_encoding_rate(tokens_256)
     for gpus in (1, 8):
@@ -472,7 +471,7 @@ def extrapolation_table(ex: dict) -> str:
         f"**{ex['dominant_with_1gpu']}**; on 8 GPUs: **{ex['dominant_with_8gpu']}**. GPU rate: {ex['gpu']['source']}; "
         f"{ex['gpu']['tokens_per_doc']} tokens per document (max 256) -> {ex['gpu']['docs_per_s']:.0f} documents/s. "
         "Peak RSS at 10^7: the memory a step took above its starting level, scaled with the documents (linear: an "
-        "upper bound for the steps that read memory-mapped files in blocks; load: constant). The search rows are "
+        "upper bound for the steps that read memory-mapped files in blocks). The search rows are "
         "1,000 queries."
     )
     return "\n".join(lines)
