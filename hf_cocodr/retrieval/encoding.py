@@ -21,6 +21,7 @@ from . import encoding_cache
 from .ann import ApproximateIndex, IndexChoice, build_approximate, index_choice
 from .index import DenseIndex, check_finite
 from .session import EncodingSession
+from .vectors import as_stored, storage_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +108,11 @@ def build_index(
     ``session``'s precision (:func:`encode_texts`).
 
     Returns the index and ``order``: index row ``r`` holds corpus row ``order[r]``. Peak memory is the index plus
-    one chunk of embeddings, never a second full copy (with a caching ``session``, a second copy is written to the
-    disk cache, and a cached encoding is served instead of encoding again, :mod:`~hf_cocodr.retrieval.
-    encoding_cache`; with a reusing one, an index this session built for the same weights, corpus and settings is
+    one chunk of embeddings, never a second full copy (with a caching ``session``, each chunk is also streamed into the
+    disk cache's memory-mapped file, and a cached encoding is served from it a chunk at a time instead of encoding
+    again, :mod:`~hf_cocodr.retrieval.encoding_cache`; a bf16 encoding's vectors are rounded to the float16 the cache
+    keeps them in, cached or not, :func:`~hf_cocodr.retrieval.vectors.as_stored`; with a reusing one, an index this
+    session built for the same weights, corpus and settings is
     returned). ``on_chunk(n_done)`` is called after every chunk. ``index``: ``exact`` (default), or the
     :class:`~hf_cocodr.retrieval.ann.IndexChoice` that makes an approximate index from the exact one (its rows in the
     same order, its recall in ``.record``); a bad choice is refused before a document is encoded.
@@ -151,19 +154,25 @@ def _build_exact_index(
     index = DenseIndex(dim, backend=backend, capacity=len(order))
     cached = _load_cached(disk_key)
     if cached is not None:  # the same exact index a fresh encoding builds: the vectors in length-sorted order
-        index.add(cached[order])
+        step = int(chunk_docs or CHUNK_DOCS)
+        for s in range(0, len(order), step):  # read from the memory-mapped file a chunk at a time
+            index.add(cached[order[s : s + step]])
         logger.info("corpus of %d documents: its encoding by this model is read from the cache", len(corpus))
         encoding_cache.record(session, disk_key, "disk cache", time.perf_counter() - t0)
         if on_chunk is not None:
             on_chunk(len(order))
         session.keep(key, index, order, dim)
         return index, order
+    # the vectors as the cache keeps them (float16 for bf16: vectors.as_stored), streamed into its file as encoded
+    # (by rank 0 alone: every rank holds the same vectors)
+    stored = storage_dtype(encoding_cache.current_precision(model, session))
+    sink = encoding_cache.writer(disk_key, dim) if disk_key is not None and D.is_main() else None
 
     def encode_rows(rows: np.ndarray) -> np.ndarray:
         b = corpus[rows]
         titles = b.get("title") or [""] * len(rows)
         texts = [doc_text(t, x) for t, x in zip(titles, b["text"])]
-        return encode_texts(
+        vectors = encode_texts(
             model,
             texts,
             kind="document",
@@ -172,20 +181,20 @@ def _build_exact_index(
             normalize=normalize,
             session=session,
         )
+        return as_stored(vectors, stored)
 
     def add(vectors: np.ndarray, done: int) -> None:
         index.add(vectors)
+        if sink is not None:
+            sink.write(order[done - len(vectors) : done], vectors)  # (corpus row order)
         if on_chunk is not None:
             on_chunk(done)
 
     encode_sharded(encode_rows, order, dim, add, chunk_docs=chunk_docs, show_progress_bar=show_progress_bar)
     if disk_key is not None:
         seconds = time.perf_counter() - t0
-        if D.is_main():  # one writer: every rank holds the same vectors
-            embeddings = np.empty((len(order), dim), dtype=np.float32)
-            embeddings[order] = index.reconstruct_all()  # back to corpus row order
-            encoding_cache.store(disk_key, embeddings, seconds)
-            del embeddings
+        if sink is not None:
+            encoding_cache.commit(disk_key, sink, seconds)
         encoding_cache.record(session, disk_key, "encoded", seconds)
     session.keep(key, index, order, dim)
     return index, order

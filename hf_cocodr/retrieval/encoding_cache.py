@@ -13,7 +13,10 @@ key made of
   an int8 copy, whose quantized weights have their own fingerprint), and whether the vectors are normalised.
 
 A changed model, corpus, length or precision is a different key, so it is never served a stale encoding. A hit is
-served as the same exact index a fresh encoding builds (the vectors in the corpus's length-sorted order). So the
+served as the same exact index a fresh encoding builds (the vectors in the corpus's length-sorted order). The vectors
+are streamed into a memory-mapped ``.npy`` chunk by chunk as they are encoded, in the encoding's precision (float16
+for bf16, :mod:`~hf_cocodr.retrieval.vectors`), and a hit is read back a chunk at a time: neither holds a second
+copy of the corpus's vectors in memory. So the
 recipe's starting model encodes each target corpus once, for its teacher, its evaluation and its hybrid; a resumed or
 repeated run encodes none again; and the document route of a query-side model (its starting encoder) reuses the
 starting model's vectors. Each encoding (``"encoded"``) or reuse (``"disk cache"``, ``"memory"``) is recorded in the
@@ -32,20 +35,22 @@ from typing import Any
 import numpy as np
 
 from ..data.beir import corpus_texts
+from ..errors import ConfigError
 from ..modeling.asymmetric import document_modules, query_modules
 from ..storage import cache_dir
 from ..utils import atomic_directory, atomic_write_json
 from . import fusion_fit
 from .session import EncodingSession
+from .vectors import VectorWriter, open_vectors, storage_dtype
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["document_encoder_key", "document_route", "fit_fusion_once", "query_encoder_key"]
 
 ENCODINGS_KIND = "encodings"  # the cache sub-folder
-ENCODINGS_FILE = "embeddings.npy"  # the vectors in corpus row order
+ENCODINGS_FILE = "embeddings.npy"  # the vectors in corpus row order (float16 for a bf16 encoding)
 META_FILE = "encoding.json"
-FORMAT = 1
+FORMAT = 2  # 2: the vectors in the precision of the encoding (float16 for bf16), memory-mapped
 CACHE_MAX_BYTES = 4 << 30  # larger encodings are not written to the cache (they are recorded all the same)
 
 
@@ -169,12 +174,16 @@ def fit_fusion_once(
 def corpus_fingerprint(doc_ids: list[str], texts: list[str]) -> str:
     """A content hash of a corpus as the hybrid indexes it (its ids and its ``title + text`` in order)."""
     h = hashlib.sha256()
+    _fingerprint_update(h, doc_ids, texts)
+    return h.hexdigest()[:32]
+
+
+def _fingerprint_update(h, doc_ids, texts) -> None:
     for doc_id, text in zip(doc_ids, texts):
         h.update(doc_id.encode("utf-8", "surrogatepass"))
         h.update(b"\x1f")
         h.update(text.encode("utf-8", "surrogatepass"))
         h.update(b"\x1e")
-    return h.hexdigest()[:32]
 
 
 def corpus_key(corpus, session: EncodingSession | None = None) -> str:
@@ -184,11 +193,10 @@ def corpus_key(corpus, session: EncodingSession | None = None) -> str:
     memo = session.corpus_keys if session is not None and session.cache else {}
     if memo_key[0] is not None and memo_key in memo:
         return memo[memo_key]
-    ids, texts = [], []
+    h = hashlib.sha256()  # (corpus_fingerprint's digest, a batch at a time: the texts are never all in memory)
     for batch_ids, batch_texts in corpus_texts(corpus):
-        ids += list(batch_ids)
-        texts += batch_texts
-    fp = corpus_fingerprint(ids, texts)
+        _fingerprint_update(h, batch_ids, batch_texts)
+    fp = h.hexdigest()[:32]
     if memo_key[0] is not None:
         memo[memo_key] = fp
     return fp
@@ -224,35 +232,54 @@ def _folder(key: dict[str, Any]) -> Path:
 
 
 def load(key: dict[str, Any]) -> np.ndarray | None:
-    """The cached vectors for ``key`` (corpus row order), or None (absent, or damaged: then encoded again)."""
+    """The cached vectors for ``key`` (corpus row order) memory-mapped (:func:`~hf_cocodr.retrieval.vectors.
+    open_vectors`: float16 for a bf16 encoding, float32 otherwise), or None (absent, or damaged: then encoded
+    again)."""
     folder = _folder(key)
     try:
         meta = json.loads((folder / META_FILE).read_text())
         if meta.get("key") != key:
             return None
-        emb = np.load(folder / ENCODINGS_FILE, allow_pickle=False)
-        if emb.shape[0] != key["num_docs"] or emb.dtype != np.float32:
-            raise ValueError(f"its vectors have shape {emb.shape} and dtype {emb.dtype}")
-        if not np.isfinite(emb).all():
-            raise ValueError(f"{int((~np.isfinite(emb)).any(axis=1).sum())} of its vectors are not finite")
+        if not (folder / ENCODINGS_FILE).is_file():
+            return None
+        emb = open_vectors(folder / ENCODINGS_FILE, key["num_docs"], dtype=storage_dtype(key["precision"]))
+        for s in range(0, len(emb), 1 << 16):  # every vector finite, read a block at a time
+            bad = ~np.isfinite(emb[s : s + (1 << 16)]).all(axis=1)
+            if bad.any():
+                raise ValueError(f"{int(bad.sum())} of its vectors from row {s} are not finite")
         return emb
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ConfigError) as e:
         logger.warning("the cached corpus encoding in %s cannot be used (%s): encoding again", folder, e)
         return None
 
 
-def store(key: dict[str, Any], embeddings: np.ndarray, seconds: float) -> None:
-    """Keep ``embeddings`` (corpus row order) under ``key``; a failure only costs the next run the encoding."""
-    if embeddings.nbytes > CACHE_MAX_BYTES:
-        logger.info("corpus encoding of %d bytes not cached (over %d)", embeddings.nbytes, CACHE_MAX_BYTES)
-        return
+def writer(key: dict[str, Any], dim: int) -> VectorWriter | None:
+    """A :class:`~hf_cocodr.retrieval.vectors.VectorWriter` the vectors of ``key``'s ``num_docs`` documents (corpus
+    row order, in the dtype of its precision) are streamed into while they are encoded, for :func:`commit`; None when
+    they would be over :data:`CACHE_MAX_BYTES` or the file cannot be made (logged; the encoding goes on uncached)."""
+    dtype = storage_dtype(key["precision"])
+    nbytes = int(key["num_docs"]) * int(dim) * dtype.itemsize
+    if nbytes > CACHE_MAX_BYTES:
+        logger.info("corpus encoding of %d bytes not cached (over %d)", nbytes, CACHE_MAX_BYTES)
+        return None
+    try:
+        return VectorWriter(cache_dir(ENCODINGS_KIND) / f"{_folder(key).name}.npy", key["num_docs"], dim, dtype)
+    except OSError as e:
+        logger.warning("the corpus encoding could not be cached (%s); going on without", e)
+        return None
+
+
+def commit(key: dict[str, Any], vectors: VectorWriter, seconds: float) -> None:
+    """Put the file ``vectors`` holds (every row written) under ``key``, with its record; a failure only costs the
+    next run the encoding."""
     try:
         with atomic_directory(_folder(key)) as tmp:
-            np.save(tmp / ENCODINGS_FILE, np.ascontiguousarray(embeddings, dtype=np.float32), allow_pickle=False)
+            vectors.commit(tmp / ENCODINGS_FILE)
             atomic_write_json(tmp / META_FILE, {"key": key, "seconds": round(seconds, 2)})
     except OSError as e:
+        vectors.discard()
         logger.warning("the corpus encoding could not be cached (%s); going on without", e)
 
 

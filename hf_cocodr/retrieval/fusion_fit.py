@@ -267,27 +267,35 @@ def _bm25_side(picks, texts, depth) -> tuple[np.ndarray, np.ndarray]:
 
 def _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, bm25_side) -> list[tuple]:
     """Each pseudo-query's two candidate lists over the corpus with its source document replaced by its ``rest``
-    (the form :func:`fit_choice` takes); ``bm25_side``: BM25's, from :func:`_bm25_side`."""
+    (the form :func:`fit_choice` takes); ``bm25_side``: BM25's, from :func:`_bm25_side`. The dense list is exact
+    search over ``embeddings`` read in blocks (:class:`~hf_cocodr.retrieval.vectors.MappedIndex`: a memory-mapped
+    corpus is never read into memory whole, and no queries-by-corpus score matrix is made), each block checked
+    finite; equal scores in row order."""
     from .index import check_finite
+    from .vectors import MappedIndex
 
     rows = np.array([p[0] for p in picks], np.int64)
     queries = [p[1] for p in picks]
     rests = [p[2] for p in picks]
     b_scores, b_rows = bm25_side
     # NaN or inf vectors (a broken model, a damaged file) are refused: no rule is chosen from NaN rankings
-    emb = check_finite(np.asarray(embeddings, np.float32), "the corpus's vectors the fusion is fitted to")
+    if not isinstance(embeddings, np.memmap):  # (a mapped corpus is checked a block at a time as it is searched)
+        check_finite(embeddings, "the corpus's vectors the fusion is fitted to")
     rest_emb = check_finite(np.asarray(encode_documents(rests), np.float32), "the fit's document vectors")
     q_emb = check_finite(np.asarray(encode_queries(queries), np.float32), "the fit's pseudo-query vectors")
-    sims = q_emb @ emb.T
-    # the source documents' vectors are those of their rests
-    sims[:, rows] = q_emb @ rest_emb.T
-    top = (
-        np.argpartition(-sims, depth - 1, axis=1)[:, :depth]
-        if depth < sims.shape[1]
-        else np.tile(np.arange(sims.shape[1]), (len(sims), 1))
+    # the source documents' vectors are those of their rests (a document picked twice: its last pick's rest)
+    sources, last = np.unique(rows[::-1], return_index=True)
+    last = len(rows) - 1 - last
+    source_scores = q_emb @ rest_emb[last].T
+    n = len(embeddings)
+    found_s, found_r = MappedIndex(embeddings, name="the corpus's vectors the fusion is fitted to").search(
+        q_emb, min(n, depth + len(sources))
     )
     rankings = []
     for i in range(len(picks)):
-        cand = top[i][np.argsort(-sims[i, top[i]], kind="stable")]
-        rankings.append((cand, sims[i, cand], b_rows[i], b_scores[i], int(rows[i])))
+        other = ~np.isin(found_r[i], sources)
+        cand_r = np.concatenate([found_r[i][other], sources])
+        cand_s = np.concatenate([found_s[i][other], source_scores[i]])
+        keep = np.lexsort((cand_r, -cand_s))[: min(depth, n)]
+        rankings.append((cand_r[keep], cand_s[keep], b_rows[i], b_scores[i], int(rows[i])))
     return rankings

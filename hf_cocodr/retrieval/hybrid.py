@@ -26,6 +26,14 @@ vectors and documents, a hash of the ids in order, every ``hybrid.json`` field's
 model loads, so a damaged or edited folder is refused naming the file. A model given as a local folder (a Router
 model's too) is recorded relative to the retriever's folder, so a copied or moved run still loads.
 
+The vectors are a ``.npy`` file in the precision they were encoded in (float16 for bf16; ``vectors_dtype``), written
+a block at a time (:mod:`~hf_cocodr.retrieval.vectors`). A retriever of more than :data:`MAPPED_MIN_DOCS` documents
+loads them memory-mapped, in constant time (the file's header and size checked, a truncated file refused naming it),
+and searches them in blocks (:class:`~hf_cocodr.retrieval.vectors.MappedIndex`: each block checked finite as it is
+read, so a damaged one is refused at its first search, never ranked); a smaller one reads them into memory (checked
+finite at load) and searches them with the exact index. Both give the same rankings. The BM25 index loads
+memory-mapped (bm25s).
+
 Documents with no text are indexed but never returned (no query can match them); empty or blank queries get no
 results, with a warning that counts them.
 """
@@ -55,6 +63,7 @@ from .encoding_cache import corpus_fingerprint, current_precision, document_enco
 from .fusion import FusionConfig, fuse
 from .fusion_fit import log_fit
 from .session import EncodingSession
+from .vectors import MappedIndex, VectorWriter, as_stored, open_vectors, storage_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +77,9 @@ ANN_FILE = (
 )
 # the entries save() writes; anything else in a saved retriever's folder is the user's and is carried over
 HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, ANN_FILE, HYBRID_FILE)
+# a saved retriever of more documents than this is searched where its vectors lie (memory-mapped, in blocks) and
+# loads in constant time; a smaller one is read into memory (exact search there is faster; the results are the same)
+MAPPED_MIN_DOCS = 100_000
 # the fields of hybrid.json that record paths (or a Hub id) as data: written as they are, never redacted (a model
 # folder whose name has the shape of a Hub token must still be found), as the document ids are
 DATA_FIELDS = ("model", "corpus")
@@ -114,14 +126,14 @@ class HybridRetriever:
         fusion: FusionConfig,
         meta: dict[str, Any],
         session: EncodingSession | None = None,
-        dense_index: ApproximateIndex | None = None,
+        dense_index: ApproximateIndex | MappedIndex | None = None,
     ):
         from .index import DenseIndex
 
         self.model = model
         self.doc_ids = list(doc_ids)
         self._embeddings = embeddings
-        if dense_index is not None:  # an approximate index over the embeddings (their rows, in the same order)
+        if dense_index is not None:  # an approximate or mapped index over the embeddings (their rows, in order)
             self.dense_index = dense_index
         else:
             self.dense_index = DenseIndex(embeddings.shape[1], capacity=len(embeddings))
@@ -391,6 +403,8 @@ class HybridRetriever:
         if approximate:  # what the saved faiss index is, and its measured recall
             record["index"] = self.dense_index.record
         record["doc_ids_sha256"] = doc_ids_digest(self.doc_ids)
+        vectors_dtype = storage_dtype(str(self.meta.get("encode_precision") or "fp32"))
+        record["vectors_dtype"] = vectors_dtype.name
         record["empty_rows"] = [int(r) for r in self.empty_rows]
         record.pop("model_relative_to_folder", None)
         model = Path(str(self.meta.get("model") or ""))
@@ -401,7 +415,7 @@ class HybridRetriever:
         redacted = redact_secrets({k: v for k, v in record.items() if k not in DATA_FIELDS})
         record = {k: record[k] if k in DATA_FIELDS else redacted[k] for k in record}
         with atomic_directory(out) as tmp:
-            np.save(tmp / EMBEDDINGS_FILE, self.embeddings)
+            _write_vectors(tmp / EMBEDDINGS_FILE, self.embeddings, vectors_dtype)
             # written as is (not through atomic_write_json's secret redaction: an id is data, whatever its shape);
             # the folder as a whole is atomic
             (tmp / DOC_IDS_FILE).write_text(json.dumps(self.doc_ids, ensure_ascii=False), encoding="utf-8")
@@ -455,18 +469,16 @@ class HybridRetriever:
         if "doc_ids_sha256" in info and doc_ids_digest(doc_ids) != info["doc_ids_sha256"]:
             raise damaged(ids_file, f"the ids (or their order) are not those {HYBRID_FILE} records")
         emb_file = folder / EMBEDDINGS_FILE
-        try:
-            embeddings = np.load(emb_file, mmap_mode="r", allow_pickle=False)
-        except FileNotFoundError:
-            raise damaged(emb_file, "missing") from None
-        except (ValueError, OSError, EOFError) as e:
-            raise damaged(emb_file, f"not a readable .npy array ({' '.join(str(e).split())})") from None
-        if embeddings.ndim != 2 or embeddings.shape[0] != len(doc_ids):
-            raise damaged(emb_file, f"shape {embeddings.shape}, expected ({len(doc_ids)}, dimension)")
+        try:  # memory-mapped: its header, its size and its rows checked, nothing read yet
+            embeddings = open_vectors(emb_file, len(doc_ids), dtype=info.get("vectors_dtype"))
+        except ConfigError as e:
+            raise damaged(emb_file, str(e).removeprefix(f"{emb_file}: ")) from None
         bm25_num = info["bm25"]["num_docs"]
         if bm25_num != len(doc_ids):
             raise damaged(info_file, f"the BM25 index records {bm25_num} documents, not {len(doc_ids)}")
-        embeddings = np.array(embeddings)
+        if len(doc_ids) > MAPPED_MIN_DOCS:  # searched on disk in blocks, each checked finite when it is read
+            return info, doc_ids, embeddings
+        embeddings = np.array(embeddings, dtype=np.float32)
         bad = np.flatnonzero(~np.isfinite(embeddings).all(axis=1))
         if bad.size:  # NaN or inf: no ranking may come from them
             raise damaged(
@@ -491,14 +503,19 @@ class HybridRetriever:
 
         folder = resolved_path(path)
         info, doc_ids, embeddings = cls._read_parts(folder)
-        try:  # a part of the saved retriever: read (and so checked) before the model loads
-            bm25 = BM25Index.load(folder / BM25_FOLDER, info["bm25"])
+        try:  # a part of the saved retriever: read (and so checked) before the model loads; memory-mapped
+            bm25 = BM25Index.load(folder / BM25_FOLDER, info["bm25"], mmap=True)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ConfigError(
                 f"{folder / BM25_FOLDER}: the BM25 index cannot be read ({' '.join(str(e).split())[:200]}); this "
                 "saved hybrid retriever is damaged: build it again"
             ) from None
-        dense_index = _read_dense_index(folder, info, embeddings.shape[1]) if "index" in info else None
+        if "index" in info:
+            dense_index = _read_dense_index(folder, info, embeddings.shape[1])
+        elif isinstance(embeddings, np.memmap):  # a large one: searched where it lies (MAPPED_MIN_DOCS)
+            dense_index = MappedIndex(embeddings, name=str(folder / EMBEDDINGS_FILE))
+        else:
+            dense_index = None
         if corpus is not None:
             ids, texts = _corpus_ids_texts(corpus)
             got = corpus_fingerprint(ids, texts)
@@ -528,7 +545,9 @@ class HybridRetriever:
                     "HybridRetriever.load(..., model=<that model's folder or Hub id>)"
                 ) from None
         meta = {
-            k: v for k, v in info.items() if k not in ("format_version", "fusion", "bm25", "model_relative_to_folder")
+            k: v
+            for k, v in info.items()
+            if k not in ("format_version", "fusion", "bm25", "model_relative_to_folder", "vectors_dtype")
         }
         if info.get("model_relative_to_folder"):
             meta["model"] = str(resolved_path(folder / info["model"]))
@@ -596,6 +615,7 @@ def _check_record(info_file: Path, info: dict[str, Any]) -> None:
         "doc_max_length": (lambda v: v is None or _whole(v, 1), "a whole number >= 1 or null"),
         "model_relative_to_folder": (lambda v: isinstance(v, bool), "true or false"),
         "build_seconds": (lambda v: isinstance(v, dict), "a mapping"),
+        "vectors_dtype": (lambda v: v in ("float32", "float16"), "float32 or float16"),
         "bm25": (lambda v: isinstance(v, dict), "a mapping"),
         "fusion": (lambda v: isinstance(v, dict), "a mapping"),
     }
@@ -719,6 +739,18 @@ def _dense_part(st, dataset, batch_size, doc_max_length, show_progress_bar, sess
     if kind == "exact":
         return embeddings, None
     return embeddings, build_approximate(embeddings, kind, choice, exact=exact, exact_order=order)
+
+
+def _write_vectors(path: Path, embeddings, dtype: np.dtype, block: int = 1 << 16) -> None:
+    """Write ``embeddings`` to the ``.npy`` file ``path`` as ``dtype`` a block at a time (never a second copy)."""
+    out = VectorWriter(path, len(embeddings), embeddings.shape[1], dtype)
+    try:
+        for s in range(0, len(embeddings), block):
+            out.write(slice(s, s + block), as_stored(np.asarray(embeddings[s : s + block], np.float32), dtype))
+    except BaseException:
+        out.discard()
+        raise
+    out.commit()
 
 
 def _empty_rows(texts: list[str], corpus) -> list[int]:
