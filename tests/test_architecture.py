@@ -77,6 +77,8 @@ LAYERS = {
     "retrieval.index": 4.8,
     "retrieval.fusion": 4.8,
     "retrieval.pseudo_queries": 4.8,
+    # vectors on disk (memory-mapped .npy, block-wise exact search): below the fit, the cache and the index's users
+    "retrieval.vectors": 4.8,
     "rundir": 4.9,
     # the collectives (torch only): below the corpus encoding the ranks share
     "distributed": 4.9,

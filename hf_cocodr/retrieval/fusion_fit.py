@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import ConfigError
 from .fusion import FIT, FusionConfig, candidate_parts, rule_settings
 from .pseudo_queries import bm25_top_z, inverse_cloze
+from .vectors import MappedIndex
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +273,6 @@ def _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents,
     corpus is never read into memory whole, and no queries-by-corpus score matrix is made), each block checked
     finite; equal scores in row order."""
     from .index import check_finite
-    from .vectors import MappedIndex
 
     rows = np.array([p[0] for p in picks], np.int64)
     queries = [p[1] for p in picks]

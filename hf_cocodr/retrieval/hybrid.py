@@ -517,33 +517,8 @@ class HybridRetriever:
         else:
             dense_index = None
         if corpus is not None:
-            ids, texts = _corpus_ids_texts(corpus)
-            got = corpus_fingerprint(ids, texts)
-            if "corpus_fingerprint" not in info:
-                raise ConfigError(f"{folder / HYBRID_FILE} records no corpus fingerprint to check {corpus!s} against")
-            if got != info["corpus_fingerprint"]:
-                raise ConfigError(
-                    f"the corpus {corpus!s} is not the one {folder} was built from ({len(ids)} documents, fingerprint "
-                    f"{got} against {info['num_docs']} documents, {info['corpus_fingerprint']}): build the retriever "
-                    "again for this corpus"
-                )
-        if model is not None and not isinstance(model, (str, os.PathLike)):
-            st = model
-        else:
-            if model is None and info["model"] is None:
-                raise ConfigError(
-                    f"{folder} was built with a model held in memory only (never saved to a folder or the Hub): pass "
-                    "HybridRetriever.load(..., model=<that model, or one sharing its document encoder>)"
-                )
-            ref = str(model) if model is not None else _saved_model_ref(folder, info)
-            try:
-                st = load_encoder(ref)
-            except (OSError, ValueError) as e:
-                given = "the model= you passed" if model is not None else f"the model {folder} was built with"
-                raise ConfigError(
-                    f"{folder}: cannot load {given} ({ref}): {' '.join(str(e).split())[:200]}; pass "
-                    "HybridRetriever.load(..., model=<that model's folder or Hub id>)"
-                ) from None
+            _check_saved_corpus(folder, info, corpus)
+        st = _saved_query_model(folder, info, model)
         meta = {
             k: v
             for k, v in info.items()
@@ -574,6 +549,41 @@ class HybridRetriever:
                 document_encoder=document_encoder_key(st),
             )
         return cls(st, doc_ids, embeddings, bm25, _saved_fusion(info), meta, session, dense_index=dense_index)
+
+
+def _check_saved_corpus(folder: Path, info: dict[str, Any], corpus) -> None:
+    """Refuse a ``corpus`` that is not the one the saved retriever in ``folder`` was built from."""
+    ids, texts = _corpus_ids_texts(corpus)
+    got = corpus_fingerprint(ids, texts)
+    if "corpus_fingerprint" not in info:
+        raise ConfigError(f"{folder / HYBRID_FILE} records no corpus fingerprint to check {corpus!s} against")
+    if got != info["corpus_fingerprint"]:
+        raise ConfigError(
+            f"the corpus {corpus!s} is not the one {folder} was built from ({len(ids)} documents, fingerprint "
+            f"{got} against {info['num_docs']} documents, {info['corpus_fingerprint']}): build the retriever "
+            "again for this corpus"
+        )
+
+
+def _saved_query_model(folder: Path, info: dict[str, Any], model):
+    """The encoder a loaded retriever encodes its queries with: ``model`` (an object, a folder or a Hub id), or the
+    model it was saved with; a model that cannot be loaded is a :class:`~hf_cocodr.errors.ConfigError` naming it."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        return model
+    if model is None and info["model"] is None:
+        raise ConfigError(
+            f"{folder} was built with a model held in memory only (never saved to a folder or the Hub): pass "
+            "HybridRetriever.load(..., model=<that model, or one sharing its document encoder>)"
+        )
+    ref = str(model) if model is not None else _saved_model_ref(folder, info)
+    try:
+        return load_encoder(ref)
+    except (OSError, ValueError) as e:
+        given = "the model= you passed" if model is not None else f"the model {folder} was built with"
+        raise ConfigError(
+            f"{folder}: cannot load {given} ({ref}): {' '.join(str(e).split())[:200]}; pass "
+            "HybridRetriever.load(..., model=<that model's folder or Hub id>)"
+        ) from None
 
 
 def _whole(value, low: int = 0) -> bool:
