@@ -56,6 +56,7 @@ BENCHES := bench_coco bench_encode_levers bench_encode_precision bench_evaluate 
 bench: setup
 	set -e; for b in $(BENCHES); do $(BIN)/python scripts/benchmarks/$$b.py; done
 	$(BIN)/python -m scripts.benchmarks.bench_scale
+	$(BIN)/python -m scripts.benchmarks.bench_million
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
