@@ -46,19 +46,13 @@ def parse() -> argparse.Namespace:
 
 
 def interpolate(student, start, alpha: float, saved: dict) -> None:
-    """Set the student's query route to ``start + alpha * (saved - start)`` (``saved``: its trained weights)."""
-    import torch
-
+    """Set the student's query route to ``start + alpha * (saved - start)`` (``saved``: its trained weights), module
+    by module with the library's WiSE-FT interpolation (:func:`hf_cocodr.modeling.wise.interpolate_state_dicts`)."""
     from hf_cocodr.modeling.asymmetric import query_modules
+    from hf_cocodr.modeling.wise import interpolate_state_dicts
 
-    route, base = query_modules(student), list(start)
-    with torch.no_grad():
-        for i, (mine, theirs) in enumerate(zip(route, base)):
-            ref = theirs.state_dict()
-            new = {}
-            for k, v in saved[i].items():
-                new[k] = ref[k] + alpha * (v - ref[k]) if v.is_floating_point() else v
-            mine.load_state_dict(new)
+    for i, (mine, theirs) in enumerate(zip(query_modules(student), list(start))):
+        mine.load_state_dict(interpolate_state_dicts(theirs.state_dict(), saved[i], alpha))
 
 
 def measure(ns, arm: str, seed: int, alphas: list[float], start, session) -> dict:
