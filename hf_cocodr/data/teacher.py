@@ -32,6 +32,7 @@ __all__ = [
     "FrozenCandidateRows",
     "TeacherRows",
     "TeacherSource",
+    "deep_ranks",
     "frozen_candidate_rows",
     "route_queries",
     "teacher_rows",
@@ -113,6 +114,9 @@ class FrozenCandidateRows(RowsSource):
         self.scores, self.candidates, self.name = scores, candidates, name
         self.vectors = vectors
         self.columns = ["query"]
+        # the top k and the sampled deeper candidates of each row, where frozen_candidate_rows sampled some:
+        # {"top": k, "deep": deep, "depth": depth} (None: the rows are the teacher's top candidates alone)
+        self.sampled: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.query_texts)
@@ -138,35 +142,74 @@ class FrozenCandidateRows(RowsSource):
         pass
 
 
+def deep_ranks(n: int, k: int, deep: int, seed: int | Sequence[int], row: int) -> np.ndarray:
+    """The ranks (0-based, ascending) of the ``deep`` candidates a row samples below the teacher's top ``k``: drawn
+    uniformly without replacement from ranks ``k .. n-1`` of its ``n`` ranked documents, by a generator seeded with
+    ``(*seed, row)`` (the same row of the same seed always draws the same ranks, whatever the other rows)."""
+    if deep <= 0:
+        return np.zeros(0, dtype=np.int64)
+    entropy = [int(seed)] if isinstance(seed, int | np.integer) else [int(x) for x in seed]
+    picked = np.random.default_rng([*entropy, int(row)]).choice(n - k, size=deep, replace=False)
+    return np.sort(picked).astype(np.int64) + k
+
+
 def frozen_candidate_rows(
-    teacher, queries: Sequence[str], doc_rows: Mapping[str, int], k: int, *, name: str = "", vectors=None
+    teacher,
+    queries: Sequence[str],
+    doc_rows: Mapping[str, int],
+    k: int,
+    *,
+    name: str = "",
+    vectors=None,
+    deep: int = 0,
+    depth: int = 200,
+    seed: int | Sequence[int] = 0,
 ):
     """:class:`FrozenCandidateRows` from the teacher's top-``k`` of each query (``doc_rows``: document id → its row
     in the frozen ``vectors``); queries with fewer than ``k`` candidates are left out and counted, as in
-    :func:`teacher_rows`."""
+    :func:`teacher_rows`.
+
+    ``deep`` > 0 adds to each row ``deep`` candidates sampled below the top ``k``, from the teacher's ranks ``k+1``
+    to ``depth`` (:func:`deep_ranks`, seeded by ``seed``, one number or several, and the row), with their teacher scores, after the top
+    ``k`` in rank order: the listwise loss then also sees documents the teacher ranks low, which cost nothing on
+    the query side (they are rows of the frozen vectors). The teacher is then searched to ``depth``; a query with
+    fewer than ``k + deep`` ranked documents is left out and counted. ``deep=0`` gives the top-``k`` rows alone."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise ValueError(f"frozen_candidate_rows: k must be a whole number >= 2, got {k!r}")
+    if isinstance(deep, bool) or not isinstance(deep, int) or deep < 0:
+        raise ValueError(f"frozen_candidate_rows: deep must be a whole number >= 0, got {deep!r}")
+    if deep and (isinstance(depth, bool) or not isinstance(depth, int) or depth < k + deep):
+        raise ValueError(
+            f"frozen_candidate_rows: depth must be a whole number >= k + deep = {k + deep} to sample {deep} "
+            f"candidates below the top {k}, got {depth!r}"
+        )
     queries = list(queries)
-    ids, scores = teacher.search(queries, k)
-    kept = [i for i, row in enumerate(ids) if len(row) >= k]
+    need = k + deep
+    ids, scores = teacher.search(queries, depth if deep else k)
+    kept = [i for i, row in enumerate(ids) if len(row) >= need]
     if len(kept) < len(queries):
         logger.warning(
             "distillation: %d of %d queries got fewer than %d teacher candidates and were left out",
             len(queries) - len(kept),
             len(queries),
-            k,
+            need,
         )
     if not kept:
         raise ValueError(
-            f"distillation: none of the {len(queries)} queries got {k} teacher candidates; lower k or check the corpus"
+            f"distillation: none of the {len(queries)} queries got {need} teacher candidates; lower k"
+            f"{' or deep' if deep else ''} or check the corpus"
         )
-    return FrozenCandidateRows(
-        [queries[i] for i in kept],
-        [[float(x) for x in scores[i][:k]] for i in kept],
-        [[doc_rows[d] for d in ids[i][:k]] for i in kept],
-        name=name or "teacher rows",
-        vectors=vectors,
+    row_scores, row_docs = [], []
+    for i in kept:
+        ranks = [*range(k), *deep_ranks(min(len(ids[i]), depth), k, deep, seed, i).tolist()]
+        row_scores.append([float(scores[i][r]) for r in ranks])
+        row_docs.append([doc_rows[ids[i][r]] for r in ranks])
+    rows = FrozenCandidateRows(
+        [queries[i] for i in kept], row_scores, row_docs, name=name or "teacher rows", vectors=vectors
     )
+    if deep:
+        rows.sampled = {"top": k, "deep": deep, "depth": depth}
+    return rows
 
 
 class TeacherSource(TypedDict):

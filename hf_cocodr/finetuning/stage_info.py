@@ -91,6 +91,12 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         candidates = int(np.asarray(labels).shape[-1]) if labels is not None else None
     except Exception:  # a rows source that cannot say
         candidates = None
+    sampled = getattr(trainer.training_data, "sampled", None)
+    if candidates is not None and sampled:
+        candidates = (
+            f"{candidates}: the teacher's top {sampled['top']} and {sampled['deep']} sampled from its ranks "
+            f"{sampled['top'] + 1}-{sampled['depth']}"
+        )
     info: dict[str, Any] = {
         "type": "distill",
         "title": "hybrid-teacher distillation" + (" (query side)" if query_side else ""),

@@ -92,6 +92,12 @@ ARMS = {
         f"@queries --pseudo-queries {N_PSEUDO // 2}",
         f"the `queries` row with {N_PSEUDO // 2} pseudo-queries of the mix calibrated to the user's queries added",
     ),
+    # issue 49's lever for a signal that teaches only the order of the top 8: sampled deeper candidates (ranks 9-200,
+    # rows of the frozen vectors: free on the query side) in the listwise loss
+    "queries-deep": (
+        "@queries --distill-deep 8",
+        "the `queries` row with 8 candidates sampled from the teacher's ranks 9-200 added to each query's top 8",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",

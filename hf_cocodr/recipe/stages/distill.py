@@ -100,6 +100,12 @@ class DistillSettings:
     distill_steps: int | None = option(None, "steps of the distillation (default: planned, or 500)")
     distill_share: float | Auto = option(AUTO, "the distillation's share of the training budget")
     distill_k: int = option(8, "distillation: the teacher's candidates per query (its top-k)")
+    distill_deep: int = option(
+        0,
+        "distillation (query side): candidates sampled per query below the teacher's top distill_k, from its ranks "
+        "distill_k+1 to distill_deep_depth, added to the listwise loss at their teacher scores (0: none)",
+    )
+    distill_deep_depth: int = option(200, "distillation: the deepest teacher rank distill_deep samples from")
     distill_teacher_weight: float | Literal["fit"] = option(
         0.5,
         "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), or fit: "
@@ -166,6 +172,14 @@ class DistillSettings:
         check_whole(self, "distill_k", 2, allow_none=False)
         if self.distill_k > MAX_DISTILL_K:  # the candidates are the rows' document columns (negative_1 ...)
             raise ConfigError(f"recipe option distill_k must be at most {MAX_DISTILL_K}, got {self.distill_k!r}")
+        check_whole(self, "distill_deep", 0, allow_none=False)
+        check_whole(self, "distill_deep_depth", 2, allow_none=False)
+        if self.distill_deep and self.distill_deep_depth < self.distill_k + self.distill_deep:
+            raise ConfigError(
+                f"recipe option distill_deep_depth {self.distill_deep_depth} leaves no room to sample distill_deep "
+                f"{self.distill_deep} candidates below the top distill_k {self.distill_k}: it must be at least "
+                f"{self.distill_k + self.distill_deep}"
+            )
         check_flag(self, "distill_document_gradients")
         if self.distill_side not in DISTILL_SIDES:
             raise ConfigError(
@@ -336,6 +350,12 @@ class DistillStage(Stage):
                 "targets": run.fps["targets"],
                 "dense_weight": cfg.distill_teacher_weight,
                 "k": cfg.distill_k,
+                # sampled deeper candidates (named only when on: the identity of a run without them is unchanged)
+                **(
+                    {"deep": cfg.distill_deep, "deep_depth": cfg.distill_deep_depth, "deep_seed": cfg.seed}
+                    if cfg.distill_deep
+                    else {}
+                ),
                 # the teacher's (and the frozen document side's) vectors are encoded in this precision
                 **({"encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
             },
@@ -458,7 +478,9 @@ class DistillStage(Stage):
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
         t0 = time.perf_counter()
-        make = query_side_dataset if self.query_side(run) else distill_dataset
+        query_side = self.query_side(run)
+        make = query_side_dataset if query_side else distill_dataset
+        deep = dict(deep=cfg.distill_deep, depth=cfg.distill_deep_depth, seed=cfg.seed) if query_side else {}
         rows = make(
             run.model,
             run.fps["model"],
@@ -468,6 +490,7 @@ class DistillStage(Stage):
             fusion=self._fusion(cfg),
             batch_size=encode_batch_size(cfg),
             session=run.encodings,
+            **deep,
         )
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
@@ -504,6 +527,12 @@ class DistillStage(Stage):
         if cfg.distill_side == "query" and self.enabled(cfg):
             before = trained_before(cfg, stages)
             _check_query_side(cfg, f"{', '.join(before)} would train the model before it" if before else None)
+        if cfg.distill_deep and self.enabled(cfg) and cfg.distill_side == "full":
+            raise ConfigError(
+                f"recipe option distill_deep {cfg.distill_deep} samples deep candidates for the query side, whose "
+                "candidates are rows of frozen vectors; with distill_side full each would be a document encoded in "
+                "every step: set distill_side query, or distill_deep 0"
+            )
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -562,7 +591,11 @@ class DistillStage(Stage):
             dim = model.get_embedding_dimension()
             vectors = torch.randn(len(doc_ids), dim, generator=torch.Generator().manual_seed(0))
             doc_rows = {d: i for i, d in enumerate(doc_ids)}
-            return TeacherRows(frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors))
+            deep = int(run.cfg.distill_deep)  # the rows' width: the top k and the sampled deeper candidates
+            depth = max(k + deep, min(int(run.cfg.distill_deep_depth), len(doc_ids)))
+            return TeacherRows(
+                frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors, deep=deep, depth=depth)
+            )
         return TeacherRows(teacher_rows(_Random(), asked, docs, k))
 
     @staticmethod
