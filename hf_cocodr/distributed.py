@@ -38,6 +38,31 @@ def broadcast_array(arr: np.ndarray | None, src: int = 0) -> np.ndarray | None:
     return box[0]
 
 
+def broadcast_object(obj, src: int = 0):
+    """Rank ``src``'s ``obj`` (anything picklable) on every rank: what one rank decided (a plan measured on its clock,
+    a guard's verdict), so every rank goes on with the same."""
+    if world()[0] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src)
+    return box[0]
+
+
+def main_first(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on rank 0 (the rank that writes the run's files), its result broadcast to every rank;
+    a failure on rank 0 is raised on every rank (:func:`raise_together`). One process: ``fn``'s call."""
+    if world()[0] == 1:
+        return fn(*args, **kwargs)
+    result, error = None, None
+    if is_main():
+        try:
+            result = fn(*args, **kwargs)
+        except Exception as e:  # raised on every rank below
+            error = e
+    raise_together(error)
+    return broadcast_object(result)
+
+
 def gather_rows(x: np.ndarray, total: int) -> np.ndarray:
     """All-gather contiguous row shards (rank r holds the rows :func:`shard_range` gives it) into the full array."""
     size, _ = world()

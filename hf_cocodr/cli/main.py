@@ -358,7 +358,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 # the commands whose corpus encodings the ranks of a ``torchrun`` launch share (retrieval.encoding.encode_sharded)
-DISTRIBUTED_COMMANDS = ("evaluate", "mteb")  # (mteb: its hybrid's corpus)
+DISTRIBUTED_COMMANDS = ("evaluate", "mteb", "recipe")  # (mteb: its hybrid's corpus; recipe: its trainers too)
 
 
 def _launched_distributed() -> bool:

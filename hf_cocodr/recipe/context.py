@@ -104,6 +104,7 @@ class RecipeRun:
         """Give ``trainer`` the stage's throughput meter (:meth:`meter`) and its wall-clock deadline (or ``end``;
         budgeted runs only); returns the deadline's callback or None."""
         self.meter(trainer, stage)
+        log_to_logger(trainer, stage)
         if stage not in self.deadlines:
             return None
         from ..finetuning.callbacks import WallClockDeadline
@@ -122,3 +123,20 @@ class RecipeRun:
         if meter not in trainer.callback_handler.callbacks:
             trainer.add_callback(meter)
         return meter
+
+
+def log_to_logger(trainer, stage: str) -> None:
+    """Send ``trainer``'s training logs (loss, learning rate, ...) to the ``hf_cocodr.recipe`` logger (stderr, shown
+    at INFO) instead of transformers' ``PrinterCallback``, which prints them on stdout where the recipe's command
+    prints its one result line (``hf-cocodr -q recipe ... | jq`` reads that line alone)."""
+    from transformers.trainer_callback import PrinterCallback, TrainerCallback
+
+    class _LogCallback(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero and logs:
+                logs = {k: v for k, v in logs.items() if k != "total_flos"}
+                logger.info("stage %s, step %d: %s", stage, state.global_step, logs)
+
+    if any(isinstance(c, PrinterCallback) for c in trainer.callback_handler.callbacks):
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(_LogCallback())

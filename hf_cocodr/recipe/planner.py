@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import distributed as D
 from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..utils import atomic_write_json
@@ -345,8 +346,10 @@ def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
     these inputs, or the steps are fixed); then each stage's deadline."""
     stages = instantiate(stages)
     if run.plan is None:
-        plan = _budgeted_plan(run, stages)
-        atomic_write_json(run.out / "plan.json", plan.to_dict())
+        # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all
+        plan = D.broadcast_object(_budgeted_plan(run, stages))
+        if D.is_main():
+            atomic_write_json(run.out / "plan.json", plan.to_dict())
         run.plan = plan
         run.ids = stage_ids(run, stages)
         if plan.source_queries is not None and plan.source_queries != len(run.train_data):

@@ -20,6 +20,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .. import distributed as D
 from ..data.beir import BEIRFormatError, open_jsonl, parse_eval_spec
 from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
 from ..errors import ConfigError
@@ -145,16 +146,27 @@ def run_recipe(
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
     if cfg.save_hybrid:
         check_hybrid_folders(Path(output_dir), target_corpora)
-    folder = RunFolder.claim(
-        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite_output_dir, writes=entries
-    )
-    folder.expect(entries)
+    # Under torch.distributed (torchrun) every rank runs the recipe (the trainers' steps and every corpus encoding are
+    # shared, D.encode_sharded) and rank 0 alone claims OUT and writes the run's files; what one rank measures or
+    # decides (the plan, the guard's verdict) is broadcast from rank 0.
+    folder = D.main_first(_claim, output_dir, fps, resume, overwrite_output_dir, entries)
     try:
         inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
         run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
         return _run_stages(run, stages)
     finally:
-        folder.release()
+        if D.is_main() and folder is not None:
+            folder.release()
+        D.barrier()
+
+
+def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder:
+    """``OUT`` claimed for the recipe (on rank 0 alone under torch.distributed; the other ranks hold no claim)."""
+    folder = RunFolder.claim(
+        output_dir, "recipe", None if resume else fps, resume=resume, overwrite=overwrite, writes=entries
+    )
+    folder.expect(entries)
+    return folder
 
 
 def _schedule(
@@ -294,13 +306,14 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
         run.source_data,
         cfg.source_split,
     )
-    run.queries = prepare_queries(run)  # (the distillation's training queries, the guard's held-out ones)
+    # (the distillation's training queries, the guard's held-out ones; written by rank 0 under torch.distributed)
+    run.queries = D.main_first(prepare_queries, run)
     run.arguments = {s.name: s.arguments(run) for s in stages}
     # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
     # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
     ids = plan_identities(run, asdict(cfg))
     run.plan_id = ids[0]
-    run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else saved_plan(run.out, ids)
+    run.plan = fixed_plan(cfg, stages) if run.max_minutes is None else D.main_first(saved_plan, run.out, ids)
     run.ids = stage_ids(run, stages) if run.plan else {}
     run.precision = _precision_choice(cfg, run.arguments, stages)
     run.precision.update(encoding=run.encode_precision, encoding_why=run.encode_precision_why)
@@ -323,12 +336,14 @@ def _run_stage(run: RecipeRun, stage: Stage) -> None:
     else:
         run.log_rerun(stage_dir)
         marker = stage.train(run)
+        D.barrier()  # (what rank 0 wrote of the stage is there for every rank)
         meter = run.meters.get(stage.name)
         throughput = {"throughput": meter.summary()} if meter is not None and meter.steps else {}
         if marker is None and throughput:  # the stage wrote its marker itself
             marker = read_marker(stage_dir)
-        if marker is not None:
+        if marker is not None and D.is_main():
             write_marker(stage_dir, {**marker, **throughput, "identity": run.ids[stage.name]})
+        D.barrier()
     run.current = str(stage_dir)
     run.stage_seconds[stage.name] = _stage_seconds(stage_dir, t0)
 
@@ -417,10 +432,7 @@ def _run_start_eval(
     fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus), so
     a changed model or a changed split is evaluated again, whatever its name."""
     path = out / "start_eval.json"
-    try:
-        cached = json.loads(path.read_text()) if path.is_file() else {}
-    except (OSError, ValueError):
-        cached = {}  # a damaged cache is a missing one
+    cached = D.main_first(_read_start_eval, path)  # (rank 0's reading: every rank evaluates the same splits)
     model_fp = digest(fingerprint(model))
     if not isinstance(cached, dict) or cached.get("model_fingerprint") != model_fp:
         cached = {"model": model, "model_fingerprint": model_fp, "results": {}, "inputs": {}}
@@ -439,8 +451,16 @@ def _run_start_eval(
             )
             cached["results"][spec] = split_hybrid(res)
             cached.setdefault("inputs", {})[spec] = inputs[spec]
-            atomic_write_json(path, cached)
+            if D.is_main():
+                atomic_write_json(path, cached)
     return {s: cached["results"][s] for s in evals}
+
+
+def _read_start_eval(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}  # a damaged cache is a missing one
 
 
 def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
@@ -450,17 +470,11 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
 
     t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
     run.guard = guard_run(run)  # (may put the starting model back)
+    run.guard, run.current = D.broadcast_object((run.guard, run.current))  # rank 0's verdict, on every rank
     if run.guard is not None:
         run.stage_seconds["guard"] = run.guard["seconds"]
         t0 = time.perf_counter()
-    if run.current == run.model:
-        export_sentence_transformer(
-            run.model, final_dir, pooling=run.pooling, similarity=run.similarity, run_record=False
-        )
-    else:
-        export_final(Path(run.current), final_dir)
-    # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
-    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
+    D.main_first(_export, run, final_dir)
     seconds = run.stage_seconds
     seconds["export"] = round(time.perf_counter() - t0, 1)
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
@@ -468,7 +482,9 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     final = load_encoder(str(final_dir))
     reusing = run.encodings.with_reuse()  # a target corpus that is also evaluated is encoded once by the final model
     batch = encode_batch_size(cfg)
-    results = evaluate_all(final, run.evals, final_dir, batch_size=batch, hybrid=True, session=reusing)
+    results = evaluate_all(
+        final, run.evals, final_dir if D.is_main() else None, batch_size=batch, hybrid=True, session=reusing
+    )
     summary = {spec: split_hybrid(r) for spec, r in results.items()}
     seconds["evaluation"] = round(time.perf_counter() - t0, 1)
     if cfg.save_hybrid and run.target_corpora:
@@ -488,7 +504,8 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
                 summary[spec]["ndcg@10"] - start["ndcg@10"],
             )
         seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
-    _write_records(run, stages, summary, train_seconds, final_dir)
+    if D.is_main():
+        _write_records(run, stages, summary, train_seconds, final_dir)
     logger.info(
         "recipe finished: training %.1f minutes%s, evaluation %.1f minutes",
         train_seconds / 60,
@@ -496,6 +513,18 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         (seconds["evaluation"] + seconds.get("start_evaluation", 0.0)) / 60,
     )
     return summary
+
+
+def _export(run: RecipeRun, final_dir: Path) -> None:
+    """The final model into ``OUT/model`` (the starting model's export where the guard or the stages left it)."""
+    if run.current == run.model:
+        export_sentence_transformer(
+            run.model, final_dir, pooling=run.pooling, similarity=run.similarity, run_record=False
+        )
+    else:
+        export_final(Path(run.current), final_dir)
+    # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
+    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
 
 
 def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
@@ -542,8 +571,9 @@ def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None)
         except BEIRFormatError as e:  # a plain text corpus (no document ids) trains COCO but cannot be searched
             logger.warning("no hybrid retriever for %s: %s", corpus, e)
             continue
-        hybrid.save(folder)
-        logger.info("hybrid retriever for %s saved in %s (HybridRetriever.load)", corpus, folder)
+        if D.is_main():  # (every rank built it, sharing the encoding; rank 0 writes)
+            hybrid.save(folder)
+            logger.info("hybrid retriever for %s saved in %s (HybridRetriever.load)", corpus, folder)
 
 
 def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
@@ -590,6 +620,7 @@ def _write_records(
         "schedule": run.choice,
         "precision": run.precision,
         "device": device_record(),
+        "ranks": D.world()[0],  # the processes of a torch.distributed launch (torchrun) that ran it
         # each training stage's per-device batch (a GPU's default is larger than a CPU's: settings.device_batch_size)
         "batches": {
             s.name: run.arguments[s.name]["per_device_train_batch_size"]

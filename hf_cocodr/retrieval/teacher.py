@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import distributed as D
 from ..data.teacher import (
     FrozenCandidateRows,
     TeacherRows,
@@ -96,7 +97,8 @@ def teacher_retriever(
     doc_ids, doc_texts = _corpus_ids_texts(corpus)
     path = teacher_cache_path(model_key, doc_ids, doc_texts, session) if cache else None
     hybrid, cached = None, False
-    if path is not None and (path / HYBRID_FILE).is_file():
+    # (under torch.distributed: the cache is used only where every rank finds it, and rank 0 alone writes it)
+    if path is not None and D.agree((path / HYBRID_FILE).is_file()):
         try:
             hybrid, cached = (
                 HybridRetriever.load(
@@ -109,9 +111,11 @@ def teacher_retriever(
         except (ConfigError, OSError, ValueError, KeyError, IndexError, TypeError) as e:
             logger.warning("teacher cache %s cannot be used (%s): building it again", path, e)
             hybrid, cached = None, False
+        if not D.agree(hybrid is not None):  # a rank that could not read it: every rank builds it
+            hybrid, cached = None, False
     if hybrid is None:
         hybrid = HybridRetriever.build(model, corpus, fusion=fusion, batch_size=batch_size, session=session)
-        if path is not None:
+        if path is not None and D.is_main():
             try:
                 hybrid.save(path)
             except OSError as e:  # the cache only saves time: a run goes on without it

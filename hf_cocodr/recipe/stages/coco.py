@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ... import distributed as D
 from ...rundir.run_record import digest
 from ..outputs import read_marker, write_marker, write_soup
 from ..settings import (
@@ -203,12 +204,14 @@ class CocoStage(Stage):
                     run, run_dir, run.cfg.seed + i, None if end is None else end - (runs - 1 - i) * run_s
                 )
                 marker = {**marker, "identity": identity}
-                write_marker(run_dir, marker)
+                if D.is_main():  # (under torch.distributed rank 0 writes the run's files)
+                    write_marker(run_dir, marker)
             else:
                 logger.info("COCO run %d of %d: already finished (%s), skipped", i + 1, runs, run_dir)
             run_dirs.append(run_dir)
             markers.append(marker)
-        write_soup(run_dirs, stage_dir, [run.cfg.seed + i for i in range(runs)])
+        if D.is_main():
+            write_soup(run_dirs, stage_dir, [run.cfg.seed + i for i in range(runs)])
         stops = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
         run_steps = [m["steps"] for m in markers]
         return {

@@ -1,0 +1,133 @@
+"""``torchrun --nproc_per_node 2 -m hf_cocodr recipe``: every rank trains and shares the corpus encodings, rank 0
+alone writes the run's files and prints; with SGD, no dropout and a loss without in-batch negatives, 2 ranks of
+batch 4 adapt the model as one process of batch 8 does, and print the same result."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _env(cache: Path) -> dict:
+    env = dict(os.environ)
+    path = env.get("PYTHONPATH")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_COCODR_CACHE=str(cache),
+        PYTHONPATH=f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
+    )
+    return env
+
+
+def _torchrun() -> list[str]:
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    return [torchrun, "--nproc_per_node", "2", "--master_port", str(29300 + os.getpid() % 1000), "--tee", "1"]
+
+
+@pytest.fixture(scope="module")
+def nodrop_st(tmp_path_factory):
+    import tiny
+
+    from hf_cocodr.export import export_sentence_transformer
+
+    raw = tiny.make_tiny_bert(tmp_path_factory.mktemp("recipe_ddp_raw"), dropout=0.0, seed=3, mlm=False)
+    out = tmp_path_factory.mktemp("recipe_ddp_st") / "model"
+    export_sentence_transformer(str(raw), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def beir(tmp_path_factory):
+    import tiny
+
+    return tiny.make_beir(tmp_path_factory.mktemp("recipe_ddp_beir") / "b", n_docs=60, n_queries=40)
+
+
+def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path) -> subprocess.CompletedProcess:
+    config = out.parent / f"{out.name}.yaml"
+    config.write_text(
+        "distill:\n"
+        f"  per_device_train_batch_size: {batch}\n"
+        "  optim: sgd\n"
+        "  learning_rate: 0.05\n"
+        "  warmup_steps: 0\n"
+        "  save_steps: 2\n"
+        "  weight_decay: 0.0\n"
+    )
+    cmd = launcher + [
+        "-m", "hf_cocodr", "-q", "recipe",
+        "--model", str(model), "--target-corpus", str(beir), "--source-data", str(beir),
+        "--output_dir", str(out), "--config", str(config),
+        "--target-queries", f"{beir}:train", "--eval", f"{beir}:dev",
+        "--skip-coco", "true", "--target-pairs", "none", "--wise-alpha", "none",
+        "--distill-steps", "3", "--distill-k", "4", "--distill-side", "query",
+        "--distill-in-batch-weight", "0", "--guard", "record",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=_env(cache), capture_output=True, text=True, timeout=900, cwd=out.parent)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _printed(proc) -> list[dict]:
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return [json.loads(line.split("]:", 1)[1] if line.startswith("[") else line) for line in lines]
+
+
+def _close(a, b, tol=1e-5):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            if not str(k).endswith("_seconds"):
+                _close(a[k], b[k], tol)
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, abs=tol)
+    else:
+        assert a == b
+
+
+def test_two_ranks_run_the_recipe_as_one_process_with_their_joint_batch(nodrop_st, beir, tmp_path):
+    two = _recipe(_torchrun(), nodrop_st, beir, tmp_path / "two", 4, tmp_path / "cache2")
+    one = _recipe([sys.executable], nodrop_st, beir, tmp_path / "one", 8, tmp_path / "cache1")
+    printed = _printed(two)
+    assert len(printed) == 1, two.stdout  # rank 0's result only (torchrun --tee prefixes each rank's lines)
+    (single,) = _printed(one)
+    _close(printed[0], single)  # the adapted and the starting model's metrics, dense and hybrid
+    rec_two = json.loads((tmp_path / "two" / "recipe.json").read_text())
+    rec_one = json.loads((tmp_path / "one" / "recipe.json").read_text())
+    assert rec_two["ranks"] == 2 and rec_one["ranks"] == 1
+    assert rec_two["steps_trained"] == rec_one["steps_trained"] == {"distill": 3}
+    assert rec_two["guard"]["verdict"] == rec_one["guard"]["verdict"]
+    # the query route trained alike: 2 ranks x 4 queries a step == 8 queries a step (SGD: equal gradients)
+    a = load_file(str(next((tmp_path / "two" / "model").glob("query_0_*/model.safetensors"))))
+    b = load_file(str(next((tmp_path / "one" / "model").glob("query_0_*/model.safetensors"))))
+    start = load_file(str(next(nodrop_st.glob("**/model.safetensors"))))
+    assert a.keys() == b.keys()
+    moved = [k for k in a if not torch.equal(a[k], start[k])]
+    assert len(moved) > 5  # it trained
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
+    # one set of files, written once by rank 0: the card, the saved hybrid, the stage's marker and checkpoints
+    for out in ("two", "one"):
+        assert (tmp_path / out / "model" / "README.md").is_file()
+        assert (tmp_path / out / "hybrid" / "b" / "hybrid.json").is_file()
+    names = sorted(p.name for p in (tmp_path / "two").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "one").iterdir())
+    np.testing.assert_allclose(
+        json.loads((tmp_path / "two" / "eval.json").read_text())[f"{beir}:dev"]["ndcg@10"],
+        json.loads((tmp_path / "one" / "eval.json").read_text())[f"{beir}:dev"]["ndcg@10"],
+        atol=1e-5,
+    )
