@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from transformers import TrainerCallback
 
+from .context import log_to_logger
+
 if TYPE_CHECKING:
     from .context import RecipeRun
     from .stage import Stage
@@ -68,6 +70,7 @@ def time_trainer_steps(stage: Stage, run: RecipeRun, timings: int = STEP_TIMINGS
     folder."""
     with tempfile.TemporaryDirectory(prefix="hf_cocodr-probe-") as tmp:
         trainer = stage.build_trainer(run, 1 + timings, output_dir=tmp, probe=True)
+        log_to_logger(trainer, f"{stage.name} (probe)")
         timer = StepTimer(synchronize=_synchronizer(trainer))
         trainer.add_callback(timer)
         trainer.train()

@@ -131,3 +131,31 @@ def test_two_ranks_run_the_recipe_as_one_process_with_their_joint_batch(nodrop_s
         json.loads((tmp_path / "one" / "eval.json").read_text())[f"{beir}:dev"]["ndcg@10"],
         atol=1e-5,
     )
+
+
+def test_a_budgeted_recipe_under_torchrun_plans_once_and_every_rank_trains_its_steps(nodrop_st, beir, tmp_path):
+    """Every rank probes (a probe's steps are a distributed trainer's), rank 0's measurements plan them all: the
+    ranks train the same steps (a rank that stopped early would leave the other waiting in a collective), the plan
+    is written once and the one result line printed."""
+    out = tmp_path / "budget"
+    config = tmp_path / "budget.yaml"
+    config.write_text("distill:\n  per_device_train_batch_size: 4\n")
+    cmd = _torchrun() + [
+        "-m", "hf_cocodr", "-q", "recipe",
+        "--model", str(nodrop_st), "--target-corpus", str(beir), "--source-data", str(beir),
+        "--output_dir", str(out), "--config", str(config), "--target-queries", f"{beir}:train",
+        "--eval", f"{beir}:dev", "--skip-coco", "true", "--target-pairs", "none", "--distill-side", "query",
+        "--max-minutes", "1.5",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (result,) = _printed(proc)
+    assert set(result) == {f"{beir}:dev"}
+    record = json.loads((out / "recipe.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    assert record["ranks"] == 2 and plan["distill_steps"] > 0
+    # the steps the plan bought, capped at 3 passes over the train queries (8 a step: 2 ranks x 4)
+    from hf_cocodr.data.target_queries import read_target_queries
+
+    queries = len(read_target_queries(f"{beir}:train").texts)
+    assert record["steps_trained"]["distill"] == min(plan["distill_steps"], 3 * (queries // 8)) > 1
