@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import distributed as D
 from ..errors import ConfigError
 from ..rundir.run_record import digest
 from ..utils import atomic_write_json
@@ -344,6 +343,8 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
 def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
     """Measure this machine's step times and size the stages to the budget (unless ``plan.json`` holds the plan for
     these inputs, or the steps are fixed); then each stage's deadline."""
+    from .. import distributed as D
+
     stages = instantiate(stages)
     if run.plan is None:
         # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all

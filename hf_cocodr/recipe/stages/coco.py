@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ... import distributed as D
 from ...rundir.run_record import digest
 from ..outputs import read_marker, write_marker, write_soup
 from ..settings import (
@@ -193,6 +192,8 @@ class CocoStage(Stage):
         # planned seconds of one run (its steps and its load + export): each run ends early enough to leave the runs
         # after it theirs
         step_s = self.cost(run.plan.throughput or {}, run.cfg, plan=run.plan).step_s
+        from ...distributed import is_main
+
         run_s = run.plan.steps_of(self.name) * step_s + run.load_s
         for i in range(runs):
             run_dir, identity = run.out / "coco-runs" / f"run-{i}", digest({"coco": run.ids[self.name], "run": i})
@@ -204,13 +205,13 @@ class CocoStage(Stage):
                     run, run_dir, run.cfg.seed + i, None if end is None else end - (runs - 1 - i) * run_s
                 )
                 marker = {**marker, "identity": identity}
-                if D.is_main():  # (under torch.distributed rank 0 writes the run's files)
+                if is_main():  # (under torch.distributed rank 0 writes the run's files)
                     write_marker(run_dir, marker)
             else:
                 logger.info("COCO run %d of %d: already finished (%s), skipped", i + 1, runs, run_dir)
             run_dirs.append(run_dir)
             markers.append(marker)
-        if D.is_main():
+        if is_main():
             write_soup(run_dirs, stage_dir, [run.cfg.seed + i for i in range(runs)])
         stops = [m["stopped_by_deadline_at_step"] for m in markers if "stopped_by_deadline_at_step" in m]
         run_steps = [m["steps"] for m in markers]

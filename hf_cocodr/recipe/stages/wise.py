@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ... import distributed as D
 from ..outputs import write_wise
 from ..settings import AUTO, Auto, check_number, option
 from ..stage import Cost, Stage
@@ -55,6 +54,8 @@ class WiseStage(Stage):
         return {"stage": "wise", "start": run.fps["model"], "adapted": start, "alpha": run.cfg.wise_alpha}
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
-        if D.is_main():  # (under torch.distributed rank 0 writes the run's files)
+        from ...distributed import is_main
+
+        if is_main():  # (under torch.distributed rank 0 writes the run's files)
             write_wise(run.model, run.current, run.dir(self.name), float(run.cfg.wise_alpha), run.ids[self.name])
         return None  # the marker is written with the model, in one atomic step
