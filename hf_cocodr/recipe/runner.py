@@ -345,7 +345,7 @@ def _run_stage(run: RecipeRun, stage: Stage) -> None:
             write_marker(stage_dir, {**marker, **throughput, "identity": run.ids[stage.name]})
         D.barrier()
     run.current = str(stage_dir)
-    run.stage_seconds[stage.name] = _stage_seconds(stage_dir, t0)
+    run.stage_seconds[stage.name] = D.main_first(_stage_seconds, stage_dir, t0)  # (rank 0 writes the marker)
 
 
 def _model_similarity(model_path: str) -> tuple[str, str]:
