@@ -3,7 +3,8 @@
 torchrun --nproc_per_node 2 shard_worker.py MODEL_DIR BEIR_DIR OUT_DIR CHUNK_DOCS   (two ranks, gloo)
 python shard_worker.py MODEL_DIR BEIR_DIR OUT_DIR CHUNK_DOCS                        (one process, no process group)
 
-Writes ``rank<R>.json`` (the index's vectors, search results and rankings of each caller) and ``rank<R>.npz``.
+Writes ``rank<R>.json`` (the index's vectors, search results and rankings of each caller, the negatives a refresh
+installs) and ``rank<R>.npz``.
 """
 
 import json
@@ -78,6 +79,26 @@ def main():
     t_ids, t_scores, *_ = teacher_rankings(model, "tiny", corpus, queries, 10, cache=False)
     record["teacher_ids"] = t_ids
     record["teacher_scores"] = t_scores
+
+    # the hard-negatives refresh (HardNegativeRefreshCallback.refresh: every rank encodes its chunks of the training
+    # corpus through build_index, rank 0 ranks the queries and broadcasts the table and, to re-cluster, the queries'
+    # embeddings, which the K-Means callback receives: a stand-in records them)
+    from hf_cocodr.data.training import RetrievalTrainingData
+    from hf_cocodr.finetuning import HardNegativeRefreshCallback
+
+    class KMeansSpy:
+        def cluster(self, reason, embeddings=None, step=0):
+            arrays["refresh_query_embeddings"] = embeddings
+
+    rows = RetrievalTrainingData.from_beir(beir, "train", negatives="bm25")
+    record["bm25_neg_idx"] = rows.neg_idx.tolist()
+    refresh = HardNegativeRefreshCallback(every_steps=1, top_k=20, skip_top=1, recluster=True)
+    refresh.bind(model=model, rows=rows, kmeans=KMeansSpy())
+    refresh.refresh(step=3)
+    record["refresh_source"] = rows.negatives_source
+    record["refresh_neg_ptr"] = rows.neg_ptr.tolist()
+    record["refresh_neg_idx"] = rows.neg_idx.tolist()
+    record["refresh_queries"] = len(rows)
 
     np.savez(out / f"rank{rank}.npz", **arrays)
     (out / f"rank{rank}.json").write_text(json.dumps(record, default=_plain))

@@ -1,6 +1,7 @@
 """Sharded corpus encoding: two CPU ranks (torchrun, gloo) == one process, for every caller that encodes a corpus
-(the index of the evaluation, the hybrid build, the teacher, the fusion fit's documents), a corpus whose size does
-not divide by the ranks and a rank with an empty slice included; the ``evaluate`` command prints the same JSON."""
+(the index of the evaluation, the hybrid build, the teacher, the fusion fit's documents, the hard-negatives refresh),
+a corpus whose size does not divide by the ranks and a rank with an empty slice included; the ``evaluate`` and
+``mteb --hybrid`` commands print the same JSON (``mteb`` writes the same results files, once)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 8  # 81 documents: 11 chunks (the last of one document), dealt 5 / 6 to the two ranks
 
 
-def _env():
+def _env(**extra):
     env = dict(os.environ)
     path = env.get("PYTHONPATH")
     env.update(
@@ -27,6 +28,7 @@ def _env():
         OMP_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
+        **extra,
     )
     return env
 
@@ -36,8 +38,8 @@ def _torchrun() -> list[str]:
     return [torchrun, "--nproc_per_node", "2", "--master_port", str(29700 + os.getpid() % 1000)]
 
 
-def _run(cmd: list[str], cwd=None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900, cwd=cwd)
+def _run(cmd: list[str], cwd=None, **env) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=900, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -113,6 +115,25 @@ def test_two_ranks_rank_as_the_teacher_of_one_process(shard_runs):
 
 
 @pytest.mark.slow
+def test_two_ranks_refresh_the_negatives_one_process_refreshes(shard_runs):
+    """``HardNegativeRefreshCallback.refresh`` on two ranks (each encodes its chunks of the training corpus, rank 0
+    ranks the queries and broadcasts) installs on both ranks the negatives one process installs, and hands K-Means
+    the same query embeddings."""
+    ranks, (one, one_arr) = shard_runs
+    assert one["refresh_source"] == "self-mined@3" and one["refresh_queries"] == 12
+    assert one["refresh_neg_idx"] != one["bm25_neg_idx"]  # the refresh replaced the BM25 warm-up table
+    assert np.diff(one["refresh_neg_ptr"]).tolist() == [19] * 12  # ranks [1, 20) of the documents not positive
+    for rec, arr in ranks:
+        assert rec["refresh_source"] == one["refresh_source"]
+        assert rec["refresh_neg_ptr"] == one["refresh_neg_ptr"]
+        assert rec["refresh_neg_idx"] == one["refresh_neg_idx"]
+        assert arr["refresh_query_embeddings"].shape == one_arr["refresh_query_embeddings"].shape == (12, 32)
+        _close(arr["refresh_query_embeddings"], one_arr["refresh_query_embeddings"])
+    # rank 1 installed what rank 0 broadcast, bit for bit
+    assert np.array_equal(ranks[0][1]["refresh_query_embeddings"], ranks[1][1]["refresh_query_embeddings"])
+
+
+@pytest.mark.slow
 def test_evaluate_command_under_torchrun_prints_one_process_json(tiny_st_dir, shard_beir, tmp_path):
     """``torchrun -m hf_cocodr evaluate --hybrid`` prints on rank 0 the JSON one process prints (its timings
     aside), and nothing on rank 1; ``--output`` is written once. The corpus is one chunk here: rank 1's slice is
@@ -135,6 +156,62 @@ def test_evaluate_command_under_torchrun_prints_one_process_json(tiny_st_dir, sh
     assert result(line) == result(one.stdout.strip().splitlines()[-1])
     written = json.loads((tmp_path / "two.json").read_text())
     assert written["run"] == json.loads((tmp_path / "one.json").read_text())["run"]
+
+
+@pytest.mark.slow
+def test_mteb_hybrid_command_under_torchrun_prints_and_writes_one_process_results(tiny_st_dir, shard_beir, tmp_path):
+    """``torchrun -m hf_cocodr mteb --hybrid`` prints on rank 0 the JSON one process prints (its paths and timings
+    aside), and nothing on rank 1; the results folder and the predictions are written once, by rank 0, with the
+    files one process writes; rank 1 computed into a scratch copy that it removed. The corpus is one chunk here:
+    rank 1's slice is empty."""
+    common = ["-q", "mteb", str(tiny_st_dir), str(shard_beir), "--split", "dev", "--task-name", "toy-dev"]
+    common += ["--model-name", "test-org/tiny-hybrid", "--revision", "fedcba9876543210", "--batch-size", "16"]
+    common += ["--hybrid"]
+
+    def launch(name: str, launcher: list[str]) -> tuple[subprocess.CompletedProcess, Path]:
+        out, tmp = tmp_path / name, tmp_path / f"{name}_tmp"
+        tmp.mkdir()
+        argv = common + ["--output-folder", str(out / "results"), "--prediction-folder", str(out / "predictions")]
+        proc = _run(launcher + argv, TMPDIR=str(tmp), HF_COCODR_CACHE=str(tmp_path / f"{name}_cache"))
+        assert not list(tmp.glob("hf-cocodr-mteb-rank-*"))  # rank 1's scratch copy is gone
+        return proc, out
+
+    two, two_out = launch("two", _torchrun() + ["--tee", "1", "-m", "hf_cocodr"])
+    one, one_out = launch("one", [sys.executable, "-m", "hf_cocodr"])
+
+    def result(line: str, out: Path) -> dict:
+        return json.loads(line.replace(str(out), "OUT"), object_hook=_timeless)
+
+    printed = [line for line in two.stdout.splitlines() if line.strip()]
+    assert len(printed) == 1 and printed[0].startswith("[default0]:"), two.stdout  # rank 0's line only
+    line = printed[0].split("]:", 1)[1]
+    reference = result(one.stdout.strip().splitlines()[-1], one_out)
+    assert result(line, two_out) == reference
+    assert "skipped" not in reference["tasks"]["toy-dev"] and "fusion" in reference["tasks"]["toy-dev"]
+
+    def files(out: Path) -> dict:
+        found = {}
+        for f in sorted(p for p in out.rglob("*") if p.is_file()):
+            rel = f.relative_to(out).as_posix()
+            text = f.read_text().replace(str(out), "OUT")
+            found[rel] = json.loads(text, object_hook=_timeless) if f.suffix == ".json" else text
+        return found
+
+    two_files, one_files = files(two_out), files(one_out)
+    assert sorted(two_files) == sorted(one_files)
+    assert "results/hf_cocodr_run.json" in one_files and any(r.startswith("predictions/") for r in one_files)
+    task = "results/results/test-org__tiny-hybrid/fedcba9876543210/toy-dev.json"
+    assert two_files[task]["scores"] == one_files[task]["scores"]
+    for rel in one_files:  # the task's scores, the meta, the owner record (its provenance per file), predictions
+        assert two_files[rel] == one_files[rel], rel
+
+
+_TIMES = {"date", "evaluation_time", "started", "updated", "run_id", "start", "end"}
+
+
+def _timeless(d: dict) -> dict:
+    """A JSON object without its timings (``*_seconds``, mteb's time stamps, the run's id)."""
+    return {k: v for k, v in d.items() if not k.endswith("_seconds") and k not in _TIMES}
 
 
 def test_planner_divides_the_teacher_encoding_by_the_ranks(monkeypatch):
