@@ -139,10 +139,13 @@ def init_from_env() -> bool:
     return True
 
 
-def destroy() -> None:
-    """Leave the process group (after a barrier, so no rank exits while another still talks to it)."""
+def destroy(*, wait: bool = True) -> None:
+    """Leave the process group, after a barrier (so no rank exits while another still talks to it) unless ``wait``
+    is false: a rank that failed leaves at once (waiting could hang on ranks still in another collective; the
+    launcher stops them when it exits)."""
     if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -371,21 +371,24 @@ def _run_distributed(cmd: Command, args, rest: list[str]) -> int:
     it and writes the outputs: its output is exactly one process's. The other ranks log warnings only."""
     from .. import distributed as D
 
-    created = D.init_from_env()
+    created, ok = D.init_from_env(), False
     try:
         if D.is_main():
             setup_logging(logging.WARNING if args.quiet else logging.INFO)
-            return cmd.run(args, rest)
-        setup_logging(logging.WARNING)
-        with open(os.devnull, "w") as devnull:
-            stdout, sys.stdout = sys.stdout, devnull
-            try:
-                return cmd.run(args, rest)
-            finally:
-                sys.stdout = stdout
+            code = cmd.run(args, rest)
+        else:
+            setup_logging(logging.WARNING)
+            with open(os.devnull, "w") as devnull:
+                stdout, sys.stdout = sys.stdout, devnull
+                try:
+                    code = cmd.run(args, rest)
+                finally:
+                    sys.stdout = stdout
+        ok = True
+        return code
     finally:
         if created:
-            D.destroy()
+            D.destroy(wait=ok)  # (a rank that failed leaves at once: torchrun then stops the others)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

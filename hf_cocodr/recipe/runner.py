@@ -153,11 +153,12 @@ def run_recipe(
     try:
         inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
         run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
-        return _run_stages(run, stages)
+        result = _run_stages(run, stages)
+        D.barrier()  # (rank 0 releases OUT once every rank finished; a rank that fails leaves at once)
+        return result
     finally:
         if D.is_main() and folder is not None:
             folder.release()
-        D.barrier()
 
 
 def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder:
