@@ -146,10 +146,7 @@ def run_recipe(
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
     if cfg.save_hybrid:
         check_hybrid_folders(Path(output_dir), target_corpora)
-    # Under torch.distributed (torchrun) every rank runs the recipe (the trainers' steps and every corpus encoding are
-    # shared, D.encode_sharded) and rank 0 alone claims OUT and writes the run's files; what one rank measures or
-    # decides (the plan, the guard's verdict) is broadcast from rank 0.
-    folder = D.main_first(_claim, output_dir, fps, resume, overwrite_output_dir, entries)
+    folder = D.main_first(_claim, output_dir, fps, resume, overwrite_output_dir, entries)  # (rank 0's: docs/scale.md)
     try:
         inputs = (model, list(target_corpora), source_data, Path(output_dir), evals)
         run = RecipeRun(*inputs, cfg, choice, has_mlm, methods, max_minutes, resume, t_start, fps)
