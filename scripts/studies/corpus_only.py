@@ -115,6 +115,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--report", default="reports/studies/corpus_only")
     ap.add_argument("--findings", default="reports/studies/corpus_only_findings.md")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--title", default="Adaptation from the corpus alone", help="the report's heading")
     ap.add_argument(
         "--shared-cache",
         default=None,
@@ -320,7 +321,7 @@ def write_report(ns, rows: dict) -> None:
     summary = summarize(rows)
     any_row = next((r for rs in rows.values() for r in rs.values() if "metrics" in r), None)
     start_from = "a cache shared by the rows (a fixed-steps screen)" if ns.shared_cache else "a cold cache"
-    lines = [f"# Adaptation from the corpus alone: {ns.budget_minutes:g} minutes on one core, from {start_from}", ""]
+    lines = [f"# {ns.title}: {ns.budget_minutes:g} minutes on one core, from {start_from}", ""]
     findings = Path(ns.findings)
     if findings.is_file():
         lines += [findings.read_text().strip(), ""]
