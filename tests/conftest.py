@@ -27,6 +27,13 @@ def data_root() -> Path:
 
 
 @pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A cache folder of the test's own (``HF_COCODR_CACHE``), for tests that count or compare what a run encodes
+    and caches; a module asks for it with ``pytestmark = pytest.mark.usefixtures("own_cache")``."""
+    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
 def native_bf16(monkeypatch):
     """The machine reported as computing bf16 natively (in this process and the processes it starts)."""
     monkeypatch.setenv("HF_COCODR_NATIVE_BF16", "1")

@@ -5,8 +5,6 @@ batch 4 adapt the model as one process of batch 8 does, and print the same resul
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,26 +14,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from .launch import run_checked, torchrun
+
 pytestmark = pytest.mark.slow
 
 
-def _env(cache: Path) -> dict:
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env.update(
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_COCODR_CACHE=str(cache),
-        PYTHONPATH=f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
-    )
-    return env
-
-
 def _torchrun() -> list[str]:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    return [torchrun, "--nproc_per_node", "2", "--master_port", str(29300 + os.getpid() % 1000), "--tee", "1"]
+    return torchrun(29300) + ["--tee", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +62,7 @@ def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path
         "--distill-steps", "3", "--distill-k", "4", "--distill-side", "query",
         "--distill-in-batch-weight", "0", "--guard", "record",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(cache), capture_output=True, text=True, timeout=900, cwd=out.parent)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return run_checked(cmd, cwd=out.parent, HF_COCODR_CACHE=str(cache))
 
 
 def _printed(proc) -> list[dict]:
@@ -147,8 +130,7 @@ def test_a_budgeted_recipe_under_torchrun_plans_once_and_every_rank_trains_its_s
         "--eval", f"{beir}:dev", "--skip-coco", "true", "--target-pairs", "none", "--distill-side", "query",
         "--max-minutes", "1.5",
     ]  # fmt: skip
-    proc = subprocess.run(cmd, env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_checked(cmd, HF_COCODR_CACHE=str(tmp_path / "cache"))
     (result,) = _printed(proc)
     assert set(result) == {f"{beir}:dev"}
     record = json.loads((out / "recipe.json").read_text())

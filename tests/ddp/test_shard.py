@@ -6,8 +6,6 @@ a corpus whose size does not divide by the ranks and a rank with an empty slice 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,33 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from .launch import run_checked, torchrun
+
 WORKER = Path(__file__).parent / "shard_worker.py"
-ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 8  # 81 documents: 11 chunks (the last of one document), dealt 5 / 6 to the two ranks
 
 
-def _env(**extra):
-    env = dict(os.environ)
-    path = env.get("PYTHONPATH")
-    env.update(
-        HF_HUB_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONPATH=f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
-        **extra,
-    )
-    return env
-
-
 def _torchrun() -> list[str]:
-    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    return [torchrun, "--nproc_per_node", "2", "--master_port", str(29700 + os.getpid() % 1000)]
-
-
-def _run(cmd: list[str], cwd=None, **env) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, env=_env(**env), capture_output=True, text=True, timeout=900, cwd=cwd)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    return torchrun(29700)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +34,8 @@ def shard_beir(tmp_path_factory):
 def shard_runs(tiny_st_dir, shard_beir, tmp_path_factory):
     base = tmp_path_factory.mktemp("shard_runs")
     args = [str(WORKER), str(tiny_st_dir), str(shard_beir)]
-    _run(_torchrun() + args + [str(base / "two"), str(CHUNK)])
-    _run([sys.executable] + args + [str(base / "one"), str(CHUNK)])
+    run_checked(_torchrun() + args + [str(base / "two"), str(CHUNK)])
+    run_checked([sys.executable] + args + [str(base / "one"), str(CHUNK)])
 
     def load(folder, rank):
         return json.loads((folder / f"rank{rank}.json").read_text()), dict(np.load(folder / f"rank{rank}.npz"))
@@ -139,8 +118,10 @@ def test_evaluate_command_under_torchrun_prints_one_process_json(tiny_st_dir, sh
     aside), and nothing on rank 1; ``--output`` is written once. The corpus is one chunk here: rank 1's slice is
     empty."""
     common = ["-q", "evaluate", str(tiny_st_dir), str(shard_beir), "--split", "dev", "--hybrid"]
-    two = _run(_torchrun() + ["--tee", "1", "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "two.json")])
-    one = _run([sys.executable, "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "one.json")])
+    two = run_checked(
+        _torchrun() + ["--tee", "1", "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "two.json")]
+    )
+    one = run_checked([sys.executable, "-m", "hf_cocodr"] + common + ["--output", str(tmp_path / "one.json")])
 
     def timeless(d):
         if isinstance(d, dict):
@@ -172,7 +153,7 @@ def test_mteb_hybrid_command_under_torchrun_prints_and_writes_one_process_result
         out, tmp = tmp_path / name, tmp_path / f"{name}_tmp"
         tmp.mkdir()
         argv = common + ["--output-folder", str(out / "results"), "--prediction-folder", str(out / "predictions")]
-        proc = _run(launcher + argv, TMPDIR=str(tmp), HF_COCODR_CACHE=str(tmp_path / f"{name}_cache"))
+        proc = run_checked(launcher + argv, TMPDIR=str(tmp), HF_COCODR_CACHE=str(tmp_path / f"{name}_cache"))
         assert not list(tmp.glob("hf-cocodr-mteb-rank-*"))  # rank 1's scratch copy is gone
         return proc, out
 

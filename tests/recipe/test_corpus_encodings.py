@@ -21,9 +21,7 @@ CFG = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def test_a_run_encodes_each_corpus_once_per_model(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):

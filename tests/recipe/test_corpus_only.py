@@ -15,9 +15,7 @@ from hf_cocodr.recipe import run_recipe
 CFG = dict(pseudo_queries=64, guard_queries=12, distill_side="query", save_hybrid=False)
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def _rows(path):

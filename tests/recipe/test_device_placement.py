@@ -14,9 +14,7 @@ from helpers import EVERY_STAGE_TWO_STEPS
 CFG = EVERY_STAGE_TWO_STEPS
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def _spy_forwards(monkeypatch) -> list[tuple[str, str]]:

@@ -29,9 +29,7 @@ CFG = dict(
 )
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def _weights(folder):

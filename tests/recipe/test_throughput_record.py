@@ -12,9 +12,7 @@ from helpers import EVERY_STAGE_TWO_STEPS
 CFG = {**EVERY_STAGE_TWO_STEPS, "evaluate_start": False}
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def test_recipe_json_records_the_texts_and_tokens_each_stage_trained_on(

@@ -18,10 +18,7 @@ from hf_cocodr.retrieval.encoding import build_index
 from hf_cocodr.retrieval.encoding_cache import document_encoder_key
 from hf_cocodr.retrieval.session import EncodingSession
 
-
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def _vectors(model, corpus, **kw):

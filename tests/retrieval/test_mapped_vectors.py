@@ -17,9 +17,7 @@ from hf_cocodr.retrieval.vectors import MappedIndex, VectorWriter, as_stored, op
 QUERIES = ["heart artery blood pressure", "planet orbit telescope", "bread cheese oven", "neuron memory cortex"]
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
 
 def _random(n: int, dim: int, seed: int = 0) -> np.ndarray:
