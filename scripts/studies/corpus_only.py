@@ -98,6 +98,11 @@ ARMS = {
         "@queries --distill-deep 8",
         "the `queries` row with 8 candidates sampled from the teacher's ranks 9-200 added to each query's top 8",
     ),
+    # both levers at once: the teacher that caps NFCorpus fitted, the signal that caps SciFact deepened
+    "queries-fit-deep": (
+        "@queries --distill-teacher-weight fit --distill-deep 8",
+        "the `queries` row with the fitted teacher and 8 sampled deeper candidates (both levers above together)",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
