@@ -48,6 +48,7 @@ from cpu_budget import (  # noqa: E402
 )
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = Path(__file__).resolve().parent / "configs"  # recipe --config files of the arms that need one
 N_PSEUDO = 8000  # pseudo-queries over the two corpora (split by their sizes): 3 passes fill about 15 minutes here
 # the pseudo-query arms as they ran before the corpus-only schedule ended with WiSE-FT (the pq-mix-wise arm)
 NO_WISE = ["--wise-alpha", "none"]
@@ -102,6 +103,12 @@ ARMS = {
     "queries-fit-deep": (
         "@queries --distill-teacher-weight fit --distill-deep 8",
         "the `queries` row with the fitted teacher and 8 sampled deeper candidates (both levers above together)",
+    ),
+    # the signal that caps SciFact (the student fits its own training queries to less than half of what the loss
+    # reaches with free vectors): the learning rate doubled, on top of both levers
+    "queries-fit-deep-lr": (
+        f"@queries --distill-teacher-weight fit --distill-deep 8 --config {CONFIGS / 'distill_lr1e-4.yaml'}",
+        "the `queries-fit-deep` row at twice the learning rate (1e-4)",
     ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
