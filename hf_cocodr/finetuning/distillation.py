@@ -40,6 +40,8 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             20; 1 for a dot-product model).
         distill_teacher_temperature: ``T_t`` of the teacher's scores.
         distill_in_batch_weight: ``λ`` of the in-batch InfoNCE term (0: off).
+        distill_margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the teacher's first candidate
+            (0: off, the loss of earlier versions exactly).
         distill_document_gradients: back-propagate through the candidates (False: a forward pass only; no meaning
             for frozen candidates).
     Rows:
@@ -58,6 +60,9 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     )
     distill_teacher_temperature: float = field(default=1.0, metadata={"help": "teacher temperature"})
     distill_in_batch_weight: float = field(default=1.0, metadata={"help": "weight of the in-batch InfoNCE term"})
+    distill_margin_weight: float = field(
+        default=0.0, metadata={"help": "weight of the Margin-MSE term on the margins to the first candidate (0: off)"}
+    )
     distill_document_gradients: bool = field(
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
     )
@@ -88,9 +93,10 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        w = self.distill_in_batch_weight
-        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
-            raise ConfigError(f"distill_in_batch_weight must be a number >= 0, got {w!r}")
+        for name in ("distill_in_batch_weight", "distill_margin_weight"):
+            w = getattr(self, name)
+            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
+                raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
 
 
 class DistillationTrainer(RowsTrainer):
@@ -146,6 +152,7 @@ class DistillationTrainer(RowsTrainer):
             teacher_temperature=a.distill_teacher_temperature,
             in_batch_weight=a.distill_in_batch_weight,
             similarity=similarity,
+            margin_weight=a.distill_margin_weight,
         )
         if isinstance(rows, FrozenCandidateRows):
             if rows.vectors is None:

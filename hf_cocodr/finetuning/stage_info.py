@@ -110,6 +110,8 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "steps": trainer.state.global_step,
         "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
         "candidates per query": candidates,
+        # the Margin-MSE term beside the listwise KL, named only when it is on
+        "Margin-MSE weight": getattr(a, "distill_margin_weight", 0.0) or None,
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }

@@ -110,6 +110,12 @@ ARMS = {
         f"@queries --distill-teacher-weight fit --distill-deep 8 --config {CONFIGS / 'distill_lr1e-4.yaml'}",
         "the `queries-fit-deep` row at twice the learning rate (1e-4)",
     ),
+    # the signal again: a Margin-MSE term beside the listwise KL, so the order of the candidates the teacher ranks low
+    # (the sampled deeper ones) counts as much as that of its top (weight 0.1: the term starts near the KL's size)
+    "queries-fit-deep-margin": (
+        "@queries --distill-teacher-weight fit --distill-deep 8 --distill-margin-weight 0.1",
+        "the `queries-fit-deep` row with a Margin-MSE term (weight 0.1) on the margins to the teacher's first candidate",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",

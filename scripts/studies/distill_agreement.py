@@ -1,8 +1,9 @@
 """How closely query-side students follow their teacher (issue 49): for each student run, its agreement with the
 hybrid teacher (nDCG@10 of its ranking against the teacher's top 10, :func:`distill_ceiling.agreement`) on the pool
 queries it trained on, on those its run held out for the guard, and on the dev queries, beside the starting model's;
-and its nDCG@10 with the labels on dev. The teacher is the distillation's (start + BM25, z-scores, weight 0.5, depth
-100), read from the cache the student's study built (``--cache``: the teacher's indexes are not encoded again).
+and its nDCG@10 with the labels on dev. The teacher is the distillation's default (start + BM25, z-scores, weight 0.5,
+depth 100), or with ``--teacher fit`` the fusion fitted to each corpus, read from the cache the student's study built
+(``--cache``: the teacher's indexes are not encoded again).
 
     python scripts/studies/distill_agreement.py --cache outputs/corpus_only_screen/cache \\
         --students outputs/corpus_only_screen/budget30/queries/seed42/run,outputs/corpus_only_screen/budget30/queries-deep/seed42/run
@@ -30,6 +31,13 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data", default="outputs/corpus_only_screen/data")
     ap.add_argument("--cache", default="outputs/corpus_only_screen/cache", help="the HF_COCODR_CACHE the runs shared")
     ap.add_argument("--out", default="reports/studies/distill_deep_agreement")
+    ap.add_argument(
+        "--teacher",
+        choices=("fixed", "fit"),
+        default="fixed",
+        help="the teacher agreement is measured against: the distillation's default fusion (fixed) or the fusion "
+        "fitted to each corpus (fit: what students trained with --distill-teacher-weight fit followed)",
+    )
     return ap.parse_args()
 
 
@@ -57,9 +65,11 @@ def main() -> int:
     normalize = model_similarity(start) == "cosine"
     precision, _ = resolve_corpus_precision("auto")
     session = EncodingSession(precision)
-    fusion = DistillStage._fusion(RecipeConfig())
+    fusion = DistillStage._fusion(
+        RecipeConfig(distill_teacher_weight="fit") if ns.teacher == "fit" else RecipeConfig()
+    )
     students = [Path(s) for s in ns.students.split(",")]
-    out: dict = {"precision": precision, "students": {}}
+    out: dict = {"precision": precision, "teacher": ns.teacher, "students": {}}
     for name in CORPORA:
         folder = data / name
         hybrid, doc_ids, _, cached = teacher_retriever(
@@ -107,13 +117,21 @@ def main() -> int:
             out["students"].setdefault(key, {})[name] = entry
             print(key, name, json.dumps(entry), f"{time.time() - t0:.0f} s", flush=True)
     out["seconds"] = round(time.time() - t0, 1)
-    out["command"] = f"python scripts/studies/distill_agreement.py --cache {ns.cache} --students {ns.students}"
+    out["command"] = (
+        f"python scripts/studies/distill_agreement.py --cache {ns.cache} --teacher {ns.teacher} --out {ns.out} "
+        f"--students {ns.students}"
+    )
+    teacher = (
+        "the fusion fitted to each corpus without labels, as the saved hybrid's"
+        if ns.teacher == "fit"
+        else "start + BM25, z-scores, dense weight 0.5, depth 100"
+    )
     atomic_write_json(Path(ns.out + ".json"), out)
     lines = [
         "# The students' agreement with their teacher: trained, held-out and dev queries",
         "",
-        "Agreement: nDCG@10 of the model's ranking against the teacher's top 10 (the distillation's teacher: start + "
-        f"BM25, z-scores, dense weight 0.5, depth 100), corpus vectors in {precision}. Trained / held-out: the pool "
+        f"Agreement: nDCG@10 of the model's ranking against the teacher's top 10 (the distillation's teacher: {teacher}"
+        f"), corpus vectors in {precision}. Trained / held-out: the pool "
         "queries the run trained on / held out for its guard. The starting model's agreement in brackets.",
         "",
         "| student | corpus | trained (start) | held-out (start) | dev (start) | dev nDCG@10 (start) |",

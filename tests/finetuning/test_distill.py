@@ -133,3 +133,41 @@ def test_without_document_gradients_the_value_is_the_same_and_only_the_queries_s
     assert queries_only.get_config_dict()["document_gradients"] is False
     with pytest.raises(ValueError, match="document_gradients"):
         HybridDistillLoss(model, document_gradients="no")
+
+
+def test_the_margin_term_is_off_by_default_and_adds_the_hand_computed_margin_mse():
+    """Margin-MSE off (the default, or weight 0) is today's loss exactly; on, it adds μ × the mean over rows and
+    candidates j >= 2 of ((s_1 − s_j)/T_s − (t_1 − t_j)/T_t)², hand-computed here."""
+    q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c1 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    c2 = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    c3 = torch.tensor([[0.5, 0.0], [0.0, 0.0]])
+    labels = torch.tensor([[2.0, 0.0, 1.0], [math.log(3.0), 0.0, -1.0]])
+    kw = dict(temperature=0.5, teacher_temperature=2.0, in_batch_weight=0.5)
+    base = HybridDistillLoss(_NoModel(), **kw).compute_loss_from_embeddings([q, c1, c2, c3], labels)
+    off = HybridDistillLoss(_NoModel(), margin_weight=0.0, **kw).compute_loss_from_embeddings([q, c1, c2, c3], labels)
+    assert off.item() == base.item()
+    # student scores (dot): row 1 [1, 0, 0.5], row 2 [1, 0, 0]; logits / 0.5; teacher logits / 2
+    s = [[2.0, 0.0, 1.0], [2.0, 0.0, 0.0]]
+    t = [[1.0, 0.0, 0.5], [math.log(3.0) / 2, 0.0, -0.5]]
+    errors = [((s[r][0] - s[r][j]) - (t[r][0] - t[r][j])) ** 2 for r in range(2) for j in (1, 2)]
+    expected = base.item() + 0.3 * sum(errors) / len(errors)
+    on = HybridDistillLoss(_NoModel(), margin_weight=0.3, **kw).compute_loss_from_embeddings([q, c1, c2, c3], labels)
+    assert on.item() == pytest.approx(expected, rel=1e-6)
+    assert HybridDistillLoss(_NoModel(), margin_weight=0.3, **kw).get_config_dict()["margin_weight"] == 0.3
+    assert "margin_weight" not in HybridDistillLoss(_NoModel(), **kw).get_config_dict()
+
+
+def test_the_margin_term_is_zero_with_its_gradient_where_the_student_matches_the_teacher_up_to_a_constant():
+    q = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    c = [torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.5]]), torch.tensor([[0.0, 1.0]])]
+    loss = HybridDistillLoss(
+        _NoModel(), temperature=1.0, teacher_temperature=1.0, in_batch_weight=0.0, margin_weight=1.0
+    )
+    labels = torch.tensor([[1.0, 0.5, 0.0]]) + 7.0  # the student's scores, shifted
+    value = loss.margin_mse([q, *c], labels)
+    value.backward()
+    assert value.item() == pytest.approx(0.0, abs=1e-12)
+    assert torch.all(q.grad == 0)
+    with pytest.raises(ValueError, match="margin_weight"):
+        HybridDistillLoss(_NoModel(), margin_weight=-1.0)

@@ -123,27 +123,32 @@ def test_the_loss_over_deep_candidates_is_the_listwise_kl_over_all_of_them_by_ha
     assert got.item() == pytest.approx(expected.item(), rel=1e-4, abs=1e-6)
 
 
-def test_the_recipe_trains_on_deep_rows_and_names_them(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
+def test_the_recipe_trains_on_deep_rows_with_the_margin_term_and_names_them(
+    tiny_st_dir, tiny_beir, tmp_path, monkeypatch
+):
     from hf_cocodr.finetuning import DistillationTrainer
 
-    seen = []
+    seen, trainers = [], []
     real_init = DistillationTrainer.__init__
 
     def spy(self, model=None, args=None, train_dataset=None, *pos, **kwargs):
         seen.append(train_dataset)
+        trainers.append(self)
         real_init(self, model, args, train_dataset, *pos, **kwargs)
 
     monkeypatch.setattr(DistillationTrainer, "__init__", spy)
     out = tmp_path / "run"
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "guard": "record", "distill_deep": 2}
-    cfg["distill_deep_depth"] = 6
+    cfg.update(distill_deep_depth=6, distill_margin_weight=0.5)
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
     trained = seen[-1].rows  # the stage's trainer's rows (a probe's trainer comes first where the run plans)
     assert trained.candidates.shape[1] == 5 and trained.sampled == {"top": 3, "deep": 2, "depth": 6}
+    assert trainers[-1].loss.margin_weight == 0.5  # the option reached the loss the stage trained
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"] == {"distill": 2}
     card = (out / "model" / "README.md").read_text()
     assert "| candidates per query | 5: the teacher's top 3 and 2 sampled from its ranks 4-6 |" in card
+    assert "| Margin-MSE weight | 0.5 |" in card
 
 
 def test_deep_candidates_are_refused_where_they_cannot_work(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
@@ -151,6 +156,8 @@ def test_deep_candidates_are_refused_where_they_cannot_work(tiny_bert_nomlm_dir,
         RecipeConfig(distill_k=3, distill_deep=4, distill_deep_depth=5).validate()
     with pytest.raises(ConfigError, match="distill_deep must be"):
         RecipeConfig(distill_deep=-2).validate()
+    with pytest.raises(ConfigError, match="distill_margin_weight"):
+        RecipeConfig(distill_margin_weight=-0.5).validate()
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "distill_side": "full", "distill_deep": 2}
     with pytest.raises(ConfigError, match="distill_deep 2 samples deep candidates for the query side"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "f", config=cfg)

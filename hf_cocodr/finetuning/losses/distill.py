@@ -4,6 +4,7 @@ Each training row is ``(query, candidate_1, ..., candidate_k)`` with ``label`` =
 the recipe: the fused scores of the starting model + BM25 hybrid, best first). The loss is
 
     KL( softmax(t / T_t) ‖ softmax(s / T_s) )  +  λ · InfoNCE(query, candidate_1; in-batch candidates)
+        +  μ · mean_j ( (s_1 − s_j) / T_s − (t_1 − t_j) / T_t )²
 
 with ``s`` the student's similarity of the query to each candidate (the model's own similarity: dot product or
 cosine). The KL term is sentence-transformers' ``DistillKLDivLoss`` without its ``T_s²`` factor: that factor keeps
@@ -12,7 +13,11 @@ gradients comparable for temperatures of 1 and above, but a cosine student at ``
 KL's gradient on the student's similarities is ``(p_student − p_teacher) / T_s``, the same scale as the in-batch
 term's. The in-batch term is its
 ``MultipleNegativesRankingLoss`` on the teacher's first candidate, so the student keeps the in-batch contrast it was
-trained with. With ``in_batch_weight=0`` and a teacher whose scores are the student's own (same temperatures), the
+trained with. The third term (off unless ``margin_weight`` μ is given) is Margin-MSE (Hofstätter et al., 2020) with
+the teacher's first candidate as the positive and each other candidate as a negative, on the same logits the KL
+compares: the KL weighs a candidate's error by the teacher's probability of it, so the order of candidates the
+teacher ranks low barely moves it; the margins weigh every candidate alike. Both terms are 0 where the student's
+logits equal the teacher's up to a constant. With ``in_batch_weight=0`` and a teacher whose scores are the student's own (same temperatures), the
 loss is at its minimum, 0, and so is its gradient.
 
 ``document_gradients=False`` encodes the candidates without a graph (a forward pass only, about a third of the cost
@@ -43,6 +48,8 @@ class HybridDistillLoss(nn.Module):
         teacher_temperature: ``T_t``, matched to the spread of the teacher's scores (z-normalised fused scores: 1).
         in_batch_weight: ``λ``; 0 turns the in-batch term off.
         similarity: ``"cosine"`` or ``"dot"``; default: the model's own ``similarity_fn_name``.
+        margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the first candidate; 0 (the default)
+            turns it off, and the loss is then exactly the KL + in-batch loss.
         document_gradients: back-propagate through the candidates' embeddings (default); ``False`` encodes them
             without a graph, so a step costs about the queries' forward and backward pass plus the candidates'
             forward pass.
@@ -56,6 +63,7 @@ class HybridDistillLoss(nn.Module):
         in_batch_weight: float = 1.0,
         similarity: str | None = None,
         document_gradients: bool = True,
+        margin_weight: float = 0.0,
     ):
         super().__init__()
         from sentence_transformers import util
@@ -66,6 +74,12 @@ class HybridDistillLoss(nn.Module):
                 raise ValueError(f"HybridDistillLoss {name} must be a positive number, got {value!r}")
         if isinstance(in_batch_weight, bool) or not isinstance(in_batch_weight, int | float) or in_batch_weight < 0:
             raise ValueError(f"HybridDistillLoss in_batch_weight must be a number >= 0, got {in_batch_weight!r}")
+        if (
+            isinstance(margin_weight, bool)
+            or not isinstance(margin_weight, int | float)
+            or not 0 <= margin_weight < math.inf
+        ):
+            raise ValueError(f"HybridDistillLoss margin_weight must be a number >= 0, got {margin_weight!r}")
         similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"HybridDistillLoss similarity must be 'cosine' or 'dot', got {similarity!r}")
@@ -77,8 +91,10 @@ class HybridDistillLoss(nn.Module):
         self.temperature = float(temperature)
         self.teacher_temperature = float(teacher_temperature)
         self.in_batch_weight = float(in_batch_weight)
+        self.margin_weight = float(margin_weight)
         pairwise = util.pairwise_cos_sim if similarity == "cosine" else util.pairwise_dot_score
         matrix = util.cos_sim if similarity == "cosine" else util.dot_score
+        self.pairwise = pairwise
         self.kl = DistillKLDivLoss(
             model,
             similarity_fct=pairwise,
@@ -114,7 +130,18 @@ class HybridDistillLoss(nn.Module):
         loss = self.kl.compute_loss_from_embeddings(embeddings, labels.to(embeddings[0].dtype)) / self.temperature**2
         if self.in_batch_weight:
             loss = loss + self.in_batch_weight * self.in_batch.compute_loss_from_embeddings(embeddings[:2], None)
+        if self.margin_weight:
+            loss = loss + self.margin_weight * self.margin_mse(embeddings, labels)
         return loss
+
+    def margin_mse(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
+        """Margin-MSE of ``[queries, candidates_1, ..., candidates_k]`` against the teacher's ``(B, k)`` scores: the
+        mean over rows and candidates ``j >= 2`` of ``((s_1 − s_j) / T_s − (t_1 − t_j) / T_t)²``."""
+        queries = embeddings[0]
+        student = torch.stack([self.pairwise(queries, c) for c in embeddings[1:]], dim=1) / self.temperature
+        teacher = labels.to(student.dtype) / self.teacher_temperature
+        margins = (student[:, :1] - student[:, 1:]) - (teacher[:, :1] - teacher[:, 1:])
+        return margins.pow(2).mean()
 
     @property
     def citation(self) -> str:
@@ -127,6 +154,7 @@ class HybridDistillLoss(nn.Module):
             "in_batch_weight": self.in_batch_weight,
             "similarity": self.similarity,
             "document_gradients": self.document_gradients,
+            **({"margin_weight": self.margin_weight} if self.margin_weight else {}),
         }
 
 

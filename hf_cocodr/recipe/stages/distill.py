@@ -62,6 +62,7 @@ PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encodi
 ARGUMENT_OPTIONS = {
     "distill_teacher_temperature": "distill_teacher_temperature",
     "distill_in_batch_weight": "distill_in_batch_weight",
+    "distill_margin_weight": "distill_margin_weight",
     "distill_document_gradients": "distill_document_gradients",
 }
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
@@ -117,6 +118,11 @@ class DistillSettings:
     distill_in_batch_weight: float = option(
         1.0, "distillation: weight of the in-batch contrastive term on the teacher's first candidate (0: off)"
     )
+    distill_margin_weight: float = option(
+        0.0,
+        "distillation: weight of a Margin-MSE term on the student's and the teacher's logit margins between the "
+        "teacher's first candidate and each other one (0: off)",
+    )
     distill_document_gradients: bool = option(
         True,
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
@@ -167,6 +173,7 @@ class DistillSettings:
                 raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus)") from None
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
+        check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_auto=False, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
@@ -363,6 +370,8 @@ class DistillStage(Stage):
             "loss": {
                 "teacher_temperature": cfg.distill_teacher_temperature,
                 "in_batch": cfg.distill_in_batch_weight,
+                # the Margin-MSE term (named only when on: the identity of a run without it is unchanged)
+                **({"margin": cfg.distill_margin_weight} if cfg.distill_margin_weight else {}),
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
                 **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
             },
