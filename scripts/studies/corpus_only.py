@@ -180,7 +180,7 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     folder, done = row_folder(ns, arm, seed)
     if done is not None:
         return done
-    out = folder / "run"
+    out = (folder / "run").absolute()  # the command runs in the repository root (pinned_run), not here
     cache = Path(ns.shared_cache).absolute() if ns.shared_cache else folder / "cache"
     cmd = command(arm, seed, ns, data, model, out)
     from hf_cocodr.utils import native_bf16

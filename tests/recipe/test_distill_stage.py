@@ -381,6 +381,7 @@ def test_the_probe_times_documents_spread_through_the_corpora_it_will_encode():
 OPTION_VALUES = {
     "distill_teacher_temperature": 2.5,
     "distill_in_batch_weight": 0.25,
+    "distill_margin_weight": 0.125,
     "distill_document_gradients": False,
 }
 
@@ -447,6 +448,7 @@ def _old_loss(model, cfg, similarity: str, vectors=None):
         "teacher_temperature": float(cfg.distill_teacher_temperature),
         "in_batch_weight": float(cfg.distill_in_batch_weight),
         "similarity": similarity,
+        "margin_weight": float(cfg.distill_margin_weight),  # (added since: the same option read the same way)
     }
     if vectors is not None:
         return QuerySideDistillLoss(model, vectors, **options)
@@ -520,7 +522,11 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
         return digest(stage.identity(run, "start"))
 
     assert identity() == "ce539d4cb1c7d979"
-    assert identity(**OPTION_VALUES) == "995eec268bc95182"
+    earlier = {k: v for k, v in OPTION_VALUES.items() if k != "distill_margin_weight"}  # the options of then
+    assert identity(**earlier) == "995eec268bc95182"
+    # an option added since is named only when on: off, the identity is the earlier one; on, another
+    assert identity(**earlier, distill_margin_weight=0.0) == "995eec268bc95182"
+    assert identity(**OPTION_VALUES) != "995eec268bc95182"
 
 
 def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
