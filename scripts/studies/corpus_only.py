@@ -116,6 +116,12 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-deep 8 --distill-margin-weight 0.1",
         "the `queries-fit-deep` row with a Margin-MSE term (weight 0.1) on the margins to the teacher's first candidate",
     ),
+    # between the two: the fitted teacher (NFCorpus in every seed, SciFact untouched) at a learning rate between the
+    # recipe's and the one that gained NFCorpus and lost SciFact
+    "queries-fit-lr7": (
+        f"@queries --distill-teacher-weight fit --config {CONFIGS / 'distill_lr7e-5.yaml'}",
+        "the `queries-fit` row at a learning rate of 7e-5",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
