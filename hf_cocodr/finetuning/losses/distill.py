@@ -17,8 +17,8 @@ trained with. The third term (off unless ``margin_weight`` μ is given) is Margi
 the teacher's first candidate as the positive and each other candidate as a negative, on the same logits the KL
 compares: the KL weighs a candidate's error by the teacher's probability of it, so the order of candidates the
 teacher ranks low barely moves it; the margins weigh every candidate alike. Both terms are 0 where the student's
-logits equal the teacher's up to a constant. With ``in_batch_weight=0`` and a teacher whose scores are the student's own (same temperatures), the
-loss is at its minimum, 0, and so is its gradient.
+logits equal the teacher's up to a constant. With ``in_batch_weight=0`` and a teacher whose scores are the student's
+own (same temperatures), the loss is at its minimum, 0, and so is its gradient.
 
 ``document_gradients=False`` encodes the candidates without a graph (a forward pass only, about a third of the cost
 of a forward and backward pass): the loss and its value are the same, but only the queries' side of the loss moves
