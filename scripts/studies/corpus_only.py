@@ -122,6 +122,16 @@ ARMS = {
         f"@queries --distill-teacher-weight fit --config {CONFIGS / 'distill_lr7e-5.yaml'}",
         "the `queries-fit` row at a learning rate of 7e-5",
     ),
+    # the learning rate again, for WiSE-FT after the fact (scripts/studies/distill_wise.py): interpolating the query
+    # route toward the start gave SciFact back what 1e-4 cost it
+    "queries-fit-lr1": (
+        f"@queries --distill-teacher-weight fit --config {CONFIGS / 'distill_lr1e-4.yaml'}",
+        "the `queries-fit` row at twice the learning rate (1e-4)",
+    ),
+    "queries-fit-lr2": (
+        f"@queries --distill-teacher-weight fit --config {CONFIGS / 'distill_lr2e-4.yaml'}",
+        "the `queries-fit` row at four times the learning rate (2e-4)",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
