@@ -36,6 +36,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from cpu_budget import (  # noqa: E402
     EVALS,
+    HALF,
     POOL,
     arm_gains,
     cached_rows,
@@ -132,6 +133,18 @@ ARMS = {
         f"@queries --distill-teacher-weight fit --config {CONFIGS / 'distill_lr2e-4.yaml'}",
         "the `queries-fit` row at four times the learning rate (2e-4)",
     ),
+    # the signal: a sharper teacher (its fused z-scores at temperature 0.5, the stage's 1 halved)
+    "queries-fit-t05": (
+        "@queries --distill-teacher-weight fit --distill-teacher-temperature 0.5",
+        "the `queries-fit` row with the teacher's temperature at 0.5",
+    ),
+    # issue 49's held-out half: the recipe's default trained on half the pool's query texts (cpu_budget.half_pools),
+    # its agreement with the teacher then read on the other half (distill_agreement.py --trained-split pool-half)
+    "half": ("@half", "the recipe's default on half of the pool (by query text): the other half is never trained on"),
+    "half-fit": (
+        "@half --distill-teacher-weight fit",
+        "the `half` row with the teacher's fusion fitted to each corpus",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
@@ -174,12 +187,13 @@ def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[
         "--max-minutes", f"{ns.budget_minutes:g}", "--seed", str(seed), "--guard", "record",
         "--eval", f"{data / 'scifact'}:dev", "--eval", f"{data / 'nfcorpus'}:dev",
     ]  # fmt: skip
-    if isinstance(extra, str) and extra.startswith("@queries"):  # the study's pools as the user's queries
+    if isinstance(extra, str) and extra.startswith(("@queries", "@half")):  # the study's pools as the user's queries
+        pool = HALF if extra.startswith("@half") else POOL
         return cmd + [
             "--target-queries",
-            f"{data / 'scifact'}:{POOL}",
+            f"{data / 'scifact'}:{pool}",
             "--target-queries",
-            f"{data / 'nfcorpus'}:{POOL}",
+            f"{data / 'nfcorpus'}:{pool}",
             *extra.split()[1:],
         ]
     return cmd + extra

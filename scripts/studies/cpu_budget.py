@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -434,6 +435,31 @@ def distinct_pools(data: Path) -> None:
         target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
 
 
+HALF = "pool-half"  # a half of the distinct pool, split by query text (issue 49's held-out half)
+
+
+def half_pools(data: Path) -> None:
+    """``qrels/pool-half.tsv`` of each corpus: the distinct pool's rows of about half its query texts, those whose
+    normalised text's SHA-1 is even, so that no text is in both halves (NFCorpus repeats some texts under several
+    ids). A student trained on it is read on the other half, queries it never saw from the same pool. Idempotent."""
+    from hf_cocodr.data.target_queries import _norm
+
+    for name, _ in EVALS:
+        folder = data / name
+        target = folder / "qrels" / f"{HALF}.tsv"
+        if target.is_file():
+            continue
+        texts = query_texts(folder)
+        rows = [x for x in (folder / "qrels" / f"{POOL}.tsv").read_text().splitlines()[1:] if x.strip()]
+        kept = [r for r in rows if in_half(_norm(texts[r.split("\t")[0]]))]
+        target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
+
+
+def in_half(norm_text: str) -> bool:
+    """Whether a (normalised) query text falls in :data:`HALF`."""
+    return hashlib.sha1(norm_text.encode()).digest()[-1] % 2 == 0
+
+
 def query_texts(folder: Path) -> dict[str, str]:
     """A BEIR folder's queries: id -> text."""
     return {rec["_id"]: rec["text"] for rec in map(json.loads, (folder / "queries.jsonl").read_text().splitlines())}
@@ -499,6 +525,7 @@ def study_inputs(ns) -> tuple[Path, str]:
 
     data = prepare_data(Path(ns.work).absolute(), get_data_root())
     distinct_pools(data)
+    half_pools(data)
     return data, bundled_model_path("all-MiniLM-L6-v2")
 
 

@@ -38,6 +38,12 @@ def parse() -> argparse.Namespace:
         help="the teacher agreement is measured against: the distillation's default fusion (fixed) or the fusion "
         "fitted to each corpus (fit: what students trained with --distill-teacher-weight fit followed)",
     )
+    ap.add_argument(
+        "--trained-split",
+        default=None,
+        help="the pool split the students trained on (e.g. pool-half, the `half` arms of corpus_only.py): held-out "
+        "queries are then the pool's queries outside it (the other half), not the run's guard queries",
+    )
     return ap.parse_args()
 
 
@@ -91,11 +97,17 @@ def main() -> int:
             splits[split] = (qrels, qids, texts, top, ranked_run(qids, q_start, docs, doc_ids))
         for run_dir in students:
             st = SentenceTransformer(str(run_dir / "model"))
-            held = {
+            guard = {
                 json.loads(line)["text"]
                 for line in (run_dir / "queries" / f"{name}.guard.jsonl").read_text().splitlines()
                 if line.strip() and not json.loads(line).get("doc_id")
             }
+            if ns.trained_split:  # held out: the pool's queries outside the split trained on (its guard left out)
+                trained_texts = {text_of[q] for q in load_qrels(folder, ns.trained_split) if q in text_of}
+                held = {t for t in text_of.values() if t not in trained_texts}
+                skip = guard
+            else:
+                held, skip = guard, set()
             entry: dict = {}
             for split, (qrels, qids, texts, top, start_run) in splits.items():
                 q = encode_texts(st, texts, kind="query", normalize=normalize, session=session)
@@ -107,7 +119,7 @@ def main() -> int:
                     entry["start_dev"] = agreement(start_run, top)
                     continue
                 for label, subset in (
-                    ("trained", [x for x in qids if text_of[x] not in held]),
+                    ("trained", [x for x in qids if text_of[x] not in held and text_of[x] not in skip]),
                     ("held_out", [x for x in qids if text_of[x] in held]),
                 ):
                     entry[label] = agreement({x: run[x] for x in subset}, top)
@@ -119,8 +131,9 @@ def main() -> int:
     out["seconds"] = round(time.time() - t0, 1)
     out["command"] = (
         f"python scripts/studies/distill_agreement.py --cache {ns.cache} --teacher {ns.teacher} --out {ns.out} "
-        f"--students {ns.students}"
+        f"--students {ns.students}" + (f" --trained-split {ns.trained_split}" if ns.trained_split else "")
     )
+    out["trained_split"] = ns.trained_split
     teacher = (
         "the fusion fitted to each corpus without labels, as the saved hybrid's"
         if ns.teacher == "fit"
@@ -131,8 +144,14 @@ def main() -> int:
         "# The students' agreement with their teacher: trained, held-out and dev queries",
         "",
         f"Agreement: nDCG@10 of the model's ranking against the teacher's top 10 (the distillation's teacher: {teacher}"
-        f"), corpus vectors in {precision}. Trained / held-out: the pool "
-        "queries the run trained on / held out for its guard. The starting model's agreement in brackets.",
+        f"), corpus vectors in {precision}. "
+        + (
+            f"Trained / held-out: the pool queries of the split the run trained on ({ns.trained_split}; its guard "
+            "queries left out) / the pool's other queries, which it never saw."
+            if ns.trained_split
+            else "Trained / held-out: the pool queries the run trained on / held out for its guard."
+        )
+        + " The starting model's agreement in brackets.",
         "",
         "| student | corpus | trained (start) | held-out (start) | dev (start) | dev nDCG@10 (start) |",
         "|---|---|---|---|---|---|",

@@ -76,7 +76,9 @@ def main() -> int:
     corpora = {}
     for name in CORPORA:
         folder = data / name
-        hybrid, doc_ids, _, _ = teacher_retriever(start, fingerprint(model), str(folder), fusion=fusion, session=session)
+        hybrid, doc_ids, _, _ = teacher_retriever(
+            start, fingerprint(model), str(folder), fusion=fusion, session=session
+        )
         queries = load_queries(folder)
         text_of = dict(zip(queries["_id"], queries["text"]))
         qrels = load_qrels(folder, "dev")
@@ -122,15 +124,26 @@ def main() -> int:
             for name in CORPORA:
                 gains = [c[name]["gain"] for c in got]
                 m, h = spread(gains)
-                row[name] = {"gains": gains, "mean": round(m, 4), "half_range": round(h, 4),
-                             "share_of_lead": round(m / lead[name], 3)}
+                row[name] = {
+                    "gains": gains,
+                    "mean": round(m, 4),
+                    "half_range": round(h, 4),
+                    "share_of_lead": round(m / lead[name], 3),
+                }
             rows.append(row)
     command = (
         f"python scripts/studies/distill_wise.py --runs {ns.runs} --arms {ns.arms} --seeds {ns.seeds} "
         f"--alphas {ns.alphas} --work {ns.work} --out {ns.out}"
     )
-    atomic_write_json(Path(ns.out + ".json"), {"precision": precision, "rows": rows, "command": command,
-                                                "start": {n: round(c[-1], 6) for n, c in corpora.items()}})
+    atomic_write_json(
+        Path(ns.out + ".json"),
+        {
+            "precision": precision,
+            "rows": rows,
+            "command": command,
+            "start": {n: round(c[-1], 6) for n, c in corpora.items()},
+        },
+    )
     lines = [
         "# WiSE-FT of the query-side students, after the fact",
         "",
