@@ -366,7 +366,7 @@ _NUMBER_OR_WORD = {
     float | Auto | None: "A|none",
     int | Auto: "N|budget",
     float | None: "X|none",
-    float | Literal["fit"]: "X|fit",
+    float | Literal["fit"] | Auto: "X|fit|auto",
 }
 
 
@@ -444,11 +444,11 @@ def _number_or_word(value: str, flag: str, hint: Any, metavar: str | None = None
             raise ConfigError(f"{flag} must be a whole number >= 0 or 'auto', got {value!r}") from None
     if hint in (float | Auto | None, float | None) and text in ("none", "off"):
         return None
-    if hint == float | Literal["fit"]:  # a number or fitted (the distillation teacher's weight)
+    if hint == float | Literal["fit"] | Auto:  # a number, fitted or auto (the distillation teacher's weight)
         try:
-            return "fit" if text == "fit" else float(value)
+            return {"fit": "fit", "auto": AUTO}[text] if text in ("fit", "auto") else float(value)
         except ValueError:
-            raise ConfigError(f"{flag} must be a number in [0, 1] or 'fit', got {value!r}") from None
+            raise ConfigError(f"{flag} must be a number in [0, 1], 'fit' or 'auto', got {value!r}") from None
     if hint == float | None:
         try:
             return float(value)

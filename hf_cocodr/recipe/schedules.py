@@ -30,6 +30,8 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     finetune_preset="paper",
     skip_distill=True,
     distill_share=0.0,
+    distill_teacher_weight=0.5,
+    distill_learning_rate=5e-5,
     pseudo_queries=0,
 )
 
@@ -51,15 +53,25 @@ SCHEDULES: dict[str, dict[str, Any]] = {
 }
 # No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
 # teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md says why).
+# The teacher is the hybrid fitted to each corpus (the saved hybrid's fusion), not the fixed z-score fusion at 0.5:
+# issue 49's screen, docs/adaptation.md "The fitted teacher".
 SCHEDULES["no_mlm_head_queries"] = dict(
-    SCHEDULES["no_mlm_head_soup"], skip_coco=True, coco_share=0.0, skip_distill=False, distill_share=1.0
+    SCHEDULES["no_mlm_head_soup"],
+    skip_coco=True,
+    coco_share=0.0,
+    skip_distill=False,
+    distill_share=1.0,
+    distill_teacher_weight="fit",
 )
 # No MLM head and the corpus alone: the same distillation on pseudo-queries drawn from the target corpora, its query
 # route then interpolated with the start's at CORPUS_WISE_ALPHA (WiSE-FT; the corpus-only study's best arm,
 # docs/adaptation.md "Adaptation from the corpus alone").
 CORPUS_WISE_ALPHA = 0.75
 SCHEDULES["no_mlm_head"] = dict(
-    SCHEDULES["no_mlm_head_queries"], pseudo_queries=CORPUS_PSEUDO_QUERIES, wise_alpha=CORPUS_WISE_ALPHA
+    SCHEDULES["no_mlm_head_queries"],
+    pseudo_queries=CORPUS_PSEUDO_QUERIES,
+    wise_alpha=CORPUS_WISE_ALPHA,
+    distill_teacher_weight=0.5,
 )
 
 

@@ -483,7 +483,7 @@ def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 
     from hf_cocodr.retrieval.teacher import teacher_rankings
     from hf_cocodr.rundir.run_record import fingerprint
 
-    fusion = DistillStage._fusion(RecipeConfig())
+    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
     out: dict = {"depth": depth, "temperature": 1.0, "fusion": dataclasses.asdict(fusion), "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(warm_cache(ns, data, model), tmp, dirs_exist_ok=True)

@@ -72,7 +72,7 @@ def main() -> int:
     precision, _ = resolve_corpus_precision("auto")
     session = EncodingSession(precision)
     fusion = DistillStage._fusion(
-        RecipeConfig(distill_teacher_weight="fit") if ns.teacher == "fit" else RecipeConfig()
+        RecipeConfig(distill_teacher_weight="fit") if ns.teacher == "fit" else RecipeConfig(distill_teacher_weight=0.5)
     )
     students = [Path(s) for s in ns.students.split(",")]
     out: dict = {"precision": precision, "teacher": ns.teacher, "students": {}}

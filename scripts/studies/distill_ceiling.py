@@ -91,7 +91,7 @@ def main() -> int:
     similarity = model_similarity(start)
     normalize = similarity == "cosine"
     precision, _ = resolve_corpus_precision("auto")
-    fusion = DistillStage._fusion(RecipeConfig())
+    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
     out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
     t0 = time.time()
     session = EncodingSession(precision)  # the precision a recipe run encodes its corpora in

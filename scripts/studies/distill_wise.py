@@ -71,7 +71,7 @@ def main() -> int:
     normalize = model_similarity(start) == "cosine"
     precision, _ = resolve_corpus_precision("auto")
     session = EncodingSession(precision)
-    fusion = DistillStage._fusion(RecipeConfig())
+    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
     lead = {k: float(v) for k, v in (x.split("=") for x in ns.lead.split(","))}
     corpora = {}
     for name in CORPORA:

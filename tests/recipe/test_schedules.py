@@ -58,6 +58,15 @@ def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillatio
     assert record["kind"] == "no_mlm_head_queries" and "target queries" in record["why"]
     assert (cfg.skip_coco, cfg.skip_finetune, cfg.skip_distill, cfg.distill_share) == (True, True, False, 1.0)
     assert "mlm_head" not in record  # no COCO: no fresh head to warm up
+    # its teacher is the hybrid fitted to each corpus; the corpus alone and the paper keep the fixed fusion at 0.5
+    assert (cfg.distill_teacher_weight, cfg.distill_learning_rate) == ("fit", 5e-5)
+    assert record["chosen"]["distill_teacher_weight"] == "fit"
+    assert choose_schedule(RecipeConfig(), False)[0].distill_teacher_weight == 0.5
+    assert (
+        choose_schedule(RecipeConfig(target_queries=queries, schedule="paper"), False)[0].distill_teacher_weight == 0.5
+    )
+    mine, record = choose_schedule(RecipeConfig(target_queries=queries, distill_teacher_weight=0.3), False)
+    assert mine.distill_teacher_weight == 0.3 and record["set_by_user"]["distill_teacher_weight"] == 0.3
     # COCO asked for beside it gets an equal share; a model with an MLM head keeps its schedule (no distillation)
     both, record = choose_schedule(RecipeConfig(target_queries=queries, skip_coco=False), False)
     assert (both.skip_coco, both.coco_share, both.distill_share) == (False, 1.0, 1.0) and "mlm_head" in record

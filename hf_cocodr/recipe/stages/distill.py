@@ -52,6 +52,8 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 
 # the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
+# the distillation's learning rate where no schedule set it (the schedules' presets: docs/adaptation.md says why)
+DISTILL_LEARNING_RATE = 5e-5
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
@@ -107,10 +109,14 @@ class DistillSettings:
         "distill_k+1 to distill_deep_depth, added to the listwise loss at their teacher scores (0: none)",
     )
     distill_deep_depth: int = option(200, "distillation: the deepest teacher rank distill_deep samples from")
-    distill_teacher_weight: float | Literal["fit"] = option(
-        0.5,
-        "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), or fit: "
-        "the fusion fitted to each corpus without labels (the saved hybrid's)",
+    distill_teacher_weight: float | Literal["fit"] | Auto = option(
+        AUTO,
+        "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), fit: "
+        "the fusion fitted to each corpus without labels (the saved hybrid's), or auto: as the schedule says (fit "
+        "for a model without an MLM head given --target-queries, 0.5 otherwise)",
+    )
+    distill_learning_rate: float | Auto = option(
+        AUTO, "distillation learning rate (auto: as the schedule says)", flag="--distill-lr"
     )
     distill_teacher_temperature: float = option(
         1.0, "distillation: temperature of the teacher's (z-normalised, fused) scores"
@@ -166,11 +172,17 @@ class DistillSettings:
     def check(self) -> None:
         """Refuse out-of-range distillation options by name."""
         check_number(self, "distill_share", 0, 1)
-        if self.distill_teacher_weight != "fit":
+        if self.distill_teacher_weight not in ("fit", AUTO):
             try:
                 check_number(self, "distill_teacher_weight", 0, 1, allow_auto=False)
             except ConfigError as e:
-                raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus)") from None
+                raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus, or auto)") from None
+        check_number(self, "distill_learning_rate", 1e-8, 1)
+        if self.distill_learning_rate != AUTO and "learning_rate" in (self.distill or {}):
+            raise ConfigError(
+                "recipe options distill_learning_rate and distill.learning_rate both set the distillation's learning "
+                "rate: give one"
+            )
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
@@ -327,7 +339,9 @@ class DistillStage(Stage):
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
             per_device_train_batch_size=self._batch_size(run),
-            learning_rate=5e-5,  # docs/adaptation.md says why
+            learning_rate=float(
+                DISTILL_LEARNING_RATE if cfg.distill_learning_rate == AUTO else cfg.distill_learning_rate
+            ),
             warmup_steps=0.1,
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
@@ -611,6 +625,8 @@ class DistillStage(Stage):
     def _fusion(cfg: RecipeConfig):
         from ...retrieval.fusion import FusionConfig
 
+        if cfg.distill_teacher_weight == AUTO:
+            raise ConfigError("recipe option distill_teacher_weight is still auto: resolve the schedule first")
         if (
             cfg.distill_teacher_weight == "fit"
         ):  # the rule, normalisation and weight fitted per corpus, as the hybrid's
