@@ -44,6 +44,14 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--reachable-queries", type=int, default=100, help="queries per split checked by the LP")
     ap.add_argument("--report-only", action="store_true", help="re-render the page from the JSON")
+    ap.add_argument(
+        "--teacher",
+        choices=("fixed", "fit"),
+        default="fixed",
+        help="the teacher: the distillation's fixed fusion (z-scores, weight 0.5, depth 100) or the fusion fitted to "
+        "each corpus (fit: the recipe's default teacher given --target-queries since issue 49)",
+    )
+    ap.add_argument("--cache", default=None, help="the HF_COCODR_CACHE to read the teacher from (default: WORK/cache)")
     return ap.parse_args()
 
 
@@ -69,7 +77,7 @@ def main() -> int:
         return 0
     if not ns.student:
         raise SystemExit("distill_ceiling: --student RUN is required (or --report-only)")
-    os.environ["HF_COCODR_CACHE"] = str(Path(ns.work).absolute() / "cache")
+    os.environ["HF_COCODR_CACHE"] = str(Path(ns.cache).absolute() if ns.cache else Path(ns.work).absolute() / "cache")
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.data.beir import load_qrels, load_queries
@@ -91,8 +99,9 @@ def main() -> int:
     similarity = model_similarity(start)
     normalize = similarity == "cosine"
     precision, _ = resolve_corpus_precision("auto")
-    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
+    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit" if ns.teacher == "fit" else 0.5))
     out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
+    out["teacher"] = ns.teacher
     t0 = time.time()
     session = EncodingSession(precision)  # the precision a recipe run encodes its corpora in
     for name in CORPORA:
@@ -101,6 +110,11 @@ def main() -> int:
             start, fingerprint(model), str(folder), fusion=fusion, session=session
         )
         docs = np.asarray(hybrid.embeddings, np.float32)
+        f = hybrid.fusion
+        out.setdefault("fusion", {})[name] = {
+            "rule": f.rule, "normalize": f.normalize, "dense_weight": f.dense_weight, "depth": f.depth,
+            "bm25_zeros": f.bm25_zeros,
+        }  # fmt: skip
         row_of = {d: i for i, d in enumerate(doc_ids)}
         queries = load_queries(folder)
         text_of = dict(zip(queries["_id"], queries["text"]))
@@ -167,8 +181,14 @@ def write_report(ns, out: dict) -> None:
     if findings.is_file():
         lines += [findings.read_text().strip(), ""]
     lines += [
-        f"Student: the query-side model of `{run_dir.name}` ({run_dir}). Teacher: the distillation's hybrid (start + "
-        f"BM25, z-scores, dense weight 0.5, depth 100). nDCG@10 with the labels; corpus encodings in {precision}; free vectors: "
+        f"Student: the query-side model of `{run_dir.name}` ({run_dir}). Teacher: "
+        + (
+            "the hybrid of the start + BM25 with its fusion fitted to each corpus without labels (the recipe's "
+            "default teacher given --target-queries). "
+            if out.get("teacher") == "fit"
+            else "the distillation's hybrid (start + BM25, z-scores, dense weight 0.5, depth 100). "
+        )
+        + f"nDCG@10 with the labels; corpus encodings in {precision}; free vectors: "
         f"{out['steps']} full-batch Adam steps of the distillation's loss (KL over the teacher's top {out['k']} at the "
         "student's temperature 0.05 + the in-batch contrast), from the starting model's query vectors.",
         "",
@@ -200,7 +220,9 @@ def write_report(ns, out: dict) -> None:
         "",
         f"Reachability checked on the first {out.get('reachable_queries', '?')} queries of each split. Command: "
         f"`python scripts/studies/distill_ceiling.py --student {out['student']} --reachable-queries "
-        f"{out.get('reachable_queries', 100)}` (`--report-only` re-renders this page from the JSON).",
+        f"{out.get('reachable_queries', 100)}"
+        + (f" --teacher fit --out {ns.out}" if out.get("teacher") == "fit" else "")
+        + "` (`--report-only` re-renders this page from the JSON).",
     ]
     atomic_write_text(Path(ns.out + ".md"), "\n".join(lines) + "\n")
 
