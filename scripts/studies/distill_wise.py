@@ -144,9 +144,11 @@ def main() -> int:
             "start": {n: round(c[-1], 6) for n, c in corpora.items()},
         },
     )
-    lines = [
-        "# WiSE-FT of the query-side students, after the fact",
-        "",
+    lines = ["# WiSE-FT of the query-side students, after the fact", ""]
+    findings = Path(ns.out + "_findings.md")  # written by hand from the table, kept when the table is rendered again
+    if findings.is_file():
+        lines += [findings.read_text().strip(), ""]
+    lines += [
         f"Dev nDCG@10 gain over the start (SciFact {corpora['scifact'][-1]:.4f}, NFCorpus {corpora['nfcorpus'][-1]:.4f}"
         f"; corpus vectors in {precision}) of the query route (1 − α)·start + α·student, the document route the "
         "start's; mean ± half-range over seeds; share: of the fitted hybrid's lead over the start "
