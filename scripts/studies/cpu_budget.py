@@ -208,7 +208,8 @@ def run_row(arm: str, seed: int, ns, data: Path, model: str) -> dict:
     folder, done = row_folder(ns, arm, seed)
     if done is not None:
         return done
-    out, cache = folder / "run", folder / "cache"
+    # absolute: the command runs in the repository root (pinned_run), which need not be where the study was started
+    out, cache = (folder / "run").absolute(), (folder / "cache").absolute()
     if parse_arm(arm)[2]:  # a repeated run's cache (and every fixed-steps row's): a copy of the warm one
         shutil.copytree(warm_cache(ns, data, model), cache)
     cmd = command(arm, seed, ns, data, model, out)
