@@ -138,6 +138,12 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-teacher-temperature 0.5",
         "the `queries-fit` row with the teacher's temperature at 0.5",
     ),
+    # fitting: the fitted-teacher student takes about 3/4 of the teacher's lead on its own training queries as on dev
+    # (distill_ceiling_fit.md), so it under-fits rather than over-fits NFCorpus: more passes than the cap of 3
+    "queries-fit-p5": (
+        "@queries --distill-teacher-weight fit --distill-max-passes 5",
+        "the `queries-fit` row with the cap on passes at 5 (855 steps)",
+    ),
     # issue 49's held-out half: the recipe's default trained on half the pool's query texts (cpu_budget.half_pools),
     # its agreement with the teacher then read on the other half (distill_agreement.py --trained-split pool-half)
     "half": ("@half", "the recipe's default on half of the pool (by query text): the other half is never trained on"),
