@@ -102,6 +102,7 @@ def main() -> int:
     fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit" if ns.teacher == "fit" else 0.5))
     out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
     out["teacher"] = ns.teacher
+    out.update(data=ns.data, cache=ns.cache, work=ns.work)
     t0 = time.time()
     session = EncodingSession(precision)  # the precision a recipe run encodes its corpora in
     for name in CORPORA:
@@ -176,7 +177,10 @@ def write_report(ns, out: dict) -> None:
     from hf_cocodr.utils import atomic_write_text
 
     run_dir, precision = Path(out["student"]), out["precision"]
-    lines = ["# What caps the query-side distillation: the free-vector ceiling, the student on train and on dev", ""]
+    title = "What caps the query-side distillation: the free-vector ceiling, the student on train and on dev"
+    if out.get("teacher") == "fit":
+        title += ", with the fitted teacher"
+    lines = [f"# {title}", ""]
     findings = Path(ns.out + "_findings.md")
     if findings.is_file():
         lines += [findings.read_text().strip(), ""]
@@ -221,7 +225,11 @@ def write_report(ns, out: dict) -> None:
         f"Reachability checked on the first {out.get('reachable_queries', '?')} queries of each split. Command: "
         f"`python scripts/studies/distill_ceiling.py --student {out['student']} --reachable-queries "
         f"{out.get('reachable_queries', 100)}"
-        + (f" --teacher fit --out {ns.out}" if out.get("teacher") == "fit" else "")
+        + (
+            f" --teacher fit --data {out['data']} --cache {out['cache']} --work {out['work']} --out {ns.out}"
+            if out.get("teacher") == "fit"
+            else ""
+        )
         + "` (`--report-only` re-renders this page from the JSON).",
     ]
     atomic_write_text(Path(ns.out + ".md"), "\n".join(lines) + "\n")
