@@ -323,7 +323,9 @@ def gain_cell(summary: dict, key: str) -> str:
 
 def load_text(row: dict) -> str:
     """The load average before / during (max) / after a row's command."""
-    load = row["load"]
+    load = row.get("load")
+    if not load:  # a row written afterwards from its run's own files (no readings)
+        return "n/a"
     return f"{load['before']} / {load['during_mean']} (max {load['during_max']}) / {load['after']}"
 
 
@@ -396,8 +398,17 @@ def write_report(ns, rows: dict) -> None:
             )
     lines += [
         "",
-        f"Command: `python scripts/studies/cpu_budget.py --arms full,query --seeds 42,43,44 --budget-minutes "
-        f"{ns.budget_minutes:g}` (each row's exact command is in the JSON); the data split is `prepare_data` of "
+        f"Command: `python scripts/studies/cpu_budget.py --arms {','.join(rows) or ns.arms} --seeds "
+        f"{','.join(sorted({str(s) for rs in rows.values() for s in rs})) or ns.seeds} --budget-minutes "
+        f"{ns.budget_minutes:g}"
+        + ("" if ns.work == "outputs/cpu_budget" else f" --work {ns.work}")
+        + (
+            ""
+            if ns.report
+            == "reports/studies/cpu_budget" + ("" if ns.budget_minutes == 15 else f"_{ns.budget_minutes:g}min")
+            else f" --report {ns.report}"
+        )
+        + "` (each row's exact command is in the JSON); the data split is `prepare_data` of "
         "`scripts/studies/distill_study.py`.",
     ]
     atomic_write_text(Path(f"{ns.report}.md"), "\n".join(lines) + "\n")
