@@ -74,7 +74,10 @@ def _close(a, b, tol=1e-5):
     if isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
-            if not str(k).endswith("_seconds"):
+            # (a hybrid's ``fit`` record: its grid of nDCG@10 over pseudo-queries of the tiny random corpus ranks
+            # near-tied documents, so the weights' 1e-9 difference between 2 ranks and 1 can break a tie there; the
+            # fusion it chose, the fields beside it, is compared)
+            if not str(k).endswith("_seconds") and k != "fit":
                 _close(a[k], b[k], tol)
     elif isinstance(a, float):
         assert a == pytest.approx(b, abs=tol)
