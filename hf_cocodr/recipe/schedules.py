@@ -31,7 +31,6 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     skip_distill=True,
     distill_share=0.0,
     distill_teacher_weight=0.5,
-    distill_learning_rate=5e-5,
     pseudo_queries=0,
 )
 

@@ -523,6 +523,15 @@ def test_the_learning_rate_option_sets_the_distillations_learning_rate(tmp_path)
     assert config_from_flags(parser.parse_args(["--distill-lr", "2e-4"]))["distill_learning_rate"] == 2e-4
     with pytest.raises(ConfigError, match="distill_learning_rate and distill.learning_rate both"):
         RecipeConfig(distill_learning_rate=1e-4, distill={"learning_rate": 1e-4}).validate()
+    # the mapping alone still sets it, through the schedule's resolution and a resumed run's check of it
+    from hf_cocodr.recipe.schedules import choose_schedule
+
+    mapped = {"per_device_train_batch_size": 4, "bf16": False, "learning_rate": 2e-5}
+    cfg, _ = choose_schedule(RecipeConfig(target_queries=["q"], distill=mapped), False)
+    cfg.validate()
+    run = _stub_run(tmp_path)
+    run.cfg = cfg
+    assert DistillStage().arguments(run)["learning_rate"] == 2e-5
     for bad in (0.0, 2.0, "fast"):
         with pytest.raises(ConfigError, match="distill_learning_rate must be a number"):
             RecipeConfig(distill_learning_rate=bad).validate()

@@ -52,7 +52,8 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 
 # the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
-# the distillation's learning rate where no schedule set it (the schedules' presets: docs/adaptation.md says why)
+# the distillation's learning rate where neither distill_learning_rate nor distill.learning_rate sets it
+# (docs/adaptation.md says why)
 DISTILL_LEARNING_RATE = 5e-5
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
@@ -116,7 +117,7 @@ class DistillSettings:
         "for a model without an MLM head given --target-queries, 0.5 otherwise)",
     )
     distill_learning_rate: float | Auto = option(
-        AUTO, "distillation learning rate (auto: as the schedule says)", flag="--distill-lr"
+        AUTO, "distillation learning rate (auto: 5e-5, or the distill mapping's learning_rate)", flag="--distill-lr"
     )
     distill_teacher_temperature: float = option(
         1.0, "distillation: temperature of the teacher's (z-normalised, fused) scores"
