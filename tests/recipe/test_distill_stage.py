@@ -509,38 +509,10 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
     assert len(values) == 2  # (the two models' losses differ: the batch tells them apart)
 
 
-def test_the_learning_rate_option_sets_the_distillations_learning_rate(tmp_path):
-    """``--distill-lr`` sets the distillation's learning rate (auto: the schedule's, 5e-5 where none resolved it); a
-    config that also sets ``distill.learning_rate`` is refused, as is a rate out of range, both by name."""
-    import argparse
-
-    from hf_cocodr.recipe.config import add_config_arguments, config_from_flags
-
-    assert _stub_run(tmp_path).arguments["distill"]["learning_rate"] == 5e-5
-    assert _stub_run(tmp_path, distill_learning_rate=1e-4).arguments["distill"]["learning_rate"] == 1e-4
-    parser = argparse.ArgumentParser()
-    add_config_arguments(parser)
-    assert config_from_flags(parser.parse_args(["--distill-lr", "2e-4"]))["distill_learning_rate"] == 2e-4
-    with pytest.raises(ConfigError, match="distill_learning_rate and distill.learning_rate both"):
-        RecipeConfig(distill_learning_rate=1e-4, distill={"learning_rate": 1e-4}).validate()
-    # the mapping alone still sets it, through the schedule's resolution and a resumed run's check of it
-    from hf_cocodr.recipe.schedules import choose_schedule
-
-    mapped = {"per_device_train_batch_size": 4, "bf16": False, "learning_rate": 2e-5}
-    cfg, _ = choose_schedule(RecipeConfig(target_queries=["q"], distill=mapped), False)
-    cfg.validate()
-    run = _stub_run(tmp_path)
-    run.cfg = cfg
-    assert DistillStage().arguments(run)["learning_rate"] == 2e-5
-    for bad in (0.0, 2.0, "fast"):
-        with pytest.raises(ConfigError, match="distill_learning_rate must be a number"):
-            RecipeConfig(distill_learning_rate=bad).validate()
-
-
 def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
     """The stage's identity, pinned as the code before issue 51 computed it (its settings held ``idro_preset``), so a
-    distillation finished then is skipped on a re-run. The teacher's weight and the learning rate are as the schedule
-    resolved them then (0.5, 5e-5): given explicitly, or set by the schedule, they give the same identity."""
+    distillation finished then is skipped on a re-run. The teacher's weight is as the schedule resolved it then (0.5):
+    given explicitly, or set by the schedule, it gives the same identity."""
     from hf_cocodr.rundir.run_record import digest
 
     def identity(**options):
@@ -552,7 +524,6 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
         return digest(stage.identity(run, "start"))
 
     assert identity() == "ce539d4cb1c7d979"
-    assert identity(distill_learning_rate=5e-5) == "ce539d4cb1c7d979"  # the option, at the value it always had
     earlier = {k: v for k, v in OPTION_VALUES.items() if k != "distill_margin_weight"}  # the options of then
     assert identity(**earlier) == "995eec268bc95182"
     # an option added since is named only when on: off, the identity is the earlier one; on, another

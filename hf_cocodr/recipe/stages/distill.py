@@ -52,8 +52,7 @@ logger = logging.getLogger("hf_cocodr.recipe.distill")
 
 # the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
-# the distillation's learning rate where neither distill_learning_rate nor distill.learning_rate sets it
-# (docs/adaptation.md says why)
+# the distillation's learning rate unless the distill mapping sets one (docs/adaptation.md says why)
 DISTILL_LEARNING_RATE = 5e-5
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
@@ -116,9 +115,6 @@ class DistillSettings:
         "the fusion fitted to each corpus without labels (the saved hybrid's), or auto: as the schedule says (fit "
         "for a model without an MLM head given --target-queries, 0.5 otherwise)",
     )
-    distill_learning_rate: float | Auto = option(
-        AUTO, "distillation learning rate (auto: 5e-5, or the distill mapping's learning_rate)", flag="--distill-lr"
-    )
     distill_teacher_temperature: float = option(
         1.0, "distillation: temperature of the teacher's (z-normalised, fused) scores"
     )
@@ -178,12 +174,6 @@ class DistillSettings:
                 check_number(self, "distill_teacher_weight", 0, 1, allow_auto=False)
             except ConfigError as e:
                 raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus, or auto)") from None
-        check_number(self, "distill_learning_rate", 1e-8, 1)
-        if self.distill_learning_rate != AUTO and "learning_rate" in (self.distill or {}):
-            raise ConfigError(
-                "recipe options distill_learning_rate and distill.learning_rate both set the distillation's learning "
-                "rate: give one"
-            )
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
@@ -340,9 +330,7 @@ class DistillStage(Stage):
         defaults = dict(
             **run_arguments(run, self.name, logging_steps=5, save_steps=50),
             per_device_train_batch_size=self._batch_size(run),
-            learning_rate=float(
-                DISTILL_LEARNING_RATE if cfg.distill_learning_rate == AUTO else cfg.distill_learning_rate
-            ),
+            learning_rate=DISTILL_LEARNING_RATE,
             warmup_steps=0.1,
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
