@@ -438,13 +438,19 @@ def distinct_pools(data: Path) -> None:
         if target.is_file():
             continue
         texts = query_texts(folder)
+        dev = {_norm(texts[r.split("\t")[0]]) for r in qrels_rows(folder, "dev")}
+        kept = [r for r in qrels_rows(folder, "pool") if _norm(texts[r.split("\t")[0]]) not in dev]
+        write_qrels_rows(target, kept)
 
-        def rows(split: str, folder: Path = folder) -> list[str]:
-            return [x for x in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:] if x.strip()]
 
-        dev = {_norm(texts[r.split("\t")[0]]) for r in rows("dev")}
-        kept = [r for r in rows("pool") if _norm(texts[r.split("\t")[0]]) not in dev]
-        target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
+def qrels_rows(folder: Path, split: str) -> list[str]:
+    """The data lines of a BEIR folder's ``qrels/SPLIT.tsv`` (its header left out)."""
+    return [x for x in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:] if x.strip()]
+
+
+def write_qrels_rows(path: Path, rows: list[str]) -> None:
+    """``rows`` (data lines of a qrels file) written to ``path`` under the BEIR header."""
+    path.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in rows))
 
 
 HALF = "pool-half"  # a half of the distinct pool, split by query text (issue 49's held-out half)
@@ -462,9 +468,7 @@ def half_pools(data: Path) -> None:
         if target.is_file():
             continue
         texts = query_texts(folder)
-        rows = [x for x in (folder / "qrels" / f"{POOL}.tsv").read_text().splitlines()[1:] if x.strip()]
-        kept = [r for r in rows if in_half(_norm(texts[r.split("\t")[0]]))]
-        target.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in kept))
+        write_qrels_rows(target, [r for r in qrels_rows(folder, POOL) if in_half(_norm(texts[r.split("\t")[0]]))])
 
 
 def in_half(norm_text: str) -> bool:

@@ -95,6 +95,9 @@ def main() -> int:
             top = {q: list(f[:10]) for q, f in zip(qids, found)}
             q_start = encode_texts(start, texts, kind="query", normalize=normalize, session=session)
             splits[split] = (qrels, qids, texts, top, ranked_run(qids, q_start, docs, doc_ids))
+        if ns.trained_split:  # the texts outside the split the students trained on (one split for all of them)
+            trained_texts = {text_of[q] for q in load_qrels(folder, ns.trained_split) if q in text_of}
+            outside = {t for t in text_of.values() if t not in trained_texts}
         for run_dir in students:
             st = SentenceTransformer(str(run_dir / "model"))
             guard = {
@@ -103,9 +106,7 @@ def main() -> int:
                 if line.strip() and not json.loads(line).get("doc_id")
             }
             if ns.trained_split:  # held out: the pool's queries outside the split trained on (its guard left out)
-                trained_texts = {text_of[q] for q in load_qrels(folder, ns.trained_split) if q in text_of}
-                held = {t for t in text_of.values() if t not in trained_texts}
-                skip = guard
+                held, skip = outside, guard
             else:
                 held, skip = guard, set()
             entry: dict = {}
