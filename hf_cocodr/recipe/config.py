@@ -444,6 +444,11 @@ def _number_or_word(value: str, flag: str, hint: Any, metavar: str | None = None
             raise ConfigError(f"{flag} must be a whole number >= 0 or 'auto', got {value!r}") from None
     if hint in (float | Auto | None, float | None) and text in ("none", "off"):
         return None
+    if hint == float | Auto | None and metavar == "X|none|auto":  # a positive number, none or auto (passes)
+        try:
+            return AUTO if text == Auto.AUTO else float(value)
+        except ValueError:
+            raise ConfigError(f"{flag} must be a number > 0, 'none' or 'auto', got {value!r}") from None
     if hint == float | Literal["fit"] | Auto:  # a number, fitted or auto (the distillation teacher's weight)
         try:
             return {"fit": "fit", "auto": AUTO}[text] if text in ("fit", "auto") else float(value)

@@ -12,7 +12,7 @@ from .config import AUTO, Auto, RecipeConfig
 from .settings import no_gpu
 from .stage import Stage
 from .stages import MLM_HEAD_WARMUP_SHARE, STAGE_SETTINGS, instantiate
-from .stages.distill import resolve_distill_side
+from .stages.distill import DISTILL_MAX_PASSES, QUERIES_MAX_PASSES, resolve_distill_side
 
 # COCO-DR's own stages: COCO with masked-LM through the Condenser head, then iDRO on the source task.
 PAPER_SCHEDULE: dict[str, Any] = dict(
@@ -31,6 +31,7 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     skip_distill=True,
     distill_share=0.0,
     distill_teacher_weight=0.5,
+    distill_max_passes=DISTILL_MAX_PASSES,
     pseudo_queries=0,
 )
 
@@ -53,7 +54,9 @@ SCHEDULES: dict[str, dict[str, Any]] = {
 # No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
 # teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md says why).
 # The teacher is the hybrid fitted to each corpus (the saved hybrid's fusion), not the fixed z-score fusion at 0.5:
-# issue 49's screen, docs/adaptation.md "The fitted teacher".
+# issue 49's screen, docs/adaptation.md "The fitted teacher". At most 5 passes over the user's queries where the query
+# side trains (the whole model keeps 3, the most measured there): with the fitted teacher the query encoder
+# under-fits its own queries at 3 (docs/adaptation.md "Five passes").
 SCHEDULES["no_mlm_head_queries"] = dict(
     SCHEDULES["no_mlm_head_soup"],
     skip_coco=True,
@@ -61,6 +64,7 @@ SCHEDULES["no_mlm_head_queries"] = dict(
     skip_distill=False,
     distill_share=1.0,
     distill_teacher_weight="fit",
+    distill_max_passes=QUERIES_MAX_PASSES,
 )
 # No MLM head and the corpus alone: the same distillation on pseudo-queries drawn from the target corpora, its query
 # route then interpolated with the start's at CORPUS_WISE_ALPHA (WiSE-FT; the corpus-only study's best arm,
@@ -71,6 +75,7 @@ SCHEDULES["no_mlm_head"] = dict(
     pseudo_queries=CORPUS_PSEUDO_QUERIES,
     wise_alpha=CORPUS_WISE_ALPHA,
     distill_teacher_weight=0.5,
+    distill_max_passes=DISTILL_MAX_PASSES,
 )
 
 
@@ -120,6 +125,10 @@ def choose_schedule(
         if not resolved.skip_distill:
             chosen["distill_side"] = side
             record["distill_side"] = side_why
+    if resolved.distill_side == "full" and "distill_max_passes" in chosen:  # more than 3 passes: the query side's
+        resolved.distill_max_passes = chosen["distill_max_passes"] = min(
+            resolved.distill_max_passes, DISTILL_MAX_PASSES
+        )
     if has_mlm_head is not True and "skip_coco" in options and not resolved.skip_coco:  # a fresh head, warmed up
         record["mlm_head"] = (
             f"fresh: it trains alone for the first {MLM_HEAD_WARMUP_SHARE:.0%} of COCO's steps when COCO uses MLM"

@@ -195,12 +195,16 @@ def command(arm: str, seed: int, ns, data: Path, model: str, out: Path) -> list[
     ]  # fmt: skip
     if isinstance(extra, str) and extra.startswith(("@queries", "@half")):  # the study's pools as the user's queries
         pool = HALF if extra.startswith("@half") else POOL
+        given = extra.split()[1:]
+        # the passes these rows were screened at (3) unless the arm sets them: 5 became the default after them
+        passes = [] if "--distill-max-passes" in given else ["--distill-max-passes", "3"]
         return cmd + [
             "--target-queries",
             f"{data / 'scifact'}:{pool}",
             "--target-queries",
             f"{data / 'nfcorpus'}:{pool}",
-            *extra.split()[1:],
+            *given,
+            *passes,
         ]
     return cmd + extra
 

@@ -195,9 +195,12 @@ def test_the_cap_on_passes_counts_every_rank_and_accumulated_batch_and_is_the_st
         )
 
     # 240 queries at 4 x 2 ranks x 3 accumulated = 24 a step: 10 steps a pass
-    assert stage.steps(run(100)) == 30  # 3 passes, the default
+    assert stage.steps(run(100, distill_max_passes=3)) == 30
+    assert stage.steps(run(100, distill_max_passes=5)) == 50
     assert stage.steps(run(100, distill_max_passes=0.5)) == 5
-    assert stage.steps(run(20)) == 20  # the plan's steps, under the cap
+    with pytest.raises(ConfigError, match="distill_max_passes is still auto"):  # the schedule resolves it first
+        stage.steps(run(100))
+    assert stage.steps(run(20, distill_max_passes=3)) == 20  # the plan's steps, under the cap
     assert stage.steps(run(100, distill_max_passes=None)) == 100
     assert stage.steps(run(100, distill_steps=100)) == 100  # fixed steps are the user's
 
@@ -237,11 +240,12 @@ def test_a_setting_added_later_leaves_the_plan_of_an_older_run_at_its_default():
     from hf_cocodr.recipe.planner import plan_identity
 
     run = SimpleNamespace(fps={"model": "m", "targets": ["t"]}, max_minutes=15.0)
-    now = asdict(RecipeConfig())
+    now = asdict(RecipeConfig(distill_max_passes=3.0))  # as the corpus-alone schedule resolves it
     before = {k: v for k, v in now.items() if k not in ("distill_document_gradients", "distill_max_passes")}
     assert plan_identity(run, now) == plan_identity(run, before)
     assert plan_identity(run, {**now, "distill_document_gradients": False}) != plan_identity(run, before)
     assert plan_identity(run, {**now, "distill_max_passes": None}) != plan_identity(run, before)
+    assert plan_identity(run, {**now, "distill_max_passes": 5.0}) != plan_identity(run, before)
 
 
 def test_a_plan_written_with_a_later_setting_at_its_default_is_kept(tmp_path):

@@ -8,8 +8,10 @@ import torch
 from helpers import CFG
 from tiny import crash_at
 
+from hf_cocodr.errors import ConfigError
 from hf_cocodr.modeling.precision import resolve_corpus_precision
 from hf_cocodr.recipe import RecipeConfig, run_recipe
+from hf_cocodr.recipe.config import AUTO
 from hf_cocodr.recipe.runner import _precision_choice
 from hf_cocodr.retrieval.session import EncodingSession
 
@@ -339,4 +341,7 @@ def test_the_cap_on_passes_reads_a_number_or_none_from_the_command_line():
     add_config_arguments(parser)
     assert config_from_flags(parser.parse_args(["--distill-max-passes", "none"]))["distill_max_passes"] is None
     assert config_from_flags(parser.parse_args(["--distill-max-passes", "1.5"]))["distill_max_passes"] == 1.5
+    assert config_from_flags(parser.parse_args(["--distill-max-passes", "auto"]))["distill_max_passes"] == AUTO
+    with pytest.raises(ConfigError, match=r"--distill-max-passes must be a number > 0, 'none' or 'auto', got 'x'"):
+        config_from_flags(parser.parse_args(["--distill-max-passes", "x"]))
     assert "distill_max_passes" not in config_from_flags(parser.parse_args([]))  # the default stands

@@ -52,8 +52,9 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
         choose_schedule(RecipeConfig(skip_distill=False), True)
 
 
-def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillation_alone():
+def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillation_alone(monkeypatch):
     queries = ["data/scifact:train"]
+    monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: True)  # (the query side: 5 passes)
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
     assert record["kind"] == "no_mlm_head_queries" and "target queries" in record["why"]
     assert (cfg.skip_coco, cfg.skip_finetune, cfg.skip_distill, cfg.distill_share) == (True, True, False, 1.0)
@@ -67,6 +68,14 @@ def test_unlabelled_target_queries_give_a_model_without_mlm_head_the_distillatio
     )
     mine, record = choose_schedule(RecipeConfig(target_queries=queries, distill_teacher_weight=0.3), False)
     assert mine.distill_teacher_weight == 0.3 and record["set_by_user"]["distill_teacher_weight"] == 0.3
+    # at most 5 passes over the user's queries; 3 over the corpus alone's pseudo-queries and in the paper schedule
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
+    assert cfg.distill_max_passes == 5.0 and record["chosen"]["distill_max_passes"] == 5.0
+    assert choose_schedule(RecipeConfig(), False)[0].distill_max_passes == 3.0
+    assert choose_schedule(RecipeConfig(target_queries=queries, schedule="paper"), False)[0].distill_max_passes == 3.0
+    for mine in (None, 2.0):  # the user's cap (or none) wins
+        cfg_mine, rec = choose_schedule(RecipeConfig(target_queries=queries, distill_max_passes=mine), False)
+        assert cfg_mine.distill_max_passes == mine and rec["set_by_user"]["distill_max_passes"] == mine
     # COCO asked for beside it gets an equal share; a model with an MLM head keeps its schedule (no distillation)
     both, record = choose_schedule(RecipeConfig(target_queries=queries, skip_coco=False), False)
     assert (both.skip_coco, both.coco_share, both.distill_share) == (False, 1.0, 1.0) and "mlm_head" in record
@@ -97,6 +106,13 @@ def test_distill_side_auto_is_the_query_side_on_a_cpu_where_nothing_else_trains_
     monkeypatch.setattr("hf_cocodr.recipe.schedules.no_gpu", lambda: False)
     cfg, record = choose_schedule(RecipeConfig(target_queries=queries), False)
     assert cfg.distill_side == "full" and "GPU" in record["distill_side"]
+    # the whole model keeps the cap of 3 passes; 5 are the query side's (a cap the user gives stands)
+    assert cfg.distill_max_passes == 3.0 == record["chosen"]["distill_max_passes"]
+    assert (
+        choose_schedule(RecipeConfig(target_queries=queries, distill_max_passes=5), False)[0].distill_max_passes == 5
+    )
+    cfg, record = choose_schedule(RecipeConfig(target_queries=queries, distill_side="query"), False)
+    assert cfg.distill_max_passes == 5.0 == record["chosen"]["distill_max_passes"]
     # on a GPU too, a distillation on pseudo-queries trains the query side: the guard cannot vouch for a document
     # side trained on them; one after COCO trains the whole model (and the guard says it cannot vouch for it)
     cfg, record = choose_schedule(RecipeConfig(), False)

@@ -50,8 +50,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("hf_cocodr.recipe.distill")
 
-# the distillation's default cap on passes over the target queries (docs/adaptation.md says why)
+# the distillation's cap on passes over the queries: the pseudo-queries of the corpus alone and the paper schedule's
+# (DISTILL_MAX_PASSES), and the user's --target-queries (QUERIES_MAX_PASSES; docs/adaptation.md says why)
 DISTILL_MAX_PASSES = 3.0
+QUERIES_MAX_PASSES = 5.0
 # the distillation's learning rate unless the distill mapping sets one (docs/adaptation.md says why)
 DISTILL_LEARNING_RATE = 5e-5
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
@@ -140,10 +142,12 @@ class DistillSettings:
         "it interpolates the query route alone); auto: query where the distillation starts from the starting model "
         "on a CPU, or trains on pseudo-queries; full otherwise",
     )
-    distill_max_passes: float | None = option(
-        DISTILL_MAX_PASSES,
+    distill_max_passes: float | Auto | None = option(
+        AUTO,
         "distillation: at most this many passes over the target queries, however many steps the budget buys "
-        "('none': no cap; --distill-steps fixes the steps instead)",
+        "('none': no cap; --distill-steps fixes the steps instead), or auto: as the schedule says (5 for a model "
+        "without an MLM head given --target-queries, 3 otherwise)",
+        metavar="X|none|auto",
     )
     pseudo_queries: int | Auto = option(
         AUTO,
@@ -177,7 +181,7 @@ class DistillSettings:
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_max_passes", 0.01, 1000, allow_auto=False, allow_none=True)
+        check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
         if self.distill_k > MAX_DISTILL_K:  # the candidates are the rows' document columns (negative_1 ...)
@@ -649,6 +653,8 @@ class DistillStage(Stage):
     def _cap(self, run: RecipeRun) -> int | None:
         if run.cfg.distill_steps is not None or run.cfg.distill_max_passes is None:  # fixed steps are yours
             return None
+        if run.cfg.distill_max_passes == AUTO:
+            raise ConfigError("recipe option distill_max_passes is still auto: resolve the schedule first")
         if self.per_step is None:  # queries a step: on every rank, every accumulated batch
             from ...finetuning import DistillationTrainingArguments
 
