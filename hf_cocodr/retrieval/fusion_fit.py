@@ -44,6 +44,7 @@ FIT_METHOD = (
 FIT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
 # the shares of a pseudo-query's words that may stay in its document, tried in this order until its pseudo-queries
 # are as easy for BM25 as the real queries (0: the plain inverse cloze)
+FIT_PSEUDO_QUERIES = 400  # the pseudo-queries a fit draws from a corpus (at most: one per document of 2+ sentences)
 KEEP_SHARES = (0.0, 0.125, 0.25, 0.375, 0.5, 0.75, 1.0)
 
 # the fit's pseudo-queries: the inverse cloze of the corpus's pseudo-query module (one module draws every kind)
@@ -158,7 +159,7 @@ def fit_fusion(
     *,
     queries: list[str] | None = None,
     bm25=None,
-    n_queries: int = 400,
+    n_queries: int = FIT_PSEUDO_QUERIES,
     seed: int = 0,
     min_queries: int = 8,
 ) -> FusionConfig:

@@ -88,9 +88,11 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
         costs
     )
     assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_rank"] > 0  # cold: 80 documents to encode
+    # the teacher (fitted, the schedule's choice given queries) is fitted to the corpus it builds: a planned cost
+    assert record_of(out)["schedule"]["chosen"]["distill_teacher_weight"] == "fit" and costs["distill_teacher_fit"] > 0
     assert abs(sum(costs.values()) - plan["fixed_seconds"]) <= 0.2
     assert plan["throughput"]["distill_teacher_s"] == pytest.approx(
-        sum(plan["throughput"][f"distill_teacher_{n}_s"] for n in ("encode", "bm25", "rank")), abs=0.02
+        sum(plan["throughput"][f"distill_teacher_{n}_s"] for n in ("encode", "bm25", "fit", "rank")), abs=0.02
     )
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"]["distill"] >= 1
@@ -104,6 +106,7 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), tmp_path / "warm", config=cfg, max_minutes=2.0)
     warm = json.loads((tmp_path / "warm" / "plan.json").read_text())["fixed_costs"]
     assert warm.get("distill_teacher_encode", 0) == 0 and warm.get("distill_teacher_bm25", 0) == 0
+    assert "distill_teacher_fit" not in warm  # (the cached teacher was fitted when it was built)
     assert probed and {kind for kind, _ in probed} == {"query"}  # and its probe encodes no document
 
 
@@ -158,3 +161,18 @@ def test_the_fine_tuning_mines_its_negatives_in_the_runs_corpus_precision_unless
     kw, args = trained_with({})
     assert args.negatives_encode_precision == precision and "negatives_encode_precision" not in kw
     assert trained_with({"negatives_encode_precision": "int8"})[1].negatives_encode_precision == "int8"
+
+
+def record_of(out):
+    return json.loads((out / "recipe.json").read_text())
+
+
+def test_the_fit_of_the_teacher_is_charged_per_document_and_pseudo_query():
+    """A fit draws at most one pseudo-query per document (400 at most): each is encoded, its source document
+    encoded again without it, and the corpus indexed for BM25 again."""
+    from hf_cocodr.recipe.stages.distill import fit_seconds
+
+    # 1000 documents: 400 pseudo-queries x (0.1 s a document + 0.01 s a query) + 1000 x 0.001 s of BM25
+    assert fit_seconds(1000, 0.1, 0.001, 0.01) == pytest.approx(45.0)
+    # 100 documents: at most 100 pseudo-queries
+    assert fit_seconds(100, 0.1, 0.001, 0.01) == pytest.approx(11.1)

@@ -261,6 +261,18 @@ def _pseudo(cfg: RecipeConfig) -> int:
     return 0 if n == AUTO or n is None else int(n)
 
 
+def fit_seconds(num_docs: int, per_doc: float, per_bm25_doc: float, per_query: float) -> float:
+    """The seconds of fitting the teacher's fusion to a corpus of ``num_docs`` documents
+    (:func:`~hf_cocodr.retrieval.fusion_fit.fit_fusion`), from the probe's per-item times: its pseudo-queries
+    (:data:`~hf_cocodr.retrieval.fusion_fit.FIT_PSEUDO_QUERIES`, at most one per document) encoded, as many source
+    documents encoded again without the sentence, and a BM25 index of the corpus built again with them. Its
+    searches and grid are left out (about a tenth of it)."""
+    from ...retrieval.fusion_fit import FIT_PSEUDO_QUERIES
+
+    drawn = min(FIT_PSEUDO_QUERIES, num_docs)
+    return drawn * (per_doc + per_query) + num_docs * per_bm25_doc
+
+
 def pass_cap(rows: int, per_step: int, passes: float | None) -> int | None:
     """The most steps ``passes`` passes over ``rows`` training rows take at ``per_step`` rows a step (a last
     incomplete batch is dropped, as the stage's trainer does; at least 1); None when ``passes`` is None."""
@@ -308,14 +320,15 @@ class DistillStage(Stage):
         **sizes: Any,
     ) -> Cost:
         """Its steps, and the teacher's fixed costs as probed: encoding the corpora (unless the teacher's indexes of
-        them are cached), BM25 and ranking the queries (``distill_teacher_s``, named one by one). The probe times one
+        them are cached), BM25, fitting the teacher's fusion and ranking the queries (``distill_teacher_s``, named
+        one by one). The probe times one
         process's encoding; under torch.distributed the ranks share it (:func:`~hf_cocodr.retrieval.encoding.
         encode_sharded`), so its part is divided by the number of ranks."""
         from ...distributed import world
 
         cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
         cost.fixed_s = throughput.get("distill_teacher_s", 0.0)
-        names = ("encode", "bm25", "rank")
+        names = ("encode", "bm25", "fit", "rank")
         parts = {
             f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
             for n in names
@@ -394,7 +407,8 @@ class DistillStage(Stage):
         documents, see :meth:`Stage.probe`) and of the teacher's fixed costs, measured on the starting model (the
         teacher): encoding each corpus whose vectors are not cached (neither its teacher's indexes nor the starting
         model's encoding of it, :mod:`~hf_cocodr.retrieval.encoding_cache`), indexing it for BM25 (unless the
-        teacher's indexes are cached) and encoding and ranking the queries. ``distill_teacher_s`` is their sum. The
+        teacher's indexes are cached), fitting the teacher's fusion to it where the teacher is fitted and built
+        (:func:`fit_seconds`) and encoding and ranking the queries. ``distill_teacher_s`` is their sum. The
         encoding and BM25 are timed (only where the run pays them) on :data:`PROBE_DOCS` documents spread through
         the corpora they are paid for (:func:`spread_sample`) and scaled to their count."""
         from ...retrieval import encoding_cache
@@ -427,14 +441,15 @@ class DistillStage(Stage):
             if encoding_cache.load(key) is None:
                 to_encode.append(texts)
         encode_docs, bm25_docs = sum(map(len, to_encode)), sum(map(len, to_index))
+        fitted = run.cfg.distill_teacher_weight == "fit"  # each teacher built is fitted to its corpus
         # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
         # precision (encode_texts: bf16 autocast where the run encodes in bf16); each cost is timed only where the
         # run pays it, on documents spread through the corpora it is paid for (their lengths, not the first rows')
         batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
         per_doc = per_bm25_doc = 0.0
         as_run = {"batch_size": batch, "normalize": normalize, "session": run.encodings}
-        if encode_docs:
-            docs = spread_sample(to_encode, PROBE_DOCS)
+        if encode_docs or (fitted and to_index):  # (a fit encodes some documents again, encodings cached or not)
+            docs = spread_sample(to_encode or to_index, PROBE_DOCS if encode_docs else PROBE_DOCS // 4)
             encode_texts(st, docs[:batch], kind="document", **as_run)  # warm-up
             t0 = time.perf_counter()
             encode_texts(st, docs, kind="document", **as_run)
@@ -453,6 +468,15 @@ class DistillStage(Stage):
         parts = {
             "distill_teacher_encode_s": round(per_doc * encode_docs, 4),
             "distill_teacher_bm25_s": round(per_bm25_doc * bm25_docs, 4),
+            **(
+                {
+                    "distill_teacher_fit_s": round(
+                        sum(fit_seconds(len(t), per_doc, per_bm25_doc, per_query) for t in to_index), 4
+                    )
+                }
+                if fitted and to_index
+                else {}
+            ),
             "distill_teacher_rank_s": round(per_query * len(queries), 4),
         }
         return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 4), **parts}
