@@ -151,6 +151,10 @@ ARMS = {
         "@half --distill-teacher-weight fit",
         "the `half` row with the teacher's fusion fitted to each corpus",
     ),
+    "half-fit-p5": (
+        "@half --distill-teacher-weight fit --distill-max-passes 5",
+        "the `half-fit` row with the cap on passes at 5 (the default since issue 49's last round)",
+    ),
     "pq-mix-fit": (
         ["--pseudo-queries", str(N_PSEUDO), "--distill-teacher-weight", "fit", *NO_WISE],
         f"the `pq-mix` row ({N_PSEUDO} pseudo-queries) with the teacher's fusion fitted to each corpus",
