@@ -248,7 +248,7 @@ def test_invalid_pretrain_arguments(extra, needle, tiny_bert_dir, tmp_path, caps
         ),
         (
             ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--distill-max-passes", "lots"],
-            "--distill-max-passes must be a number or 'none', got 'lots'",
+            "--distill-max-passes must be a number > 0, 'none' or 'auto', got 'lots'",
         ),
         (["finetune", "--model", "m", "--train-data", "d"], "--output_dir is required"),
         (["evaluate", "no/such-model-xyz", "data", "--split", "dev"], "not found"),

@@ -131,7 +131,7 @@ def test_a_budgeted_recipe_under_torchrun_plans_once_and_every_rank_trains_its_s
         "--model", str(nodrop_st), "--target-corpus", str(beir), "--source-data", str(beir),
         "--output_dir", str(out), "--config", str(config), "--target-queries", f"{beir}:train",
         "--eval", f"{beir}:dev", "--skip-coco", "true", "--target-pairs", "none", "--distill-side", "query",
-        "--max-minutes", "1.5",
+        "--max-minutes", "1.5", "--distill-max-passes", "3",
     ]  # fmt: skip
     proc = run_checked(cmd, HF_COCODR_CACHE=str(tmp_path / "cache"))
     (result,) = _printed(proc)
