@@ -69,7 +69,7 @@ ARMS.update(  # the candidates' count on the query side, where frozen vectors ma
 )
 ARMS["query-p5"] = (  # issue 49: the student under-fits its own queries (distill_ceiling_fit.md); more passes
     ["--distill-side", "query", "--distill-max-passes", "5"],
-    "query side only, at most 5 passes over the target queries (the default: 3)",
+    "query side only, at most 5 passes over the target queries (the default since issue 49; 3 before)",
 )
 EVALS = [("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev")]
 BATCH = 16  # the distillation's queries a step (DISTILL_BATCH_SIZE)
