@@ -145,8 +145,8 @@ class DistillSettings:
     distill_max_passes: float | Auto | None = option(
         AUTO,
         "distillation: at most this many passes over the target queries, however many steps the budget buys "
-        "('none': no cap; --distill-steps fixes the steps instead), or auto: as the schedule says (5 for a model "
-        "without an MLM head given --target-queries, 3 otherwise)",
+        "('none': no cap; --distill-steps fixes the steps instead), or auto: as the schedule says (5 where the query "
+        "side of a model without an MLM head trains on --target-queries, 3 otherwise)",
         metavar="X|none|auto",
     )
     pseudo_queries: int | Auto = option(
@@ -468,17 +468,11 @@ class DistillStage(Stage):
         parts = {
             "distill_teacher_encode_s": round(per_doc * encode_docs, 4),
             "distill_teacher_bm25_s": round(per_bm25_doc * bm25_docs, 4),
-            **(
-                {
-                    "distill_teacher_fit_s": round(
-                        sum(fit_seconds(len(t), per_doc, per_bm25_doc, per_query) for t in to_index), 4
-                    )
-                }
-                if fitted and to_index
-                else {}
-            ),
-            "distill_teacher_rank_s": round(per_query * len(queries), 4),
         }
+        if fitted and to_index:
+            fit_s = sum(fit_seconds(len(texts), per_doc, per_bm25_doc, per_query) for texts in to_index)
+            parts["distill_teacher_fit_s"] = round(fit_s, 4)
+        parts["distill_teacher_rank_s"] = round(per_query * len(queries), 4)
         return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 4), **parts}
 
     def build_trainer(
