@@ -88,14 +88,14 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
         costs
     )
     assert costs["distill_teacher_encode"] > 0 and costs["distill_teacher_rank"] > 0  # cold: 80 documents to encode
-    # the teacher (fitted, the schedule's choice given queries) is fitted to the corpus it builds: a planned cost
-    assert record_of(out)["schedule"]["chosen"]["distill_teacher_weight"] == "fit" and costs["distill_teacher_fit"] > 0
     assert abs(sum(costs.values()) - plan["fixed_seconds"]) <= 0.2
     assert plan["throughput"]["distill_teacher_s"] == pytest.approx(
         sum(plan["throughput"][f"distill_teacher_{n}_s"] for n in ("encode", "bm25", "fit", "rank")), abs=0.02
     )
     record = json.loads((out / "recipe.json").read_text())
     assert record["steps_trained"]["distill"] >= 1
+    # the teacher (fitted, the schedule's choice given queries) is fitted to the corpus it builds: a planned cost
+    assert record["schedule"]["chosen"]["distill_teacher_weight"] == "fit" and costs["distill_teacher_fit"] > 0
     # the teacher's encoding, the only one: the guard (one index for both models) and the saved hybrid read it, their
     # documents going through the starting model's route
     assert [r["source"] for r in record["corpus_encodings"]] == ["encoded", "disk cache", "disk cache"]
@@ -161,10 +161,6 @@ def test_the_fine_tuning_mines_its_negatives_in_the_runs_corpus_precision_unless
     kw, args = trained_with({})
     assert args.negatives_encode_precision == precision and "negatives_encode_precision" not in kw
     assert trained_with({"negatives_encode_precision": "int8"})[1].negatives_encode_precision == "int8"
-
-
-def record_of(out):
-    return json.loads((out / "recipe.json").read_text())
 
 
 def test_the_fit_of_the_teacher_is_charged_per_document_and_pseudo_query():
