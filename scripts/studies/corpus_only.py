@@ -144,6 +144,15 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-max-passes 5",
         "the `queries-fit` row with the cap on passes at 5 (855 steps)",
     ),
+    # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
+    # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
+    **{
+        f"queries-fit-p{p}": (
+            f"@queries --distill-teacher-weight fit --distill-max-passes {p}",
+            f"the `queries-fit` row with the cap on passes at {p} ({171 * p} steps)",
+        )
+        for p in (10, 15)
+    },
     # issue 49's held-out half: the recipe's default trained on half the pool's query texts (cpu_budget.half_pools),
     # its agreement with the teacher then read on the other half (distill_agreement.py --trained-split pool-half)
     "half": ("@half", "the recipe's default on half of the pool (by query text): the other half is never trained on"),
