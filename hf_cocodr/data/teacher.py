@@ -95,11 +95,15 @@ class FrozenCandidateRows(RowsSource):
         vectors: the frozen ``(N, d)`` vectors the candidates' rows index (the starting model's vectors of the
             corpora); :class:`~hf_cocodr.DistillationTrainer`'s default loss distils against them (None: a loss
             given to the trainer holds them).
+        segments: where each corpus's vectors start in ``vectors`` (ascending, the first 0; None: one corpus), so a
+            loss over a row's whole corpus (``distill_corpus_weight``) knows which vectors are its corpus's.
     """
 
     negatives_source = "none"
 
-    def __init__(self, queries: Sequence[str], scores, candidates, name: str = "teacher rows", *, vectors=None):
+    def __init__(
+        self, queries: Sequence[str], scores, candidates, name: str = "teacher rows", *, vectors=None, segments=None
+    ):
         scores = np.asarray(scores, dtype=np.float64)
         candidates = np.asarray(candidates, dtype=np.int64)
         if not len(queries):
@@ -113,6 +117,9 @@ class FrozenCandidateRows(RowsSource):
         self.query_ids = [str(i) for i in range(len(self.query_texts))]
         self.scores, self.candidates, self.name = scores, candidates, name
         self.vectors = vectors
+        self.segments = (
+            None if segments is None else check_segments(segments, None if vectors is None else len(vectors))
+        )
         self.columns = ["query"]
         # the top k and the sampled deeper candidates of each row, where frozen_candidate_rows sampled some:
         # {"top": k, "deep": deep, "depth": depth} (None: the rows are the teacher's top candidates alone)
@@ -140,6 +147,18 @@ class FrozenCandidateRows(RowsSource):
 
     def load_state_tensors(self, tensors, source) -> None:  # nothing changes during training
         pass
+
+
+def check_segments(segments, rows: int | None) -> list[int]:
+    """``segments`` as a list of whole numbers: where each corpus's vectors start in a table of ``rows`` vectors
+    (None: not checked against a size). Refused unless the first is 0 and each is above the one before (and below
+    ``rows``)."""
+    starts = [int(s) for s in segments]
+    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+        raise ValueError(f"segments must start at 0 and ascend strictly (each corpus's first row), got {starts}")
+    if rows is not None and starts[-1] >= rows:
+        raise ValueError(f"segments {starts}: the last corpus starts at or past the table's {rows} vectors")
+    return starts
 
 
 def deep_ranks(n: int, k: int, deep: int, seed: int | Sequence[int], row: int) -> np.ndarray:

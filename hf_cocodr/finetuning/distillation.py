@@ -42,6 +42,9 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         distill_in_batch_weight: ``λ`` of the in-batch InfoNCE term (0: off).
         distill_margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the teacher's first candidate
             (0: off, the loss of earlier versions exactly).
+        distill_corpus_weight: ``ν`` of the whole-corpus term of the query side
+            (:class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss`: the candidates' share of the
+            student's softmax over every document of the row's corpus; 0: off). Rows against frozen vectors only.
         distill_document_gradients: back-propagate through the candidates (False: a forward pass only; no meaning
             for frozen candidates).
     Rows:
@@ -62,6 +65,13 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     distill_in_batch_weight: float = field(default=1.0, metadata={"help": "weight of the in-batch InfoNCE term"})
     distill_margin_weight: float = field(
         default=0.0, metadata={"help": "weight of the Margin-MSE term on the margins to the first candidate (0: off)"}
+    )
+    distill_corpus_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of the query side's whole-corpus term: the candidates' share of the student's softmax "
+            "over the row's corpus (0: off; frozen candidate rows only)"
+        },
     )
     distill_document_gradients: bool = field(
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
@@ -93,7 +103,7 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("distill_in_batch_weight", "distill_margin_weight"):
+        for name in ("distill_in_batch_weight", "distill_margin_weight", "distill_corpus_weight"):
             w = getattr(self, name)
             if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
                 raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
@@ -160,5 +170,11 @@ class DistillationTrainer(RowsTrainer):
                     "DistillationTrainer: FrozenCandidateRows without their vectors (vectors=...): give the rows "
                     "the frozen vectors their candidates index, or a QuerySideDistillLoss"
                 )
-            return QuerySideDistillLoss(model, rows.vectors, **options)
+            corpus = dict(corpus_weight=a.distill_corpus_weight, segments=rows.segments)
+            return QuerySideDistillLoss(model, rows.vectors, **corpus, **options)
+        if a.distill_corpus_weight:
+            raise ValueError(
+                f"DistillationTrainer: distill_corpus_weight {a.distill_corpus_weight} needs rows against frozen "
+                "vectors (FrozenCandidateRows, the query side): with candidates as text the corpus is never encoded"
+            )
         return HybridDistillLoss(model, document_gradients=a.distill_document_gradients, **options)

@@ -112,6 +112,8 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "candidates per query": candidates,
         # the Margin-MSE term beside the listwise KL, named only when it is on
         "Margin-MSE weight": getattr(a, "distill_margin_weight", 0.0) or None,
+        # the query side's whole-corpus term, named only when it is on
+        "whole-corpus weight": getattr(a, "distill_corpus_weight", 0.0) or None,
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }

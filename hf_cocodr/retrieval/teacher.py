@@ -201,12 +201,13 @@ def query_side_dataset(
     (:func:`~hf_cocodr.data.teacher.frozen_candidate_rows`; seeded by ``seed`` and the source's place)."""
     import numpy as np
 
-    queries, scores, candidates, tables, sources, offset = [], [], [], [], [], 0
+    queries, scores, candidates, tables, sources, offset, segments = [], [], [], [], [], 0, []
     for part_no, (corpus, src) in enumerate(route_queries(query_specs, target_corpora)):
         hybrid, doc_ids, _, cached = teacher_retriever(
             model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache, session=session
         )
         doc_rows = {d: offset + i for i, d in enumerate(doc_ids)}
+        segments.append(offset)
         part = frozen_candidate_rows(
             _Batched(hybrid), src.texts, doc_rows, k, name=src.name, deep=deep, depth=depth, seed=(seed, part_no)
         )
@@ -222,6 +223,7 @@ def query_side_dataset(
         np.concatenate(candidates),
         name="teacher rows",
         vectors=np.concatenate(tables),
+        segments=segments,
     )
     if deep:
         rows.sampled = {"top": k, "deep": deep, "depth": depth}

@@ -144,6 +144,13 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-max-passes 5",
         "the `queries-fit` row with the cap on passes at 5 (855 steps)",
     ),
+    # the signal that moves the student's top 10 away from its teacher's (its agreement falls below the start's
+    # while the labels read it better): every document of the corpus the teacher did not pick pushed below its
+    # candidates (the KL over the whole corpus against the frozen vectors), not only the in-batch first candidates
+    "queries-fit-corpus": (
+        "@queries --distill-teacher-weight fit --distill-corpus-weight 1",
+        "the `queries-fit` row with the whole-corpus term at weight 1 (the listwise KL over the whole corpus)",
+    ),
     # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
     # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
     **{

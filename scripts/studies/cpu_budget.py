@@ -71,6 +71,10 @@ ARMS["query-p5"] = (  # issue 49: the student under-fits its own queries (distil
     ["--distill-side", "query", "--distill-max-passes", "5"],
     "query side only, at most 5 passes over the target queries (the default since issue 49; 3 before)",
 )
+ARMS["query-p5-corpus"] = (  # issue 49: the student's top 10 drifts from its teacher's; the KL over the whole corpus
+    ["--distill-side", "query", "--distill-max-passes", "5", "--distill-corpus-weight", "1"],
+    "the `query-p5` row with the whole-corpus term at weight 1 (the listwise KL over the whole corpus)",
+)
 EVALS = [("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev")]
 BATCH = 16  # the distillation's queries a step (DISTILL_BATCH_SIZE)
 

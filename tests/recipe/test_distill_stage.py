@@ -386,6 +386,7 @@ OPTION_VALUES = {
     "distill_teacher_temperature": 2.5,
     "distill_in_batch_weight": 0.25,
     "distill_margin_weight": 0.125,
+    "distill_corpus_weight": 0.75,
     "distill_document_gradients": False,
 }
 
@@ -454,8 +455,8 @@ def _old_loss(model, cfg, similarity: str, vectors=None):
         "similarity": similarity,
         "margin_weight": float(cfg.distill_margin_weight),  # (added since: the same option read the same way)
     }
-    if vectors is not None:
-        return QuerySideDistillLoss(model, vectors, **options)
+    if vectors is not None:  # (the whole-corpus term added since: the query side's option read the same way)
+        return QuerySideDistillLoss(model, vectors, corpus_weight=float(cfg.distill_corpus_weight), **options)
     return HybridDistillLoss(model, document_gradients=bool(cfg.distill_document_gradients), **options)
 
 
@@ -478,6 +479,8 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
     from hf_cocodr.modeling.loading import load_encoder
     from hf_cocodr.recipe.runner import _model_similarity
 
+    if side == "full":  # the whole-corpus term is the query side's (the full side refuses it)
+        options = {o: v for o, v in options.items() if o != "distill_corpus_weight"}
     rng, k, n = random.Random(3), 3, 4
     topics = sorted(tiny.TOPICS)
     queries = [tiny.sentence(rng, rng.choice(topics), 5) for _ in range(n)]
@@ -528,10 +531,12 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
         return digest(stage.identity(run, "start"))
 
     assert identity() == "ce539d4cb1c7d979"
-    earlier = {k: v for k, v in OPTION_VALUES.items() if k != "distill_margin_weight"}  # the options of then
+    since = ("distill_margin_weight", "distill_corpus_weight")
+    earlier = {k: v for k, v in OPTION_VALUES.items() if k not in since}  # the options of then
     assert identity(**earlier) == "995eec268bc95182"
     # an option added since is named only when on: off, the identity is the earlier one; on, another
-    assert identity(**earlier, distill_margin_weight=0.0) == "995eec268bc95182"
+    assert identity(**earlier, distill_margin_weight=0.0, distill_corpus_weight=0.0) == "995eec268bc95182"
+    assert identity(**earlier, distill_corpus_weight=1.0) != "995eec268bc95182"
     assert identity(**OPTION_VALUES) != "995eec268bc95182"
 
 

@@ -168,14 +168,26 @@ class QuerySideDistillLoss(HybridDistillLoss):
     :class:`~hf_cocodr.data.teacher.FrozenCandidateRows` gives them. With the same rows, the loss is
     :class:`HybridDistillLoss`'s with the candidates encoded by the frozen starting model.
 
+    With ``corpus_weight`` ν > 0 the loss adds ``ν · mean_i (LSE_corpus(s_i / T_s) − LSE_candidates(s_i / T_s))``:
+    the log-sum-exp of the student's logits over every document of the row's corpus (its segment of the table) less
+    that over the row's candidates, i.e. ``−log`` of the candidates' share of the student's softmax over the whole
+    corpus. At ν = 1 the KL term plus it is exactly the KL from the teacher's distribution over its candidates (zero
+    on every other document) to the student's softmax over the whole corpus: the candidates' order as before, and
+    every document the teacher did not pick pushed below them, not only the other queries' first candidates. It
+    costs one ``(B, d) × (d, N)`` product a step.
+
     Args:
         model: the student (its query route trains; its documents are never encoded here).
         document_embeddings: ``(N, d)`` vectors of the documents the candidates' rows index (normalised for a
             cosine model, as the index holds them).
+        corpus_weight: ``ν`` of the whole-corpus term; 0 (the default) turns it off, and the loss is exactly the
+            one without it.
+        segments: where each corpus's vectors start in ``document_embeddings`` (the first 0; None: one corpus); a
+            row's corpus is the segment of its first candidate.
         **kwargs: as :class:`HybridDistillLoss` (``document_gradients`` has no meaning here and is refused).
     """
 
-    def __init__(self, model, document_embeddings, **kwargs):
+    def __init__(self, model, document_embeddings, corpus_weight: float = 0.0, segments=None, **kwargs):
         if "document_gradients" in kwargs:
             raise ValueError(
                 "QuerySideDistillLoss: the documents are frozen vectors; document_gradients has no meaning"
@@ -184,7 +196,19 @@ class QuerySideDistillLoss(HybridDistillLoss):
         table = torch.as_tensor(document_embeddings, dtype=torch.float32)
         if table.ndim != 2 or not len(table):
             raise ValueError(f"QuerySideDistillLoss: document_embeddings must be (N, d), got {tuple(table.shape)}")
+        if (
+            isinstance(corpus_weight, bool)
+            or not isinstance(corpus_weight, int | float)
+            or not 0 <= corpus_weight < math.inf
+        ):
+            raise ValueError(f"QuerySideDistillLoss corpus_weight must be a number >= 0, got {corpus_weight!r}")
+        from ...data.teacher import check_segments
+
         self.document_embeddings = table  # a plain tensor: never a parameter, never saved with the model
+        self.corpus_weight = float(corpus_weight)
+        starts = check_segments([0] if segments is None else segments, len(table))
+        self.segment_starts = torch.tensor(starts, dtype=torch.long)
+        self.segment_ends = torch.tensor([*starts[1:], len(table)], dtype=torch.long)
 
     def candidate_embeddings(self, rows: Tensor, device) -> list[Tensor]:
         """The candidates' embeddings of a step: ``rows`` ``(B, k)`` of the frozen table, one ``(B, d)`` per column."""
@@ -202,10 +226,33 @@ class QuerySideDistillLoss(HybridDistillLoss):
             )
         queries = self.model(features[0])["sentence_embedding"]
         rows = labels[:, 1].round().long()
-        return self.compute_loss_from_embeddings(
+        loss = self.compute_loss_from_embeddings(
             [queries, *self.candidate_embeddings(rows, queries.device)], labels[:, 0]
         )
+        if self.corpus_weight:
+            loss = loss + self.corpus_weight * self.corpus_term(queries, rows)
+        return loss
+
+    def corpus_term(self, queries: Tensor, rows: Tensor) -> Tensor:
+        """``mean_i (LSE over the row's corpus − LSE over its candidates)`` of the student's logits ``s / T_s``
+        (see the class docstring): ≥ 0, and 0 only where the candidates are the whole corpus."""
+        table = self.document_embeddings
+        if table.device != queries.device:
+            self.document_embeddings = table = table.to(queries.device)
+        q = torch.nn.functional.normalize(queries, dim=-1) if self.similarity == "cosine" else queries
+        logits = (q @ table.to(q.dtype).T) / self.temperature  # (B, N)
+        rows = rows.to(queries.device)
+        first = rows[:, 0].cpu().contiguous()
+        segment = torch.searchsorted(self.segment_starts, first, right=True) - 1
+        lo, hi = self.segment_starts[segment], self.segment_ends[segment]
+        columns = torch.arange(table.shape[0])
+        outside = ((columns[None, :] < lo[:, None]) | (columns[None, :] >= hi[:, None])).to(queries.device)
+        corpus = torch.logsumexp(logits.masked_fill(outside, float("-inf")), dim=1)
+        candidates = torch.logsumexp(logits.gather(1, rows), dim=1)
+        return (corpus - candidates).mean()
 
     def get_config_dict(self) -> dict:
         config = {k: v for k, v in super().get_config_dict().items() if k != "document_gradients"}
+        if self.corpus_weight:
+            config["corpus_weight"] = self.corpus_weight
         return {**config, "documents": f"frozen ({len(self.document_embeddings)} vectors)"}

@@ -67,6 +67,7 @@ ARGUMENT_OPTIONS = {
     "distill_teacher_temperature": "distill_teacher_temperature",
     "distill_in_batch_weight": "distill_in_batch_weight",
     "distill_margin_weight": "distill_margin_weight",
+    "distill_corpus_weight": "distill_corpus_weight",
     "distill_document_gradients": "distill_document_gradients",
 }
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
@@ -128,6 +129,12 @@ class DistillSettings:
         "distillation: weight of a Margin-MSE term on the student's and the teacher's logit margins between the "
         "teacher's first candidate and each other one (0: off)",
     )
+    distill_corpus_weight: float = option(
+        0.0,
+        "distillation (query side): weight of a term that pushes every document of the query's corpus the teacher "
+        "did not pick below its candidates (the candidates' share of the student's softmax over the whole corpus, "
+        "against the frozen vectors; 1: the KL over the whole corpus; 0: off)",
+    )
     distill_document_gradients: bool = option(
         True,
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
@@ -181,6 +188,7 @@ class DistillSettings:
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
+        check_number(self, "distill_corpus_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
@@ -392,6 +400,8 @@ class DistillStage(Stage):
                 "in_batch": cfg.distill_in_batch_weight,
                 # the Margin-MSE term (named only when on: the identity of a run without it is unchanged)
                 **({"margin": cfg.distill_margin_weight} if cfg.distill_margin_weight else {}),
+                # the whole-corpus term (named only when on, as the margin)
+                **({"corpus": cfg.distill_corpus_weight} if cfg.distill_corpus_weight else {}),
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
                 **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
             },
@@ -566,6 +576,12 @@ class DistillStage(Stage):
                 f"recipe option distill_deep {cfg.distill_deep} samples deep candidates for the query side, whose "
                 "candidates are rows of frozen vectors; with distill_side full each would be a document encoded in "
                 "every step: set distill_side query, or distill_deep 0"
+            )
+        if cfg.distill_corpus_weight and self.enabled(cfg) and cfg.distill_side == "full":
+            raise ConfigError(
+                f"recipe option distill_corpus_weight {cfg.distill_corpus_weight} weighs the query side's term over "
+                "the frozen vectors of the whole corpus; with distill_side full the corpus would be encoded in "
+                "every step: set distill_side query, or distill_corpus_weight 0"
             )
 
     # ------------------------------------------------------------------------------------------------ helpers
