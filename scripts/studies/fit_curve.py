@@ -7,7 +7,7 @@ the pool queries it trained on beside dev, each as a share of the fitted teacher
 queries. Writes ``OUT.md`` and ``OUT.json``; nothing is trained here.
 
     python scripts/studies/fit_curve.py --out reports/studies/distill_fit_curve \\
-        --readings 15:42=outputs/fit_curve_readings/p15_seed42.json
+        --readings 3:42=reports/studies/distill_ceiling_fit.json,15:42=outputs/fit_curve_readings/p15_seed42.json
 """
 
 from __future__ import annotations
@@ -127,12 +127,17 @@ def render(ns, out: dict) -> str:
         for key, _ in CORPORA:
             c = s[key]
             p = c.get("paired_vs_3")
+            one = len(s["seeds"]) == 1  # one seed: no spread to show
             cells += [
-                f"{c['mean']:+.4f} ± {c['half_range']:.4f}",
+                f"{c['mean']:+.4f}" + ("" if one else f" ± {c['half_range']:.4f}"),
                 f"{100 * c['share']:.0f}%",
-                (f"{p['mean']:+.4f} ± {p['half_range']:.4f} (" + ", ".join(f"{x:+.4f}" for x in p["per_seed"]) + ")")
-                if p
-                else "",
+                ""
+                if not p
+                else f"{p['mean']:+.4f}"
+                if one
+                else f"{p['mean']:+.4f} ± {p['half_range']:.4f} ("
+                + ", ".join(f"{x:+.4f}" for x in p["per_seed"])
+                + ")",
             ]
         steps = "/".join(str(x) for x in s["steps"])
         seeds = ",".join(str(x) for x in s["seeds"])
@@ -149,7 +154,7 @@ def render(ns, out: dict) -> str:
         lines += [
             "",
             "The students on the queries they trained on and on dev (`distill_ceiling.py` with `--steps 0 "
-            "--reachable-queries 0`: its student columns only), share of the fitted teacher's lead over the start on "
+            "--reachable-queries 1`: its student columns only; the 3-pass row's reading is the ceiling study's), share of the fitted teacher's lead over the start on "
             "the same queries:",
             "",
             "| passes | seed | corpus | pool (trained) start / student / teacher | share | dev start / student / "
@@ -175,7 +180,7 @@ def render(ns, out: dict) -> str:
         "        --work outputs/corpus_only_screen --shared-cache outputs/corpus_only_screen/cache --budget-minutes 60",
         "    python scripts/studies/distill_ceiling.py --student outputs/corpus_only_screen/budget60/queries-fit-p15/"
         "seed42/run \\",
-        "        --teacher fit --steps 0 --reachable-queries 0 --data outputs/corpus_only_screen/data \\",
+        "        --teacher fit --steps 0 --reachable-queries 1 --data outputs/corpus_only_screen/data \\",
         "        --cache outputs/corpus_only_screen/cache --work outputs/fit_curve_readings "
         "--out outputs/fit_curve_readings/p15_seed42",
         f"    python scripts/studies/fit_curve.py --out {ns.out}"
