@@ -151,6 +151,12 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-corpus-weight 1",
         "the `queries-fit` row with the whole-corpus term at weight 1 (the listwise KL over the whole corpus)",
     ),
+    # the other way: the whole-corpus term (more negatives) cost NFCorpus, whose queries share many relevant
+    # documents (another query's first candidate may be one of this query's): no in-batch negatives at all
+    "queries-fit-ib0": (
+        "@queries --distill-teacher-weight fit --distill-in-batch-weight 0",
+        "the `queries-fit` row without the in-batch contrastive term (the listwise KL over the top 8 alone)",
+    ),
     # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
     # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
     **{
