@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 CORPORA = (("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev"))
 # passes -> the arm and the budget folder its rows ran under (15 and 10 passes need more than 30 warm minutes)

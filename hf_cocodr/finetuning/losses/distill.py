@@ -33,6 +33,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from ...data.teacher import check_segments
 from ...modeling.packing import embed_packed
 
 __all__ = ["HybridDistillLoss", "QuerySideDistillLoss"]
@@ -202,8 +203,6 @@ class QuerySideDistillLoss(HybridDistillLoss):
             or not 0 <= corpus_weight < math.inf
         ):
             raise ValueError(f"QuerySideDistillLoss corpus_weight must be a number >= 0, got {corpus_weight!r}")
-        from ...data.teacher import check_segments
-
         self.document_embeddings = table  # a plain tensor: never a parameter, never saved with the model
         self.corpus_weight = float(corpus_weight)
         starts = check_segments([0] if segments is None else segments, len(table))
