@@ -235,17 +235,19 @@ class QuerySideDistillLoss(HybridDistillLoss):
     def corpus_term(self, queries: Tensor, rows: Tensor) -> Tensor:
         """``mean_i (LSE over the row's corpus − LSE over its candidates)`` of the student's logits ``s / T_s``
         (see the class docstring): ≥ 0, and 0 only where the candidates are the whole corpus."""
+        device = queries.device
+        if self.document_embeddings.device != device:  # (moved once, as candidate_embeddings moves it)
+            self.document_embeddings = self.document_embeddings.to(device)
+        if self.segment_starts.device != device:  # (so every index below stays on the device: no host sync)
+            self.segment_starts, self.segment_ends = self.segment_starts.to(device), self.segment_ends.to(device)
         table = self.document_embeddings
-        if table.device != queries.device:
-            self.document_embeddings = table = table.to(queries.device)
         q = torch.nn.functional.normalize(queries, dim=-1) if self.similarity == "cosine" else queries
         logits = (q @ table.to(q.dtype).T) / self.temperature  # (B, N)
-        rows = rows.to(queries.device)
-        first = rows[:, 0].cpu().contiguous()
-        segment = torch.searchsorted(self.segment_starts, first, right=True) - 1
+        rows = rows.to(device)
+        segment = torch.searchsorted(self.segment_starts, rows[:, 0].contiguous(), right=True) - 1
         lo, hi = self.segment_starts[segment], self.segment_ends[segment]
-        columns = torch.arange(table.shape[0])
-        outside = ((columns[None, :] < lo[:, None]) | (columns[None, :] >= hi[:, None])).to(queries.device)
+        columns = torch.arange(table.shape[0], device=device)
+        outside = (columns[None, :] < lo[:, None]) | (columns[None, :] >= hi[:, None])
         corpus = torch.logsumexp(logits.masked_fill(outside, float("-inf")), dim=1)
         candidates = torch.logsumexp(logits.gather(1, rows), dim=1)
         return (corpus - candidates).mean()
