@@ -34,6 +34,33 @@ CFG = dict(
     target={"per_device_train_batch_size": 8, "save_steps": 2},
 )
 
+# the query side's distillation at its smallest: 2 steps of 4 queries against the teacher's top 3 (guard and queries
+# as each test sets them)
+QUERY_SIDE_CFG = dict(
+    skip_coco=True,
+    target_pairs="none",
+    wise_alpha=None,
+    distill_steps=2,
+    distill_k=3,
+    distill_side="query",
+    distill={"per_device_train_batch_size": 4, "save_steps": 2},
+)
+
+
+def spy_distillation_trainers(monkeypatch) -> list:
+    """Every :class:`~hf_cocodr.finetuning.DistillationTrainer` built from now on, in order (a recipe's probe
+    builds one before its stage's, so the stage's trainer is the last)."""
+    from hf_cocodr.finetuning import DistillationTrainer
+
+    trainers, real_init = [], DistillationTrainer.__init__
+
+    def spy(self, *args, **kwargs):
+        trainers.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(DistillationTrainer, "__init__", spy)
+    return trainers
+
 
 # ------------------------------------------------------------------------------------------ bad inputs and the CLI
 def beir(

@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import QUERY_SIDE_CFG as CFG
+from helpers import spy_distillation_trainers
 
 from hf_cocodr.data.teacher import FrozenCandidateRows, check_segments
 from hf_cocodr.errors import ConfigError
@@ -16,16 +18,6 @@ from hf_cocodr.modeling.loading import load_encoder
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 
 pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
-
-CFG = dict(
-    skip_coco=True,
-    target_pairs="none",
-    wise_alpha=None,
-    distill_steps=2,
-    distill_k=3,
-    distill_side="query",
-    distill={"per_device_train_batch_size": 4, "save_steps": 2},
-)
 QUERIES = ["a short query", "another query about cells", "a third one"]
 
 
@@ -116,16 +108,7 @@ def test_segments_are_checked():
 
 
 def test_the_recipe_trains_with_the_term_and_names_it(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
-    from hf_cocodr.finetuning import DistillationTrainer
-
-    trainers = []
-    real_init = DistillationTrainer.__init__
-
-    def spy(self, *args, **kwargs):
-        trainers.append(self)
-        real_init(self, *args, **kwargs)
-
-    monkeypatch.setattr(DistillationTrainer, "__init__", spy)
+    trainers = spy_distillation_trainers(monkeypatch)
     out = tmp_path / "run"
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "guard": "record", "distill_corpus_weight": 0.5}
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)

@@ -8,23 +8,14 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import QUERY_SIDE_CFG as CFG
+from helpers import spy_distillation_trainers
 
 from hf_cocodr.data.teacher import deep_ranks, frozen_candidate_rows
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.finetuning.losses.distill import QuerySideDistillLoss
 from hf_cocodr.modeling.loading import load_encoder
 from hf_cocodr.recipe import RecipeConfig, run_recipe
-
-CFG = dict(
-    skip_coco=True,
-    target_pairs="none",
-    wise_alpha=None,
-    distill_steps=2,
-    distill_k=3,
-    distill_side="query",
-    distill={"per_device_train_batch_size": 4, "save_steps": 2},
-)
-
 
 pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
@@ -126,22 +117,12 @@ def test_the_loss_over_deep_candidates_is_the_listwise_kl_over_all_of_them_by_ha
 def test_the_recipe_trains_on_deep_rows_with_the_margin_term_and_names_them(
     tiny_st_dir, tiny_beir, tmp_path, monkeypatch
 ):
-    from hf_cocodr.finetuning import DistillationTrainer
-
-    seen, trainers = [], []
-    real_init = DistillationTrainer.__init__
-
-    def spy(self, model=None, args=None, train_dataset=None, *pos, **kwargs):
-        seen.append(train_dataset)
-        trainers.append(self)
-        real_init(self, model, args, train_dataset, *pos, **kwargs)
-
-    monkeypatch.setattr(DistillationTrainer, "__init__", spy)
+    trainers = spy_distillation_trainers(monkeypatch)
     out = tmp_path / "run"
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "guard": "record", "distill_deep": 2}
     cfg.update(distill_deep_depth=6, distill_margin_weight=0.5)
     run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
-    trained = seen[-1].rows  # the stage's trainer's rows (a probe's trainer comes first where the run plans)
+    trained = trainers[-1].training_data  # the stage's trainer's rows (a probe's trainer comes first where it plans)
     assert trained.candidates.shape[1] == 5 and trained.sampled == {"top": 3, "deep": 2, "depth": 6}
     assert trainers[-1].loss.margin_weight == 0.5  # the option reached the loss the stage trained
     record = json.loads((out / "recipe.json").read_text())
