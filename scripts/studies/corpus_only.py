@@ -157,6 +157,12 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-in-batch-weight 0",
         "the `queries-fit` row without the in-batch contrastive term (the listwise KL over the top 8 alone)",
     ),
+    # between the two directions: no in-batch negatives cost NFCorpus 0.010 and every document of the corpus 0.005;
+    # the in-batch InfoNCE (the other queries' first candidates) at twice its weight
+    "queries-fit-ib2": (
+        "@queries --distill-teacher-weight fit --distill-in-batch-weight 2",
+        "the `queries-fit` row with the in-batch contrastive term at weight 2",
+    ),
     # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
     # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
     **{

@@ -37,6 +37,11 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--work", default="outputs/distill_wise")
     ap.add_argument("--out", default="reports/studies/distill_wise")
     ap.add_argument("--lead", default="scifact=0.0556,nfcorpus=0.0312", help="the fitted hybrid's lead per corpus")
+    ap.add_argument(
+        "--soup",
+        action="store_true",
+        help="also score each arm's soup: the uniform weight average of its seeds' query routes (one row, 'soup')",
+    )
     return ap.parse_args()
 
 
@@ -54,7 +59,7 @@ def main() -> int:
     from hf_cocodr.evaluation.metrics import compute_metrics
     from hf_cocodr.modeling.bundled import bundled_model_path
     from hf_cocodr.modeling.precision import resolve_corpus_precision
-    from hf_cocodr.modeling.wise import wise_ensemble
+    from hf_cocodr.modeling.wise import soup, wise_ensemble
     from hf_cocodr.recipe.config import RecipeConfig
     from hf_cocodr.recipe.stages.distill import DistillStage
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
@@ -90,6 +95,14 @@ def main() -> int:
         corpora[name] = (qrels, qids, texts, docs, doc_ids, base)
         print(f"{name}: start dev nDCG@10 {base:.4f}", flush=True)
 
+    def score(st) -> dict:
+        cell = {}
+        for name, (qrels, qids, texts, docs, doc_ids, base) in corpora.items():
+            q = encode_texts(st, texts, kind="query", normalize=normalize, session=session)
+            nd = compute_metrics(qrels, ranked_run(qids, q, docs, doc_ids))["ndcg@10"]
+            cell[name] = {"ndcg@10": round(nd, 6), "gain": round(nd - base, 6)}
+        return cell
+
     arms, seeds = ns.arms.split(","), [int(s) for s in ns.seeds.split(",")]
     alphas = [float(a) for a in ns.alphas.split(",")]
     cells: dict = {}
@@ -105,14 +118,23 @@ def main() -> int:
                     cells[(arm, seed, alpha)] = json.loads(cache.read_text())
                     continue
                 st = wise_ensemble(start, load_encoder(str(run)), alpha) if alpha < 1 else load_encoder(str(run))
-                cell = {}
-                for name, (qrels, qids, texts, docs, doc_ids, base) in corpora.items():
-                    q = encode_texts(st, texts, kind="query", normalize=normalize, session=session)
-                    nd = compute_metrics(qrels, ranked_run(qids, q, docs, doc_ids))["ndcg@10"]
-                    cell[name] = {"ndcg@10": round(nd, 6), "gain": round(nd - base, 6)}
+                cell = score(st)
                 atomic_write_json(cache, cell)
                 cells[(arm, seed, alpha)] = cell
                 print(arm, seed, alpha, json.dumps(cell), f"{time.time() - t0:.0f} s", flush=True)
+
+    soups: dict = {}
+    for arm in arms if ns.soup else []:
+        runs = [Path(ns.runs) / arm / f"seed{s}" / "run" / "model" for s in seeds]
+        runs = [r for r in runs if (r / "modules.json").is_file()]
+        if len(runs) < 2:
+            continue
+        cache = work / f"{arm}-soup-{'-'.join(r.parent.parent.name[4:] for r in runs)}.json"
+        if not cache.is_file():
+            # the document routes are the start's frozen copy in every run, so averaging them changes nothing
+            atomic_write_json(cache, {"seeds": len(runs), **score(soup([load_encoder(str(r)) for r in runs]))})
+        soups[arm] = json.loads(cache.read_text())
+        print(arm, "soup", json.dumps(soups[arm]), f"{time.time() - t0:.0f} s", flush=True)
 
     rows = []
     for arm in arms:
