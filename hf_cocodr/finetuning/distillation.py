@@ -22,6 +22,7 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..data.teacher import FrozenCandidateRows, TeacherRows
 from ..errors import ConfigError
+from .callbacks.averaging import WeightAveraging
 from .losses.distill import HybridDistillLoss, QuerySideDistillLoss
 from .rows_trainer import RowsTrainer
 from .training_args import check_max_steps
@@ -47,6 +48,10 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             student's softmax over every document of the row's corpus; 0: off). Rows against frozen vectors only.
         distill_document_gradients: back-propagate through the candidates (False: a forward pass only; no meaning
             for frozen candidates).
+    The weights:
+        distill_swa: the fraction of the planned steps, at the end, whose weights are averaged (stochastic weight
+            averaging, :class:`~hf_cocodr.finetuning.callbacks.WeightAveraging`): the saved model is the uniform
+            average of the trained parameters after each of those steps. 0 (the default): off, the last step's.
     Rows:
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
         packed_forward: embed the queries and their candidates together, ordered by length, in one forward per
@@ -75,6 +80,13 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     )
     distill_document_gradients: bool = field(
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
+    )
+    distill_swa: float = field(
+        default=0.0,
+        metadata={
+            "help": "average the trained weights over this fraction of the steps at the end (SWA; 0: off, the last "
+            "step's weights)"
+        },
     )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
     packed_forward: bool = field(
@@ -107,6 +119,9 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             w = getattr(self, name)
             if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
                 raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
+        swa = self.distill_swa
+        if isinstance(swa, bool) or not isinstance(swa, int | float) or not 0 <= swa <= 1:
+            raise ConfigError(f"distill_swa must be a number in [0, 1] (a fraction of the steps), got {swa!r}")
 
 
 class DistillationTrainer(RowsTrainer):
@@ -138,6 +153,10 @@ class DistillationTrainer(RowsTrainer):
         if isinstance(train_dataset, TeacherRows):
             train_dataset = train_dataset.rows
         super().__init__(model, args, train_dataset, *pos, **kwargs)
+        if getattr(
+            self.args, "distill_swa", 0
+        ):  # (its mean is saved with each checkpoint: a CheckpointState callback)
+            self.add_callback(WeightAveraging(self.args.distill_swa))
 
     def _check_rows(self, args) -> None:
         super()._check_rows(args)

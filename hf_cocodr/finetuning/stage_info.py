@@ -114,6 +114,10 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "Margin-MSE weight": getattr(a, "distill_margin_weight", 0.0) or None,
         # the query side's whole-corpus term, named only when it is on
         "whole-corpus weight": getattr(a, "distill_corpus_weight", 0.0) or None,
+        # the weights averaged over the last steps (SWA), named only when on
+        "weights averaged (SWA)": (
+            f"the last {a.distill_swa:.0%} of the steps" if getattr(a, "distill_swa", 0.0) else None
+        ),
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }

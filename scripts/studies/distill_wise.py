@@ -153,9 +153,20 @@ def main() -> int:
                     "share_of_lead": round(m / lead[name], 3),
                 }
             rows.append(row)
+        if arm in soups:  # the soup after the arm's α rows: one model, so no spread; beside it the seeds' mean at α 1
+            row = {"arm": arm, "alpha": "soup", "seeds": soups[arm]["seeds"]}
+            for name in CORPORA:
+                gain = soups[arm][name]["gain"]
+                row[name] = {
+                    "gains": [gain],
+                    "mean": round(gain, 4),
+                    "half_range": 0.0,
+                    "share_of_lead": round(gain / lead[name], 3),
+                }
+            rows.append(row)
     command = (
         f"python scripts/studies/distill_wise.py --runs {ns.runs} --arms {ns.arms} --seeds {ns.seeds} "
-        f"--alphas {ns.alphas} --work {ns.work} --out {ns.out}"
+        f"--alphas {ns.alphas} --work {ns.work} --out {ns.out}" + (" --soup" if ns.soup else "")
     )
     atomic_write_json(
         Path(ns.out + ".json"),
@@ -174,7 +185,12 @@ def main() -> int:
         f"Dev nDCG@10 gain over the start (SciFact {corpora['scifact'][-1]:.4f}, NFCorpus {corpora['nfcorpus'][-1]:.4f}"
         f"; corpus vectors in {precision}) of the query route (1 − α)·start + α·student, the document route the "
         "start's; mean ± half-range over seeds; share: of the fitted hybrid's lead over the start "
-        f"(SciFact {lead['scifact']}, NFCorpus {lead['nfcorpus']}). α = 1 is the trained student.",
+        f"(SciFact {lead['scifact']}, NFCorpus {lead['nfcorpus']}). α = 1 is the trained student"
+        + (
+            "; `soup`: the uniform weight average of the arm's seeds' query routes, one model (no spread)."
+            if soups
+            else "."
+        ),
         "",
         "| arm | α | seeds | SciFact dev Δ | NFCorpus dev Δ | NFCorpus share |",
         "|---|---|---|---|---|---|",
@@ -182,7 +198,8 @@ def main() -> int:
     for r in rows:
         s, n = r["scifact"], r["nfcorpus"]
         lines.append(
-            f"| {r['arm']} | {r['alpha']:g} | {r['seeds']} | {s['mean']:+.4f} ± {s['half_range']:.4f} | "
+            f"| {r['arm']} | {r['alpha'] if r['alpha'] == 'soup' else format(r['alpha'], 'g')} | {r['seeds']} | "
+            f"{s['mean']:+.4f} ± {s['half_range']:.4f} | "
             f"{n['mean']:+.4f} ± {n['half_range']:.4f} | {n['share_of_lead']:.0%} |"
         )
     lines += ["", f"Command: `{command}`."]

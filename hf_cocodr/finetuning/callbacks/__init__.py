@@ -1,3 +1,4 @@
+from .averaging import WeightAveraging
 from .deadline import WallClockDeadline
 from .kmeans import KMeansClusteringCallback
 from .negatives import HardNegativeRefreshCallback
@@ -9,4 +10,5 @@ __all__ = [
     "KMeansClusteringCallback",
     "ThroughputMeter",
     "WallClockDeadline",
+    "WeightAveraging",
 ]

@@ -69,6 +69,7 @@ ARGUMENT_OPTIONS = {
     "distill_margin_weight": "distill_margin_weight",
     "distill_corpus_weight": "distill_corpus_weight",
     "distill_document_gradients": "distill_document_gradients",
+    "distill_swa": "distill_swa",
 }
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
 # ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
@@ -135,6 +136,12 @@ class DistillSettings:
         "did not pick below its candidates (the candidates' share of the student's softmax over the whole corpus, "
         "against the frozen vectors; 1: the KL over the whole corpus; 0: off)",
     )
+    distill_swa: float = option(
+        0.0,
+        "distillation: average the trained weights over this fraction of its steps at the end (stochastic weight "
+        "averaging: the saved model is the uniform average of the weights after each of those steps; 0: off)",
+        metavar="FRACTION",
+    )
     distill_document_gradients: bool = option(
         True,
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
@@ -189,6 +196,7 @@ class DistillSettings:
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_corpus_weight", 0, 100, allow_auto=False)
+        check_number(self, "distill_swa", 0, 1, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
@@ -410,6 +418,8 @@ class DistillStage(Stage):
                 {**without(run.arguments[self.name], ARGUMENT_OPTIONS.values()), **LEGACY_SETTINGS}
             ),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
+            # the weights averaged over the last steps (named only when on: the identity without it is unchanged)
+            **({"swa": cfg.distill_swa} if cfg.distill_swa else {}),
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
