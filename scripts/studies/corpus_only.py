@@ -169,6 +169,10 @@ ARMS = {
         "@queries --distill-teacher-weight fit --distill-swa 0.5",
         "the `queries-fit` row with its weights averaged over the last half of the steps (SWA)",
     ),
+    "queries-fit-p5-swa": (
+        "@queries --distill-teacher-weight fit --distill-max-passes 5 --distill-swa 0.5",
+        "the `queries-fit-p5` row (the default's 5 passes) with its weights averaged over the last half of the steps",
+    ),
     "queries-fit-lr1-swa": (
         f"@queries --distill-teacher-weight fit --distill-swa 0.5 --config {CONFIGS / 'distill_lr1e-4.yaml'}",
         "the `queries-fit-lr1` row (lr 1e-4) with its weights averaged over the last half of the steps (SWA)",

@@ -75,6 +75,10 @@ ARMS["query-p5-corpus"] = (  # issue 49: the student's top 10 drifts from its te
     ["--distill-side", "query", "--distill-max-passes", "5", "--distill-corpus-weight", "1"],
     "the `query-p5` row with the whole-corpus term at weight 1 (the listwise KL over the whole corpus)",
 )
+ARMS["query-p5-swa"] = (  # issue 49: the soup of the seeds' students lifted SciFact (distill_wise.md); within one run
+    ["--distill-side", "query", "--distill-max-passes", "5", "--distill-swa", "0.5"],
+    "the `query-p5` row with its weights averaged over the last half of the steps (SWA)",
+)
 EVALS = [("scifact", "SciFact dev"), ("nfcorpus", "NFCorpus dev")]
 BATCH = 16  # the distillation's queries a step (DISTILL_BATCH_SIZE)
 
