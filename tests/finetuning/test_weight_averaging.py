@@ -107,9 +107,7 @@ def test_bad_fractions_are_refused(tmp_path):
         RecipeConfig(distill_swa=2).validate()
 
 
-def test_the_recipe_option_reaches_the_trainer_the_record_and_the_card(
-    tiny_st_dir, tiny_beir, tmp_path, monkeypatch
-):
+def test_the_recipe_option_reaches_the_trainer_the_record_and_the_card(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
     trainers = spy_distillation_trainers(monkeypatch)
     out = tmp_path / "run"
     cfg = {**CFG, "target_queries": [f"{tiny_beir}:train"], "guard": "record", "distill_swa": 0.5}
