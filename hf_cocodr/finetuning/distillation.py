@@ -122,6 +122,11 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         swa = self.distill_swa
         if isinstance(swa, bool) or not isinstance(swa, int | float) or not 0 <= swa <= 1:
             raise ConfigError(f"distill_swa must be a number in [0, 1] (a fraction of the steps), got {swa!r}")
+        if swa and self.load_best_model_at_end:
+            raise ConfigError(
+                "distill_swa averages the last steps' weights into the saved model, so it cannot keep the best "
+                "checkpoint's: set load_best_model_at_end false, or distill_swa 0"
+            )
 
 
 class DistillationTrainer(RowsTrainer):

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..methods.registry import get_method
 from ..provenance import source_info as previous_training_info
+from .callbacks.averaging import WeightAveraging
 
 
 def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
@@ -114,10 +115,8 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "Margin-MSE weight": getattr(a, "distill_margin_weight", 0.0) or None,
         # the query side's whole-corpus term, named only when it is on
         "whole-corpus weight": getattr(a, "distill_corpus_weight", 0.0) or None,
-        # the weights averaged over the last steps (SWA), named only when on
-        "weights averaged (SWA)": (
-            f"the last {a.distill_swa:.0%} of the steps" if getattr(a, "distill_swa", 0.0) else None
-        ),
+        # the weights averaged over the last steps (SWA), named only when on: the steps it did average
+        "weights averaged (SWA)": _averaged_steps(trainer),
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }
@@ -127,6 +126,19 @@ def distill_stage_info(trainer) -> dict[str, Any]:
     if getattr(trainer, "target_queries_read", None):
         info["target queries"] = list(trainer.target_queries_read)
     return info
+
+
+def _averaged_steps(trainer) -> str | None:
+    """The card's account of the weight averaging (``distill_swa``): the steps whose weights the saved model averages,
+    or that a stop came before its window; None where it is off."""
+    averaging = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)]
+    if not averaging:
+        return None
+    cb, planned = averaging[0], trainer.state.max_steps
+    first = cb.first_step(planned)
+    if not cb.count:
+        return f"none: the stage stopped before its window (steps {first}-{planned})"
+    return f"steps {first}-{first + cb.count - 1} ({cb.count} steps, uniform)"
 
 
 def starting_model_info(model) -> dict[str, Any]:

@@ -93,6 +93,24 @@ def test_a_resumed_run_averages_as_an_uninterrupted_one(tiny_st_dir, tmp_path):
     assert [cb.count for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)] == [3]
     for name in whole:
         torch.testing.assert_close(resumed[name], whole[name], rtol=1e-5, atol=1e-6)
+    # resumed from its last checkpoint (step 4 of 4): no step is trained, and the mean that checkpoint holds is loaded
+    _, again = _train(tiny_st_dir, tmp_path / "whole", 0.75, resume=True, **save)
+    for name in whole:
+        torch.testing.assert_close(again[name], whole[name], rtol=1e-5, atol=1e-6)
+
+
+def test_the_window_counts_whole_steps_and_a_stop_before_it_averages_nothing(tiny_st_dir, tmp_path):
+    """⌈f × steps⌉ in exact arithmetic (0.28 of 100 is 28 steps, where floats read 28.000000000000004); a run stopped
+    before its window keeps its last weights, and its card says so."""
+    assert WeightAveraging(0.28).first_step(100) == 73 and WeightAveraging(0.5).first_step(5) == 3
+    assert WeightAveraging(1.0).first_step(7) == 1 and WeightAveraging(0.01).first_step(4) == 4
+    _, plain = _train(tiny_st_dir, tmp_path / "plain", 0.0, callbacks=[StopAt(2)])
+    trainer, stopped = _train(tiny_st_dir, tmp_path / "stopped", 0.5, callbacks=[StopAt(2)])  # window: steps 3-4
+    for name in plain:
+        assert torch.equal(plain[name], stopped[name]), name
+    trainer.finalize()
+    card = (tmp_path / "stopped" / "README.md").read_text()
+    assert "| weights averaged (SWA) | none: the stage stopped before its window (steps 3-4) |" in card
 
 
 def test_bad_fractions_are_refused(tmp_path):
@@ -105,6 +123,11 @@ def test_bad_fractions_are_refused(tmp_path):
         WeightAveraging(0)
     with pytest.raises(ConfigError, match="distill_swa"):
         RecipeConfig(distill_swa=2).validate()
+    with pytest.raises(ConfigError, match="load_best_model_at_end"):
+        DistillationTrainingArguments(
+            output_dir=str(tmp_path / "o"), distill_swa=0.5, load_best_model_at_end=True, eval_strategy="steps",
+            save_strategy="steps",
+        )  # fmt: skip
 
 
 def test_the_recipe_option_reaches_the_trainer_the_record_and_the_card(tiny_st_dir, tiny_beir, tmp_path, monkeypatch):
@@ -116,6 +139,6 @@ def test_the_recipe_option_reaches_the_trainer_the_record_and_the_card(tiny_st_d
     assert trainer.args.distill_swa == 0.5
     (averaging,) = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)]
     assert averaging.count == 1 and averaging.applied  # 2 steps: the last half is step 2
-    assert "| weights averaged (SWA) | the last 50% of the steps |" in (out / "model" / "README.md").read_text()
+    assert "| weights averaged (SWA) | steps 2-2 (1 steps, uniform) |" in (out / "model" / "README.md").read_text()
     assert json.loads((out / "recipe.json").read_text())["config"]["distill_swa"] == 0.5
     # (the stage's identity names it: tests/recipe/test_distill_stage.py::test_an_old_run_folders_distillation_...)

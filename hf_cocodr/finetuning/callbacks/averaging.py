@@ -26,7 +26,8 @@ class WeightAveraging(TrainerCallback):
     weights as they are; one stopped inside it keeps the average of the steps it ran. Only parameters with
     ``requires_grad`` are averaged (a frozen document route stays as it is). The mean and its count are saved with
     every checkpoint (name ``swa``), so a resumed run averages exactly as an uninterrupted one. Under
-    torch.distributed every rank holds the same weights and keeps the same mean.
+    torch.distributed every rank holds the same weights and keeps the same mean. Each ``train()`` from step 0 starts
+    a new mean. Not with ``load_best_model_at_end`` (the average would replace the best checkpoint's weights).
     """
 
     state_name = "swa"
@@ -41,7 +42,14 @@ class WeightAveraging(TrainerCallback):
 
     def first_step(self, max_steps: int) -> int:
         """The first step (1-based) whose weights join the average."""
-        return max(1, max_steps - math.ceil(self.fraction * max_steps) + 1)
+        window = math.ceil(round(self.fraction * max_steps, 9))  # (0.28 × 100 is 28.000000000000004 in floats)
+        return max(1, max_steps - window + 1)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.applied = False
+        if state.global_step == 0:  # a run from its start (a resumed one keeps the mean its checkpoint restored)
+            self.mean, self.count = {}, 0
+        return control
 
     @staticmethod
     def _trained(model) -> dict[str, torch.nn.Parameter]:
@@ -83,8 +91,7 @@ class WeightAveraging(TrainerCallback):
 
     # ------------------------------------------------------------------------------------- CheckpointState
     def state(self):
-        if not self.count:
-            return {}, {}
+        # the count always, so a checkpoint from before the window restores an empty mean
         return {name: t.detach().cpu() for name, t in self.mean.items()}, {"count": self.count}
 
     def load_state(self, tensors, meta):
