@@ -138,6 +138,8 @@ def _averaged_steps(trainer) -> str | None:
     first = cb.first_step(planned)
     if not cb.count:
         return f"none: the stage stopped before its window (steps {first}-{planned})"
+    if cb.count == 1:
+        return f"step {first} alone"
     return f"steps {first}-{first + cb.count - 1} ({cb.count} steps, uniform)"
 
 
