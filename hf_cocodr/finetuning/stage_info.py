@@ -130,12 +130,15 @@ def distill_stage_info(trainer) -> dict[str, Any]:
 
 def _averaged_steps(trainer) -> str | None:
     """The card's account of the weight averaging (``distill_swa``): the steps whose weights the saved model averages,
-    or that a stop came before its window; None where it is off."""
+    or that a stop came before its window, or (on a checkpoint's card, before the end) the window planned; None where
+    it is off."""
     averaging = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)]
     if not averaging:
         return None
     cb, planned = averaging[0], trainer.state.max_steps
     first = cb.first_step(planned)
+    if not cb.ended:  # (a checkpoint's card: its weights are its step's)
+        return f"planned over steps {first}-{planned}; this checkpoint holds its own step's weights"
     if not cb.count:
         return f"none: the stage stopped before its window (steps {first}-{planned})"
     if cb.count == 1:

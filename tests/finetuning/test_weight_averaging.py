@@ -89,6 +89,8 @@ def test_a_resumed_run_averages_as_an_uninterrupted_one(tiny_st_dir, tmp_path):
     _train(tiny_st_dir, tmp_path / "cut", 0.75, callbacks=[StopAt(3)], **save)
     state = json.loads((tmp_path / "cut" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
+    card = (tmp_path / "cut" / "checkpoint-3" / "README.md").read_text()  # raw weights: the card does not claim them
+    assert "| weights averaged (SWA) | planned over steps 2-4; this checkpoint holds its own step's weights |" in card
     trainer, resumed = _train(tiny_st_dir, tmp_path / "cut", 0.75, resume=True, **save)
     assert [cb.count for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)] == [3]
     for name in whole:

@@ -39,6 +39,7 @@ class WeightAveraging(TrainerCallback):
         self.mean: dict[str, torch.Tensor] = {}  # parameter name -> running mean (float32, on the parameter's device)
         self.count = 0  # the steps averaged so far
         self.applied = False
+        self.ended = False  # the last train() has ended (the weights are final)
 
     def first_step(self, max_steps: int) -> int:
         """The first step (1-based) whose weights join the average."""
@@ -46,7 +47,7 @@ class WeightAveraging(TrainerCallback):
         return max(1, max_steps - window + 1)
 
     def on_train_begin(self, args, state, control, **kwargs):
-        self.applied = False
+        self.applied = self.ended = False
         if state.global_step == 0:  # a run from its start (a resumed one keeps the mean its checkpoint restored)
             self.mean, self.count = {}, 0
         return control
@@ -75,6 +76,7 @@ class WeightAveraging(TrainerCallback):
         return control
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
+        self.ended = True
         if model is None or not self.count or self.applied:
             return control
         params = self._trained(model)
