@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import QUERY_SIDE_CFG
 from safetensors.torch import load_file
 
 from hf_cocodr.data.target_queries import read_target_queries
@@ -24,15 +25,7 @@ from hf_cocodr.retrieval.hybrid import _corpus_ids_texts
 from hf_cocodr.retrieval.session import EncodingSession
 from hf_cocodr.retrieval.teacher import query_side_dataset, teacher_rankings
 
-CFG = dict(
-    skip_coco=True,
-    target_pairs="none",
-    wise_alpha=None,
-    distill_steps=3,
-    distill_k=3,
-    distill_side="query",
-    distill={"per_device_train_batch_size": 4, "save_steps": 2},
-)
+CFG = {**QUERY_SIDE_CFG, "distill_steps": 3}
 
 
 pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
