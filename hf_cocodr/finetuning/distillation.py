@@ -22,6 +22,7 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..data.teacher import FrozenCandidateRows, TeacherRows
 from ..errors import ConfigError
+from .callbacks.anchor import StartingPointAnchor
 from .callbacks.averaging import WeightAveraging
 from .losses.distill import HybridDistillLoss, QuerySideDistillLoss
 from .rows_trainer import RowsTrainer
@@ -52,6 +53,9 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
         distill_swa: the fraction of the planned steps, at the end, whose weights are averaged (stochastic weight
             averaging, :class:`~hf_cocodr.finetuning.callbacks.WeightAveraging`): the saved model is the uniform
             average of the trained parameters after each of those steps. 0 (the default): off, the last step's.
+        distill_l2sp: the weight ``α`` of the pull toward the starting weights (L2-SP, decoupled as AdamW's weight
+            decay, :class:`~hf_cocodr.finetuning.callbacks.StartingPointAnchor`): after each step every trained
+            parameter moves ``lr · α`` of the way back to its value at the start. 0 (the default): off.
     Rows:
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
         packed_forward: embed the queries and their candidates together, ordered by length, in one forward per
@@ -88,6 +92,13 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             "step's weights)"
         },
     )
+    distill_l2sp: float = field(
+        default=0.0,
+        metadata={
+            "help": "pull the trained weights toward the starting ones: after each step every trained parameter "
+            "moves learning rate x this weight of the way back (L2-SP, decoupled; 0: off)"
+        },
+    )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
     packed_forward: bool = field(
         default=True,
@@ -115,7 +126,7 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("distill_in_batch_weight", "distill_margin_weight", "distill_corpus_weight"):
+        for name in ("distill_in_batch_weight", "distill_margin_weight", "distill_corpus_weight", "distill_l2sp"):
             w = getattr(self, name)
             if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
                 raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
@@ -126,6 +137,11 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             raise ConfigError(
                 "distill_swa averages the last steps' weights into the saved model, so it cannot keep the best "
                 "checkpoint's: set load_best_model_at_end false, or distill_swa 0"
+            )
+        if self.distill_l2sp * self.learning_rate > 1:
+            raise ConfigError(
+                f"distill_l2sp {self.distill_l2sp} at learning_rate {self.learning_rate} pulls more than the whole way "
+                "back to the starting weights each step (their product must be at most 1): lower distill_l2sp"
             )
 
 
@@ -162,6 +178,8 @@ class DistillationTrainer(RowsTrainer):
             self.args, "distill_swa", 0
         ):  # (its mean is saved with each checkpoint: a CheckpointState callback)
             self.add_callback(WeightAveraging(self.args.distill_swa))
+        if getattr(self.args, "distill_l2sp", 0):  # (its starting weights are saved with each checkpoint)
+            self.add_callback(StartingPointAnchor(self.args.distill_l2sp))
 
     def _check_rows(self, args) -> None:
         super()._check_rows(args)

@@ -117,6 +117,8 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "whole-corpus weight": getattr(a, "distill_corpus_weight", 0.0) or None,
         # the weights averaged over the last steps (SWA), named only when on: the steps it did average
         "weights averaged (SWA)": _averaged_steps(trainer),
+        # the pull toward the starting weights (L2-SP, decoupled), named only when on
+        "pull toward the start (L2-SP weight)": getattr(a, "distill_l2sp", 0.0) or None,
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }

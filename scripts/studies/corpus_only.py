@@ -177,6 +177,15 @@ ARMS = {
         f"@queries --distill-teacher-weight fit --distill-swa 0.5 --config {CONFIGS / 'distill_lr1e-4.yaml'}",
         "the `queries-fit-lr1` row (lr 1e-4) with its weights averaged over the last half of the steps (SWA)",
     ),
+    # generalisation, the last regulariser: the weights pulled toward the start after each step (L2-SP,
+    # decoupled), at the default's 5 passes; a deviation forgets itself in 1/(lr·α) steps: 200 at α 100, 50 at 400
+    **{
+        f"queries-fit-p5-l2sp{a}": (
+            f"@queries --distill-teacher-weight fit --distill-max-passes 5 --distill-l2sp {a}",
+            f"the `queries-fit-p5` row with the weights pulled toward the start at weight {a} (L2-SP, decoupled)",
+        )
+        for a in (100, 400)
+    },
     # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
     # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
     **{

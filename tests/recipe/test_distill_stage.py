@@ -389,6 +389,7 @@ OPTION_VALUES = {
     "distill_corpus_weight": 0.75,
     "distill_document_gradients": False,
     "distill_swa": 0.5,
+    "distill_l2sp": 40.0,
 }
 
 
@@ -532,16 +533,17 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
         return digest(stage.identity(run, "start"))
 
     assert identity() == "ce539d4cb1c7d979"
-    since = ("distill_margin_weight", "distill_corpus_weight", "distill_swa")
+    since = ("distill_margin_weight", "distill_corpus_weight", "distill_swa", "distill_l2sp")
     earlier = {k: v for k, v in OPTION_VALUES.items() if k not in since}  # the options of then
     assert identity(**earlier) == "995eec268bc95182"
     # an option added since is named only when on: off, the identity is the earlier one; on, another
     assert (
-        identity(**earlier, distill_margin_weight=0.0, distill_corpus_weight=0.0, distill_swa=0.0)
+        identity(**earlier, distill_margin_weight=0.0, distill_corpus_weight=0.0, distill_swa=0.0, distill_l2sp=0.0)
         == "995eec268bc95182"
     )
     assert identity(**earlier, distill_corpus_weight=1.0) != "995eec268bc95182"
     assert identity(**earlier, distill_swa=0.5) != "995eec268bc95182"
+    assert identity(**earlier, distill_l2sp=40.0) != "995eec268bc95182"
     assert identity(**OPTION_VALUES) != "995eec268bc95182"
 
 

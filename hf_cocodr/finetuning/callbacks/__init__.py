@@ -1,3 +1,4 @@
+from .anchor import StartingPointAnchor
 from .averaging import WeightAveraging
 from .deadline import WallClockDeadline
 from .kmeans import KMeansClusteringCallback
@@ -8,6 +9,7 @@ __all__ = [
     "GpuUtilization",
     "HardNegativeRefreshCallback",
     "KMeansClusteringCallback",
+    "StartingPointAnchor",
     "ThroughputMeter",
     "WallClockDeadline",
     "WeightAveraging",

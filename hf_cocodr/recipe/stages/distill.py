@@ -70,6 +70,7 @@ ARGUMENT_OPTIONS = {
     "distill_corpus_weight": "distill_corpus_weight",
     "distill_document_gradients": "distill_document_gradients",
     "distill_swa": "distill_swa",
+    "distill_l2sp": "distill_l2sp",
 }
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
 # ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
@@ -142,6 +143,13 @@ class DistillSettings:
         "averaging: the saved model is the uniform average of the weights after each of those steps; 0: off)",
         metavar="FRACTION",
     )
+    distill_l2sp: float = option(
+        0.0,
+        "distillation: pull the trained weights toward the starting model's: after each step every trained "
+        "parameter moves learning rate x this weight of the way back to its start (L2-SP, decoupled as AdamW's "
+        "weight decay; 0: off)",
+        metavar="WEIGHT",
+    )
     distill_document_gradients: bool = option(
         True,
         "distillation: encode the candidates without back-propagating through them (a forward pass only: cheaper "
@@ -197,6 +205,7 @@ class DistillSettings:
         check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_corpus_weight", 0, 100, allow_auto=False)
         check_number(self, "distill_swa", 0, 1, allow_auto=False)
+        check_number(self, "distill_l2sp", 0, 1e6, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
@@ -420,6 +429,8 @@ class DistillStage(Stage):
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
             # the weights averaged over the last steps (named only when on: the identity without it is unchanged)
             **({"swa": cfg.distill_swa} if cfg.distill_swa else {}),
+            # the pull toward the starting weights (named only when on, as the averaging)
+            **({"l2sp": cfg.distill_l2sp} if cfg.distill_l2sp else {}),
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
