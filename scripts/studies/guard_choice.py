@@ -161,15 +161,11 @@ def main() -> int:
             "",
             "## Along the passes (seed 42, the runs that differ only in their cap on passes)",
             "",
-            "| passes | SciFact dev gain | NFCorpus dev gain | "
-            + " | ".join(f"{n} (± SE)" for n in READINGS)
-            + " |",
+            "| passes | SciFact dev gain | NFCorpus dev gain | " + " | ".join(f"{n} (± SE)" for n in READINGS) + " |",
             "|---|---|---|" + "---|" * len(READINGS),
         ]
         for r in curve:
-            cells = [
-                f"{r['readings'][n]:+.4f} ± {r['se'][n]:.4f}" if n in r["readings"] else "" for n in READINGS
-            ]
+            cells = [f"{r['readings'][n]:+.4f} ± {r['se'][n]:.4f}" if n in r["readings"] else "" for n in READINGS]
             lines.append(
                 f"| {PASSES[r['arm']]} | {share('scifact', r['gains']['scifact'])} | "
                 f"{share('nfcorpus', r['gains']['nfcorpus'])} | " + " | ".join(cells) + " |"
