@@ -186,6 +186,11 @@ ARMS = {
         )
         for a in (100, 400)
     },
+    # where the student over-fits (10 passes: NFCorpus dev 81% -> 69% of the lead, the pool 85% -> 87%), the pull
+    "queries-fit-p10-l2sp100": (
+        "@queries --distill-teacher-weight fit --distill-max-passes 10 --distill-l2sp 100",
+        "the `queries-fit-p10` row with the weights pulled toward the start at weight 100 (L2-SP, decoupled)",
+    ),
     # the fitting curve: does the student keep gaining as it fits its training queries harder (10 and 15 passes,
     # 1710 and 2565 steps; past what 30 minutes of one AVX2 core buy after a cold teacher, so run warm at 60 minutes)
     **{
