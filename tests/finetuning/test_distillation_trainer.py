@@ -48,6 +48,11 @@ def teacher_rows(n: int = 12) -> Dataset:
     return Dataset.from_dict(columns)
 
 
+def trained_params(model) -> dict[str, torch.Tensor]:
+    """A copy of every parameter the trainer trains (``requires_grad``), by name."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
 def no_dropout(model):
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):

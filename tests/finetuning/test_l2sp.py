@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import QUERY_SIDE_CFG as CFG
 from helpers import spy_distillation_trainers
+from tiny import stop_at
 from transformers import TrainerCallback
 
 from hf_cocodr import DistillationTrainer, DistillationTrainingArguments, load_encoder
@@ -19,13 +20,9 @@ from hf_cocodr.finetuning.callbacks import StartingPointAnchor
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.rundir.run_record import RunMismatchError
 
-from .test_distillation_trainer import COMMON, no_dropout, teacher_rows
+from .test_distillation_trainer import COMMON, no_dropout, teacher_rows, trained_params
 
 pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
-
-
-def _trained(model) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
 
 class StepSpy(TrainerCallback):
@@ -39,32 +36,22 @@ class StepSpy(TrainerCallback):
 
     def on_optimizer_step(self, args, state, control, model=None, optimizer=None, **kwargs):
         step = state.global_step + 1
-        self.optimizer_left[step] = _trained(model)
+        self.optimizer_left[step] = trained_params(model)
         self.lr[step] = optimizer.param_groups[0]["lr"]
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.after[state.global_step] = _trained(model)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-        return control
+        self.after[state.global_step] = trained_params(model)
 
 
 def _train(tiny_st_dir, out, l2sp: float, callbacks=(), resume=None, **extra):
     model = no_dropout(load_encoder(str(tiny_st_dir)))
-    start = _trained(model)
+    start = trained_params(model)
     args = DistillationTrainingArguments(
         output_dir=str(out), **{**COMMON, "max_steps": 4, "learning_rate": 5e-3, **extra}, distill_l2sp=l2sp
     )
     trainer = DistillationTrainer(model=model, args=args, train_dataset=teacher_rows(), callbacks=list(callbacks))
     trainer.train(resume_from_checkpoint=resume)
-    return trainer, start, _trained(model)
+    return trainer, start, trained_params(model)
 
 
 def test_each_step_moves_lr_times_the_weight_of_the_way_back_to_the_start(tiny_st_dir, tmp_path):
@@ -107,7 +94,7 @@ def test_off_is_the_run_without_it(tiny_st_dir, tmp_path):
     args = DistillationTrainingArguments(output_dir=str(tmp_path / "plain"), **{**COMMON, "max_steps": 4})
     args.learning_rate = 5e-3
     DistillationTrainer(model=model, args=args, train_dataset=teacher_rows()).train()
-    plain = _trained(model)
+    plain = trained_params(model)
     for name in plain:
         assert torch.equal(plain[name], zero[name]), name
 
@@ -117,12 +104,12 @@ def test_a_resumed_run_pulls_toward_the_same_start(tiny_st_dir, tmp_path):
     weights of the run that never stopped, because the checkpoint holds θ₀."""
     save = dict(save_strategy="steps", save_steps=1)
     _, _, whole = _train(tiny_st_dir, tmp_path / "whole", 40.0, **save)
-    _train(tiny_st_dir, tmp_path / "cut", 40.0, callbacks=[StopAt(2)], **save)
+    _train(tiny_st_dir, tmp_path / "cut", 40.0, callbacks=[stop_at(2)], **save)
     _, _, resumed = _train(tiny_st_dir, tmp_path / "cut", 40.0, resume=True, **save)
     for name in whole:
         torch.testing.assert_close(resumed[name], whole[name], rtol=1e-5, atol=1e-6)
     # a run without the pull (its checkpoints hold no starting weights) is not resumed with it: refused by name
-    _train(tiny_st_dir, tmp_path / "plain", 0.0, callbacks=[StopAt(2)], **save)
+    _train(tiny_st_dir, tmp_path / "plain", 0.0, callbacks=[stop_at(2)], **save)
     with pytest.raises(RunMismatchError, match="distill_l2sp"):
         _train(tiny_st_dir, tmp_path / "plain", 40.0, resume=True, **save)
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from helpers import QUERY_SIDE_CFG as CFG
 from helpers import spy_distillation_trainers
+from tiny import stop_at
 from transformers import TrainerCallback
 
 from hf_cocodr import DistillationTrainer, DistillationTrainingArguments, load_encoder
@@ -17,7 +18,7 @@ from hf_cocodr.errors import ConfigError
 from hf_cocodr.finetuning.callbacks import WeightAveraging
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 
-from .test_distillation_trainer import COMMON, no_dropout, teacher_rows
+from .test_distillation_trainer import COMMON, no_dropout, teacher_rows, trained_params
 
 pytestmark = pytest.mark.usefixtures("own_cache")  # each test its own cache (tests/conftest.py)
 
@@ -29,17 +30,7 @@ class StepWeights(TrainerCallback):
         self.after: dict[int, dict[str, torch.Tensor]] = {}
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
-        self.after[state.global_step] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_training_stop = True
-        return control
+        self.after[state.global_step] = trained_params(model)
 
 
 def _train(tiny_st_dir, out, swa: float, steps: int = 4, callbacks=(), resume=None, **extra):
@@ -49,7 +40,7 @@ def _train(tiny_st_dir, out, swa: float, steps: int = 4, callbacks=(), resume=No
     )
     trainer = DistillationTrainer(model=model, args=args, train_dataset=teacher_rows(), callbacks=list(callbacks))
     trainer.train(resume_from_checkpoint=resume)
-    return trainer, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    return trainer, trained_params(model)
 
 
 def test_the_weights_are_the_mean_of_the_windows_steps(tiny_st_dir, tmp_path):
@@ -86,7 +77,7 @@ def test_a_resumed_run_averages_as_an_uninterrupted_one(tiny_st_dir, tmp_path):
     the weights of the run that never stopped."""
     save = dict(save_strategy="steps", save_steps=1)
     _, whole = _train(tiny_st_dir, tmp_path / "whole", 0.75, **save)
-    _train(tiny_st_dir, tmp_path / "cut", 0.75, callbacks=[StopAt(3)], **save)
+    _train(tiny_st_dir, tmp_path / "cut", 0.75, callbacks=[stop_at(3)], **save)
     state = json.loads((tmp_path / "cut" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3
     card = (tmp_path / "cut" / "checkpoint-3" / "README.md").read_text()  # raw weights: the card does not claim them
@@ -106,8 +97,8 @@ def test_the_window_counts_whole_steps_and_a_stop_before_it_averages_nothing(tin
     before its window keeps its last weights, and its card says so."""
     assert WeightAveraging(0.28).first_step(100) == 73 and WeightAveraging(0.5).first_step(5) == 3
     assert WeightAveraging(1.0).first_step(7) == 1 and WeightAveraging(0.01).first_step(4) == 4
-    _, plain = _train(tiny_st_dir, tmp_path / "plain", 0.0, callbacks=[StopAt(2)])
-    trainer, stopped = _train(tiny_st_dir, tmp_path / "stopped", 0.5, callbacks=[StopAt(2)])  # window: steps 3-4
+    _, plain = _train(tiny_st_dir, tmp_path / "plain", 0.0, callbacks=[stop_at(2)])
+    trainer, stopped = _train(tiny_st_dir, tmp_path / "stopped", 0.5, callbacks=[stop_at(2)])  # window: steps 3-4
     for name in plain:
         assert torch.equal(plain[name], stopped[name]), name
     trainer.finalize()
