@@ -16,6 +16,8 @@ import logging
 import torch
 from transformers import TrainerCallback
 
+from .averaging import trained_parameters
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,14 +41,10 @@ class StartingPointAnchor(TrainerCallback):
         self.weight = float(weight)
         self.anchor: dict[str, torch.Tensor] = {}  # parameter name -> its starting value (float32)
 
-    @staticmethod
-    def _trained(model) -> dict[str, torch.nn.Parameter]:
-        return {name: p for name, p in model.named_parameters() if p.requires_grad}
-
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is None:
             return control
-        params = self._trained(model)
+        params = trained_parameters(model)
         if state.global_step == 0:  # a run from its start (a resumed one keeps the anchor its checkpoint restored)
             with torch.no_grad():
                 self.anchor = {name: p.detach().float().clone() for name, p in params.items()}
@@ -62,7 +60,7 @@ class StartingPointAnchor(TrainerCallback):
             return control
         lr_of = {id(p): group["lr"] for group in optimizer.param_groups for p in group["params"]}
         with torch.no_grad():
-            for name, p in self._trained(model).items():
+            for name, p in trained_parameters(model).items():
                 if p.grad is None:  # (the step left it alone)
                     continue
                 rate = float(lr_of.get(id(p), 0.0)) * self.weight

@@ -17,6 +17,11 @@ from transformers import TrainerCallback
 logger = logging.getLogger(__name__)
 
 
+def trained_parameters(model) -> dict[str, torch.nn.Parameter]:
+    """The parameters a trainer trains (``requires_grad``), by name: what the weight callbacks average or pull."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
 class WeightAveraging(TrainerCallback):
     """Keep the running mean (in float32) of every trainable parameter over the last ``fraction`` of the planned
     steps, and load it into the model at the end of ``trainer.train()``.
@@ -52,14 +57,10 @@ class WeightAveraging(TrainerCallback):
             self.mean, self.count = {}, 0
         return control
 
-    @staticmethod
-    def _trained(model) -> dict[str, torch.nn.Parameter]:
-        return {name: p for name, p in model.named_parameters() if p.requires_grad}
-
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is None or state.global_step < self.first_step(state.max_steps):
             return control
-        params = self._trained(model)
+        params = trained_parameters(model)
         if self.count and set(params) != set(self.mean):
             raise RuntimeError("WeightAveraging: the model's trained parameters changed during training")
         self.count += 1
@@ -79,7 +80,7 @@ class WeightAveraging(TrainerCallback):
         self.ended = True
         if model is None or not self.count or self.applied:
             return control
-        params = self._trained(model)
+        params = trained_parameters(model)
         with torch.no_grad():
             for name, p in params.items():
                 p.copy_(self.mean[name].to(device=p.device, dtype=p.dtype))
