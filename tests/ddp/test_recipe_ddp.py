@@ -29,7 +29,13 @@ def nodrop_st(tmp_path_factory):
 
     from hf_cocodr.export import export_sentence_transformer
 
-    raw = tiny.make_tiny_bert(tmp_path_factory.mktemp("recipe_ddp_raw"), dropout=0.0, seed=3, mlm=False)
+    # initializer_range 0.2: at BERT's 0.02 this 2-layer, hidden-32 model maps every text to nearly one vector (every
+    # query-document score 32.000 ± 0.0004, their gaps at float32's resolution there), so the 1e-9 by which 2 ranks'
+    # all-reduced SGD steps differ from one process's reorders tied documents and the fusion fit chooses otherwise
+    # on some CPUs; with scores that differ beyond float noise both runs rank, fit and fuse alike
+    raw = tiny.make_tiny_bert(
+        tmp_path_factory.mktemp("recipe_ddp_raw"), dropout=0.0, seed=3, mlm=False, initializer_range=0.2
+    )
     out = tmp_path_factory.mktemp("recipe_ddp_st") / "model"
     export_sentence_transformer(str(raw), out)
     return out
@@ -74,10 +80,7 @@ def _close(a, b, tol=1e-5):
     if isinstance(a, dict):
         assert a.keys() == b.keys()
         for k in a:
-            # (a hybrid's ``fit`` record: its grid of nDCG@10 over pseudo-queries of the tiny random corpus ranks
-            # near-tied documents, so the weights' 1e-9 difference between 2 ranks and 1 can break a tie there; the
-            # fusion it chose, the fields beside it, is compared)
-            if not str(k).endswith("_seconds") and k != "fit":
+            if not str(k).endswith("_seconds"):
                 _close(a[k], b[k], tol)
     elif isinstance(a, float):
         assert a == pytest.approx(b, abs=tol)
