@@ -1,0 +1,354 @@
+"""The development suite: corpora of several kinds, and whether a default holds on every one of them (issue 64).
+
+A default of the corpus-only path is chosen on corpora we have; a user's corpus is one we have not seen. So every
+default is checked on each corpus of :data:`SUITE` (scientific claims, medical questions, news questions, web
+questions where the start model was trained, SQuAD's Wikipedia questions as a target, and any extra BEIR folder given
+with ``--extra NAME=PATH:SPLIT``), and chosen leave-one-corpus-out (``--loco``: chosen on the others, it must hold on
+the one left out).
+
+Each corpus gets two kinds of rows, each cached under ``--work`` (a row whose command did not finish runs again):
+
+- ``baseline``: ``hf-cocodr evaluate MODEL FOLDER --split SPLIT --hybrid``, the user's own command: the start's
+  dense model, BM25 and their hybrid with the fusion fitted without labels (the queries' text only);
+- ``recipe`` arms: ``hf-cocodr recipe`` from the corpus alone (no query of the user's), on that one corpus, from a
+  cold cache in a subprocess pinned to one core (``--core``), ``--max-minutes`` (15), ``--guard record`` (the guard
+  reads and records, the adapted model is kept and scored whatever it says), ``--eval FOLDER:SPLIT``.
+
+The table gives, per corpus: the start, BM25, the fitted hybrid (and whether it is ≥ max(dense, BM25) − 0.005),
+each arm's adapted dense and hybrid gain over the start (mean ± half-range over seeds), and the guard's verdicts
+against the labels'.
+
+    python scripts/studies/suite.py baseline
+    python scripts/studies/suite.py recipe --arms default --seeds 42,43,44 --core 1
+    python scripts/studies/suite.py report [--loco]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_budget import pinned_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+MARGIN = 0.005  # the issue's tolerance: a hybrid ≥ max(dense, BM25) − MARGIN, an adapted model ≥ start − MARGIN
+SQUAD_QUERIES = 1000
+
+
+@dataclass(frozen=True)
+class Corpus:
+    name: str
+    kind: str  # what kind of corpus and queries, for the table
+    split: str
+    source: str  # the folder under HF_COCODR_DATA it is built from (or a path, for --extra)
+    build: str = "link"  # "link": the folder as it is; "scifact-odd", "squad-dev": built under WORK/data
+
+
+SUITE = {
+    c.name: c
+    for c in (
+        Corpus("scifact", "scientific claims against abstracts (odd-id train claims)", "dev", "scifact", "scifact-odd"),
+        Corpus("nfcorpus", "medical questions against PubMed abstracts", "dev", "nfcorpus"),
+        Corpus("nq-utd", "questions on 2023-2024 news against news passages", "dev", "nq-utd"),
+        Corpus("msmarco", "web questions against web passages (the start model's own kind)", "dev",
+               "msmarco-trecdl19-5k"),
+        Corpus("squad", "Wikipedia questions against their paragraphs (dev, 1,000 questions)", "dev", "squad-v1.1",
+               "squad-dev"),
+    )
+}  # fmt: skip
+
+
+def data_root() -> Path:
+    return Path(os.environ.get("HF_COCODR_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+
+def corpora(ns) -> dict[str, Corpus]:
+    """The suite, extended by ``--extra NAME=PATH:SPLIT`` (another BEIR folder), restricted to ``--corpora``."""
+    out = dict(SUITE)
+    for spec in ns.extra or []:
+        name, _, rest = spec.partition("=")
+        path, _, split = rest.rpartition(":")
+        if not (name and path and split):
+            raise SystemExit(f"--extra {spec!r}: expected NAME=PATH:SPLIT")
+        out[name] = Corpus(name, f"extra: {Path(path).name}", split, str(Path(path).resolve()))
+    if ns.corpora:
+        wanted = ns.corpora.split(",")
+        unknown = [c for c in wanted if c not in out]
+        if unknown:
+            raise SystemExit(f"--corpora: unknown {unknown}; the suite has {sorted(out)}")
+        out = {c: out[c] for c in wanted}
+    return out
+
+
+def folder(corpus: Corpus, work: Path) -> Path:
+    """The BEIR folder of ``corpus`` (the two derived ones written once under ``work/data``, atomically)."""
+    src = Path(corpus.source) if os.path.isabs(corpus.source) else data_root() / corpus.source
+    if corpus.build == "link":
+        return src
+    out = work / "data" / corpus.name
+    if (out / "qrels" / f"{corpus.split}.tsv").is_file():
+        return out
+    tmp = work / "data" / f"{corpus.name}.tmp{os.getpid()}"  # (two studies may build it at once: one wins)
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "qrels").mkdir(parents=True)
+    if corpus.build == "scifact-odd":  # the train claims with an odd id (the even ones are the studies' query log)
+        for name in ("corpus.jsonl", "queries.jsonl"):
+            (tmp / name).symlink_to((src / name).resolve())
+        lines = (src / "qrels" / "train.tsv").read_text().splitlines()
+        rows = [lines[0]] + [ln for ln in lines[1:] if int(ln.split("\t")[0]) % 2 == 1]
+    elif corpus.build == "squad-dev":  # the dev paragraphs (2,067) and SQUAD_QUERIES dev questions drawn at random
+        qrels = [ln.split("\t") for ln in (src / "qrels" / "dev.tsv").read_text().splitlines()[1:]]
+        passages = {d for _, d, _ in qrels}
+        picked = set(random.Random(0).sample(sorted({q for q, _, _ in qrels}), SQUAD_QUERIES))
+        with open(src / "corpus.jsonl") as f, open(tmp / "corpus.jsonl", "w") as g:
+            g.writelines(line for line in f if json.loads(line)["_id"] in passages)
+        with open(src / "queries.jsonl") as f, open(tmp / "queries.jsonl", "w") as g:
+            g.writelines(line for line in f if json.loads(line)["_id"] in picked)
+        rows = ["query-id\tcorpus-id\tscore"] + ["\t".join(r) for r in qrels if r[0] in picked]
+    else:
+        raise ValueError(corpus.build)
+    (tmp / "qrels" / f"{corpus.split}.tsv").write_text("\n".join(rows) + "\n")
+    try:
+        os.replace(tmp, out)
+    except OSError:  # built by another process meanwhile
+        shutil.rmtree(tmp)
+    return out
+
+
+def model_path() -> str:
+    from hf_cocodr import bundled_model_path
+
+    return str(bundled_model_path("all-MiniLM-L6-v2"))
+
+
+def cli() -> list[str]:
+    return [sys.executable, "-m", "hf_cocodr"]
+
+
+# ---------------------------------------------------------------------------------------------------------- baseline
+def baseline_row(corpus: Corpus, ns) -> dict:
+    """The start, BM25 and the fitted hybrid on ``corpus`` (``hf-cocodr evaluate --hybrid``), cached."""
+    out = Path(ns.work) / "baseline" / corpus.name
+    row_file = out / "row.json"
+    if row_file.is_file():
+        return json.loads(row_file.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    data = folder(corpus, Path(ns.work))
+    result = out / "evaluate.json"
+    cmd = cli() + ["-q", "evaluate", model_path(), str(data), "--split", corpus.split, "--hybrid",
+                   "--output", str(result)]  # fmt: skip
+    if ns.core is not None:
+        cmd = ["taskset", "-c", str(ns.core)] + cmd
+    row = {"corpus": corpus.name, **pinned_run(out, cmd, Path(ns.work) / "cache" / "baseline")}
+    if row["returncode"] == 0:
+        r = json.loads(result.read_text())
+        row.update(
+            dense=r["dense"]["ndcg@10"],
+            bm25=r["bm25"]["ndcg@10"],
+            hybrid=r["ndcg@10"],
+            fusion={k: r["fusion"][k] for k in ("normalize", "dense_weight")},
+            queries=r["dense"].get("num_queries", r.get("num_queries")),
+            docs=r["dense"].get("num_docs", r.get("num_docs")),
+        )
+    row_file.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+# ------------------------------------------------------------------------------------------------------------ recipe
+ARMS = {
+    # today's corpus-only default: 8,000 pseudo-queries of the default mix distilled from the fixed hybrid into the
+    # query side, then WiSE-FT 0.75; the guard records
+    "default": [],
+}
+
+
+def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
+    """One corpus-only recipe run on ``corpus`` (cold cache, pinned to ``--core``), cached."""
+    folder_ = Path(ns.work) / f"recipe{ns.budget_minutes:g}" / arm / corpus.name / f"seed{seed}"
+    row_file = folder_ / "row.json"
+    if row_file.is_file():
+        return json.loads(row_file.read_text())
+    shutil.rmtree(folder_, ignore_errors=True)
+    folder_.mkdir(parents=True)
+    data = folder(corpus, Path(ns.work))
+    out, cache = (folder_ / "run").absolute(), (folder_ / "cache").absolute()
+    cmd = ["taskset", "-c", str(ns.core)] if ns.core is not None else []
+    cmd += cli() + [
+        "recipe", "--model", model_path(), "--target-corpus", str(data),
+        "--source-data", str(data_root() / "squad-v1.1"),  # (read by no stage of the corpus-only schedule)
+        "--output_dir", str(out), "--eval", f"{data}:{corpus.split}", "--max-minutes", f"{ns.budget_minutes:g}",
+        "--guard", "record", "--seed", str(seed), *ARMS[arm],
+    ]  # fmt: skip
+    row = {"corpus": corpus.name, "arm": arm, "seed": seed, **pinned_run(folder_, cmd, cache)}
+    if row["returncode"] == 0:
+        ev = json.loads((out / "eval.json").read_text())[f"{data}:{corpus.split}"]
+        rec = json.loads((out / "recipe.json").read_text())
+        row.update(
+            dense=ev["ndcg@10"],
+            start=ev["start"]["ndcg@10"],
+            hybrid=ev["hybrid"]["ndcg@10"],
+            start_hybrid=ev["start"]["hybrid"]["ndcg@10"],
+            bm25=ev["bm25"]["ndcg@10"],
+            steps=rec.get("steps_trained", {}),
+            guard={k: (rec.get("guard") or {}).get(k) for k in ("verdict", "kept", "readings", "why")},
+            kept=rec.get("kept") or rec.get("outcome"),
+            wall_seconds=rec.get("wall_seconds"),
+        )
+    shutil.rmtree(cache, ignore_errors=True)  # (the run's encodings: hundreds of MB a row, never read again)
+    row_file.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+# ------------------------------------------------------------------------------------------------------------ report
+def spread(vals: list[float]) -> str:
+    if not vals:
+        return "–"
+    m = statistics.mean(vals)
+    return f"{m:+.4f} ± {(max(vals) - min(vals)) / 2:.4f}" if len(vals) > 1 else f"{m:+.4f}"
+
+
+def cached(ns, suite: dict[str, Corpus]) -> tuple[dict, dict]:
+    work = Path(ns.work)
+    base = {c: json.loads((work / "baseline" / c / "row.json").read_text())
+            for c in suite if (work / "baseline" / c / "row.json").is_file()}  # fmt: skip
+    recipe: dict[str, dict[str, dict[int, dict]]] = {}
+    root = work / f"recipe{ns.budget_minutes:g}"
+    for f in sorted(root.glob("*/*/seed*/row.json")) if root.is_dir() else []:
+        row = json.loads(f.read_text())
+        if row.get("corpus") in suite:
+            recipe.setdefault(row["arm"], {}).setdefault(row["corpus"], {})[row["seed"]] = row
+    return base, recipe
+
+
+def arm_cells(rows: dict[int, dict]) -> dict:
+    done = [r for r in rows.values() if "dense" in r]
+    d = [r["dense"] - r["start"] for r in done]
+    h = [r["hybrid"] - r["start_hybrid"] for r in done]
+    verdicts = [str((r.get("guard") or {}).get("verdict")) for r in done]
+    return {"seeds": len(done), "dense": d, "hybrid": h, "verdicts": verdicts,
+            "holds": bool(done) and statistics.mean(d) >= -MARGIN and statistics.mean(h) >= -MARGIN}  # fmt: skip
+
+
+def loco(recipe: dict, suite: list[str]) -> list[dict]:
+    """Leave-one-corpus-out: for each corpus, the arm chosen on the others (the one that holds on every other corpus
+    with the largest mean dense gain over them) and whether it holds on the one left out."""
+    out = []
+    for held in suite:
+        rest = [c for c in suite if c != held]
+        best, best_gain = None, None
+        for arm, by_corpus in recipe.items():
+            if not all(c in by_corpus for c in suite):
+                continue
+            cells = {c: arm_cells(by_corpus[c]) for c in suite}
+            if not all(cells[c]["holds"] for c in rest):
+                continue
+            gain = statistics.mean(statistics.mean(cells[c]["dense"]) for c in rest)
+            if best_gain is None or gain > best_gain:
+                best, best_gain = arm, gain
+        held_cell = arm_cells(recipe[best][held]) if best else None
+        out.append({"held_out": held, "chosen": best, "holds_there": held_cell["holds"] if held_cell else None,
+                    "dense": spread(held_cell["dense"]) if held_cell else "–",
+                    "hybrid": spread(held_cell["hybrid"]) if held_cell else "–"})  # fmt: skip
+    return out
+
+
+def report(ns) -> None:
+    suite = corpora(ns)
+    base, recipe = cached(ns, suite)
+    lines = [
+        "# The development suite: the start, BM25, the fitted hybrid and the corpus-only recipe on corpora of "
+        "several kinds",
+        "",
+        "all-MiniLM-L6-v2 as published, nDCG@10 on each corpus's dev queries. `hybrid ok`: the fitted hybrid is "
+        f"≥ max(dense, BM25) − {MARGIN}. Recipe rows: the corpus-only recipe on that one corpus, "
+        f"{ns.budget_minutes:g} minutes on one core from a cold cache, `--guard record`; gains over the start, mean ± "
+        "half-range over seeds.",
+        "",
+        "| corpus | kind | docs | queries | start (dense) | BM25 | fitted hybrid (fusion) | hybrid ok |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c, corpus in suite.items():
+        b = base.get(c)
+        if not b or "dense" not in b:
+            lines.append(f"| {c} | {corpus.kind} | | | (not run) | | | |")
+            continue
+        ok = b["hybrid"] >= max(b["dense"], b["bm25"]) - MARGIN
+        fusion = f"{b['fusion']['normalize']} {b['fusion']['dense_weight']}"
+        lines.append(
+            f"| {c} | {corpus.kind} | {b.get('docs')} | {b.get('queries')} | {b['dense']:.4f} | {b['bm25']:.4f} | "
+            f"{b['hybrid']:.4f} ({fusion}) | {'yes' if ok else '**no**'} |"
+        )
+    for arm, by_corpus in recipe.items():
+        lines += ["", f"## Recipe arm `{arm}` ({' '.join(ARMS.get(arm, [])) or 'the defaults'})", "",
+                  "| corpus | seeds | dense gain | hybrid gain | holds (both ≥ −0.005) | guard verdicts |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for c in suite:
+            if c not in by_corpus:
+                continue
+            cell = arm_cells(by_corpus[c])
+            lines.append(
+                f"| {c} | {cell['seeds']} | {spread(cell['dense'])} | {spread(cell['hybrid'])} | "
+                f"{'yes' if cell['holds'] else '**no**'} | {', '.join(cell['verdicts'])} |"
+            )
+    if ns.loco:
+        lines += ["", "## Leave one corpus out", "", "| left out | arm chosen on the others | holds there | dense | "
+                  "hybrid |", "|---|---|---|---|---|"]  # fmt: skip
+        for r in loco(recipe, list(suite)):
+            lines.append(f"| {r['held_out']} | {r['chosen']} | {r['holds_there']} | {r['dense']} | {r['hybrid']} |")
+    lines += ["", "Commands:", "", "```", *ns.commands, "```", ""]
+    text = "\n".join(lines)
+    print(text)
+    if ns.report:
+        Path(ns.report).with_suffix(".md").write_text(text)
+        Path(ns.report).with_suffix(".json").write_text(
+            json.dumps({"baseline": base, "recipe": recipe}, indent=1, default=str) + "\n"
+        )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("baseline", "recipe", "report"))
+    p.add_argument("--work", default="outputs/suite")
+    p.add_argument("--corpora", default=None, help="a comma-separated subset of the suite")
+    p.add_argument("--extra", action="append", help="NAME=PATH:SPLIT, another BEIR folder in the suite")
+    p.add_argument("--arms", default="default")
+    p.add_argument("--seeds", default="42")
+    p.add_argument("--core", type=int, default=None)
+    p.add_argument("--budget-minutes", type=float, default=15.0)
+    p.add_argument("--loco", action="store_true")
+    p.add_argument("--report", default=None, help="write the table to REPORT.md and the rows to REPORT.json")
+    p.add_argument("--commands", action="append", default=[], help="the commands to print under the table")
+    ns = p.parse_args()
+    suite = corpora(ns)
+    if ns.what == "baseline":
+        for corpus in suite.values():
+            row = baseline_row(corpus, ns)
+            print(json.dumps({k: row.get(k) for k in ("corpus", "dense", "bm25", "hybrid", "fusion")}), flush=True)
+    elif ns.what == "recipe":
+        for seed in [int(s) for s in ns.seeds.split(",")]:
+            for arm in ns.arms.split(","):
+                if arm not in ARMS:
+                    raise SystemExit(f"unknown arm {arm!r}; known: {sorted(ARMS)}")
+                for corpus in suite.values():
+                    row = recipe_row(corpus, arm, seed, ns)
+                    print(json.dumps({k: row.get(k) for k in ("corpus", "arm", "seed", "dense", "start", "hybrid",
+                                                             "start_hybrid", "returncode")}), flush=True)  # fmt: skip
+    else:
+        report(ns)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
