@@ -103,6 +103,16 @@ def no_lexical(query: str, rest: str) -> str:
     return " ".join(w for w in query.split() if not ({x.lower() for x in _WORD.findall(w)} & shared))
 
 
+DROP_SHARES = (0.25, 0.5, 0.75)
+
+
+def drop_shared(query: str, rest: str, share: float, rng) -> str:
+    """``query`` with each word ``rest`` shares dropped with probability ``share``."""
+    shared = {w.lower() for w in _WORD.findall(rest)}
+    out = [w for w in query.split() if not ({x.lower() for x in _WORD.findall(w)} & shared and rng.random() < share)]
+    return " ".join(out)
+
+
 def corpus_signals(corpus: S.Corpus, ns) -> dict:
     out_file = Path(ns.work) / "signals" / f"{corpus.name}.json"
     if out_file.is_file():
@@ -119,7 +129,7 @@ def corpus_signals(corpus: S.Corpus, ns) -> dict:
     t0 = time.time()
     data = load_beir(S.folder(corpus, Path(ns.work)), corpus.split)
     model = load_encoder(S.model_path())
-    session = EncodingSession(cache=True)
+    session = EncodingSession(precision="bf16", cache=True)  # (as the recipe encodes here)
     hybrid = HybridRetriever.build(
         model, data.corpus, fusion=FusionConfig(dense_weight=0.5), fit=False, session=session
     )
@@ -164,6 +174,15 @@ def corpus_signals(corpus: S.Corpus, ns) -> dict:
         if len(q2.split()) >= 3:
             nolex.append((row, q2, rest))
     picks_by["ict-nolex"] = nolex
+    # between the two: a share of the words the rest shares dropped from the sentence (seeded per word)
+    for share in DROP_SHARES:
+        rng = np.random.default_rng([0, 2])
+        dropped = []
+        for row, q, rest in inverse_cloze(texts, N_PSEUDO, 0):
+            q2 = drop_shared(q, rest, share, rng)
+            if len(q2.split()) >= 3:
+                dropped.append((row, q2, rest))
+        picks_by[f"drop-{share:g}"] = dropped
     for kind in ("span", "keywords", "title"):
         if not drawer.available(kind):
             continue

@@ -67,6 +67,23 @@ SUITE = {
                "squad-dev"),
     )
 }  # fmt: skip
+# corpora brought in beside the shared data (outside the repository: research-only licences), under
+# HF_COCODR_EXTRA_DATA (default: extra_data beside the checkout); reports/studies/suite_sources.md says where each
+# came from and how it was converted. A corpus whose folder is missing is left out of the suite (and said so).
+EXTRA = {
+    c.name: c
+    for c in (
+        Corpus("wikiqa", "Bing questions against single Wikipedia sentences (titles: their articles)", "dev",
+               "wikiqa"),
+        Corpus("financebench", "analyst questions against the pages of SEC filings", "test", "financebench_pages"),
+        Corpus("arcd", "Arabic questions against Arabic paragraphs (the start model is English-only)", "test",
+               "agentset_arcd_ar"),
+    )
+}  # fmt: skip
+
+
+def extra_root() -> Path:
+    return Path(os.environ.get("HF_COCODR_EXTRA_DATA", ROOT.parent / "extra_data")).resolve()
 
 
 def data_root() -> Path:
@@ -76,6 +93,12 @@ def data_root() -> Path:
 def corpora(ns) -> dict[str, Corpus]:
     """The suite, extended by ``--extra NAME=PATH:SPLIT`` (another BEIR folder), restricted to ``--corpora``."""
     out = dict(SUITE)
+    for name, c in EXTRA.items():
+        path = extra_root() / c.source
+        if (path / "qrels" / f"{c.split}.tsv").is_file():
+            out[name] = Corpus(c.name, c.kind, c.split, str(path))
+        else:
+            print(f"(the suite's {name} is left out: no {path})", file=sys.stderr)
     for spec in ns.extra or []:
         name, _, rest = spec.partition("=")
         path, _, split = rest.rpartition(":")

@@ -1,0 +1,227 @@
+"""Which label-free reading sees what the labels see when the corpus-only recipe adapts a model? (issue 64, item 4)
+
+For every finished corpus-only recipe row of the development suite (:mod:`suite`, ``recipe`` rows) this reads, after
+the fact, the adapted model (``OUT/model``) against the starting model on queries neither trained on, drawn from the
+documents the training's pseudo-queries did not come from (``OUT/queries/<corpus>.train.jsonl`` says which did):
+
+- ``ict``: a sentence of a held-out document against the rest of its document (the inverse cloze; lexical: the rest
+  shares many of its words);
+- ``nolex``: the same sentence with every word the rest of its document shares removed (at least 3 words left): BM25
+  cannot find the rest from what is left, only meaning can, so the reading is not lexical by construction;
+- ``nolex-half``: half of the shared words removed (seeded);
+
+each as the dense model's nDCG@10 of the rest (``dense``) and as the hybrid's (``hybrid``: each model with the fusion
+its own hybrid would get without queries, the label-free fit), per query paired adapted − start: the mean, its
+standard error and a verdict at one SE. Beside them, the labels: the real dev queries' per-query nDCG@10, dense and
+hybrid (the recipe's own evaluation fits the hybrid given their text), paired likewise. The table gives, per reading,
+how often its verdict agrees with the labels' where the labels see a difference beyond one SE.
+
+    python scripts/studies/guard_readings.py [--work outputs/suite] [--arms default] [--report reports/studies/guard_readings]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import suite as S  # noqa: E402
+from fusion_signals import DEPTH, fused_ranks, ndcg_rows  # noqa: E402
+
+N_HELD = 300
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def verdict(d: np.ndarray) -> dict:
+    n = len(d)
+    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
+    m = float(d.mean()) if n else 0.0
+    v = "worse" if m < -se else "better" if m > se else "no difference"
+    return {"n": n, "difference": round(m, 4), "se": round(se, 4), "verdict": v}
+
+
+def drop_shared(query: str, rest: str, share: float, rng) -> str:
+    shared = {w.lower() for w in _WORD.findall(rest)}
+    out = []
+    for w in query.split():
+        if {x.lower() for x in _WORD.findall(w)} & shared and rng.random() < share:
+            continue
+        out.append(w)
+    return " ".join(out)
+
+
+def held_out_picks(texts: list[str], skip_rows: set[int], seed: int = 7) -> dict[str, list]:
+    """The readings' pseudo-queries: ``(row, query, rest)`` per family, from documents outside ``skip_rows``."""
+    from hf_cocodr.retrieval.pseudo_queries import count_words, split_sentences
+
+    rng = np.random.default_rng(seed)
+    fams: dict[str, list] = {"ict": [], "nolex": [], "nolex-half": []}
+    for row in rng.permutation(len(texts)).tolist():
+        if row in skip_rows:
+            continue
+        sents = split_sentences(texts[row])
+        usable = [i for i, x in enumerate(sents) if count_words(x) >= 4]
+        if len(sents) < 2 or not usable:
+            continue
+        pick = usable[int(rng.integers(len(usable)))]
+        q, rest = sents[pick], " ".join(x for i, x in enumerate(sents) if i != pick)
+        fams["ict"].append((row, q, rest))
+        for fam, share in (("nolex", 1.0), ("nolex-half", 0.5)):
+            q2 = drop_shared(q, rest, share, rng)
+            if len(q2.split()) >= 3:
+                fams[fam].append((row, q2, rest))
+        if len(fams["ict"]) >= N_HELD:
+            break
+    return fams
+
+
+def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
+    out_file = row_dir / "guard_readings.json"
+    if out_file.is_file():
+        return json.loads(out_file.read_text())
+    run = row_dir / "run"
+    if not (run / "model").is_dir() or not (run / "eval.json").is_file():
+        return None
+    from hf_cocodr import load_encoder
+    from hf_cocodr.data.beir import load_beir
+    from hf_cocodr.retrieval.encoding import encode_documents, encode_texts
+    from hf_cocodr.retrieval.encoding_cache import document_encoder_key
+    from hf_cocodr.retrieval.fusion import FusionConfig
+    from hf_cocodr.retrieval.fusion_fit import _bm25_side, _pseudo_rankings, fit_fusion
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.session import EncodingSession
+
+    t0 = time.time()
+    data = load_beir(S.folder(corpus, Path(ns.work)), corpus.split)
+    start, adapted = load_encoder(S.model_path()), load_encoder(str(run / "model"))
+    if document_encoder_key(start) != document_encoder_key(adapted):
+        return {"skipped": "the adapted model's documents are not the start's (a full-side run)"}
+    session = EncodingSession(precision="bf16", cache=True)  # (as the recipe encodes here)
+    hybrid = HybridRetriever.build(start, data.corpus, fusion=FusionConfig(dense_weight=0.5), fit=False,
+                                   session=session)  # fmt: skip
+    texts, ids, emb = list(hybrid._texts), hybrid.doc_ids, hybrid.embeddings
+    row_of = {d: i for i, d in enumerate(ids)}
+    trained_docs = set()
+    for f in (run / "queries").glob("*.train.jsonl"):
+        for line in f.read_text().splitlines():
+            if line.strip():
+                d = json.loads(line).get("doc_id")
+                if d in row_of:
+                    trained_docs.add(row_of[d])
+    enc = {
+        name: (lambda q, m=m: encode_texts(m, q, kind="query", batch_size=64, session=session))
+        for name, m in (("start", start), ("adapted", adapted))
+    }
+    enc_d = lambda d: encode_documents(start, d, batch_size=64, session=session)  # noqa: E731
+    fusions = {
+        name: fit_fusion(FusionConfig(), texts, emb, enc[name], enc_d, bm25=hybrid.bm25)
+        for name in ("start", "adapted")
+    }
+    result: dict = {"fusions": {k: [v.normalize, v.dense_weight] for k, v in fusions.items()}, "readings": {}}
+    for fam, picks in held_out_picks(texts, trained_docs).items():
+        if len(picks) < 8:
+            continue
+        side = _bm25_side(picks, texts, DEPTH)
+        per = {}
+        for name in ("start", "adapted"):
+            rankings = _pseudo_rankings(picks, DEPTH, emb, enc[name], enc_d, side)
+            f = fusions[name]
+            dense, hyb = [], []
+            for r in rankings:
+                g = fused_ranks(*r[:4], f.normalize, {r[4]: 1.0})
+                dense.append(ndcg_rows(g[-1], [1.0]))
+                w_i = int(round(float(f.dense_weight) / 0.05))
+                hyb.append(ndcg_rows(g[w_i], [1.0]))
+            per[name] = (np.array(dense), np.array(hyb))
+        result["readings"][f"{fam}-dense"] = verdict(per["adapted"][0] - per["start"][0])
+        result["readings"][f"{fam}-hybrid"] = verdict(per["adapted"][1] - per["start"][1])
+        result["readings"][f"{fam}-dense"]["start"] = round(float(per["start"][0].mean()), 4)
+    # the labels: the real queries, per query (dense; hybrid with each model's fusion fitted given their text)
+    qmap = dict(zip(data.queries["_id"], data.queries["text"]))
+    qids = [q for q in data.qrels if q in qmap and any(g > 0 for g in data.qrels[q].values())]
+    qtexts = [qmap[q] for q in qids]
+    b_s, b_r = hybrid.search_bm25(qtexts, DEPTH)
+    labels = {}
+    for name in ("start", "adapted"):
+        qv = enc[name](qtexts)
+        d_s, d_r = hybrid.search_dense(qtexts, DEPTH, query_embeddings=qv)
+        f = fit_fusion(FusionConfig(), texts, emb, enc[name], enc_d, queries=qtexts, bm25=hybrid.bm25)
+        w_i = int(round(float(f.dense_weight) / 0.05))
+        dense, hyb = [], []
+        for q, ds, dr, bs, br in zip(qids, d_s, d_r, b_s, b_r):
+            t = {row_of[d]: float(g) for d, g in data.qrels[q].items() if d in row_of and g > 0}
+            g = fused_ranks(dr, ds, br, bs, f.normalize, t)
+            dense.append(ndcg_rows(g[-1], list(t.values())))
+            hyb.append(ndcg_rows(g[w_i], list(t.values())))
+        labels[name] = (np.array(dense), np.array(hyb))
+    result["labels"] = {
+        "dense": verdict(labels["adapted"][0] - labels["start"][0]),
+        "hybrid": verdict(labels["adapted"][1] - labels["start"][1]),
+    }
+    result["seconds"] = round(time.time() - t0, 1)
+    out_file.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", default="outputs/suite")
+    p.add_argument("--corpora", default=None)
+    p.add_argument("--extra", action="append")
+    p.add_argument("--arms", default="default")
+    p.add_argument("--budget-minutes", type=float, default=15.0)
+    p.add_argument("--report", default=None)
+    ns = p.parse_args()
+    suite = S.corpora(ns)
+    rows = []
+    for arm in ns.arms.split(","):
+        for c, corpus in suite.items():
+            for row_dir in sorted((Path(ns.work) / f"recipe{ns.budget_minutes:g}" / arm / c).glob("seed*")):
+                r = row_readings(row_dir, corpus, ns)
+                if r and "readings" in r:
+                    rows.append((arm, c, row_dir.name, r))
+                    print(arm, c, row_dir.name, r["labels"], {k: v["verdict"] for k, v in r["readings"].items()},
+                          flush=True)  # fmt: skip
+    names = sorted({k for *_, r in rows for k in r["readings"]})
+    lines = ["# Label-free guard readings against the labels (corpus-only recipe rows of the suite)", "",
+             "| arm | corpus | seed | labels dense | labels hybrid | " + " | ".join(names) + " |",
+             "|---|---|---|---|---|" + "---|" * len(names)]  # fmt: skip
+    agree = {n: [0, 0] for n in names}
+    for arm, c, seed, r in rows:
+        lab = r["labels"]
+        cells = []
+        for n in names:
+            v = r["readings"].get(n)
+            if not v:
+                cells.append("–")
+                continue
+            cells.append(f"{v['difference']:+.4f} ± {v['se']:.4f}")
+            target = lab["hybrid" if n.endswith("hybrid") else "dense"]["verdict"]
+            if target != "no difference":
+                agree[n][1] += 1
+                agree[n][0] += v["verdict"] == target
+        lines.append(f"| {arm} | {c} | {seed} | {lab['dense']['difference']:+.4f} ± {lab['dense']['se']:.4f} | "
+                     f"{lab['hybrid']['difference']:+.4f} ± {lab['hybrid']['se']:.4f} | " + " | ".join(cells) + " |")  # fmt: skip
+    lines += ["", "Agreement with the labels where they see a difference beyond one SE (dense readings against the "
+              "dense labels, hybrid against hybrid):", ""]  # fmt: skip
+    lines += [f"- `{n}`: {a} of {t}" for n, (a, t) in agree.items()]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if ns.report:
+        Path(ns.report).with_suffix(".md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
