@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import distributed as D
 from ..data.beir import BEIRFormatError, open_jsonl, parse_eval_spec
+from ..data.sources import data_label, resolve_data
 from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
@@ -29,7 +30,7 @@ from ..export import export_sentence_transformer
 from ..methods import method_target_queries, validate_methods
 from ..model_card import EVAL_FILE, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
-from ..modeling.loading import load_encoder, pooling_mode
+from ..modeling.loading import load_encoder, model_source, pooling_mode
 from ..modeling.precision import resolve_corpus_precision
 from ..provenance import PROVENANCE_FILE
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
@@ -38,7 +39,13 @@ from ..rundir.run_record import RunFolder, data_fingerprint, digest, fingerprint
 from ..storage import check_before_work
 from ..utils import add_written_entries, atomic_write_json, native_bf16
 from . import planner
-from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
+from .checks import (
+    check_budget_floor,
+    check_distill_inputs,
+    check_recipe_lengths,
+    check_source_needed,
+    check_target_corpora,
+)
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import guard_run
@@ -77,10 +84,10 @@ RECIPE_ENTRIES = recipe_entries()
 
 
 def run_recipe(
-    model: str,
-    target_corpora: list[str],
-    source_data: str,
-    output_dir: str | os.PathLike,
+    model,
+    target_corpora: list,
+    source_data=None,
+    output_dir: str | os.PathLike | None = None,
     *,
     evals: list[str] | tuple[str, ...] = (),
     config: RecipeConfig | dict | None = None,
@@ -95,10 +102,15 @@ def run_recipe(
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
 
     Args:
-        model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id). Its pooling and
-            similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
-        target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
-        source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
+        model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id), or a loaded
+            ``SentenceTransformer`` (it runs as the folder it was loaded from: the same result and provenance; a model
+            built in memory is saved once into the cache, fingerprinted by its weights). Its pooling and similarity
+            are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
+        target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read), Hub dataset
+            ids (``mteb/scifact``, ``BeIR/scifact``, ``@revision`` optional) or ``datasets`` objects.
+        source_data: the labelled source task (a BEIR folder with ``qrels/<source_split>.tsv``, a Hub dataset id or
+            a ``DatasetDict``); needed only where the schedule fine-tunes on it (``None``: a schedule that does is
+            refused in one line naming the stage).
         output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
             ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
@@ -122,13 +134,20 @@ def run_recipe(
     t_start = time.perf_counter()
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
+    if output_dir is None:
+        raise ConfigError("run_recipe needs output_dir")
     evals = list(evals)
     for spec in evals:
-        parse_eval_spec(spec)  # fail early on a bad --eval
+        parse_eval_spec(spec)  # fail early on a bad --eval (a Hub dataset is read into the cache here)
+    # Hub datasets and DatasetDicts: their cached BEIR folders; a loaded model: the folder it runs as
+    target_corpora = [resolve_data(c, "--target-corpus") for c in target_corpora]
+    source_data = resolve_data(source_data, "--source-data") if source_data is not None else None
+    model = model_source(model)
     check_max_minutes(max_minutes)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
     methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
+    check_source_needed(source_data, cfg, choice, stages)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
         model,
@@ -140,7 +159,7 @@ def run_recipe(
     fps = {
         "model": fingerprint(model),
         "targets": fingerprint([str(t) if isinstance(t, os.PathLike) else t for t in target_corpora]),
-        "source": fingerprint(str(source_data)),
+        "source": fingerprint(str(source_data)) if source_data is not None else None,
     }
     entries = recipe_entries(stages)
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
@@ -611,8 +630,8 @@ def _write_records(
 ) -> None:
     record = {
         "model": run.model,
-        "target_corpora": list(map(str, run.target_corpora)),
-        "source_data": str(run.source_data),
+        "target_corpora": [data_label(c) if isinstance(c, (str, os.PathLike)) else str(c) for c in run.target_corpora],
+        "source_data": data_label(run.source_data) if run.source_data is not None else None,
         "evals": run.evals,
         "config": asdict(run.cfg),
         "schedule": run.choice,
