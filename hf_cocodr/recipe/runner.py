@@ -28,7 +28,7 @@ from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
 from ..methods import method_target_queries, validate_methods
-from ..model_card import EVAL_FILE, write_model_card
+from ..model_card import EVAL_FILE, EVAL_RESULTS_DIR, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
 from ..modeling.loading import load_encoder, model_source, pooling_mode
 from ..modeling.precision import resolve_corpus_precision
@@ -541,7 +541,7 @@ def _export(run: RecipeRun, final_dir: Path) -> None:
     else:
         export_final(Path(run.current), final_dir)
     # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
-    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
+    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE, EVAL_RESULTS_DIR))
 
 
 def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:

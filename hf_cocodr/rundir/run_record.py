@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 RECORD = "hf_cocodr_run.json"
 PROVENANCE_FILE = "hf_cocodr_provenance.json"  # where a model came from (hf_cocodr.provenance reads and writes it)
+EVAL_RESULTS = ".eval_results"  # a model card's evaluations in huggingface_hub 2.x's format (hf_cocodr.model_card)
 _MIB = 1 << 20
 # The files of a BEIR folder the loader reads (hf_cocodr.data.beir takes these names from here, so that a folder's
 # fingerprint covers exactly what is read of it): corpus, queries, qrels/<split>.tsv.
@@ -90,6 +91,7 @@ TRAINER_ENTRIES = frozenset(
         "training_args.bin",
         "trainer_state.json",
         "eval.json",
+        EVAL_RESULTS,
         "runs",
     }
 )
