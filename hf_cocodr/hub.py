@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
+from .model_card import collect_evaluations, eval_results_files
 from .rundir.run_record import EVAL_RESULTS, LOCK, RECORD
 from .utils import hub_id_problem, public_value
 
@@ -295,8 +296,6 @@ def _eval_results(model_dir: Path) -> dict[str, bytes]:
     """The folder's evaluations (its ``eval.json`` and MTEB results) as ``.eval_results/*.yaml``, computed now from
     what the folder holds (a folder whose card was written before these files existed pushes them too; the local
     folder is not changed)."""
-    from .model_card import collect_evaluations, eval_results_files
-
     return {rel: text.encode() for rel, text in eval_results_files(collect_evaluations(model_dir)).items()}
 
 

@@ -133,6 +133,16 @@ def _drop_scratch(scratch: str | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _data_dir(given: str) -> str:
+    """DATA_DIR as the task reads it: a BEIR folder, or a Hub dataset id read into its cached BEIR folder (before any
+    model loads)."""
+    if not Path(given).expanduser().is_dir() and hub_dataset_spec(given) is None:
+        raise FileNotFoundError(
+            f"BEIR folder {given} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
+        )
+    return str(resolve_data(given, "DATA_DIR"))
+
+
 def _run_mteb(args, _rest) -> int:
     from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
@@ -164,13 +174,8 @@ def _run_mteb(args, _rest) -> int:
         raise UsageError(
             "--task-name names a local BEIR folder task; give DATA_DIR too (built-in tasks keep their names)"
         )
-    given = args.data_dir
-    if given is not None and not Path(given).expanduser().is_dir() and hub_dataset_spec(given) is None:
-        raise FileNotFoundError(
-            f"BEIR folder {args.data_dir} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
-        )
-    if given is not None:  # a Hub dataset id: read into its cached BEIR folder before any model loads
-        args.data_dir = str(resolve_data(given, "DATA_DIR"))
+    if args.data_dir is not None:
+        args.data_dir = _data_dir(args.data_dir)
     model_path = Path(args.model).expanduser()
     if not model_path.exists() and "/" not in args.model:
         raise FileNotFoundError(

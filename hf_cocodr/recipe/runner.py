@@ -102,15 +102,13 @@ def run_recipe(
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
 
     Args:
-        model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id), or a loaded
-            ``SentenceTransformer`` (it runs as the folder it was loaded from: the same result and provenance; a model
-            built in memory is saved once into the cache, fingerprinted by its weights). Its pooling and similarity
+        model: starting encoder (sentence-transformers directory, raw checkpoint, Hub id, or a loaded
+            ``SentenceTransformer``: :func:`~hf_cocodr.modeling.loading.model_source`). Its pooling and similarity
             are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
-        target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read), Hub dataset
-            ids (``mteb/scifact``, ``BeIR/scifact``, ``@revision`` optional) or ``datasets`` objects.
-        source_data: the labelled source task (a BEIR folder with ``qrels/<source_split>.tsv``, a Hub dataset id or
-            a ``DatasetDict``); needed only where the schedule fine-tunes on it (``None``: a schedule that does is
-            refused in one line naming the stage).
+        target_corpora: BEIR folders / JSONL files / Hub dataset ids / ``datasets`` objects of the target domain
+            (only their documents are read).
+        source_data: the labelled source task (a BEIR folder or Hub dataset with ``qrels/<source_split>.tsv``);
+            ``None`` where the schedule does not fine-tune on one (else one line names the stage).
         output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
             ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
@@ -134,20 +132,10 @@ def run_recipe(
     t_start = time.perf_counter()
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
-    if output_dir is None:
-        raise ConfigError("run_recipe needs output_dir")
-    evals = list(evals)
-    for spec in evals:
-        parse_eval_spec(spec)  # fail early on a bad --eval (a Hub dataset is read into the cache here)
-    # Hub datasets and DatasetDicts: their cached BEIR folders; a loaded model: the folder it runs as
-    target_corpora = [resolve_data(c, "--target-corpus") for c in target_corpora]
-    source_data = resolve_data(source_data, "--source-data") if source_data is not None else None
-    model = model_source(model)
-    check_max_minutes(max_minutes)
+    model, target_corpora, source_data, evals = _inputs(model, target_corpora, source_data, output_dir, evals)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
-    methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
-    check_source_needed(source_data, cfg, choice, stages)
+    methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes, source_data)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
         model,
@@ -159,7 +147,7 @@ def run_recipe(
     fps = {
         "model": fingerprint(model),
         "targets": fingerprint([str(t) if isinstance(t, os.PathLike) else t for t in target_corpora]),
-        "source": fingerprint(str(source_data)) if source_data is not None else None,
+        "source": None if source_data is None else fingerprint(str(source_data)),
     }
     entries = recipe_entries(stages)
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
@@ -175,6 +163,19 @@ def run_recipe(
     finally:
         if D.is_main() and folder is not None:
             folder.release()
+
+
+def _inputs(model, target_corpora, source_data, output_dir, evals) -> tuple[Any, list, Any, list[str]]:
+    """What the run reads, checked and made local before any work: each ``--eval`` (a bad one fails here), the Hub
+    datasets and ``DatasetDict`` objects as their cached BEIR folders, a loaded model as the folder it runs as."""
+    if output_dir is None:
+        raise ConfigError("run_recipe needs output_dir")
+    evals = list(evals)
+    for spec in evals:
+        parse_eval_spec(spec)  # (a Hub dataset is read into the cache here)
+    target_corpora = [resolve_data(c, "--target-corpus") for c in target_corpora]
+    source_data = resolve_data(source_data, "--source-data") if source_data is not None else None
+    return model_source(model), target_corpora, source_data, evals
 
 
 def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder:
@@ -252,12 +253,15 @@ def _check_before_work(
     stages: tuple[Stage, ...],
     evals: list[str],
     max_minutes: float | None,
+    source_data=None,
 ) -> list:
     """Everything :func:`run_recipe` refuses before it claims ``OUT`` or loads a model; returns the fine-tuning
     methods, checked."""
+    check_max_minutes(max_minutes)
     check_target_corpora(target_corpora)  # a missing corpus, before OUT is claimed or a model loads
     if not target_corpora:
         _without_targets(cfg, choice)
+    check_source_needed(source_data, cfg, choice, stages)  # (after the schedule without targets is set)
     training = [s for s in stages if s.trains]
     if not any(s.enabled(cfg) for s in training):
         raise ConfigError(f"nothing to train: {_all_off(cfg, training)}; switch one on")

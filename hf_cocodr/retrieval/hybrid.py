@@ -206,9 +206,7 @@ class HybridRetriever:
     ) -> HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
-        ``corpus``: a BEIR folder, a ``corpus.jsonl`` file, a ``datasets.Dataset`` with ``_id`` / ``text`` columns, a
-        Hub dataset id (``mteb/scifact``, ``BeIR/scifact``, ``@revision`` optional) or a ``DatasetDict`` (read, before
-        the model loads, into a cached BEIR folder: :func:`~hf_cocodr.data.sources.resolve_data`).
+        ``corpus``: also a Hub dataset id or a ``DatasetDict`` (:func:`~hf_cocodr.data.sources.resolve_data`).
 
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
