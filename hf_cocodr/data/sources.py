@@ -53,6 +53,7 @@ _FILE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".tsv", ".txt", ".gz")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _ID_COLUMNS = ("_id", "id")  # mteb's newer datasets name the id column "id"
 _QRELS_COLUMNS = ("query-id", "corpus-id", "score")
+_BUILDER_NAMES = {"json", "csv", "parquet", "text", "arrow", "pandas", "generator"}  # datasets' packaged builders
 _RESOLVED: dict[Any, Path] = {}  # (source, its local fingerprint) -> the folder, within one process
 
 
@@ -117,6 +118,8 @@ def resolve_data(source: Any, flag: str | None = None) -> Any:
     """
     if type(source).__name__ == "DatasetDict" and is_dataset_object(source):
         return _from_dataset_dict(source)
+    if is_dataset_object(source) and "_id" in source.column_names:  # documents with ids: searchable, as a folder
+        return _from_dataset_dict({"corpus": source})
     if not isinstance(source, (str, os.PathLike)):
         return source
     text = str(source)
@@ -303,26 +306,30 @@ def _commit(ds) -> str | None:
 
 
 def _from_dataset_dict(dd) -> Path:
-    """A ``DatasetDict`` with ``corpus``, ``queries`` and qrels splits, as a cached BEIR folder."""
-    for needed in ("corpus", "queries"):
+    """A ``DatasetDict`` with ``corpus``, ``queries`` and qrels splits (or ``{"corpus": dataset}``: documents alone),
+    as a cached BEIR folder."""
+    alone = list(dd) == ["corpus"]
+    for needed in ("corpus",) if alone else ("corpus", "queries"):
         if needed not in dd:
             raise BEIRFormatError(
                 f"the DatasetDict has no {needed!r} split (splits: {list(dd)}); give corpus, queries and one split "
                 "per qrels split (columns query-id, corpus-id, score)"
             )
+    parts = [k for k in ("corpus", "queries") if k in dd]
     qrels = {s: ds for s, ds in dd.items() if s not in ("corpus", "queries")}
-    name = dd["corpus"].info.dataset_name or "dataset"
+    name = dd["corpus"].info.dataset_name
+    name = "dataset" if not name or name in _BUILDER_NAMES else name
     record = {
         "format": _FORMAT,
-        "source": f"DatasetDict({name})",
+        "source": f"Dataset({name})" if alone else f"DatasetDict({name})",
         "layout": "datasets",
-        "configs": {k: {"fingerprint": dd[k]._fingerprint, "rows": len(dd[k])} for k in ("corpus", "queries")},
+        "configs": {k: {"fingerprint": dd[k]._fingerprint, "rows": len(dd[k])} for k in parts},
         "qrels": {"splits": {s: {"fingerprint": ds._fingerprint, "rows": len(ds)} for s, ds in qrels.items()}},
     }
     key = ("DatasetDict", digest(record))
-    where = {"corpus": "DatasetDict split 'corpus'", "queries": "DatasetDict split 'queries'"}
+    where = {k: f"{record['source']} split {k!r}" for k in parts}
     where["qrels"] = {s: f"DatasetDict split {s!r}" for s in qrels}
-    tables = {"corpus": dd["corpus"], "queries": dd["queries"], "qrels": qrels}
+    tables = {"corpus": dd["corpus"], "queries": dd["queries"] if not alone else None, "qrels": qrels}
     return _cached(key, lambda: _write_folder(name, record, tables, where))
 
 
@@ -336,7 +343,8 @@ def _write_folder(name: str, record: dict[str, Any], tables: dict[str, Any], whe
         return dest
     with staged_directory(dest) as tmp:
         doc_ids = _write_rows(tables["corpus"], tmp / CORPUS_FILE, where["corpus"], "corpus")
-        query_ids = _write_rows(tables["queries"], tmp / QUERIES_FILE, where["queries"], "queries")
+        queries = tables["queries"]
+        query_ids = _write_rows(queries, tmp / QUERIES_FILE, where["queries"], "queries") if queries else set()
         (tmp / QRELS_DIR).mkdir()
         for split, ds in tables["qrels"].items():
             _write_qrels(ds, tmp / QRELS_DIR / f"{split}.tsv", where["qrels"][split], query_ids, doc_ids)

@@ -570,7 +570,10 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
 
 def _queries_of(corpus, specs) -> list[str] | None:
     """The ``--target-queries`` given from the BEIR folder of ``corpus`` (``DIR`` or ``DIR:SPLIT``): the queries its
-    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given."""
+    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given (or the
+    corpus is a dataset in memory: no folder of its own)."""
+    if not isinstance(corpus, (str, os.PathLike)):
+        return None
     here = Path(corpus).expanduser().resolve()
     texts = [t for spec in specs or () if target_query_folder(spec) == here for t in read_target_queries(spec).texts]
     return texts or None

@@ -56,3 +56,16 @@ def test_a_schedule_that_fine_tunes_refuses_without_source_data(tiny_bert_dir, t
                    capsys)  # fmt: skip
     assert "the source fine-tuning stage of the mlm_head schedule trains on the labelled source task" in line
     assert "--source-data" in line and not (tmp_path / "o").exists()
+
+
+def test_a_datasets_object_is_a_target_corpus_as_its_folder(tiny_st_dir, tiny_beir, tmp_path):
+    """The README's example: a ``datasets.Dataset`` of documents (``_id``, ``title``, ``text``) as the target corpus of
+    the corpus-only recipe, its hybrid saved beside the model."""
+    import datasets
+
+    docs = datasets.Dataset.from_json(str(tiny_beir / "corpus.jsonl"))
+    cfg = {**CFG, "save_hybrid": True}
+    by_object = run_recipe(str(tiny_st_dir), [docs], None, tmp_path / "o", evals=[f"{tiny_beir}:dev"], config=cfg)
+    by_folder = run_recipe(str(tiny_st_dir), [tiny_beir], None, tmp_path / "f", evals=[f"{tiny_beir}:dev"], config=cfg)
+    assert by_object[f"{tiny_beir}:dev"]["ndcg@10"] == by_folder[f"{tiny_beir}:dev"]["ndcg@10"]
+    assert (tmp_path / "o" / "hybrid" / "dataset" / "hybrid.json").is_file()
