@@ -8,7 +8,7 @@ A data source is one of:
   (``BeIR/scifact`` with configs ``corpus`` and ``queries``, its qrels in ``BeIR/scifact-qrels``); a local folder laid
   out as such a repository (data files per config, as the Hub serves them) is read the same way;
 * in Python, a ``datasets.DatasetDict`` with the splits ``corpus``, ``queries`` and one per qrels split (columns
-  ``query-id``, ``corpus-id``, ``score``).
+  ``query-id``, ``corpus-id``, ``score``), or a ``datasets.Dataset`` of documents (``_id``, ``text``, ``title``).
 
 A Hub dataset loads through ``datasets.load_dataset`` (its cache, its offline mode: offline and not cached is one line
 saying so). Every row is checked as the BEIR loader checks a line (an id and a text; an error names the repository,
@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import BEIRFormatError, ConfigError
+from ..errors import BEIRFormatError
 from ..rundir.run_record import (
     CORPUS_FILE,
     QRELS_DIR,
@@ -95,21 +95,11 @@ def is_dataset_object(value: Any) -> bool:
     return type(value).__name__ in ("Dataset", "DatasetDict") and type(value).__module__.startswith("datasets")
 
 
-def is_data_source(value: Any) -> bool:
-    """Whether :func:`resolve_data` reads ``value`` through ``datasets``: a Hub dataset id, a local Hub-layout folder
-    or a ``DatasetDict``."""
-    if type(value).__name__ == "DatasetDict" and is_dataset_object(value):
-        return True
-    if not isinstance(value, (str, os.PathLike)):
-        return False
-    return hub_dataset_spec(str(value)) is not None or is_hub_layout(value)
-
-
 def resolve_data(source: Any, flag: str | None = None) -> Any:
     """The local BEIR folder of a data source (see the module docstring): a Hub dataset id, a local Hub-layout
-    folder or a ``DatasetDict`` is validated and written once into the cache (its folder is returned); anything
-    else (a BEIR folder, a JSONL file, a ``datasets.Dataset`` of documents, a missing path) is returned as it is, for
-    its reader to take or refuse.
+    folder, a ``DatasetDict`` or a ``datasets.Dataset`` of documents with an ``_id`` column is validated and written
+    once into the cache (its folder is returned); anything else (a BEIR folder, a JSONL file, a dataset of plain
+    texts, a missing path) is returned as it is, for its reader to take or refuse.
 
     Raises:
         BEIRFormatError: one line naming the repository, config, split and row of the first bad row, or a config the
@@ -432,11 +422,3 @@ def _write_qrels(ds, out: Path, where: str, query_ids: set[str], doc_ids: set[st
                 ):
                     raise BEIRFormatError(f"row {row}: score {score!r} is not a whole number", where)
                 f.write(f"{qid}\t{did}\t{int(score)}\n")
-
-
-def check_data_source(source: Any, flag: str) -> None:
-    """Refuse, naming ``flag``, a source that is neither a local path nor a Hub dataset id nor a ``datasets``
-    object."""
-    if isinstance(source, (str, os.PathLike)):
-        if not Path(source).expanduser().exists() and hub_dataset_spec(str(source)) is None:
-            raise ConfigError(f"{flag} {source}: no such folder or file, and not a Hub dataset id (org/name)")
