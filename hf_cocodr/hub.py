@@ -2,7 +2,8 @@
 
 The push is one commit of the model's own files, chosen by an allow-list (:func:`push_plan`): what a
 sentence-transformers save writes (configuration, weights, tokenizer, the card ``README.md``, the module folders
-``modules.json`` names), the Condenser head, the provenance record and the MTEB leaderboard files. Everything else
+``modules.json`` names), the Condenser head, the provenance record, the MTEB leaderboard files and the card's
+evaluations as huggingface_hub 2.x reads them (``.eval_results/*.yaml``). Everything else
 stays local and is named in the log: the user's own files, entries the owner record lists as there before
 hf_cocodr wrote the folder, symbolic links (never followed), and the records that hold this machine's paths and
 training state (owner record, lock, ``eval.json``, ``recipe.json``, checkpoints, logs, hybrid indexes, ...).
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
-from .rundir.run_record import LOCK, RECORD
+from .model_card import collect_evaluations, eval_results_files
+from .rundir.run_record import EVAL_RESULTS, LOCK, RECORD
 from .utils import hub_id_problem, public_value
 
 logger = logging.getLogger(__name__)
@@ -227,7 +229,8 @@ def push_plan(model_dir: str | os.PathLike) -> tuple[dict[str, Path], dict[str, 
 
     * only regular files are uploaded; a symbolic link (to a file or a folder, at any depth) is never followed;
     * at the top of the folder: the model files of :data:`MODEL_FILES` and weight shards; inside the module folders
-      ``modules.json`` names, the same files; below ``mteb_results/``, the ``.json`` result files;
+      ``modules.json`` names, the same files; below ``mteb_results/``, the ``.json`` result files; in
+      ``.eval_results/``, the card's evaluations as huggingface_hub 2.x reads them (``*.yaml``);
     * an entry the owner record (``hf_cocodr_run.json``) lists under ``preexisting`` is the user's: never uploaded;
     * hidden entries, the owner record and lock, and everything else (``eval.json``, ``recipe.json``, checkpoints,
       ``runs/``, trainer state, ``hybrid/`` indexes, stage folders, the user's own files) stay local.
@@ -244,7 +247,9 @@ def push_plan(model_dir: str | os.PathLike) -> tuple[dict[str, Path], dict[str, 
     # (which files of a folder go up, and the rules for each of its sub-folders: None = the sub-folder stays local)
     in_module = (model_file, lambda _: in_module)
     in_mteb = (lambda name: name.endswith(".json"), lambda _: in_mteb)
-    top = (model_file, lambda d: in_module if d in modules else in_mteb if d == MTEB_FOLDER else None)
+    in_eval = (lambda name: name.endswith(".yaml") and not name.startswith("."), lambda _: None)
+    folders = {MTEB_FOLDER: in_mteb, EVAL_RESULTS: in_eval}
+    top = (model_file, lambda d: in_module if d in modules else folders.get(d))
 
     def walk(folder: Path, rel: str, rules) -> None:
         files_ok, folder_rules = rules
@@ -256,7 +261,7 @@ def push_plan(model_dir: str | os.PathLike) -> tuple[dict[str, Path], dict[str, 
                 skipped[name] = f"a symbolic link (to {os.readlink(entry.path)}); push never follows links"
             elif not rel and entry.name in preexisting:
                 skipped[shown] = f"not hf_cocodr's: there before hf_cocodr wrote the folder ({RECORD})"
-            elif entry.name.startswith("."):
+            elif entry.name.startswith(".") and not (not rel and is_dir and entry.name == EVAL_RESULTS):
                 skipped[shown] = "hidden"
             elif entry.name in (RECORD, LOCK):
                 skipped[name] = "hf_cocodr's owner record of the folder (local paths)"
@@ -287,12 +292,19 @@ def _local_reason(name: str) -> str:
     return "not a model file"
 
 
+def _eval_results(model_dir: Path) -> dict[str, bytes]:
+    """The folder's evaluations (its ``eval.json`` and MTEB results) as ``.eval_results/*.yaml``, computed now from
+    what the folder holds (a folder whose card was written before these files existed pushes them too; the local
+    folder is not changed)."""
+    return {rel: text.encode() for rel, text in eval_results_files(collect_evaluations(model_dir)).items()}
+
+
 def _push_contents(model_dir: Path) -> dict[str, str | bytes]:
     """What a push uploads, by path in the repository: the model's own files (:func:`push_plan`), every JSON file
     among them (the provenance, the MTEB results, the configuration) with local paths reduced to names
     (:func:`_public_json`); refuses, naming what and why, a push that would lack ``modules.json`` or the weights."""
     upload, skipped = push_plan(model_dir)
-    contents: dict[str, str | bytes] = {}
+    contents: dict[str, str | bytes] = dict(_eval_results(model_dir))
     for rel, path in upload.items():
         if path.suffix != ".json":
             contents[rel] = str(path)

@@ -4,7 +4,8 @@ The card is built from plain data (``card_data``), the model's provenance (``hf_
 :mod:`hf_cocodr.provenance`) and what the directory holds (``eval.json``, MTEB results), so it renders identically
 offline and online and can be regenerated at each save. The metadata the Hub parses: ``base_model`` (a Hub id),
 ``datasets`` (only real Hub dataset ids; local data is described in the text), ``model-index`` (every evaluation:
-``hf-cocodr evaluate`` / recipe results and MTEB results). The Markdown body is rendered from
+``hf-cocodr evaluate`` / recipe results and MTEB results), and the same evaluations as ``.eval_results/*.yaml``
+(huggingface_hub 2.x's format, :func:`write_eval_results`). The Markdown body is rendered from
 ``model_cards/cocodr_model_card.md.jinja``. Tokens never enter the card: values that look like credentials are refused.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .citations import CITATIONS
+from .data.sources import hub_dataset_spec
 from .modeling.asymmetric import is_asymmetric
 from .modeling.loading import pooling_mode
 from .provenance import (
@@ -28,6 +30,7 @@ from .provenance import (
     update_provenance,
     write_provenance,
 )
+from .rundir.run_record import EVAL_RESULTS
 from .storage import staged_name
 from .utils import atomic_write_text, is_hub_id, public_value, redact_text
 
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 # The provenance record (stages, base model, data fingerprints, ...); older outputs hold it as LEGACY_TRAINING_INFO_FILE.
 TRAINING_INFO_FILE = PROVENANCE_FILE
 EVAL_FILE = "eval.json"
+EVAL_RESULTS_DIR = EVAL_RESULTS  # huggingface_hub 2.x's evaluation results (.eval_results/*.yaml)
 MTEB_DIR = "mteb_results"
 DISTILL_READER = "the hybrid-teacher distillation"  # the card's name of the distillation as a reader of target data
 HYBRID_SYSTEM = "hybrid with BM25"  # how the card labels the rows of an hf-cocodr mteb --hybrid run
@@ -73,11 +77,14 @@ def _read_json(path: Path) -> Any:
 
 
 def _split_spec(spec: str) -> tuple[str, str | None]:
-    """``"../data/scifact:train"`` → ``("scifact", "train")``; a spec without a split → ``(label, None)``."""
+    """``"../data/scifact:train"`` → ``("scifact", "train")``; a spec without a split → ``(label, None)``; a Hub
+    dataset's (``"mteb/scifact@REV:test"``) → ``("mteb/scifact@REV", "test")``."""
     text = str(spec).strip().rstrip("/\\")
     split = None
     if ":" in text and not re.match(r"^[A-Za-z]:[\\/]", text) and not os.path.isdir(text):
         text, split = text.rsplit(":", 1)
+    if hub_dataset_spec(text) is not None:
+        return text, split
     return (Path(text).name or text), split
 
 
@@ -104,6 +111,7 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
             if not (isinstance(value, dict) and "ndcg@10" in value):
                 continue
             name, split = _split_spec(key)
+            hub = hub_dataset_spec(name)  # a Hub dataset: its id and revision
             for system, result in _eval_systems(value):
                 rows.append(
                     {
@@ -111,8 +119,8 @@ def collect_evaluations(directory: Path) -> list[dict[str, Any]]:
                         "dataset": (f"{name}:{split}" if split else name) + (f", {system}" if system else ""),
                         "name": name,
                         "split": split,
-                        "dataset_type": name,
-                        "dataset_revision": None,
+                        "dataset_type": hub[0] if hub else name,
+                        "dataset_revision": hub[1] if hub else None,
                         "source": "hf-cocodr evaluate",
                         "system": system,
                         "metrics": {
@@ -209,6 +217,68 @@ def eval_results(evaluations: list[dict[str, Any]]) -> list:
                 )
             )
     return out
+
+
+def eval_result_entries(evaluations: list[dict[str, Any]]) -> dict[str, list]:
+    """``huggingface_hub.EvalResultEntry`` for every metric of every evaluation row of the model itself (as the
+    ``model-index``: a hybrid's rows are left out), by the name of the ``.eval_results/<name>.yaml`` file that holds
+    them (one per data set). The data set is its Hub id (an MTEB task's dataset, a Hub dataset evaluated; a local
+    one is named by its name); the task an MTEB task's name, else the split; the notes name the metric, the split
+    and the subset."""
+    from huggingface_hub import EvalResultEntry
+
+    files: dict[str, list] = {}
+    for row in evaluations:
+        if row.get("system"):
+            continue
+        mteb = row["source"] == "MTEB"
+        source = (
+            {"source_name": "MTEB", "source_url": MTEB_URL}
+            if mteb
+            else {
+                "source_name": "hf-cocodr evaluate",
+                "source_url": HF_COCODR_URL,
+            }
+        )
+        task = row["name"].split(" (")[0] if mteb else (row.get("split") or "default")
+        subset = row.get("dataset_config")
+        for key, value in row["metrics"].items():
+            where = [f"split {row['split']}"] if row.get("split") else []
+            where += [f"subset {subset}"] if subset and subset != "default" else []
+            entry = EvalResultEntry(
+                dataset_id=str(row["dataset_type"]),
+                task_id=str(task),
+                value=round(float(value), 6),
+                dataset_revision=row.get("dataset_revision"),
+                notes=", ".join([_metric_label(key)[1], *where]),
+                **source,
+            )
+            files.setdefault(re.sub(r"[^\w.-]+", "_", str(row["dataset_type"])).strip("_"), []).append(entry)
+    return files
+
+
+def eval_results_files(evaluations: list[dict[str, Any]]) -> dict[str, str]:
+    """``.eval_results/<data set>.yaml`` → its text (huggingface_hub 2.x's evaluation results format, written by its
+    own ``eval_result_entries_to_yaml``) for :func:`eval_result_entries`."""
+    import yaml
+    from huggingface_hub import eval_result_entries_to_yaml
+
+    return {
+        f"{EVAL_RESULTS_DIR}/{name}.yaml": yaml.safe_dump(eval_result_entries_to_yaml(entries), sort_keys=False)
+        for name, entries in eval_result_entries(evaluations).items()
+    }
+
+
+def write_eval_results(directory: str | os.PathLike, evaluations: list[dict[str, Any]]) -> list[Path]:
+    """Write :func:`eval_results_files` into ``directory`` (beside the card's ``model-index``, for older readers),
+    each file atomically; returns the files."""
+    written = []
+    for rel, text in eval_results_files(evaluations).items():
+        path = Path(directory) / rel
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_text(path, text)
+        written.append(path)
+    return written
 
 
 def _eval_systems(value: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
@@ -433,4 +503,5 @@ def write_model_card(
     write_provenance(directory, provenance)
     path = directory / "README.md"
     atomic_write_text(path, redact_text(text))  # no token in the card, whatever the settings it quotes held
+    write_eval_results(directory, data["evaluations"])
     return path

@@ -27,12 +27,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .rundir.run_record import fingerprint, read_record
+from .rundir.run_record import PROVENANCE_FILE, fingerprint, read_record
 from .utils import atomic_write_json, is_hub_id
 
 logger = logging.getLogger(__name__)
 
-PROVENANCE_FILE = "hf_cocodr_provenance.json"
 LEGACY_TRAINING_INFO_FILE = "hf_cocodr_training.json"
 FORMAT_VERSION = 1
 

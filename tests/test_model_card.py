@@ -178,3 +178,42 @@ def test_each_reader_of_the_target_queries_is_named(model_dir):
     text = write_model_card(model_dir, load(model_dir), card).read_text()
     assert "The hybrid-teacher distillation and fine-tuning also read the **queries**" in text
     assert "the hybrid-teacher distillation read the **documents** of: scifact" in text
+
+
+def test_eval_results_files_are_what_huggingface_hub_parses(model_dir, monkeypatch):
+    """Beside the ``model-index`` (kept for older readers), the card writes every evaluation of the model as
+    ``.eval_results/*.yaml``, which ``huggingface_hub``'s own parser reads back; ``push`` uploads them (computed from
+    the folder, so a folder whose card predates them pushes them too). A Hub dataset evaluated names its id and
+    revision."""
+    from helpers import push_capturing
+    from huggingface_hub import ModelCard, parse_eval_result_entries
+
+    ev = json.loads((model_dir / "eval.json").read_text())
+    ev["mteb/scifact@abc123:test"] = {"ndcg@10": 0.55, "recall@100": 0.8, "mrr@10": 0.4}
+    (model_dir / "eval.json").write_text(json.dumps(ev))
+    write_model_card(model_dir, load(model_dir), STAGES)
+    files = sorted(p.relative_to(model_dir).as_posix() for p in (model_dir / ".eval_results").glob("*.yaml"))
+    assert files == [".eval_results/mteb_scifact.yaml", ".eval_results/scifact.yaml"]
+    entries = {}
+    for name in files:
+        for e in parse_eval_result_entries(yaml.safe_load((model_dir / name).read_text())):
+            entries[(e.dataset_id, e.task_id, e.notes)] = e
+    assert entries[("scifact", "train", "nDCG@10, split train")].value == 0.61234
+    assert entries[("scifact", "train", "Recall@100, split train")].value == 0.9
+    local = entries[("mteb/scifact", "test", "nDCG@10, split test")]
+    assert local.value == 0.55 and local.dataset_revision == "abc123" and local.source_name == "hf-cocodr evaluate"
+    mteb = entries[("mteb/scifact", "SciFact", "nDCG@10, split test")]
+    assert mteb.value == 0.7 and mteb.source_name == "MTEB" and mteb.source_url
+    assert len(entries) == 3 * 3  # every metric of every evaluation
+    index = ModelCard.load(model_dir / "README.md").data.eval_results  # the legacy model-index stays
+    assert {(r.dataset_type, r.metric_type, r.metric_value) for r in index} >= {
+        ("scifact", "ndcg_at_10", 0.61234),
+        ("mteb/scifact", "ndcg_at_10", 0.55),
+        ("mteb/scifact", "ndcg_at_10", 0.7),
+    }
+    shutil.rmtree(model_dir / ".eval_results")  # a card written before these files existed
+    uploaded = push_capturing(model_dir, monkeypatch, "acme/cocodr-mini", "hf_x")
+    pushed = [k for k in uploaded if k.startswith(".eval_results/")]
+    assert sorted(pushed) == files and not (model_dir / ".eval_results").exists()  # (the folder is only read)
+    again = parse_eval_result_entries(yaml.safe_load(uploaded[".eval_results/scifact.yaml"]))
+    assert {(e.notes, e.value) for e in again} >= {("nDCG@10, split train", 0.61234)}

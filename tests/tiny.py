@@ -173,3 +173,56 @@ def crash_at(monkeypatch, trainer_cls, step: int, message: str = "simulated cras
 
     monkeypatch.setattr(trainer_cls, "training_step", crash)
     return lambda: monkeypatch.setattr(trainer_cls, "training_step", original)
+
+
+def _parquet(rows: list[dict], path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def _configs_card(configs: dict[str, dict[str, str]]) -> str:
+    """A dataset card whose front matter declares ``configs`` (name -> split -> file pattern), as the Hub's cards do."""
+    lines = ["---", "configs:"]
+    for name, splits in configs.items():
+        lines += [f"- config_name: {name}", "  data_files:"]
+        lines += [f"  - split: {split}\n    path: {pattern}" for split, pattern in splits.items()]
+    return "\n".join(lines + ["---", ""])
+
+
+def hub_layouts(beir_dir: str | Path, root: str | Path) -> tuple[Path, Path]:
+    """Copies of a BEIR folder laid out as its Hub repositories: ``root/mteb/<name>`` as mteb publishes them (configs
+    ``corpus``, ``queries`` and ``default``, the qrels, one parquet file per split, as ``push_to_hub`` writes them)
+    and ``root/BeIR/<name>`` (configs ``corpus`` and ``queries``, parquet) with ``root/BeIR/<name>-qrels`` (one TSV
+    file per split, as BeIR's qrels repositories hold them). Returns the two dataset folders."""
+    beir_dir, root = Path(beir_dir), Path(root)
+    name = beir_dir.name
+    corpus = [json.loads(line) for line in open(beir_dir / "corpus.jsonl") if line.strip()]
+    corpus = [{"_id": d["_id"], "title": d.get("title", ""), "text": d["text"]} for d in corpus]
+    queries = [{"_id": q["_id"], "text": q["text"]} for q in map(json.loads, open(beir_dir / "queries.jsonl"))]
+    splits = sorted(p.stem for p in (beir_dir / "qrels").glob("*.tsv"))
+    qrels = {}
+    for split in splits:
+        rows = [line.rstrip("\n").split("\t") for line in open(beir_dir / "qrels" / f"{split}.tsv")][1:]
+        qrels[split] = [{"query-id": q, "corpus-id": d, "score": int(s)} for q, d, s in rows]
+    mteb = root / "mteb" / name
+    _parquet(corpus, mteb / "corpus" / "test-00000-of-00001.parquet")
+    _parquet(queries, mteb / "queries" / "test-00000-of-00001.parquet")
+    for split, rows in qrels.items():
+        _parquet(rows, mteb / "data" / f"{split}-00000-of-00001.parquet")
+    configs = {"corpus": {"test": "corpus/test-*"}, "queries": {"test": "queries/test-*"}}
+    configs["default"] = {split: f"data/{split}-*" for split in splits}
+    (mteb / "README.md").write_text(_configs_card(configs))
+    beir = root / "BeIR" / name
+    _parquet(corpus, beir / "corpus" / "corpus-00000-of-00001.parquet")
+    _parquet(queries, beir / "queries" / "queries-00000-of-00001.parquet")
+    (beir / "README.md").write_text(
+        _configs_card({"corpus": {"corpus": "corpus/corpus-*"}, "queries": {"queries": "queries/queries-*"}})
+    )
+    beir_qrels = root / "BeIR" / f"{name}-qrels"
+    beir_qrels.mkdir(parents=True)
+    for split in splits:
+        (beir_qrels / f"{split}.tsv").write_text((beir_dir / "qrels" / f"{split}.tsv").read_text())
+    return mteb, beir

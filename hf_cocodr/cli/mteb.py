@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..data.sources import hub_dataset_spec, resolve_data
 from ..rundir.run_record import RunFolder, fingerprint, read_record
 from ..utils import atomic_write_text
 from .main import UsageError, add_fusion_flags, add_index_flags, add_overwrite_flag, index_flags, register
@@ -37,7 +38,8 @@ def _add_mteb(p: argparse.ArgumentParser) -> None:
         "data_dir",
         nargs="?",
         default=None,
-        help="BEIR folder to evaluate as a local MTEB task (omit when using --tasks)",
+        help="BEIR folder or Hub dataset id (mteb/NAME, BeIR/NAME; @REVISION optional) to evaluate as a local MTEB "
+        "task (omit when using --tasks)",
     )
     p.add_argument("--split", default="test", help="qrels split of DATA_DIR (default: test)")
     p.add_argument(
@@ -131,6 +133,16 @@ def _drop_scratch(scratch: str | None) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _data_dir(given: str) -> str:
+    """DATA_DIR as the task reads it: a BEIR folder, or a Hub dataset id read into its cached BEIR folder (before any
+    model loads)."""
+    if not Path(given).expanduser().is_dir() and hub_dataset_spec(given) is None:
+        raise FileNotFoundError(
+            f"BEIR folder {given} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
+        )
+    return str(resolve_data(given, "DATA_DIR"))
+
+
 def _run_mteb(args, _rest) -> int:
     from ..evaluation.mteb import check_model_name, check_revision, run_mteb  # numpy, pyarrow: not at CLI start
 
@@ -162,10 +174,8 @@ def _run_mteb(args, _rest) -> int:
         raise UsageError(
             "--task-name names a local BEIR folder task; give DATA_DIR too (built-in tasks keep their names)"
         )
-    if args.data_dir is not None and not Path(args.data_dir).expanduser().is_dir():
-        raise FileNotFoundError(
-            f"BEIR folder {args.data_dir} not found (expected corpus.jsonl, queries.jsonl and qrels/<split>.tsv)."
-        )
+    if args.data_dir is not None:
+        args.data_dir = _data_dir(args.data_dir)
     model_path = Path(args.model).expanduser()
     if not model_path.exists() and "/" not in args.model:
         raise FileNotFoundError(

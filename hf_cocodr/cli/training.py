@@ -403,7 +403,7 @@ def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
     a = RecipeArguments(**{**own, **given})
     targets = [a.target_corpus] if isinstance(a.target_corpus, str) else list(a.target_corpus)
     evals = [a.eval] if isinstance(a.eval, str) else list(a.eval)
-    for flag, value in (("--model", a.model), ("--source-data", a.source_data), ("--output_dir", a.output_dir)):
+    for flag, value in (("--model", a.model), ("--output_dir", a.output_dir)):  # (--source-data: where needed)
         if not value:
             raise UsageError(f"{flag} is required")
     max_minutes = check_max_minutes(a.max_minutes, "--max-minutes")

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..errors import BEIRFormatError, ConfigError  # defined with the other input errors (re-exported)
 from ..rundir.run_record import CORPUS_FILE, QRELS_DIR, QUERIES_FILE, jsonl_file  # the files a fingerprint covers
 from ..storage import cache_dir, remove_entry, staged_file
+from .sources import data_label, resolve_data
 
 logger = logging.getLogger(__name__)
 
@@ -241,8 +242,10 @@ def _read_cache(cache_file: Path, source: Path):
     return None
 
 
-def _check_folder(folder: str | os.PathLike) -> Path:
-    folder = Path(folder).expanduser()
+def _check_folder(folder) -> Path:
+    """The BEIR folder of a source: a local folder, or the cached folder of a Hub dataset id or a ``DatasetDict``
+    (:func:`~hf_cocodr.data.sources.resolve_data`)."""
+    folder = Path(resolve_data(folder)).expanduser()
     if not folder.is_dir():
         raise BEIRFormatError(
             "BEIR folder not found (expected a directory with corpus.jsonl, queries.jsonl and qrels/<split>.tsv).",
@@ -268,13 +271,13 @@ def check_not_datasets_folder(path: str | os.PathLike, flag: str | None = None) 
         )
 
 
-def load_corpus(folder: str | os.PathLike):
+def load_corpus(folder):
     """The validated corpus of a BEIR folder as a memory-mapped dataset (``_id``, ``title``, ``text``, ...)."""
     folder = _check_folder(folder)
     return _load_jsonl_dataset(jsonl_file(folder, CORPUS_FILE), "corpus")
 
 
-def load_queries(folder: str | os.PathLike):
+def load_queries(folder):
     """The validated queries of a BEIR folder as a memory-mapped dataset (``_id``, ``text``, ...)."""
     folder = _check_folder(folder)
     return _load_jsonl_dataset(jsonl_file(folder, QUERIES_FILE), "queries")
@@ -352,7 +355,7 @@ def _parse_qrels(path: Path) -> tuple[dict[str, dict[str, int]], dict[tuple[str,
     return qrels, lines
 
 
-def load_qrels(folder: str | os.PathLike, split: str) -> dict[str, dict[str, int]]:
+def load_qrels(folder, split: str) -> dict[str, dict[str, int]]:
     """Parse ``qrels/<split>.tsv`` (no id validation; :func:`load_beir` checks ids against the corpus)."""
     folder = _check_folder(folder)
     return _parse_qrels(_qrels_path(folder, split))[0]
@@ -362,9 +365,10 @@ def _qrels_path(folder: Path, split: str) -> Path:
     path = folder / QRELS_DIR / f"{split}.tsv"
     if not path.is_file():
         avail = available_splits(folder)
+        label = data_label(folder)
         raise BEIRFormatError(
             f"split {split!r} not found; available splits: {avail or 'none (the qrels/ folder is missing or empty)'}.",
-            path,
+            path if label == str(folder) else f"{label} (its qrels)",
         )
     return path
 
@@ -373,11 +377,14 @@ def _id_set(ds) -> set[str]:
     return set(ds.data.column("_id").to_pylist())
 
 
-def load_beir(folder: str | os.PathLike, split: str | None = "test", *, keep_all_queries: bool = False) -> BEIRData:
+def load_beir(folder, split: str | None = "test", *, keep_all_queries: bool = False) -> BEIRData:
     """Load and validate a BEIR folder.
 
     Args:
-        folder: A directory with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv`` (header line).
+        folder: A directory with ``corpus.jsonl``, ``queries.jsonl`` and ``qrels/<split>.tsv`` (header line); or a
+            Hub dataset id in the mteb or BEIR layout (``mteb/scifact``, ``BeIR/scifact``; ``@revision`` optional), a
+            local folder laid out as one, or a ``datasets.DatasetDict`` with ``corpus``, ``queries`` and qrels splits,
+            read through ``datasets`` into a cached BEIR folder (:mod:`hf_cocodr.data.sources`).
         split: The qrels split to load; ``None`` loads corpus and queries only.
         keep_all_queries: Keep every query instead of only those judged in ``split`` (BEIR's behaviour).
 
@@ -457,16 +464,21 @@ def column_numpy(ds, name: str) -> np.ndarray:
 
 
 def parse_eval_spec(spec: str, flag: str = "--eval") -> tuple[str, str]:
-    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted. Errors name ``flag``."""
+    """``DIR:SPLIT`` → (DIR, SPLIT); the split defaults to ``test`` when omitted. DIR may be a Hub dataset id
+    (``mteb/scifact@REV:test``), whose cached BEIR folder is returned (:func:`~hf_cocodr.data.sources.resolve_data`).
+    Errors name ``flag``."""
     if ":" in spec and not os.path.isdir(spec):
         folder, split = spec.rsplit(":", 1)
     else:
         folder, split = spec, "test"
+    given = folder
+    folder = str(resolve_data(folder, flag))
     if not os.path.isdir(folder):
         raise ConfigError(f"{flag} {spec!r}: {folder} is not a directory")
     if not os.path.isfile(os.path.join(folder, QRELS_DIR, f"{split}.tsv")):
+        where = folder if given == folder else f"{given} (its qrels)"
         raise ConfigError(
-            f"{flag} {spec!r}: split {split!r} not found in {folder}; available splits: "
+            f"{flag} {spec!r}: split {split!r} not found in {where}; available splits: "
             f"{available_splits(folder) or 'none (no qrels/<split>.tsv)'}"
         )
     return folder, split

@@ -7,6 +7,8 @@ training on the queries it is evaluated on.
   documents and grades (the labels) are never parsed.
 - ``DIR``: every query of the BEIR folder's ``queries.jsonl``.
 - ``FILE``: a JSONL file with a ``text`` field (and optionally ``_id``), e.g. a search log.
+
+``DIR`` may also be a Hub dataset id (``mteb/scifact``, ``BeIR/scifact``; :mod:`hf_cocodr.data.sources`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .beir import (
     load_queries,
     parse_eval_spec,
 )
+from .sources import resolve_data
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +48,14 @@ class TargetQueries:
 
 
 def _split_spec(spec: str) -> tuple[Path, str | None]:
-    """``DIR:SPLIT`` -> (DIR, SPLIT) when DIR is a folder; anything else -> (path, None)."""
+    """``DIR:SPLIT`` -> (DIR, SPLIT) when DIR is a folder (or a Hub dataset: its cached BEIR folder, see
+    :func:`~hf_cocodr.data.sources.resolve_data`); anything else -> (path, None)."""
     m = _SPEC.match(str(spec))
-    if m and Path(m["folder"]).expanduser().is_dir() and not Path(str(spec)).expanduser().exists():
-        return Path(m["folder"]).expanduser(), m["split"]
-    return Path(str(spec)).expanduser(), None
+    if m and not Path(str(spec)).expanduser().exists():
+        folder = Path(resolve_data(m["folder"], "--target-queries")).expanduser()
+        if folder.is_dir():
+            return folder, m["split"]
+    return Path(resolve_data(str(spec), "--target-queries")).expanduser(), None
 
 
 def target_query_folder(spec: str | os.PathLike) -> Path | None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
-from ..utils import is_hub_id
+from ..rundir.run_record import PROVENANCE_FILE, model_fingerprint
+from ..storage import cache_dir, staged_directory
+from ..utils import atomic_write_json, is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -183,3 +188,101 @@ def pooling_mode(model) -> str | None:
         if mode is not None:
             return mode if isinstance(mode, str) else "+".join(mode)
     return None
+
+
+# ------------------------------------------------------------------------------------------- a model in memory
+def _loaded_from(model) -> str | None:
+    """The folder (or Hub id) a SentenceTransformer was loaded from: the folder of its (query route's) first module,
+    the sentence-transformers folder above a module folder; None when it names none."""
+    from .asymmetric import is_asymmetric, query_modules
+
+    try:
+        first = (query_modules(model) if is_asymmetric(model) else list(model))[0]
+        ref = str(first.auto_model.config._name_or_path or "")
+    except (AttributeError, IndexError, TypeError, KeyError):
+        return None
+    if not ref:
+        return None
+    path = Path(ref).expanduser()
+    if path.is_dir() and not is_sentence_transformers_dir(path) and is_sentence_transformers_dir(path.parent):
+        return str(path.parent)  # a module folder (0_Transformer) of a sentence-transformers folder
+    return ref
+
+
+def computation_signature(model) -> str:
+    """What a SentenceTransformer computes, as one hash: its modules (their configuration), lengths, similarity,
+    prompts and weights (names, shapes, dtypes, bytes)."""
+    parts = [
+        repr(model),
+        getattr(model, "max_seq_length", None),
+        str(getattr(model, "similarity_fn_name", None)),
+        getattr(model, "prompts", None),
+        getattr(model, "default_prompt_name", None),
+        model_fingerprint(model)["weights_sha256"],
+    ]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def model_source(model) -> Any:
+    """What a model argument runs as, for the code that reads a model by its folder: a path or Hub id as given; a
+    loaded ``SentenceTransformer`` as the folder (or Hub id) it was loaded from, when that still loads to the same
+    computation (:func:`computation_signature`), so that it gives the same result and the same provenance as the
+    folder; else (trained or changed in memory, or built there) as a folder it is saved into once in the cache,
+    keyed by that signature, whose provenance records it as a model held in memory: its weights' fingerprint and
+    ``model_card_data.base_model`` (the Hub model it is known to come from). Any other object is returned as it is."""
+    if model is None or isinstance(model, (str, os.PathLike)) or not _is_sentence_transformer(model):
+        return model
+    signature = computation_signature(model)
+    known = _SOURCES.get(signature)
+    if known is not None and Path(known).expanduser().exists():
+        return known
+    ref = _loaded_from(model)
+    if ref is not None and (Path(ref).expanduser().is_dir() or is_hub_id(ref)):
+        try:
+            same = computation_signature(load_encoder(ref, device="cpu")) == signature
+        except (OSError, ValueError):  # the folder is gone or no longer a model
+            same = False
+        if same:
+            _SOURCES[signature] = ref
+            return ref
+    _SOURCES[signature] = str(_save_in_cache(model, signature, ref))
+    return _SOURCES[signature]
+
+
+_SOURCES: dict[str, str] = {}  # computation signature -> what the model runs as (within one process)
+
+
+def _is_sentence_transformer(model) -> bool:
+    return any(c.__name__ == "SentenceTransformer" for c in type(model).__mro__)
+
+
+def _save_in_cache(model, signature: str, ref: str | None) -> Path:
+    """``model`` saved once as ``$HF_COCODR_CACHE/models/<signature>`` (staged, renamed into place), with the
+    provenance of a model held in memory."""
+    dest = cache_dir("models") / signature
+    if (dest / PROVENANCE_FILE).is_file():
+        return dest
+    base = getattr(getattr(model, "model_card_data", None), "base_model", None)
+    base = base if is_hub_id(base) else ref if is_hub_id(ref) else None
+    provenance = {
+        "format": 1,
+        **({"base_model": base} if base else {}),
+        "base_model_source": {
+            "in_memory": True,
+            "weights_sha256": model_fingerprint(model)["weights_sha256"],
+            "computation_signature": signature,
+            "loaded_from": ref,
+        },
+    }
+    with staged_directory(dest) as tmp:
+        model.save(str(tmp))
+        atomic_write_json(tmp / PROVENANCE_FILE, provenance)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / PROVENANCE_FILE).is_file():
+                raise
+    logger.info(
+        "a model held in memory (weights %s) saved as %s", provenance["base_model_source"]["weights_sha256"], dest
+    )
+    return dest

@@ -21,9 +21,9 @@ from ..data.spans import SpanCorpus
 from ..errors import ConfigError, disk_faults
 from ..export import export_sentence_transformer
 from ..hub import check_push_possible
-from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _transformer_dir
+from ..modeling.condenser import HEAD_CONFIG, HEAD_WEIGHTS, CondenserForPretraining, _mlm_head, _transformer_dir
 from ..modeling.limits import check_lengths
-from ..modeling.loading import check_model_source
+from ..modeling.loading import check_model_source, model_source
 from ..provenance import source_info as previous_training_info
 from ..rundir.run_record import RunFolder, fingerprint, model_fingerprint
 from ..storage import staged_directory
@@ -54,8 +54,11 @@ class CocoPretrainer(TrainerMixin, Trainer):
     ranks are negatives and the update equals one process with the global batch.
 
     Args:
-        model: a :class:`~hf_cocodr.CondenserForPretraining` or a path (sentence-transformers directory or
-            transformers checkpoint) to build one from.
+        model: a :class:`~hf_cocodr.CondenserForPretraining`, a path (sentence-transformers directory or
+            transformers checkpoint) or Hub id to build one from, a loaded ``SentenceTransformer`` (run as the folder it
+            was loaded from when unchanged: the same result and provenance) or a ``transformers`` masked-LM model
+            (``BertForMaskedLM``: the same; one changed in memory gets its Condenser head there and is recorded by its
+            weights' fingerprint).
         args: :class:`~hf_cocodr.CocoPretrainingArguments`.
         corpora: one or several corpora: BEIR folders, JSONL files (``text`` [+ ``title``]) or ``datasets.Dataset``
             objects with a text column. Only documents are read: never queries or labels.
@@ -90,6 +93,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
     ):
         import datasets
 
+        model = _model_argument(model)  # a loaded model: the folder it runs as where it is unchanged
         self._check_before_loading(model, args, corpora)
         model, source, tokenizer = self._load_condenser(model, args, tokenizer)
         self.source_model = source
@@ -143,7 +147,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
         self._hub_token = self._prepare_hub_args(args)
         if args.push_to_hub:  # offline or without a token the push would fail after training
             check_push_possible(args.hub_model_id, self._hub_token)
-        if not isinstance(model, CondenserForPretraining):
+        if isinstance(model, (str, os.PathLike)):
             check_model_source(model)
         check_lengths(model, {"max_span_length": args.max_span_length})  # before a model is loaded
         if args.should_save:  # refuse a folder of someone else's files before loading anything (train() claims it)
@@ -169,10 +173,13 @@ class CocoPretrainer(TrainerMixin, Trainer):
             from transformers import set_seed
 
             set_seed(args.seed)  # reproducible initialisation of the fresh heads
-            source = str(model)
-            model = CondenserForPretraining.from_pretrained(
-                source, n_head_layers=args.n_head_layers, skip_from=args.skip_from
-            )
+            if isinstance(model, torch.nn.Module):  # a masked-LM model held in memory: its Condenser head added
+                model = CondenserForPretraining(model, args.n_head_layers or 2, args.skip_from).eval()
+            else:
+                source = str(model)
+                model = CondenserForPretraining.from_pretrained(
+                    source, n_head_layers=args.n_head_layers, skip_from=args.skip_from
+                )
         if tokenizer is None:
             name = source or model.lm.config._name_or_path
             tokenizer = AutoTokenizer.from_pretrained(_transformer_dir(name))
@@ -479,6 +486,8 @@ class CocoPretrainer(TrainerMixin, Trainer):
             "base_model": prev.get("base_model")
             or (self.source_model if self.source_model and not Path(self.source_model).exists() else None),
         }
+        if not self.source_model and not prev.get("base_model_source"):  # a model given in memory: its weights
+            card["base_model_source"] = {"in_memory": True, **self._identity["model"]}
         with staged_directory(output_dir) as tmp:  # beside output_dir: its file system, not $TMPDIR
             cond.encoder_model.save_pretrained(tmp)
             self.processing_class.save_pretrained(tmp)
@@ -501,6 +510,34 @@ class CocoPretrainer(TrainerMixin, Trainer):
         limit = int(min(512, getattr(self.condenser.config, "max_position_embeddings", 512)))
         declared = _declared_max_seq_length(self.source_model, self.processing_class) if self.source_model else None
         return min(declared, limit) if declared else limit
+
+
+def _model_argument(model):
+    """COCO's ``model=`` as the trainer reads it: a path, a Hub id or a :class:`CondenserForPretraining` as given; a
+    ``SentenceTransformer`` as the folder it runs as (:func:`~hf_cocodr.modeling.loading.model_source`); a
+    ``transformers`` masked-LM model as the folder it was loaded from when it still holds that folder's weights (the
+    same run and provenance as the folder), else as it is (its Condenser head added in memory, its provenance its
+    weights' fingerprint)."""
+    if model is None or isinstance(model, (str, os.PathLike, CondenserForPretraining)):
+        return model
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"CocoPretrainer: model= must be a folder, a Hub id, a SentenceTransformer, a transformers masked-LM "
+            f"model or a CondenserForPretraining, got {type(model).__name__}"
+        )
+    if not hasattr(model, "config") or not hasattr(model, "base_model_prefix"):  # a SentenceTransformer
+        return model_source(model)
+    ref = str(getattr(model.config, "_name_or_path", "") or "")
+    if ref and Path(ref).expanduser().is_dir():
+        from transformers import AutoModelForMaskedLM
+
+        with contextlib.suppress(OSError, ValueError):
+            loaded = AutoModelForMaskedLM.from_pretrained(ref)
+            loaded.tie_weights()
+            if model_fingerprint(loaded) == model_fingerprint(model):
+                return ref
+    _mlm_head(model)  # one line for a model without an MLM head (COCO needs its *ForMaskedLM form)
+    return model
 
 
 def _span_corpus(corpora, tokenizer, args: CocoPretrainingArguments) -> SpanCorpus:

@@ -14,6 +14,21 @@ from ..errors import ConfigError
 from ..modeling.limits import check_lengths
 
 
+def check_source_needed(source_data, cfg: Any, choice: dict[str, Any], stages) -> None:
+    """Without source data, refuse (naming the stage and the schedule) a run whose switched-on stage fine-tunes on the
+    labelled source task; a stage that reads the source corpus only where an option asks (COCO's
+    ``include_source_corpus``) trains on the target corpora alone."""
+    if source_data is not None:
+        return
+    for stage in stages:
+        if stage.enabled(cfg) and (stage.draws_source or "source" in stage.reads and stage.reads["source"] is None):
+            raise ConfigError(
+                f"the {stage.label} stage of the {choice['kind']} schedule trains on the labelled source task, and no "
+                f"source data is given: add --source-data (a BEIR folder or Hub dataset with qrels/"
+                f"{cfg.source_split}.tsv), or set skip_{stage.name}: true"
+            )
+
+
 def check_target_corpora(target_corpora) -> None:
     """Every ``--target-corpus`` given as a path exists (a folder or a file), before any work."""
     for corpus in target_corpora:

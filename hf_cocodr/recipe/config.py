@@ -214,9 +214,12 @@ class RecipeArguments:
 
     model: str | None = _opt(None, "starting encoder")
     target_corpus: list[str] = _opt(
-        help="target-domain BEIR folder or JSONL file (repeatable); only documents are read", default_factory=list
+        help="target-domain BEIR folder, JSONL file or Hub dataset id (repeatable); only documents are read",
+        default_factory=list,
     )
-    source_data: str | None = _opt(None, "BEIR folder with labelled source qrels")
+    source_data: str | None = _opt(
+        None, "BEIR folder or Hub dataset id with labelled source qrels (only where the schedule fine-tunes on it)"
+    )
     output_dir: str | None = _opt(None, "the output folder OUT", flag="--output_dir", aliases=("--output-dir",))
     eval: list[str] = _opt(
         help="evaluate the final (and the starting) model on this BEIR split (repeatable)",

@@ -26,7 +26,7 @@ class RecipeRun:
     Args:
         model: the starting model.
         target_corpora: the target corpora (BEIR folders, JSONL files or datasets).
-        source_data: the labelled source task (a BEIR folder).
+        source_data: the labelled source task (a BEIR folder), or None where no stage fine-tunes on one.
         out: the output folder; stage ``name`` writes into ``out / name``.
         evals: the ``DIR:SPLIT`` evaluations asked for.
         cfg: the settings, every ``"auto"`` resolved (see :func:`~hf_cocodr.recipe.choose_schedule`).
@@ -43,7 +43,7 @@ class RecipeRun:
 
     model: str
     target_corpora: list
-    source_data: str
+    source_data: str | None
     out: Path
     evals: list[str]
     cfg: RecipeConfig

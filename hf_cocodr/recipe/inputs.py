@@ -19,7 +19,7 @@ def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
     """The source training data and the target pseudo pairs, for the stages that still have to run."""
     t0 = time.perf_counter()
     needed = {data for s in stages if s.enabled(run.cfg) and not run.done(s.name) for data in reads(s, run.cfg)}
-    if "source" in needed:
+    if "source" in needed and run.source_data is not None:  # (without it COCO trains on the target corpora alone)
         run.train_data = draw_source(run, source_queries(run, stages))
     if "target_pairs" in needed:
         run.target_data = target_pseudo_pairs(list(run.target_corpora), run.cfg.target_pairs, seed=run.cfg.seed)

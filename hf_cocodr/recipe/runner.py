@@ -22,14 +22,15 @@ from typing import Any
 
 from .. import distributed as D
 from ..data.beir import BEIRFormatError, open_jsonl, parse_eval_spec
+from ..data.sources import data_label, resolve_data
 from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
 from ..methods import method_target_queries, validate_methods
-from ..model_card import EVAL_FILE, write_model_card
+from ..model_card import EVAL_FILE, EVAL_RESULTS_DIR, write_model_card
 from ..modeling.condenser import checkpoint_has_mlm_head
-from ..modeling.loading import load_encoder, pooling_mode
+from ..modeling.loading import load_encoder, model_source, pooling_mode
 from ..modeling.precision import resolve_corpus_precision
 from ..provenance import PROVENANCE_FILE
 from ..retrieval.hybrid import HYBRID_FILE, HybridRetriever
@@ -38,7 +39,13 @@ from ..rundir.run_record import RunFolder, data_fingerprint, digest, fingerprint
 from ..storage import check_before_work
 from ..utils import add_written_entries, atomic_write_json, native_bf16
 from . import planner
-from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
+from .checks import (
+    check_budget_floor,
+    check_distill_inputs,
+    check_recipe_lengths,
+    check_source_needed,
+    check_target_corpora,
+)
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import guard_run
@@ -77,10 +84,10 @@ RECIPE_ENTRIES = recipe_entries()
 
 
 def run_recipe(
-    model: str,
-    target_corpora: list[str],
-    source_data: str,
-    output_dir: str | os.PathLike,
+    model,
+    target_corpora: list,
+    source_data=None,
+    output_dir: str | os.PathLike | None = None,
     *,
     evals: list[str] | tuple[str, ...] = (),
     config: RecipeConfig | dict | None = None,
@@ -95,10 +102,13 @@ def run_recipe(
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
 
     Args:
-        model: starting encoder (sentence-transformers directory, raw checkpoint or Hub id). Its pooling and
-            similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
-        target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
-        source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
+        model: starting encoder (sentence-transformers directory, raw checkpoint, Hub id, or a loaded
+            ``SentenceTransformer``: :func:`~hf_cocodr.modeling.loading.model_source`). Its pooling and similarity
+            are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
+        target_corpora: BEIR folders / JSONL files / Hub dataset ids / ``datasets`` objects of the target domain
+            (only their documents are read).
+        source_data: the labelled source task (a BEIR folder or Hub dataset with ``qrels/<source_split>.tsv``);
+            ``None`` where the schedule does not fine-tune on one (else one line names the stage).
         output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
             ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
@@ -122,13 +132,10 @@ def run_recipe(
     t_start = time.perf_counter()
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
-    evals = list(evals)
-    for spec in evals:
-        parse_eval_spec(spec)  # fail early on a bad --eval
-    check_max_minutes(max_minutes)
+    model, target_corpora, source_data, evals = _inputs(model, target_corpora, source_data, output_dir, evals)
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
     cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
-    methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
+    methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes, source_data)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
         model,
@@ -140,7 +147,7 @@ def run_recipe(
     fps = {
         "model": fingerprint(model),
         "targets": fingerprint([str(t) if isinstance(t, os.PathLike) else t for t in target_corpora]),
-        "source": fingerprint(str(source_data)),
+        "source": None if source_data is None else fingerprint(str(source_data)),
     }
     entries = recipe_entries(stages)
     check_before_work(output_dir, model)  # writable OUT and cache folder, room for the stages' checkpoints
@@ -156,6 +163,19 @@ def run_recipe(
     finally:
         if D.is_main() and folder is not None:
             folder.release()
+
+
+def _inputs(model, target_corpora, source_data, output_dir, evals) -> tuple[Any, list, Any, list[str]]:
+    """What the run reads, checked and made local before any work: each ``--eval`` (a bad one fails here), the Hub
+    datasets and ``DatasetDict`` objects as their cached BEIR folders, a loaded model as the folder it runs as."""
+    if output_dir is None:
+        raise ConfigError("run_recipe needs output_dir")
+    evals = list(evals)
+    for spec in evals:
+        parse_eval_spec(spec)  # (a Hub dataset is read into the cache here)
+    target_corpora = [resolve_data(c, "--target-corpus") for c in target_corpora]
+    source_data = resolve_data(source_data, "--source-data") if source_data is not None else None
+    return model_source(model), target_corpora, source_data, evals
 
 
 def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder:
@@ -233,12 +253,15 @@ def _check_before_work(
     stages: tuple[Stage, ...],
     evals: list[str],
     max_minutes: float | None,
+    source_data=None,
 ) -> list:
     """Everything :func:`run_recipe` refuses before it claims ``OUT`` or loads a model; returns the fine-tuning
     methods, checked."""
+    check_max_minutes(max_minutes)
     check_target_corpora(target_corpora)  # a missing corpus, before OUT is claimed or a model loads
     if not target_corpora:
         _without_targets(cfg, choice)
+    check_source_needed(source_data, cfg, choice, stages)  # (after the schedule without targets is set)
     training = [s for s in stages if s.trains]
     if not any(s.enabled(cfg) for s in training):
         raise ConfigError(f"nothing to train: {_all_off(cfg, training)}; switch one on")
@@ -522,7 +545,7 @@ def _export(run: RecipeRun, final_dir: Path) -> None:
     else:
         export_final(Path(run.current), final_dir)
     # what the recipe writes into OUT/model next is its own too (a re-run replaces it, never carries it over)
-    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE))
+    add_written_entries(final_dir, (EVAL_FILE, "README.md", PROVENANCE_FILE, EVAL_RESULTS_DIR))
 
 
 def hybrid_folders(out: Path, target_corpora) -> list[tuple[Any, Path]]:
@@ -547,7 +570,10 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
 
 def _queries_of(corpus, specs) -> list[str] | None:
     """The ``--target-queries`` given from the BEIR folder of ``corpus`` (``DIR`` or ``DIR:SPLIT``): the queries its
-    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given."""
+    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given (or the
+    corpus is a dataset in memory: no folder of its own)."""
+    if not isinstance(corpus, (str, os.PathLike)):
+        return None
     here = Path(corpus).expanduser().resolve()
     texts = [t for spec in specs or () if target_query_folder(spec) == here for t in read_target_queries(spec).texts]
     return texts or None
@@ -611,8 +637,8 @@ def _write_records(
 ) -> None:
     record = {
         "model": run.model,
-        "target_corpora": list(map(str, run.target_corpora)),
-        "source_data": str(run.source_data),
+        "target_corpora": [data_label(c) if isinstance(c, (str, os.PathLike)) else str(c) for c in run.target_corpora],
+        "source_data": data_label(run.source_data) if run.source_data is not None else None,
         "evals": run.evals,
         "config": asdict(run.cfg),
         "schedule": run.choice,

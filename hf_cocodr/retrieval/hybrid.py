@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from ..data.beir import _load_jsonl_dataset, corpus_texts, load_corpus
+from ..data.sources import data_label, resolve_data
 from ..errors import ConfigError
 from ..modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ..modeling.loading import load_encoder
@@ -102,7 +103,9 @@ def check_k(k) -> int:
 
 def _corpus_ids_texts(corpus) -> tuple[list[str], list[str]]:
     """Ids and ``title + text`` of a corpus: a BEIR folder, a ``corpus.jsonl`` file or a dataset with ``_id`` /
-    ``text`` (and optionally ``title``) columns."""
+    ``text`` (and optionally ``title``) columns; a Hub dataset id or a ``DatasetDict`` is read through its cached
+    BEIR folder (:func:`~hf_cocodr.data.sources.resolve_data`)."""
+    corpus = resolve_data(corpus, "corpus")
     if isinstance(corpus, (str, os.PathLike)):
         path = Path(corpus)
         corpus = _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)
@@ -203,6 +206,8 @@ class HybridRetriever:
     ) -> HybridRetriever:
         """Encode ``corpus`` with ``model`` (a ``SentenceTransformer`` or a path / Hub id) and index it for BM25.
 
+        ``corpus``: also a Hub dataset id or a ``DatasetDict`` (:func:`~hf_cocodr.data.sources.resolve_data`).
+
         ``doc_max_length``: the document token limit (default: the model's own). The model's similarity is honoured
         (a cosine model's vectors are normalised). ``fusion``: default :class:`~hf_cocodr.retrieval.fusion.
         FusionConfig` with its normalisation and dense weight fitted here to the corpus without labels
@@ -219,6 +224,7 @@ class HybridRetriever:
 
         choice = index_choice(index)  # a bad choice is refused before any work
         fusion = _fusion(fusion)
+        corpus = resolve_data(corpus, "corpus")  # (a Hub dataset or a DatasetDict: before the model loads)
         # a model held in memory only (an unsaved Router model) has no reference: None, and load asks for model=
         model_ref = str(model) if isinstance(model, (str, os.PathLike)) else _model_ref(model)
         if model_ref is not None and Path(model_ref).expanduser().exists():  # a local folder: where it is
@@ -249,7 +255,7 @@ class HybridRetriever:
             "similarity": model_similarity(st),
             "doc_max_length": doc_max_length,
             "encode_precision": current_precision(st, session),  # of the document vectors (the session's precision)
-            "corpus": str(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
+            "corpus": data_label(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
             "corpus_fingerprint": corpus_fingerprint(ids, texts),
             "num_docs": len(ids),
             "doc_ids_sha256": doc_ids_digest(ids),

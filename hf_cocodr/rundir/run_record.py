@@ -42,12 +42,17 @@ from .locks import LOCK, RunLockedError, acquire_lock, release_lock  # noqa: F40
 logger = logging.getLogger(__name__)
 
 RECORD = "hf_cocodr_run.json"
+PROVENANCE_FILE = "hf_cocodr_provenance.json"  # where a model came from (hf_cocodr.provenance reads and writes it)
+EVAL_RESULTS = ".eval_results"  # a model card's evaluations in huggingface_hub 2.x's format (hf_cocodr.model_card)
 _MIB = 1 << 20
 # The files of a BEIR folder the loader reads (hf_cocodr.data.beir takes these names from here, so that a folder's
 # fingerprint covers exactly what is read of it): corpus, queries, qrels/<split>.tsv.
 CORPUS_FILE = "corpus.jsonl"
 QUERIES_FILE = "queries.jsonl"
 QRELS_DIR = "qrels"
+# Beside a BEIR folder written from a Hub dataset or a ``datasets`` object (hf_cocodr.data.sources): what it was read
+# from (repository, revision, the datasets' fingerprints); a folder's fingerprint covers it.
+SOURCE_FILE = "hf_cocodr_source.json"
 
 
 # The entries a training command (finetune, pretrain, a recipe stage) may write into its output folder: the model,
@@ -86,6 +91,7 @@ TRAINER_ENTRIES = frozenset(
         "training_args.bin",
         "trainer_state.json",
         "eval.json",
+        EVAL_RESULTS,
         "runs",
     }
 )
@@ -149,10 +155,12 @@ def data_fingerprint(folder: str | os.PathLike, split: str | None = None) -> dic
     """The fingerprint of what the BEIR loader (:mod:`hf_cocodr.data.beir`) reads of ``folder``, each file's under
     its path in the folder: the corpus file (``corpus.jsonl``, or ``corpus.jsonl.gz`` where only that is there), the
     queries file (the same) and ``qrels/<split>.tsv`` (with ``split`` None, every ``qrels/*.tsv``). Nothing else in
-    the folder counts, however many files sort before these, and neither does a run's output folder inside it."""
+    the folder counts, however many files sort before these, and neither does a run's output folder inside it; a
+    folder written from a Hub dataset also has its ``hf_cocodr_source.json`` (the dataset's revision and
+    fingerprints) counted."""
     root = Path(folder).expanduser()
     qrels = root / QRELS_DIR
-    files = [jsonl_file(root, CORPUS_FILE), jsonl_file(root, QUERIES_FILE)]
+    files = [jsonl_file(root, CORPUS_FILE), jsonl_file(root, QUERIES_FILE), root / SOURCE_FILE]
     files += sorted(qrels.glob("*.tsv")) if split is None else [qrels / f"{split}.tsv"]
     return {f.relative_to(root).as_posix(): _file_fingerprint(f) for f in files if f.is_file()}
 

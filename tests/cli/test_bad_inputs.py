@@ -233,7 +233,8 @@ def test_invalid_pretrain_arguments(extra, needle, tiny_bert_dir, tmp_path, caps
     [
         (["finetune", "--train-data", "x", "--output_dir", "o"], "--model is required"),
         (["pretrain", "--model", "m", "--output_dir", "o"], "at least one --corpus is required"),
-        (["recipe", "--model", "m", "--output_dir", "o"], "--source-data is required"),
+        # no target corpus: the source fine-tuning alone, which needs the source task
+        (["recipe", "--model", "m", "--output_dir", "o"], "trains on the labelled source task, and no source data"),
         (
             ["recipe", "--model", "m", "--source-data", "s", "--output_dir", "o", "--max-minutes", "-3"],
             "--max-minutes must be a positive number",

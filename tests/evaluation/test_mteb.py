@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 
@@ -261,3 +262,124 @@ def test_importing_the_mteb_package_does_not_import_mteb():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.fixture(scope="module")
+def both_runs(trained_dir, tiny_beir, tmp_path_factory):
+    """``hf-cocodr mteb`` and ``mteb.evaluate`` itself on the same model and task, each into its own folder."""
+    import mteb
+    from sentence_transformers import SentenceTransformer
+
+    from hf_cocodr.evaluation.mteb import beir_task, warnings_quiet
+
+    ours, theirs = tmp_path_factory.mktemp("ours"), tmp_path_factory.mktemp("theirs")
+    argv = ["-q", "mteb", str(trained_dir), str(tiny_beir), "--split", "dev", "--task-name", "toy-dev"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([*argv, "--model-name", MODEL_NAME, "--output-folder", str(ours)]) == 0
+    with warnings_quiet():
+        task = beir_task(tiny_beir, "dev", "toy-dev")
+        mteb.evaluate(
+            SentenceTransformer(str(trained_dir)), task, cache=mteb.ResultCache(theirs), show_progress_bar=False
+        )
+    return ours, theirs
+
+
+def _revision_folder(root):
+    (folder,) = [p for p in (root / "results").glob("*/*") if p.is_dir()]
+    return folder
+
+
+def _keys(path):
+    if path.suffix == ".jsonl":
+        return [sorted(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    data = json.loads(path.read_text())
+    scores = data.get("scores") if isinstance(data, dict) else None
+    entries = sorted({k for split in (scores or {}).values() for entry in split for k in entry})
+    return sorted(data), entries
+
+
+def test_hf_cocodr_mteb_writes_what_mteb_evaluate_writes(both_runs):
+    """The same files, with the same keys (``run_settings.jsonl`` included); beside them only hf_cocodr's owner
+    record of the output folder."""
+    ours, theirs = both_runs
+    mine, its = _revision_folder(ours), _revision_folder(theirs)
+    assert sorted(p.name for p in mine.iterdir()) == sorted(p.name for p in its.iterdir())
+    assert {"model_meta.json", "toy-dev.json", "run_settings.jsonl"} == {p.name for p in mine.iterdir()}
+    for path in mine.iterdir():
+        assert _keys(path) == _keys(its / path.name), path.name
+    assert {p.name for p in ours.iterdir()} - {p.name for p in theirs.iterdir()} == {"hf_cocodr_run.json"}
+
+
+def test_the_results_folder_loads_and_passes_the_results_repository_checks(both_runs):
+    """mteb's ``ResultCache`` loads the folder, and it passes what embeddings-benchmark/results checks offline of a
+    submission: ``results/<org>__<name>/<revision>/`` named by its ``model_meta.json`` (a name with an org, a 40-digit
+    revision), result files named by their task and loaded by mteb's ``TaskResult``, made with mteb >= 2, and every
+    split and subset covered by ``run_settings.jsonl`` (read with mteb's own expansion of its entries)."""
+    import mteb
+    from mteb import TaskResult
+    from mteb.results.task_result import _expand_run_settings_entry
+    from packaging.version import Version
+
+    ours, _ = both_runs
+    folder = _revision_folder(ours)
+    meta = json.loads((folder / "model_meta.json").read_text())
+    assert "/" in meta["name"] and re.fullmatch(r"[0-9a-f]{40}", meta["revision"])
+    assert folder == ours / "results" / meta["name"].replace(" ", "_").replace("/", "__") / meta["revision"]
+    covered = set()
+    for line in (folder / "run_settings.jsonl").read_text().splitlines():
+        covered |= {key for key, _, _ in _expand_run_settings_entry(json.loads(line))}
+    for path in folder.glob("*.json"):
+        if path.name == "model_meta.json":
+            continue
+        result = TaskResult.from_disk(path)
+        assert path.stem == result.task_name and Version(result.mteb_version) >= Version("2.0.0")
+        blocks = {(result.task_name, split, b["hf_subset"]) for split, bs in result.scores.items() for b in bs}
+        assert blocks and blocks <= covered
+    loaded = mteb.ResultCache(ours).load_results(models=[meta["name"]], require_model_meta=True)
+    assert [(r.model_name, r.model_revision) for r in loaded.model_results] == [(meta["name"], meta["revision"])]
+    assert [t.task_name for t in loaded.model_results[0].task_results] == ["toy-dev"]
+
+
+def test_a_query_side_model_is_a_router_whose_query_route_is_active(trained_dir, tmp_path):
+    from hf_cocodr.evaluation.mteb import model_meta_for
+    from hf_cocodr.modeling.asymmetric import query_modules, query_side_model
+
+    plain = load_encoder(str(trained_dir))
+    router = query_side_model(plain)
+    router.save(str(tmp_path / "router"))
+    meta = model_meta_for(tmp_path / "router", "me/router", "a" * 40)
+    one = sum(p.numel() for p in plain.parameters())
+    embedding = plain[0].auto_model.get_input_embeddings().weight.numel()
+    assert meta.model_type == ["router"] and meta.n_parameters == 2 * one  # both routes
+    assert meta.n_embedding_parameters == 2 * embedding
+    query = sum(p.numel() for m in query_modules(router) for p in m.parameters())
+    assert meta.n_active_parameters == query - embedding == one - embedding  # the query route's
+    assert model_meta_for(trained_dir, "me/plain", "b" * 40).model_type == ["dense"]
+    assert json.loads(json.dumps(meta.to_dict(), default=str))["model_type"] == ["router"]  # as model_meta.json
+
+
+def test_training_datasets_list_every_corpus_query_source_and_source_task(trained_dir, tmp_path):
+    """The corpora the distillation ranked (its pseudo-queries drawn from them), the target queries it trained on,
+    COCO's corpora and the fine-tuning's source task are all training data: MTEB marks no result on them zero-shot."""
+    import shutil
+
+    from hf_cocodr.evaluation.mteb import model_meta_for
+
+    folder = tmp_path / "m"
+    shutil.copytree(trained_dir, folder)
+    info = {
+        "stages": [
+            {"type": "coco", "method": "coco", "corpora": ["/data/nfcorpus"]},
+            {"type": "finetune", "method": "idro", "source_data": "squad-v1.1:train"},
+            {
+                "type": "distill",
+                "method": "distillation",
+                "corpora": ["/data/scifact"],
+                "target queries": ["fiqa:train"],
+            },
+        ],
+    }
+    (folder / "hf_cocodr_training.json").write_text(json.dumps(info))
+    meta = model_meta_for(folder, "me/adapted", "c" * 40)
+    assert {"NFCorpus", "SciFact", "FiQA2018"} <= set(meta.training_datasets)
+    assert any("squad" in d.lower() for d in meta.training_datasets)

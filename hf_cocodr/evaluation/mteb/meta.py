@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...citations import CITATIONS
+from ...modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ...modeling.loading import is_sentence_transformers_dir, load_encoder, pooling_mode
 from ...provenance import is_cocodr_model, is_hub_model_id, read_card, read_provenance, resolve_hub_id
 from .common import (
@@ -63,7 +64,9 @@ def read_training_info(model_dir: str | os.PathLike | None) -> dict[str, Any]:
 
 
 def declared_training_datasets(info: dict[str, Any]) -> set[str]:
-    """Every data set a model saw, from its training info: COCO corpora, fine-tuning sources and ``datasets``.
+    """Every data set a model saw, from its training info: COCO corpora, the corpora the distillation ranked
+    (pseudo-queries drawn from them included), the target queries it trained on, fine-tuning sources and
+    ``datasets``.
 
     COCO pretraining reads the target corpora (documents only) and counts as training on them: MTEB uses this to mark
     results on those tasks as not zero-shot. Names are mapped to MTEB task names where MTEB has the data set.
@@ -72,7 +75,8 @@ def declared_training_datasets(info: dict[str, Any]) -> set[str]:
     for stage in info.get("stages") or []:
         if not isinstance(stage, dict):
             continue
-        specs += [str(c) for c in stage.get("corpora") or []]
+        specs += [str(c) for c in stage.get("corpora") or []]  # (COCO's, the distillation's: pseudo-queries too)
+        specs += [str(q) for q in stage.get("target queries") or []]  # the queries a stage trained on
         if stage.get("source_data"):
             specs.append(str(stage["source_data"]))
     specs += [str(d) for d in info.get("datasets") or []]
@@ -112,13 +116,34 @@ def _registry_meta(name: str | None):
         return None
 
 
+def _embedding_parameters(modules) -> int | None:
+    """The input-embedding parameters of the transformers models among ``modules`` (each counted once)."""
+    seen, total = set(), 0
+    for module in modules:
+        with contextlib.suppress(Exception):
+            weight = module.auto_model.get_input_embeddings().weight
+            if id(weight) not in seen:
+                seen.add(id(weight))
+                total += int(weight.numel())
+    return total or None
+
+
 def _measure(model) -> dict[str, Any]:
-    """What the loaded model itself says: sizes, pooling, similarity, lengths and prompts."""
+    """What the loaded model itself says: sizes, pooling, similarity, lengths and prompts. An asymmetric (Router)
+    model counts both routes in ``n_parameters`` and ``n_embedding_parameters`` and its query route as active
+    (``n_active_parameters``: the query route's parameters less its embeddings, mteb's rule for the active
+    parameters applied to the route a query runs through), as mteb registers its ``router`` models."""
     params = list(model.parameters())
-    n_embedding = None
-    with contextlib.suppress(Exception):
-        n_embedding = int(model[0].auto_model.get_input_embeddings().weight.numel())
+    router = is_asymmetric(model)
+    routes = [*query_modules(model), *document_modules(model)] if router else list(model)
+    n_embedding = _embedding_parameters(routes)
+    active = None
+    if router:
+        query = {id(p): p for m in query_modules(model) for p in m.parameters()}
+        active = sum(p.numel() for p in query.values()) - (_embedding_parameters(query_modules(model)) or 0)
     return {
+        "model_type": ["router"] if router else ["dense"],
+        "n_active_parameters": active,
         "n_parameters": int(sum(p.numel() for p in params)),
         "memory_usage_mb": round(sum(p.numel() * p.element_size() for p in params) / 2**20, 1),
         "n_embedding_parameters": n_embedding,
@@ -169,6 +194,10 @@ def _known_model_fields(
     fields.update({k: v for k, v in measured.items() if fields.get(k) != v})
     if fields["n_parameters"] != known.n_parameters:
         fields.update(memory_usage_mb=facts["memory_usage_mb"], n_embedding_parameters=facts["n_embedding_parameters"])
+    if changed["model_type"] == ["dense"] and known.model_type != ["dense"]:
+        fields["model_type"] = list(known.model_type)  # (a known model of another kind keeps it)
+    if changed["n_active_parameters_override"] is None and fields["n_parameters"] == known.n_parameters:
+        fields["n_active_parameters_override"] = known.n_active_parameters_override
     if tuple(opts["languages"]) != tuple(DEFAULT_LANGUAGES):
         fields["languages"] = list(opts["languages"])
     if opts["license"]:
@@ -232,7 +261,6 @@ def _new_model_fields(
         similarity_fn_name=ScoringFunction(facts["similarity"]),
         use_instructions=bool(facts["prompts"]),
         training_datasets=ours,
-        model_type=["dense"],
         modalities=["text"],
         citation=opts["citation"],
         contacts=list(opts["contacts"]) if opts["contacts"] else None,
@@ -293,6 +321,8 @@ def _meta_fields(
         if raw_checkpoint
         else {},
         "adapted_from": base,
+        "model_type": facts["model_type"],
+        "n_active_parameters_override": facts["n_active_parameters"],
     }
     if known is not None:
         return _known_model_fields(known, changed, facts, path, trained=trained, ours=ours, opts=opts)

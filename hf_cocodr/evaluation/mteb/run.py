@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ...modeling.loading import _hub_has_modules_json, load_encoder
+from ...data.sources import is_offline_error
+from ...modeling.loading import _hub_has_modules_json, load_encoder, model_source
 from ...provenance import resolve_hub_id
 from ...retrieval.ann import index_choice
 from .common import DEFAULT_LANGUAGES, check_model_name, check_revision, warnings_quiet
@@ -29,22 +30,14 @@ class MTEBDataUnavailableError(FileNotFoundError):
 
 
 def _is_offline_error(exc: BaseException) -> bool:
-    """``exc`` (or an exception it was raised from) says the Hub or the network could not be reached."""
-    seen = 0
-    while exc is not None and seen < 10:
-        name = type(exc).__name__
-        if isinstance(exc, ConnectionError) or name in {
-            "OfflineModeIsEnabled",
-            "LocalEntryNotFoundError",
-            "DatasetNotFoundError",
-            "ConnectionError",
-            "ConnectError",
-            "ConnectTimeout",
-        }:
+    """``exc`` (or an exception it was raised from) says the Hub or the network could not be reached, or (for a
+    built-in task's data) that the dataset is not found there."""
+    seen, inner = 0, exc
+    while inner is not None and seen < 10:
+        if type(inner).__name__ == "DatasetNotFoundError":
             return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
+        inner, seen = inner.__cause__ or inner.__context__, seen + 1
+    return is_offline_error(exc)
 
 
 def _data_unavailable(task, error: BaseException) -> MTEBDataUnavailableError:
@@ -66,9 +59,15 @@ def _load_with_meta(
     device: str | None,
     meta_kwargs: dict[str, Any],
 ):
-    """The loaded model (from a directory, a Hub id or as given) and its :func:`model_meta_for`."""
+    """The loaded model (from a directory, a Hub id or as given) and its :func:`model_meta_for`; a loaded model's
+    meta is read from the folder it runs as (:func:`~hf_cocodr.modeling.loading.model_source`: the folder it was
+    loaded from when unchanged, so that its meta is that folder's)."""
     model_dir = None
     meta_kwargs = dict(meta_kwargs)
+    if not isinstance(model, (str, os.PathLike)):
+        source = model_source(model)
+        if isinstance(source, (str, os.PathLike)) and Path(source).expanduser().is_dir():
+            model_dir = Path(source).expanduser()
     if isinstance(model, (str, os.PathLike)):
         model_dir = Path(model).expanduser()
         model_id = str(model)
@@ -296,7 +295,7 @@ def run_mteb(
     with warnings_quiet():
         builtin = _builtin_tasks(builtin_names, task_languages) if builtin_names else []
 
-    model_ref = model
+    model_ref = model if isinstance(model, (str, os.PathLike)) else model_source(model)
     model, meta = _load_with_meta(model, model_name, revision, languages, device, meta_kwargs or {})
     if hybrid:
         from .hybrid import HybridSearchModel, hybrid_model_meta

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ...data.beir import jsonl_file, load_beir
+from ...data.sources import resolve_data
 from .common import DEFAULT_LANGUAGES, MAIN_SCORE, check_task_name
 
 
@@ -106,7 +107,8 @@ def beir_task(
     hash becomes the dataset revision stored in the results, so results of different data never merge.
 
     Args:
-        folder: a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
+        folder: a BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``), a Hub dataset id
+            (``mteb/scifact``, ``BeIR/scifact``) or a ``DatasetDict`` (:func:`~hf_cocodr.data.sources.resolve_data`).
         split: the qrels split to evaluate.
         task_name: the task name (the results file is ``{task_name}.json``); default ``<folder name>-<split>``.
             Must not be the name of a built-in MTEB task.
@@ -123,7 +125,7 @@ def beir_task(
     """
     from mteb.abstasks.task_metadata import TaskMetadata  # heavy: imported on first use only
 
-    folder = Path(folder).expanduser()
+    folder = Path(resolve_data(folder, "DATA_DIR")).expanduser()  # a Hub dataset: its cached BEIR folder
     data = load_beir(folder, split)  # validates the folder and split, with clear messages
     folder = folder.resolve()
     task_name = check_task_name(task_name or f"{folder.name}-{split}")
