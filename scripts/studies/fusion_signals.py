@@ -175,14 +175,14 @@ def corpus_signals(corpus: S.Corpus, ns) -> dict:
             nolex.append((row, q2, rest))
     picks_by["ict-nolex"] = nolex
     # between the two: a share of the words the rest shares dropped from the sentence (seeded per word)
-    for share in DROP_SHARES:
+    for drop in DROP_SHARES:
         rng = np.random.default_rng([0, 2])
         dropped = []
         for row, q, rest in inverse_cloze(texts, N_PSEUDO, 0):
-            q2 = drop_shared(q, rest, share, rng)
+            q2 = drop_shared(q, rest, drop, rng)
             if len(q2.split()) >= 3:
                 dropped.append((row, q2, rest))
-        picks_by[f"drop-{share:g}"] = dropped
+        picks_by[f"drop-{drop:g}"] = dropped
     for kind in ("span", "keywords", "title"):
         if not drawer.available(kind):
             continue
