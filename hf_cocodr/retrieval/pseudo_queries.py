@@ -15,8 +15,9 @@ corpus gave for free) and has a *kind*:
 
 :class:`PseudoQueryDrawer` draws ``n`` of them in a mix of kinds (:func:`parse_mix`), seeded: never an empty or blank
 query, never one longer than ``max_tokens`` tokens (the model's tokenizer, when given; else words), never one
-repeated (compared as :func:`~hf_cocodr.data.target_queries.normalize_query` compares queries), and never the text of
-a query in ``exclude`` (the user's evaluation queries: a run must not train on them). Given a few of the user's real
+repeated (compared by their words, as :func:`~hf_cocodr.data.target_queries.normalize_query` compares queries: case,
+punctuation and spacing ignored), and never one with the words of a query in ``exclude`` (the user's evaluation
+queries: a run must not train on them, nor on one of them with a full stop added). Given a few of the user's real
 queries (their text only), :meth:`PseudoQueryDrawer.calibrate` makes the spans and keyword lists as long as those
 queries are and weighs each kind by how close its BM25 top-score profile comes to theirs.
 
