@@ -98,8 +98,13 @@ def parse_mix(mix: str | Mapping[str, float] | Sequence[str] | None) -> dict[str
                 raise ConfigError(f"pseudo_query_mix: {part.strip()!r} is not KIND or KIND:WEIGHT") from None
     elif isinstance(mix, Mapping):
         items = list(mix.items())
-    else:
+    elif isinstance(mix, (list, tuple)):
         items = [(k, 1.0) for k in mix]
+    else:  # (a number or a flag in a YAML file)
+        raise ConfigError(
+            f"pseudo_query_mix must be KIND:WEIGHT pairs such as 'span:1,keywords:1' (kinds: "
+            f"{', '.join(PSEUDO_QUERY_KINDS)}), a mapping of kinds to weights, a list of kinds or auto; got {mix!r}"
+        )
     out: dict[str, float] = {}
     for kind, weight in items:
         if kind not in PSEUDO_QUERY_KINDS:
