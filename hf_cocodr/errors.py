@@ -58,6 +58,29 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class OtherRankFailed(RuntimeError):
+    """Another rank of a ``torch.distributed`` launch failed and this one stops with it (raised on every rank but the
+    one that failed, :func:`hf_cocodr.distributed.raise_together`). The message says which rank and its one line;
+    ``exit_code`` is the failing rank's (2: a refusal of the input, 1: a fault of the machine or a bug, 130:
+    interrupted), so every rank of a refused run exits as the rank that refused it, in one line."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code the command line gives ``e``: 2 for bad input (:data:`USER_ERRORS`), 130 for an interrupt, 1
+    for a fault of the machine (another ``OSError``) or anything else; another rank's failure keeps that rank's."""
+    if isinstance(e, OtherRankFailed):
+        return e.exit_code
+    if isinstance(e, USER_ERRORS):
+        return 2
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 1
+
+
 _CAUSES = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exhausted",

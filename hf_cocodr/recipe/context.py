@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..retrieval.session import EncodingSession
-from .outputs import STAGE_MARKER, lost_output, read_json_marker, read_marker
+from .outputs import STAGE_MARKER, lost_output, read_json_marker
 from .plan import Plan
 
 if TYPE_CHECKING:
@@ -95,13 +95,14 @@ class RecipeRun:
         """Whether ``stage`` finished with the inputs it has now (its marker holds its current identity) and its
         outputs are as it left them (every file its marker lists, at its size; else a warning names the file and
         the stage runs again)."""
-        if stage not in self.ids:
+        marker = read_json_marker(self.dir(stage))
+        if stage not in self.ids or marker.get("identity") != self.ids[stage]:
             return False
-        lost = lost_output(self.dir(stage), read_json_marker(self.dir(stage)))
+        lost = lost_output(self.dir(stage), marker)
         if lost is not None:
             logger.warning("stage %s: finished before, but %s: running it again", stage, lost)
             return False
-        return read_marker(self.dir(stage), self.ids[stage]) is not None
+        return True
 
     def log_rerun(self, stage_dir: Path) -> None:
         """Say that a stage that finished before runs again (its inputs changed)."""

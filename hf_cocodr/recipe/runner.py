@@ -126,6 +126,19 @@ def run_recipe(
             ``settings`` are then recipe options of this call's ``config``. Classes are instantiated for this run.
     """
     t_start = time.perf_counter()
+    given = {
+        "model": model,
+        "target_corpora": list(target_corpora),
+        "source_data": source_data,
+        "output_dir": output_dir,
+        "evals": list(evals),
+        "config": asdict(config) if isinstance(config, RecipeConfig) else dict(config or {}),
+        "max_minutes": max_minutes,
+        "resume": resume,
+        "overwrite_output_dir": overwrite_output_dir,
+        "stages": [getattr(s, "name", s) for s in stages or ()],
+    }
+    D.same_settings(given, "recipe settings")  # (torchrun: every rank's are rank 0's, before any work)
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
     evals = list(evals)
