@@ -5,8 +5,8 @@ Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target`
 final model is
 ``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
 and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
-Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is
-skipped on a re-run.
+Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present, every
+output it lists there at its size) is skipped on a re-run.
 """
 
 from __future__ import annotations
