@@ -79,3 +79,23 @@ def test_a_corpus_encoded_at_one_batch_size_is_not_served_at_another(tiny_st_dir
     for batch in (4, 32, 4):
         build_index(model, corpus, batch_size=batch, show_progress_bar=False, session=session)
     assert [r["source"] for r in session.record] == ["encoded", "encoded", "disk cache"]
+
+
+def test_an_mteb_result_of_another_batch_size_is_computed_again(tiny_st_dir, tiny_beir, tmp_path):
+    import contextlib
+    import io
+    import json
+
+    import hf_cocodr.cli.mteb  # noqa: F401  (registers the mteb command)
+    from hf_cocodr.cli import main
+
+    def mteb(batch: int) -> dict:
+        argv = ["-q", "mteb", str(tiny_st_dir), str(tiny_beir), "--split", "dev", "--task-name", "bx-dev"]
+        argv += ["--model-name", "lab/bx", "--revision", "r1", "--output-folder", str(tmp_path / "board")]
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert main([*argv, "--batch-size", str(batch)]) == 0
+        return json.loads(out.getvalue().strip().splitlines()[-1])["tasks"]["bx-dev"]
+
+    assert "main_score" in mteb(12)
+    assert "skipped" in mteb(12)  # the same inputs: its file is this run's
+    assert "main_score" in mteb(28)  # another batch size: computed again, never reported as skipped
