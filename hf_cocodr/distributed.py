@@ -7,11 +7,14 @@ dtype or row count; they follow the backend's device rules, so they also work un
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .errors import ConfigError, OtherRankFailed, describe_os_error, exit_code
 
 
 def world() -> tuple[int, int]:
@@ -101,20 +104,53 @@ def agree(ok: bool) -> bool:
 
 def raise_together(error: BaseException | None) -> None:
     """Raise on every rank when any rank failed (a collective): the failing rank re-raises its own ``error``, the
-    others a :class:`RuntimeError` naming it, so no rank is left waiting in a later collective."""
+    others an :class:`~hf_cocodr.errors.OtherRankFailed` with its line and its exit code (a refusal of the input
+    exits 2 on every rank, in one line each, without a traceback), so no rank is left waiting in a later
+    collective."""
     size, rank = world()
     if size == 1:
         if error is not None:
             raise error
         return
-    errors: list[str | None] = [None] * size
-    dist.all_gather_object(errors, None if error is None else f"{type(error).__name__}: {error}")
+    errors: list[tuple[str, int] | None] = [None] * size
+    dist.all_gather_object(errors, None if error is None else (_one_line(error), exit_code(error)))
     if error is not None:
         raise error
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
-        r, e = failed[0]
-        raise RuntimeError(f"rank {r} of {size} failed ({e}); this rank stops with it")
+        r, (line, code) = failed[0]
+        raise OtherRankFailed(f"rank {r} of {size} stopped the run ({line}); this rank stops with it", code)
+
+
+def _one_line(error: BaseException) -> str:
+    """``error`` as the command line prints it: a machine fault's path and cause, anything else's message."""
+    if isinstance(error, OSError) and exit_code(error) == 1:
+        return describe_os_error(error)
+    return " ".join((str(error) or type(error).__name__).split())
+
+
+def same_settings(settings: dict, what: str = "the settings") -> None:
+    """Refuse, on every rank in one line, a launch whose ranks were given other ``settings`` (a collective; nothing
+    in one process): every rank's are gathered and compared with rank 0's, key by key, so a rank started with
+    another ``--distill-steps`` is refused before any work, instead of waiting for ever in a collective of a step the
+    other ranks never take, or being silently overridden by what rank 0 decides."""
+    size, _ = world()
+    if size == 1:
+        return
+    mine = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    everyone: list[dict | None] = [None] * size
+    dist.all_gather_object(everyone, mine)
+    first = everyone[0] or {}
+    for r, other in enumerate(everyone[1:], start=1):
+        other = other or {}
+        differ = sorted(k for k in set(first) | set(other) if first.get(k) != other.get(k))
+        if differ:
+            shown = "; ".join(f"{k}: {other.get(k)!r} on rank {r}, {first.get(k)!r} on rank 0" for k in differ[:3])
+            more = f" (and {len(differ) - 3} more)" if len(differ) > 3 else ""
+            raise ConfigError(
+                f"the ranks of this launch were given different {what}: {shown}{more}; launch every rank with the "
+                "same arguments"
+            )
 
 
 def _collective_device() -> torch.device:

@@ -58,6 +58,29 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class OtherRankFailed(RuntimeError):
+    """Another rank of a ``torch.distributed`` launch failed and this one stops with it (raised on every rank but the
+    one that failed, :func:`hf_cocodr.distributed.raise_together`). The message says which rank and its one line;
+    ``exit_code`` is the failing rank's (2: a refusal of the input, 1: a fault of the machine or a bug, 130:
+    interrupted), so every rank of a refused run exits as the rank that refused it, in one line."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+
+
+def exit_code(e: BaseException) -> int:
+    """The exit code the command line gives ``e``: 2 for bad input (:data:`USER_ERRORS`), 130 for an interrupt, 1
+    for a fault of the machine (another ``OSError``) or anything else; another rank's failure keeps that rank's."""
+    if isinstance(e, OtherRankFailed):
+        return e.exit_code
+    if isinstance(e, USER_ERRORS):
+        return 2
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    return 1
+
+
 _CAUSES = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is exhausted",
@@ -71,8 +94,20 @@ _CAUSES = {
 
 def describe_os_error(e: OSError) -> str:
     """One line for a fault of the machine (disk full, read-only, permission, cross-device): the path(s) and the
-    cause in words."""
-    cause = _CAUSES.get(e.errno or -1, e.strerror or type(e).__name__)
+    cause in words. An error without an errno says what its message says (a library's ``OSError("... does not
+    appear to have a file named ...")``), a ``shutil.Error`` of a copy its first failed entry (source, destination,
+    cause) and how many more failed; only an error with no message at all is named by its class."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list) and e.args[0]:
+        failed = e.args[0]
+        first = failed[0]
+        said = (
+            f"{first[0]} -> {first[1]}: {' '.join(str(first[2]).split())}"
+            if isinstance(first, tuple) and len(first) == 3
+            else " ".join(str(first).split())
+        )
+        return f"copy failed: {said}" + (f" (and {len(failed) - 1} more entries)" if len(failed) > 1 else "")
+    message = " ".join(str(e.args[0] if len(e.args) == 1 else e).split()) if e.errno is None else ""
+    cause = _CAUSES.get(e.errno or -1, e.strerror or message or f"{type(e).__name__} (no message)")
     if e.errno in _CAUSES and e.strerror and e.strerror != os.strerror(e.errno):
         cause += f" ({e.strerror})"  # what hf_cocodr knows beyond the cause: which write failed and how
     where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p)

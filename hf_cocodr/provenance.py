@@ -160,11 +160,6 @@ def resolve_hub_id(folder: str | os.PathLike) -> tuple[str | None, str | None]:
     return hub_id, revision
 
 
-@lru_cache(maxsize=64)
-def _folder_fingerprint(folder: str) -> Any:
-    return fingerprint(folder)
-
-
 def source_info(source: str | os.PathLike | None) -> dict[str, Any]:
     """What a model made from ``source`` inherits: its provenance (stages, methods, data sets, base model) and, for a
     folder hf_cocodr did not train, the Hub model it is a copy of (``base_model``, ``base_model_revision``) and the
@@ -180,7 +175,7 @@ def source_info(source: str | os.PathLike | None) -> dict[str, Any]:
         if not info.get("stages") and not info.get("base_model_source"):
             info["base_model_source"] = {
                 "path": str(path.resolve()),
-                "fingerprint": _folder_fingerprint(str(path.resolve())),
+                "fingerprint": fingerprint(str(path.resolve())),  # (its files' hashes, memoized)
             }
         if not info.get("base_model") and not info.get("stages"):  # a trained model keeps its own (local) base
             hub_id, revision = resolve_hub_id(path)

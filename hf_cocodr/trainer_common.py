@@ -118,6 +118,8 @@ class TrainerMixin:
         only. Returns the run id every process resumes under."""
         from . import distributed as D
 
+        # (torchrun: a rank given other settings would wait for ever in a step the others never take)
+        D.same_settings(self._trajectory_settings(), "training arguments")
         self._run_folder = None
         if self.args.should_save:
             self._run_folder = RunFolder.claim(
@@ -213,15 +215,17 @@ class TrainerMixin:
                 honour_umask(*(run.path / name for name in rec["files"]))
 
     def _mark_checkpoint_complete(self, trial) -> None:
-        """Written last, atomically: only checkpoints with this marker are ever resumed from."""
+        """Written last, atomically, once every rank has written its files (under ``torch.distributed`` each writes
+        its own random state): only checkpoints with this marker are ever resumed from."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
         from . import distributed as D
 
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        D.barrier()  # (rank 0 marks the checkpoint complete only after the other ranks' files are there)
         if self.args.should_save:
             run = getattr(self, "_run_folder", None)
-            mark_complete(folder, self.state.global_step, run.run_id if run else None)
+            mark_complete(folder, self.state.global_step, run.run_id if run else None, D.world()[0])
             if run is not None:
                 run.save()
         D.barrier()

@@ -394,10 +394,27 @@ def native_bf16() -> bool:
         return False
 
 
+_APOSTROPHES = frozenset("'\u2019\u02bc")  # within a word: dropped, so "what's" and "whats" are one word
+
+
 def normalize_query(text: str) -> str:
-    """A query's text as the overlap guard and the de-duplication compare it: Unicode NFKC (full-width and compatibility
-    forms folded), format characters dropped (zero-width spaces and joiners, soft hyphens, direction marks: the
-    tokenizers drop them too), case folded, runs of white space made one space."""
+    """A query's words as the overlap guard, the pseudo-query exclusion and the de-duplication compare queries.
+
+    Ignored: case (folded); punctuation (every Unicode punctuation character: ``. ? ! , ; : " ( ) [ ] - – — / …``
+    and the like, anywhere in the query, separates words, so ``"query."``, ``"Query?"`` and ``"(query)"`` are one
+    query, and so are ``"covid-19"`` and ``"covid 19"``); apostrophes (``'``, ``’``), which are dropped, so
+    ``"what's"`` is ``"whats"``; spacing (runs of white space are one space, leading and trailing ones none);
+    compatibility forms (Unicode NFKC: full-width letters, ligatures); format characters (zero-width spaces and
+    joiners, soft hyphens, direction marks: the tokenizers drop them too).
+
+    Kept: the words and their order, digits, accents (``"café"`` is not ``"cafe"``) and symbols (``+ $ % = <``:
+    ``"c++"`` is not ``"c"``). A text of punctuation and invisible characters only has no words: ``""``.
+    """
     text = unicodedata.normalize("NFKC", text)
-    text = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
-    return " ".join(text.casefold().split())
+    kept = []
+    for ch in text:
+        category = unicodedata.category(ch)
+        if category == "Cf" or ch in _APOSTROPHES:
+            continue
+        kept.append(" " if category.startswith("P") else ch)
+    return " ".join("".join(kept).casefold().split())

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import USER_ERRORS, describe_os_error
+from ..errors import USER_ERRORS, OtherRankFailed, describe_os_error
 from ..export import export_sentence_transformer
 from ..modeling.limits import check_lengths
 from ..modeling.loading import check_model_source, load_encoder
@@ -373,6 +373,8 @@ def _run_distributed(cmd: Command, args, rest: list[str]) -> int:
 
     created, ok = D.init_from_env(), False
     try:
+        given = {k: v for k, v in vars(args).items() if v is None or isinstance(v, (str, int, float, bool, list))}
+        D.same_settings({**given, "passed on": list(rest)}, "arguments")  # (before any work, on every rank)
         if D.is_main():
             setup_logging(logging.WARNING if args.quiet else logging.INFO)
             code = cmd.run(args, rest)
@@ -411,6 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_distributed(cmd, args, rest)
         setup_logging(logging.WARNING if args.quiet else logging.INFO)
         return cmd.run(args, rest)
+    except OtherRankFailed as e:  # (torchrun: another rank's line, with its exit code)
+        if debug:
+            raise
+        print(f"{command}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return e.exit_code
     except (UsageError, *USER_ERRORS) as e:
         if debug:
             raise

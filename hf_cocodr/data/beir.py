@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import BEIRFormatError, ConfigError  # defined with the other input errors (re-exported)
+from ..rundir.file_hash import file_sha256
 from ..rundir.run_record import CORPUS_FILE, QRELS_DIR, QUERIES_FILE, jsonl_file  # the files a fingerprint covers
 from ..storage import cache_dir, remove_entry, staged_file
 from .sources import data_label, resolve_data
@@ -54,13 +55,14 @@ def _cache_dir() -> Path:
 
 
 def _cache_key(path: Path, kind: str) -> str:
-    """``<where>-<contents>``: a hash of the file's place (and the cache version), then of its size and time."""
-    st = path.stat()
+    """``<where>-<contents>``: a hash of the file's place (and the cache version), then of its contents (every byte:
+    :func:`~hf_cocodr.rundir.file_hash.file_sha256`, memoized), so a file rewritten in place at the same size and
+    time is read again."""
     where = f"{_CACHE_VERSION}|{kind}|{path.resolve()}"
     return (
         hashlib.sha256(where.encode()).hexdigest()[:12]
         + "-"
-        + hashlib.sha256(f"{where}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:12]
+        + hashlib.sha256(f"{where}|{file_sha256(path)}".encode()).hexdigest()[:12]
     )
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..rundir.file_hash import file_sha256
 from ..storage import cache_dir, remove_entry, staged_file
 from ..utils import atomic_write_json
 from .beir import BEIRFormatError, check_text_field, doc_text, iter_jsonl_records, jsonl_file, load_corpus
@@ -172,19 +173,16 @@ def corpus_source(spec, text_column: str = "text") -> CorpusSource:
             for t, x in zip(titles.to_pylist(), texts.to_pylist()):
                 yield doc_text(t, x)
 
-        st = jsonl_file(path, "corpus.jsonl").stat()
-        return CorpusSource(
-            path.name, gen_beir, f"beir:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}", f"beir:{path.resolve()}"
-        )
+        content = file_sha256(jsonl_file(path, "corpus.jsonl"))  # (every byte: a corpus rewritten in place is new)
+        return CorpusSource(path.name, gen_beir, f"beir:{path.resolve()}:{content}", f"beir:{path.resolve()}")
     if path.is_file():
 
         def gen_jsonl():
             for title, text in jsonl_title_text(path, text_column):
                 yield doc_text(title, text)
 
-        st = path.stat()
         return CorpusSource(
-            path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}", f"jsonl:{path.resolve()}"
+            path.stem, gen_jsonl, f"jsonl:{path.resolve()}:{file_sha256(path)}", f"jsonl:{path.resolve()}"
         )
     raise FileNotFoundError(f"corpus {spec} not found: expected a BEIR folder, a JSONL file or a datasets.Dataset")
 

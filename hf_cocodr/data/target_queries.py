@@ -140,8 +140,8 @@ def _dedupe(source: TargetQueries) -> TargetQueries:
         if said not in _WARNED:  # a source is read by several checks: one warning
             _WARNED.add(said)
             logger.warning(
-                "target queries %s: %d of %d queries repeat an earlier one (case, spacing and invisible "
-                "characters ignored) and were dropped; %d distinct queries",
+                "target queries %s: %d of %d queries repeat an earlier one (case, punctuation, spacing and "
+                "invisible characters ignored) and were dropped; %d distinct queries",
                 source.name,
                 len(source.texts) - blank - len(keep),
                 len(source.texts) - blank,
@@ -155,9 +155,9 @@ def _dedupe(source: TargetQueries) -> TargetQueries:
 
 def refuse_eval_overlap(target_specs, eval_specs) -> None:
     """Refuse, before any work, target queries that are also queries of an ``--eval`` split: by id when both come
-        from the same BEIR folder, by text always, compared by :func:`normalize_query` (case, spacing, compatibility forms and invisible format
-    characters ignored). The error names the eval split and one
-        shared query, so no run trains on the queries it is evaluated on."""
+    from the same BEIR folder, by their words always, compared by :func:`normalize_query` (case, punctuation,
+    apostrophes, spacing, compatibility forms and invisible format characters ignored). The error names the eval
+    split and one shared query, so no run trains on the queries it is evaluated on."""
     sources = [read_target_queries(s) for s in target_specs or ()]  # a bad source fails here, evals or not
     if not sources or not eval_specs:
         return

@@ -164,7 +164,7 @@ def evaluate_retrieval(
             top_k,
             k_values,
             encode_for_fit,
-            fit_settings=(encode_precision, query_max_length, doc_max_length),
+            fit_settings=(encode_precision, query_max_length, doc_max_length, batch_size),
             corpus_name=str(data.folder),
             session=session,
         )
@@ -189,7 +189,7 @@ def _hybrid_result(
     top_k: int,
     k_values,
     encode_for_fit=None,
-    fit_settings: tuple = ("fp32", None, None),
+    fit_settings: tuple = ("fp32", None, None, 64),
     corpus_name: str | None = None,
     session: EncodingSession | None = None,
 ) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:

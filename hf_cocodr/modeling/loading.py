@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.run_record import PROVENANCE_FILE, model_fingerprint
-from ..storage import cache_dir, staged_directory
+from ..storage import cache_dir, model_weight_bytes, staged_directory
 from ..utils import atomic_write_json, is_hub_id
 
 logger = logging.getLogger(__name__)
@@ -40,7 +40,9 @@ def check_model_source(path: str | os.PathLike, *, revision: str | None = None) 
 
     Raises:
         FileNotFoundError: one line: a file instead of a folder, a folder without ``modules.json`` / ``config.json``,
-            neither a folder nor a Hub id, or (offline, ``HF_HUB_OFFLINE=1``) a Hub id that is not in the cache.
+            a folder without a weights file (``model.safetensors``, ``pytorch_model.bin`` or their shards, at its top
+            or in a module's folder), neither a folder nor a Hub id, or (offline, ``HF_HUB_OFFLINE=1``) a Hub id that
+            is not in the cache.
     """
     name = str(path)
     local = Path(name).expanduser()
@@ -51,6 +53,11 @@ def check_model_source(path: str | os.PathLike, *, revision: str | None = None) 
             raise FileNotFoundError(
                 f"{local} is neither a sentence-transformers directory (modules.json) nor a transformers checkpoint "
                 "(config.json)."
+            )
+        if not model_weight_bytes(local):
+            raise FileNotFoundError(
+                f"{local} holds no weights: no model.safetensors, pytorch_model.bin or shards of them (at its top or in "
+                "a module's folder); copy the model's weight files there, or pass the folder that has them."
             )
         return True
     from huggingface_hub import constants, try_to_load_from_cache

@@ -46,10 +46,7 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
     from ..data.teacher import route_queries
     from ..retrieval.hybrid import _corpus_ids_texts
 
-    options = getattr(cfg, "distill", None) or {}
-    batch = int(options.get("per_device_train_batch_size", DISTILL_BATCH_SIZE)) * int(
-        options.get("gradient_accumulation_steps", 1)
-    )
+    batch = distill_batch(cfg)
     routed = route_queries(cfg.target_queries, target_corpora)
     pseudo = cfg.pseudo_queries if isinstance(cfg.pseudo_queries, int) else 0
     total = pseudo  # (a corpus that gives fewer is said when they are drawn)
@@ -81,6 +78,37 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
                 f"recipe option distill_deep {deep} with distill_k {cfg.distill_k} needs {cfg.distill_k + deep} "
                 f"ranked documents, more than the {docs} with text in the target corpus {corpus}; lower distill_deep"
             )
+
+
+def distill_batch(cfg: Any) -> int:
+    """The distillation's training batch: ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` of its
+    options (:data:`DISTILL_BATCH_SIZE` x 1 by default)."""
+    options = getattr(cfg, "distill", None) or {}
+    return int(options.get("per_device_train_batch_size", DISTILL_BATCH_SIZE)) * int(
+        options.get("gradient_accumulation_steps", 1)
+    )
+
+
+def check_drawn_queries(cfg: Any, queries) -> None:
+    """What the distillation trains on once the pseudo-queries are drawn (``queries``: each target corpus's
+    :class:`~hf_cocodr.recipe.queries.CorpusQueries`), before the teacher encodes a document: at least one training
+    batch of queries (:func:`distill_batch`). A corpus that gave fewer pseudo-queries than asked for (documents of
+    one word hold no span, keyword pair or sentence to draw) is named with what it gave."""
+    batch = distill_batch(cfg)
+    given = sum(int(q.counts.get("train_queries", 0)) for q in queries)
+    drawn = {q.name: int(q.counts.get("train_pseudo_queries", 0)) for q in queries}
+    if given + sum(drawn.values()) >= batch:
+        return
+    asked = int(cfg.pseudo_queries or 0) if isinstance(cfg.pseudo_queries, int) else 0
+    total = given + sum(drawn.values())
+    said = ", ".join(f"{name} gave {n}" for name, n in drawn.items()) or "no target corpus gave any"
+    smaller = f", or set distill: {{per_device_train_batch_size: {total}}}" if total else ""
+    raise ConfigError(
+        f"pseudo_queries {asked}: the target corpora gave {sum(drawn.values())} distinct pseudo-queries ({said}: "
+        f"a span, a keyword pair or a sentence needs documents of several words), and with {given} of your queries "
+        f"that is fewer than one distillation batch of {batch}: give --target-queries, a corpus of longer "
+        f"documents{smaller}"
+    )
 
 
 def check_recipe_lengths(model: Any, cfg: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..retrieval.session import EncodingSession
-from .outputs import STAGE_MARKER, read_marker
+from .outputs import STAGE_MARKER, lost_output, read_json_marker
 from .plan import Plan
 
 if TYPE_CHECKING:
@@ -92,8 +92,17 @@ class RecipeRun:
         return self.out / stage
 
     def done(self, stage: str) -> bool:
-        """Whether ``stage`` finished with the inputs it has now (its marker holds its current identity)."""
-        return stage in self.ids and read_marker(self.dir(stage), self.ids[stage]) is not None
+        """Whether ``stage`` finished with the inputs it has now (its marker holds its current identity) and its
+        outputs are as it left them (every file its marker lists, at its size; else a warning names the file and
+        the stage runs again)."""
+        marker = read_json_marker(self.dir(stage))
+        if stage not in self.ids or marker.get("identity") != self.ids[stage]:
+            return False
+        lost = lost_output(self.dir(stage), marker)
+        if lost is not None:
+            logger.warning("stage %s: finished before, but %s: running it again", stage, lost)
+            return False
+        return True
 
     def log_rerun(self, stage_dir: Path) -> None:
         """Say that a stage that finished before runs again (its inputs changed)."""

@@ -146,10 +146,15 @@ def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[s
     from ..retrieval.teacher import teacher_cache_path, teacher_retriever
 
     ids, doc_texts = _corpus_ids_texts(corpus)
-    if not (teacher_cache_path(run.fps["model"], ids, doc_texts, run.encodings) / HYBRID_FILE).is_file():
+    batch = encode_batch_size(run.cfg)  # (the distillation's teacher encoding's: its cache is keyed by it)
+    if not (
+        teacher_cache_path(run.fps["model"], ids, doc_texts, run.encodings, batch_size=batch) / HYBRID_FILE
+    ).is_file():
         return None
     fusion = DistillStage._fusion(run.cfg)
-    hybrid, *_ = teacher_retriever(start, run.fps["model"], corpus, fusion=fusion, session=run.encodings)
+    hybrid, *_ = teacher_retriever(
+        start, run.fps["model"], corpus, fusion=fusion, batch_size=batch, session=run.encodings
+    )
     found, _ = hybrid.search(texts, DEPTH)
     return [list(r) for r in found]
 

@@ -4,6 +4,7 @@ final export and the fine-tuning's weight history."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,20 +19,57 @@ STAGE_MARKER = "hf_cocodr_stage.json"
 
 def read_marker(path: Path, identity: str | None = None) -> dict | None:
     """The completion marker of the stage in ``path``; with ``identity``, only if the stage finished with those
-    inputs."""
-    marker = path / STAGE_MARKER
-    if marker.is_file():
-        try:
-            info = json.loads(marker.read_text())
-        except ValueError:
-            return None
-        return info if identity is None or info.get("identity") == identity else None
+    inputs; None also where an output the marker lists is gone or has another size (:func:`lost_output`)."""
+    info = read_json_marker(path)
+    if not info or lost_output(path, info):
+        return None
+    return info if identity is None or info.get("identity") == identity else None
+
+
+def read_json_marker(path: Path) -> dict:
+    """The completion marker of the stage in ``path`` as it is written (``{}``: none, or not readable JSON)."""
+    try:
+        info = json.loads((path / STAGE_MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _outputs(path: Path) -> dict[str, int]:
+    """``{relative path: size}`` of every file a stage wrote into ``path``: its model and records, not its
+    checkpoints, logs (``runs``), hidden entries, owner record, lock or marker."""
+    out = {}
+    for here, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "checkpoint-")) and d != "runs")
+        for name in files:
+            f = Path(here) / name
+            if name.startswith(".") or name in (STAGE_MARKER, RECORD, LOCK) or not f.is_file():
+                continue
+            out[f.relative_to(path).as_posix()] = f.stat().st_size
+    return dict(sorted(out.items()))
+
+
+def lost_output(path: Path, info: dict) -> str | None:
+    """What of the outputs a stage's marker lists (``outputs``: each file and its size when the stage finished) is
+    gone or changed size, in words (``None``: all there; a marker of an earlier version, without the list, is taken
+    at its word)."""
+    listed = info.get("outputs")
+    if not isinstance(listed, dict):
+        return None
+    for name, size in listed.items():
+        f = path / name
+        if not f.is_file():
+            return f"{f} is missing"
+        if f.stat().st_size != size:
+            return f"{f} has {f.stat().st_size} bytes, not the {size} it was written with"
     return None
 
 
 def write_marker(path: Path, info: dict) -> None:
-    """Mark the stage in ``path`` finished (atomically): ``info`` holds its identity, steps, seconds, ..."""
-    atomic_write_json(path / STAGE_MARKER, info)
+    """Mark the stage in ``path`` finished (atomically): ``info`` holds its identity, steps, seconds, ...; the marker
+    also lists the stage's outputs as they are now (``outputs``: each file and its size), so that a finished stage
+    is taken as finished only while its outputs are there (:func:`read_marker`)."""
+    atomic_write_json(path / STAGE_MARKER, {**info, "outputs": _outputs(path)})
 
 
 def stopped(guard) -> dict[str, Any]:

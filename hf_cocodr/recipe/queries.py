@@ -184,6 +184,14 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
     cfg = run.cfg
     # the guard sets apart at most a quarter of the corpus's documents (a small corpus keeps the rest to train on)
     n_guard = min(int(cfg.guard_queries), len(cols[0]) // GUARD_DOC_SHARE) if cfg.guard != "off" else 0
+    if cfg.guard != "off" and not n_guard:
+        logger.warning(
+            "guard: nothing of %s is held out (%s): the guard reads no query of it",
+            entry.name,
+            f"{len(cols[0])} documents, fewer than the {GUARD_DOC_SHARE} it holds one pseudo-query out of"
+            if len(cols[0]) < GUARD_DOC_SHARE
+            else "guard_queries 0",
+        )
     pseudo_train, pseudo_guard = [], []
     if n_train or n_guard:
         drawer = PseudoQueryDrawer(*cols, seed=cfg.seed, count_tokens=counter)
@@ -238,6 +246,35 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
         len(held_real),
     )
     return entry
+
+
+def guard_not_read(run: RecipeRun) -> dict[str, Any]:
+    """The guard's state where it read nothing (:func:`~hf_cocodr.recipe.guard.guard_run` gave no reading), for the
+    log and ``recipe.json``: ``{"mode", "verdict": "not read", "why"}``."""
+    cfg = run.cfg
+    if cfg.guard == "off":
+        why = "guard: off"
+    elif str(run.current) == str(run.model):
+        why = "no stage changed the starting model: nothing to compare"
+    elif not run.target_corpora:
+        why = "no target corpus to hold queries out of"
+    else:
+        small = [
+            q.name
+            for q in run.queries
+            if not q.counts.get("guard_pseudo_queries") and not q.counts.get("guard_queries")
+        ]
+        if int(cfg.guard_queries) == 0:
+            why = "guard_queries 0: no query is held out"
+        elif small or not run.queries:
+            named = ", ".join(small) or ", ".join(corpus_names(run.target_corpora))
+            why = (
+                f"nothing could be held out of {named}: a corpus of fewer than {GUARD_DOC_SHARE} documents (or "
+                "without document ids) holds none"
+            )
+        else:
+            why = "no query was held out"
+    return {"mode": cfg.guard, "verdict": "not read", "why": why}
 
 
 def distill_sources(run: RecipeRun) -> list:

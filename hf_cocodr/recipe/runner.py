@@ -5,8 +5,8 @@ Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target`
 final model is
 ``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
 and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
-Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is
-skipped on a re-run.
+Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present, every
+output it lists there at its size) is skipped on a re-run.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from . import planner
 from .checks import (
     check_budget_floor,
     check_distill_inputs,
+    check_drawn_queries,
     check_recipe_lengths,
     check_source_needed,
     check_target_corpora,
@@ -52,7 +53,7 @@ from .guard import guard_run
 from .inputs import load_data
 from .outputs import export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
-from .queries import corpus_names, prepare_queries
+from .queries import corpus_names, guard_not_read, prepare_queries
 from .schedules import choose_schedule
 from .settings import device_record, encode_batch_size
 from .stage import Stage
@@ -130,6 +131,19 @@ def run_recipe(
             ``settings`` are then recipe options of this call's ``config``. Classes are instantiated for this run.
     """
     t_start = time.perf_counter()
+    given = {
+        "model": model,
+        "target_corpora": list(target_corpora),
+        "source_data": source_data,
+        "output_dir": output_dir,
+        "evals": list(evals),
+        "config": asdict(config) if isinstance(config, RecipeConfig) else dict(config or {}),
+        "max_minutes": max_minutes,
+        "resume": resume,
+        "overwrite_output_dir": overwrite_output_dir,
+        "stages": [getattr(s, "name", s) for s in stages or ()],
+    }
+    D.same_settings(given, "recipe settings")  # (torchrun: every rank's are rank 0's, before any work)
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
     model, target_corpora, source_data, evals = _inputs(model, target_corpora, source_data, output_dir, evals)
@@ -329,6 +343,8 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
     )
     # (the distillation's training queries, the guard's held-out ones; written by rank 0 under torch.distributed)
     run.queries = D.main_first(prepare_queries, run)
+    if any(s.reads_target_queries and s.enabled(cfg) for s in stages) and run.target_corpora and run.queries:
+        check_drawn_queries(cfg, run.queries)  # (what was drawn fills a batch: before the teacher's work)
     run.arguments = {s.name: s.arguments(run) for s in stages}
     # The plan (kept in OUT/plan.json for the inputs it was made for) and each stage's identity: a finished stage is
     # skipped only when its identity (its inputs, settings, steps and the stage before it) is unchanged.
@@ -447,17 +463,28 @@ def split_hybrid(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_start_eval(
-    model: str, evals: list[str], out: Path, batch_size: int, session: EncodingSession | None = None
+    model: str,
+    evals: list[str],
+    out: Path,
+    batch_size: int,
+    session: EncodingSession | None = None,
+    *,
+    query_max_length: int | None = None,
+    doc_max_length: int | None = None,
 ) -> dict[str, dict]:
     """The starting model on the ``--eval`` splits, cached in ``OUT/start_eval.json``: each split's result under the
-    fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus), so
-    a changed model or a changed split is evaluated again, whatever its name."""
+    fingerprints of what it was computed from (the model's files and the split's folder: qrels, queries, corpus) and
+    of everything that changes its vectors (:func:`_start_eval_encoding`: the corpus-encoding precision, the batch
+    size, the token lengths), so a changed model, a changed split or an evaluation in another precision is evaluated
+    again, whatever its name."""
     path = out / "start_eval.json"
     cached = D.main_first(_read_start_eval, path)  # (rank 0's reading: every rank evaluates the same splits)
     model_fp = digest(fingerprint(model))
     if not isinstance(cached, dict) or cached.get("model_fingerprint") != model_fp:
         cached = {"model": model, "model_fingerprint": model_fp, "results": {}, "inputs": {}}
-    inputs = {spec: digest(data_fingerprint(*parse_eval_spec(spec))) for spec in evals}  # (its files the loader reads)
+    encoding = _start_eval_encoding(session, batch_size, query_max_length, doc_max_length)
+    # (the files the loader reads of each split, and how its vectors are computed)
+    inputs = {spec: digest({"data": data_fingerprint(*parse_eval_spec(spec)), "encoding": encoding}) for spec in evals}
     todo = [
         s
         for s in evals
@@ -465,16 +492,39 @@ def _run_start_eval(
     ]
     if todo:
         st = load_encoder(model)
+        lengths = {"query_max_length": query_max_length, "doc_max_length": doc_max_length}
         for spec in todo:
             folder, split = parse_eval_spec(spec)
             res = evaluate_retrieval(
-                st, folder, split, show_progress_bar=False, batch_size=batch_size, hybrid=True, session=session
+                st,
+                folder,
+                split,
+                show_progress_bar=False,
+                batch_size=batch_size,
+                hybrid=True,
+                session=session,
+                **lengths,
             )
             cached["results"][spec] = split_hybrid(res)
             cached.setdefault("inputs", {})[spec] = inputs[spec]
+            cached.setdefault("encoding", {})[spec] = encoding  # (what the key holds, for a reader)
             if D.is_main():
                 atomic_write_json(path, cached)
     return {s: cached["results"][s] for s in evals}
+
+
+def _start_eval_encoding(
+    session: EncodingSession | None, batch_size: int, query_max_length: int | None, doc_max_length: int | None
+) -> dict[str, Any]:
+    """What changes the starting model's vectors in its evaluation besides the model's files and the data, part of
+    ``start_eval.json``'s key: the corpus-encoding precision (the ``session``'s; fp32 without one), the batch size
+    and the token lengths (``None``: the model's own, which its files hold)."""
+    return {
+        "encode_precision": session.precision if session is not None else "fp32",
+        "batch_size": int(batch_size),
+        "query_max_length": query_max_length,
+        "doc_max_length": doc_max_length,
+    }
 
 
 def _read_start_eval(path: Path) -> dict:
@@ -495,6 +545,8 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     if run.guard is not None:
         run.stage_seconds["guard"] = run.guard["seconds"]
         t0 = time.perf_counter()
+    else:  # (its state is always said: here and in recipe.json)
+        (logger.info if run.cfg.guard == "off" else logger.warning)("guard: not read (%s)", guard_not_read(run)["why"])
     D.main_first(_export, run, final_dir)
     seconds = run.stage_seconds
     seconds["export"] = round(time.perf_counter() - t0, 1)
@@ -662,7 +714,7 @@ def _write_records(
         "queries": {
             q.name: {**q.counts, **({"calibration": q.calibration} if q.calibration else {})} for q in run.queries
         },
-        "guard": run.guard,
+        "guard": run.guard if run.guard is not None else guard_not_read(run),
     }
     if run.max_minutes is not None:
         record["budget_seconds"] = round(run.budget_s, 1)

@@ -81,14 +81,14 @@ def length_sorted_order(corpus) -> np.ndarray:
     return np.argsort(-lengths, kind="stable")
 
 
-def _reuse_key(model, corpus, max_length, backend, normalize, session: EncodingSession) -> tuple | None:
+def _reuse_key(model, corpus, max_length, backend, normalize, batch_size, session: EncodingSession) -> tuple | None:
     fp = getattr(corpus, "_fingerprint", None)
     if not session.reuse or fp is None:
         return None
     weights = model_fingerprint(model)["weights_sha256"]
     # the precision as the disk cache keys it: the session's bf16 or the caller's own autocast
     precision = encoding_cache.current_precision(model, session)
-    return (weights, fp, len(corpus), max_length, backend, normalize, precision)
+    return (weights, fp, len(corpus), max_length, backend, normalize, precision, batch_size)
 
 
 def build_index(
@@ -139,9 +139,11 @@ def _build_exact_index(
     session = session if session is not None else EncodingSession()
     t0 = time.perf_counter()
     normalize = model_similarity(model) == "cosine"
-    key = _reuse_key(model, corpus, max_length, backend, normalize, session)
+    key = _reuse_key(model, corpus, max_length, backend, normalize, batch_size, session)
     disk_key = (
-        encoding_cache.encoding_key(model, corpus, max_length, normalize, session=session) if session.cache else None
+        encoding_cache.encoding_key(model, corpus, max_length, normalize, batch_size=batch_size, session=session)
+        if session.cache
+        else None
     )
     kept = session.kept(key)
     if kept is not None:

@@ -9,10 +9,12 @@ key made of
   plain one), their classes, configurations and weights (names, shapes, dtypes, bytes), the document prompt and the
   token limit;
 * the **corpus's content** (its ids and ``title + text`` in order, :func:`~hf_cocodr.retrieval.hybrid.corpus_fingerprint`);
-* the **token limit** the documents were cut at and the **precision** they were encoded in (fp32, bf16 autocast or
-  an int8 copy, whose quantized weights have their own fingerprint), and whether the vectors are normalised.
+* the **token limit** the documents were cut at, the **precision** they were encoded in (fp32, bf16 autocast or
+  an int8 copy, whose quantized weights have their own fingerprint), the **batch size** they were encoded in (a
+  batch is padded to its longest text: another batch size gives other float roundings) and whether the vectors are
+  normalised.
 
-A changed model, corpus, length or precision is a different key, so it is never served a stale encoding. A hit is
+A changed model, corpus, length, precision or batch size is a different key, so it is never served a stale encoding. A hit is
 served as the same exact index a fresh encoding builds (the vectors in the corpus's length-sorted order). The vectors
 are streamed into a memory-mapped ``.npy`` chunk by chunk as they are encoded, in the encoding's precision (float16
 for bf16, :mod:`~hf_cocodr.retrieval.vectors`), and a hit is read back a chunk at a time: neither holds a second
@@ -208,13 +210,14 @@ def encoding_key(
     max_length: int | None,
     normalize: bool,
     *,
+    batch_size: int,
     session: EncodingSession | None = None,
     corpus_fp: str | None = None,
     num_docs: int = 0,
 ) -> dict[str, Any]:
     """What the cached vectors of ``corpus`` by ``model`` depend on (see the module docstring), encoded in the
-    ``session``'s precision; ``corpus_fp`` and ``num_docs`` stand in for a corpus whose content fingerprint is known
-    (``corpus`` None)."""
+    ``session``'s precision ``batch_size`` documents at a time; ``corpus_fp`` and ``num_docs`` stand in for a corpus
+    whose content fingerprint is known (``corpus`` None)."""
     return {
         "format": FORMAT,
         "document_encoder": document_encoder_key(model),
@@ -222,6 +225,7 @@ def encoding_key(
         "num_docs": len(corpus) if corpus_fp is None else int(num_docs),
         "max_length": int(max_length) if max_length else int(model.max_seq_length or 0),
         "precision": current_precision(model, session),
+        "batch_size": int(batch_size),
         "normalize": bool(normalize),
     }
 

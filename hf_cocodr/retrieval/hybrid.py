@@ -293,7 +293,8 @@ class HybridRetriever:
             self.embeddings,
             lambda q: encode_texts(st, q, kind="query", batch_size=batch_size, session=session),
             lambda d: encode_documents(st, d, batch_size=batch_size, max_length=doc_max_length, session=session),
-            settings=(session.precision, None, doc_max_length),  # (precision, query and document token limits)
+            # (precision, query and document token limits, batch size)
+            settings=(session.precision, None, doc_max_length, batch_size),
             queries=queries,
             bm25=self.bm25,
             session=session,

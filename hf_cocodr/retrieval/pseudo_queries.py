@@ -15,8 +15,9 @@ corpus gave for free) and has a *kind*:
 
 :class:`PseudoQueryDrawer` draws ``n`` of them in a mix of kinds (:func:`parse_mix`), seeded: never an empty or blank
 query, never one longer than ``max_tokens`` tokens (the model's tokenizer, when given; else words), never one
-repeated (compared as :func:`~hf_cocodr.data.target_queries.normalize_query` compares queries), and never the text of
-a query in ``exclude`` (the user's evaluation queries: a run must not train on them). Given a few of the user's real
+repeated (compared by their words, as :func:`~hf_cocodr.data.target_queries.normalize_query` compares queries: case,
+punctuation and spacing ignored), and never one with the words of a query in ``exclude`` (the user's evaluation
+queries: a run must not train on them, nor on one of them with a full stop added). Given a few of the user's real
 queries (their text only), :meth:`PseudoQueryDrawer.calibrate` makes the spans and keyword lists as long as those
 queries are and weighs each kind by how close its BM25 top-score profile comes to theirs.
 
@@ -97,8 +98,13 @@ def parse_mix(mix: str | Mapping[str, float] | Sequence[str] | None) -> dict[str
                 raise ConfigError(f"pseudo_query_mix: {part.strip()!r} is not KIND or KIND:WEIGHT") from None
     elif isinstance(mix, Mapping):
         items = list(mix.items())
-    else:
+    elif isinstance(mix, (list, tuple)):
         items = [(k, 1.0) for k in mix]
+    else:  # (a number or a flag in a YAML file)
+        raise ConfigError(
+            f"pseudo_query_mix must be KIND:WEIGHT pairs such as 'span:1,keywords:1' (kinds: "
+            f"{', '.join(PSEUDO_QUERY_KINDS)}), a mapping of kinds to weights, a list of kinds or auto; got {mix!r}"
+        )
     out: dict[str, float] = {}
     for kind, weight in items:
         if kind not in PSEUDO_QUERY_KINDS:

@@ -39,15 +39,23 @@ def _as_fusion(fusion):
 
 
 def teacher_cache_path(
-    model_key: Any, doc_ids: Sequence[str], doc_texts: Sequence[str], session: EncodingSession | None = None
+    model_key: Any,
+    doc_ids: Sequence[str],
+    doc_texts: Sequence[str],
+    session: EncodingSession | None = None,
+    *,
+    batch_size: int = 64,
 ) -> Path:
     """Where :func:`teacher_rankings` keeps the teacher's indexes of a corpus (a saved
-    :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever`): by the model (``model_key``, what identifies its weights) and the
-    corpus's content, and the precision of the corpus encoding (the ``session``'s) when it is not fp32."""
+    :class:`~hf_cocodr.retrieval.hybrid.HybridRetriever`): by the model (``model_key``, what identifies its weights and
+    their token limits), the corpus's content, the batch size of the corpus encoding (the same as
+    :func:`teacher_rankings`'s) and its precision (the ``session``'s) when it is not fp32."""
     ident = {"teacher": 2, "model": model_key, "corpus": corpus_fingerprint(list(doc_ids), list(doc_texts))}
     precision = session.precision if session is not None else "fp32"
     if precision != "fp32":
         ident["encode_precision"] = precision
+    if batch_size != 64:  # (named only when not the default, as the precision: the default's key is unchanged)
+        ident["batch_size"] = int(batch_size)
     key = digest(ident)
     return cache_dir("teacher") / f"hybrid-{key}"
 
@@ -95,7 +103,7 @@ def teacher_retriever(
     session = session if session is not None else EncodingSession()
     fusion = _as_fusion(fusion)
     doc_ids, doc_texts = _corpus_ids_texts(corpus)
-    path = teacher_cache_path(model_key, doc_ids, doc_texts, session) if cache else None
+    path = teacher_cache_path(model_key, doc_ids, doc_texts, session, batch_size=batch_size) if cache else None
     hybrid, cached = None, False
     # (under torch.distributed: the cache is used only where every rank finds it, and rank 0 alone writes it)
     if path is not None and D.agree((path / HYBRID_FILE).is_file()):

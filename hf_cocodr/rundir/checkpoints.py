@@ -1,7 +1,8 @@
 """Finding the checkpoint to resume from: only complete, intact checkpoints of this run count.
 
-A checkpoint is complete when our marker (written after everything else, atomically) is present and its
-``trainer_state.json`` parses. The marker records the run id of the run that wrote it and a SHA-256 of every file; a
+A checkpoint is complete when our marker (written after everything else, atomically; under ``torch.distributed``
+after every rank wrote its files) is present and its ``trainer_state.json`` parses, and, where it holds random
+states, it holds the state of each rank that wrote it (``rng_state_<rank>.pth``, listed in its marker). The marker records the run id of the run that wrote it and a SHA-256 of every file; a
 resume takes the newest checkpoint of *this* run whose files still match, and falls back past a damaged one with a
 warning naming it. A folder left behind by a crash during a save is never picked up.
 """
@@ -40,13 +41,35 @@ def file_checksums(folder: str | os.PathLike) -> dict[str, str]:
     return out
 
 
-def mark_complete(folder: str | os.PathLike, global_step: int, run_id: str | None) -> None:
-    """Write ``folder``'s completion marker, last and atomically: its step, the run it belongs to and the SHA-256 of
-    every file in it. Only checkpoints with this marker are ever resumed from (see :func:`damage`)."""
+def mark_complete(folder: str | os.PathLike, global_step: int, run_id: str | None, world_size: int = 1) -> None:
+    """Write ``folder``'s completion marker, last and atomically: its step, the run it belongs to, the number of
+    ranks that wrote it and the SHA-256 of every file in it. Only checkpoints with this marker are ever resumed from
+    (see :func:`damage`); under ``torch.distributed`` the caller writes it once every rank has written its files."""
     atomic_write_json(
         os.path.join(folder, COMPLETE_MARKER),
-        {"global_step": global_step, "run_id": run_id, "files": file_checksums(folder)},
+        {"global_step": global_step, "run_id": run_id, "world_size": int(world_size), "files": file_checksums(folder)},
     )
+
+
+def rng_states(world_size: int) -> list[str]:
+    """The random-state files the Trainer saves in a checkpoint of a run of ``world_size`` ranks."""
+    return ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{r}.pth" for r in range(world_size)]
+
+
+def _missing_rng_state(marker: dict, recorded: dict) -> str | None:
+    """The random state of a rank a checkpoint lacks (its marker lists the files it held when it was marked): a
+    resume restores each rank's, so one that lacks a rank's would train that rank otherwise. A checkpoint without
+    random states (``save_only_model``) needs none; one marked before markers said their ranks is read with this
+    launch's ranks."""
+    if not any(name.startswith("rng_state") for name in recorded):
+        return None
+    world = marker.get("world_size")
+    if not isinstance(world, int):
+        from ..distributed import world as current
+
+        world = current()[0]
+    missing = [name for name in rng_states(world) if name not in recorded]
+    return f"{missing[0]} (a rank's random state) is missing" if missing else None
 
 
 def _marker(path: Path) -> dict | None:
@@ -65,7 +88,8 @@ def is_complete(path: str | os.PathLike) -> bool:
 def damage(path: str | os.PathLike) -> str | None:
     """What is wrong with a complete checkpoint's files (None: they match the checksums its marker recorded)."""
     path = Path(path)
-    recorded = (_marker(path) or {}).get("files")
+    marker = _marker(path) or {}
+    recorded = marker.get("files")
     if recorded is None:
         return None  # written before checksums were kept
     for name, sha in recorded.items():
@@ -74,7 +98,7 @@ def damage(path: str | os.PathLike) -> str | None:
             return f"{name} is missing"
         if _sha256(p) != sha:
             return f"{name} changed after the checkpoint was written"
-    return None
+    return _missing_rng_state(marker, recorded)
 
 
 def list_checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:

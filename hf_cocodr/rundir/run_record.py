@@ -37,6 +37,7 @@ from typing import Any
 
 from ..storage import is_staging_name
 from ..utils import atomic_write_json, check_not_precious
+from .file_hash import file_fingerprint as _file_fingerprint
 from .locks import LOCK, RunLockedError, acquire_lock, release_lock  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,6 @@ logger = logging.getLogger(__name__)
 RECORD = "hf_cocodr_run.json"
 PROVENANCE_FILE = "hf_cocodr_provenance.json"  # where a model came from (hf_cocodr.provenance reads and writes it)
 EVAL_RESULTS = ".eval_results"  # a model card's evaluations in huggingface_hub 2.x's format (hf_cocodr.model_card)
-_MIB = 1 << 20
 # The files of a BEIR folder the loader reads (hf_cocodr.data.beir takes these names from here, so that a folder's
 # fingerprint covers exactly what is read of it): corpus, queries, qrels/<split>.tsv.
 CORPUS_FILE = "corpus.jsonl"
@@ -102,21 +102,9 @@ class RunMismatchError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------------- fingerprints
-def _file_fingerprint(path: Path) -> dict[str, Any]:
-    size = path.stat().st_size
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        h.update(f.read(_MIB))
-        if size > 2 * _MIB:
-            f.seek(size - _MIB)
-            h.update(f.read(_MIB))
-        elif size > _MIB:
-            h.update(f.read())
-    return {"size": size, "sha256_head_tail": h.hexdigest()[:32]}
-
-
 def fingerprint(obj: Any) -> Any:
-    """A JSON-able fingerprint of an input: a file (size + hash of its first and last MiB), a BEIR folder (the same
+    """A JSON-able fingerprint of an input: a file (its size and the SHA-256 of all of it, memoized:
+    :func:`~hf_cocodr.rundir.file_hash.file_sha256`), a BEIR folder (the same
     for each file the loader reads of it: :func:`data_fingerprint`), any other folder (the same for each of its files,
     hidden entries, checkpoints, our own run files and the output folders of runs inside it left out), a
     ``datasets.Dataset`` (its datasets fingerprint), an object with a ``fingerprint()`` method, a Hub id or any other

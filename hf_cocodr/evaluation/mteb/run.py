@@ -261,7 +261,7 @@ def run_mteb(
             retrieval.ann.IndexChoice`, default ``auto``); a task searched with an approximate one has ``"index"``
             (its kind, parameters and recall@100).
         provenance: what computed each results file in ``output_folder``: its path relative to the folder →
-            ``{"model": content hash of the model, "data": the task's dataset revision, "system", ...}``, as
+            ``{"model": content hash of the model, "data": the task's dataset revision, "batch_size", "system", ...}``, as
             ``hf-cocodr mteb`` keeps it in the folder's owner record; updated in place as files are written. With
             it, a task is skipped only when its file was computed from this run's inputs; a file computed from
             other ones (another model or data under the same name, revision and task; the hybrid after the dense
@@ -316,7 +316,9 @@ def run_mteb(
         name = task.metadata.name
         rel = cache.get_task_result_path(name, meta).relative_to(cache.cache_path).as_posix()
         # as the owner record keeps it (JSON: tuples read back as lists), so that equal inputs compare equal
-        inputs = json.loads(json.dumps({"model": model_hash, "data": task.metadata.revision, **system}, default=str))
+        # (and the batch size the model encoded at: another batch pads otherwise, its vectors round otherwise)
+        given = {"model": model_hash, "data": task.metadata.revision, "batch_size": int(batch_size), **system}
+        inputs = json.loads(json.dumps(given, default=str))
         strategy = "always" if overwrite else _strategy(cache, task, meta, provenance, rel, inputs)
         if strategy == "skip":
             summary[name] = {"skipped": _SKIPPED[provenance is None], "file": str(cache.cache_path / rel)}

@@ -455,9 +455,11 @@ class DistillStage(Stage):
         st.eval()
         normalize = model_similarity(st) == "cosine"
         queries, to_index, to_encode = [], [], []
+        batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them (its caches are keyed by it)
         for doc_ids, texts, asked in self._targets(run):
             queries += asked
-            if (teacher_cache_path(run.fps["model"], doc_ids, texts, run.encodings) / HYBRID_FILE).is_file():
+            cached = teacher_cache_path(run.fps["model"], doc_ids, texts, run.encodings, batch_size=batch)
+            if (cached / HYBRID_FILE).is_file():
                 continue  # the teacher's indexes are cached: the queries alone
             to_index.append(texts)
             key = encoding_cache.encoding_key(
@@ -465,6 +467,7 @@ class DistillStage(Stage):
                 None,
                 None,
                 normalize,
+                batch_size=batch,
                 session=run.encodings,
                 corpus_fp=corpus_fingerprint(doc_ids, texts),
                 num_docs=len(texts),
@@ -476,7 +479,6 @@ class DistillStage(Stage):
         # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
         # precision (encode_texts: bf16 autocast where the run encodes in bf16); each cost is timed only where the
         # run pays it, on documents spread through the corpora it is paid for (their lengths, not the first rows')
-        batch = encode_batch_size(run.cfg)  # as the teacher's encoding batches them
         per_doc = per_bm25_doc = 0.0
         as_run = {"batch_size": batch, "normalize": normalize, "session": run.encodings}
         if encode_docs or (fitted and to_index):  # (a fit encodes some documents again, encodings cached or not)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ...errors import ConfigError
 from ..outputs import write_wise
 from ..settings import AUTO, Auto, check_number, option
 from ..stage import Cost, Stage
@@ -21,13 +22,19 @@ class WiseSettings:
 
     wise_alpha: float | Auto | None = option(
         AUTO,
-        "WiSE-FT: final weights = (1-a) x start + a x adapted (of a query-side model: its query route); 'none' or 1 "
-        "to skip",
+        "WiSE-FT: final weights = (1-a) x start + a x adapted (of a query-side model: its query route), a in (0, 1]; "
+        "'none' or 1 to skip",
     )
 
     def check(self) -> None:
-        """Refuse an α outside [0, 1]."""
+        """Refuse an α outside (0, 1]: at 0 the final weights would be the starting model's, every stage's training
+        discarded while the card says the model was adapted."""
         check_number(self, "wise_alpha", 0, 1, allow_none=True)
+        if self.wise_alpha == 0:
+            raise ConfigError(
+                "recipe option wise_alpha must be a number in (0, 1], 1 or none to skip WiSE-FT, got 0: the final "
+                "weights would be the starting model's and every stage's training discarded"
+            )
 
     def uses_wise(self) -> bool:
         """Whether the recipe ends with a WiSE-FT interpolation (α of None or 1 means none)."""
