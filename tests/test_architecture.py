@@ -87,6 +87,7 @@ LAYERS = {
     "citations": 5,
     "config_types": 5,
     "storage": 5,
+    "retired": 5,
 }
 
 # modules (``__init__`` and ``__main__`` included) the package root may hold: the rest live in sub-packages

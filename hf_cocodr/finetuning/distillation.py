@@ -22,8 +22,6 @@ from sentence_transformers import SentenceTransformerTrainingArguments
 
 from ..data.teacher import FrozenCandidateRows, TeacherRows
 from ..errors import ConfigError
-from .callbacks.anchor import StartingPointAnchor
-from .callbacks.averaging import WeightAveraging
 from .losses.distill import HybridDistillLoss, QuerySideDistillLoss
 from .rows_trainer import RowsTrainer
 from .training_args import check_max_steps
@@ -42,20 +40,8 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
             20; 1 for a dot-product model).
         distill_teacher_temperature: ``T_t`` of the teacher's scores.
         distill_in_batch_weight: ``λ`` of the in-batch InfoNCE term (0: off).
-        distill_margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the teacher's first candidate
-            (0: off, the loss of earlier versions exactly).
-        distill_corpus_weight: ``ν`` of the whole-corpus term of the query side
-            (:class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss`: the candidates' share of the
-            student's softmax over every document of the row's corpus; 0: off). Rows against frozen vectors only.
         distill_document_gradients: back-propagate through the candidates (False: a forward pass only; no meaning
             for frozen candidates).
-    The weights:
-        distill_swa: the fraction of the planned steps, at the end, whose weights are averaged (stochastic weight
-            averaging, :class:`~hf_cocodr.finetuning.callbacks.WeightAveraging`): the saved model is the uniform
-            average of the trained parameters after each of those steps. 0 (the default): off, the last step's.
-        distill_l2sp: the weight ``α`` of the pull toward the starting weights (L2-SP, decoupled as AdamW's weight
-            decay, :class:`~hf_cocodr.finetuning.callbacks.StartingPointAnchor`): after each step every trained
-            parameter moves ``lr · α`` of the way back to its value at the start. 0 (the default): off.
     Rows:
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
         packed_forward: embed the queries and their candidates together, ordered by length, in one forward per
@@ -72,32 +58,8 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     )
     distill_teacher_temperature: float = field(default=1.0, metadata={"help": "teacher temperature"})
     distill_in_batch_weight: float = field(default=1.0, metadata={"help": "weight of the in-batch InfoNCE term"})
-    distill_margin_weight: float = field(
-        default=0.0, metadata={"help": "weight of the Margin-MSE term on the margins to the first candidate (0: off)"}
-    )
-    distill_corpus_weight: float = field(
-        default=0.0,
-        metadata={
-            "help": "weight of the query side's whole-corpus term: the candidates' share of the student's softmax "
-            "over the row's corpus (0: off; frozen candidate rows only)"
-        },
-    )
     distill_document_gradients: bool = field(
         default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
-    )
-    distill_swa: float = field(
-        default=0.0,
-        metadata={
-            "help": "average the trained weights over this fraction of the steps at the end (SWA; 0: off, the last "
-            "step's weights)"
-        },
-    )
-    distill_l2sp: float = field(
-        default=0.0,
-        metadata={
-            "help": "pull the trained weights toward the starting ones: after each step every trained parameter "
-            "moves learning rate x this weight of the way back (L2-SP, decoupled; 0: off)"
-        },
     )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
     packed_forward: bool = field(
@@ -126,23 +88,9 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("distill_in_batch_weight", "distill_margin_weight", "distill_corpus_weight", "distill_l2sp"):
-            w = getattr(self, name)
-            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
-                raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
-        swa = self.distill_swa
-        if isinstance(swa, bool) or not isinstance(swa, int | float) or not 0 <= swa <= 1:
-            raise ConfigError(f"distill_swa must be a number in [0, 1] (a fraction of the steps), got {swa!r}")
-        if swa and self.load_best_model_at_end:
-            raise ConfigError(
-                "distill_swa averages the last steps' weights into the saved model, so it cannot keep the best "
-                "checkpoint's: set load_best_model_at_end false, or distill_swa 0"
-            )
-        if self.distill_l2sp * self.learning_rate > 1:
-            raise ConfigError(
-                f"distill_l2sp {self.distill_l2sp} at learning_rate {self.learning_rate} pulls more than the whole way "
-                "back to the starting weights each step (their product must be at most 1): lower distill_l2sp"
-            )
+        w = self.distill_in_batch_weight
+        if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
+            raise ConfigError(f"distill_in_batch_weight must be a number >= 0, got {w!r}")
 
 
 class DistillationTrainer(RowsTrainer):
@@ -174,12 +122,6 @@ class DistillationTrainer(RowsTrainer):
         if isinstance(train_dataset, TeacherRows):
             train_dataset = train_dataset.rows
         super().__init__(model, args, train_dataset, *pos, **kwargs)
-        if getattr(
-            self.args, "distill_swa", 0
-        ):  # (its mean is saved with each checkpoint: a CheckpointState callback)
-            self.add_callback(WeightAveraging(self.args.distill_swa))
-        if getattr(self.args, "distill_l2sp", 0):  # (its starting weights are saved with each checkpoint)
-            self.add_callback(StartingPointAnchor(self.args.distill_l2sp))
 
     def _check_rows(self, args) -> None:
         super()._check_rows(args)
@@ -204,7 +146,6 @@ class DistillationTrainer(RowsTrainer):
             teacher_temperature=a.distill_teacher_temperature,
             in_batch_weight=a.distill_in_batch_weight,
             similarity=similarity,
-            margin_weight=a.distill_margin_weight,
         )
         if isinstance(rows, FrozenCandidateRows):
             if rows.vectors is None:
@@ -212,11 +153,5 @@ class DistillationTrainer(RowsTrainer):
                     "DistillationTrainer: FrozenCandidateRows without their vectors (vectors=...): give the rows "
                     "the frozen vectors their candidates index, or a QuerySideDistillLoss"
                 )
-            corpus = dict(corpus_weight=a.distill_corpus_weight, segments=rows.segments)
-            return QuerySideDistillLoss(model, rows.vectors, **corpus, **options)
-        if a.distill_corpus_weight:
-            raise ValueError(
-                f"DistillationTrainer: distill_corpus_weight {a.distill_corpus_weight} needs rows against frozen "
-                "vectors (FrozenCandidateRows, the query side): with candidates as text the corpus is never encoded"
-            )
+            return QuerySideDistillLoss(model, rows.vectors, **options)
         return HybridDistillLoss(model, document_gradients=a.distill_document_gradients, **options)

@@ -10,6 +10,7 @@ word (``--coco-runs 3`` / ``--coco-runs budget``, ``--wise-alpha 0.5`` / ``--wis
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 import typing
@@ -18,6 +19,7 @@ from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from ..retired import RETIRED_DISTILL_FIELDS, refuse_retired
 from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
 from .settings import option as _opt
 from .stage import Stage
@@ -25,6 +27,8 @@ from .stages import STAGE_SETTINGS, STAGES
 from .stages.distill import DISTILL_MAX_PASSES, DistillSettings  # noqa: F401  (re-exported)
 from .stages.finetune import FINETUNE_PRESETS, FinetuneSettings  # noqa: F401  (re-exported)
 from .stages.wise import WiseSettings
+
+logger = logging.getLogger("hf_cocodr.recipe")
 
 # what --encode-precision takes (hf_cocodr.modeling.precision.CORPUS_PRECISIONS; not imported here: this module
 # loads no model code)
@@ -137,6 +141,7 @@ class RecipeConfig(*CONFIG_BASES):
     def from_dict(cls, data: dict[str, Any]) -> RecipeConfig:
         """A checked config from a mapping (a ``--config`` file, a Python dict); unknown names are refused."""
         known = {f.name for f in fields(cls)}
+        data = _without_retired(data, known)
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
@@ -205,6 +210,25 @@ class RecipeConfig(*CONFIG_BASES):
             option = getattr(settings, "training_options", None)
             if option is not None and getattr(self, option) != {}:  # (nothing to check: no trainer to import)
                 check_training_arguments(option, getattr(self, option), settings.arguments_class())
+
+
+def _without_retired(data: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """``data`` less the retired options (:mod:`hf_cocodr.retired`) and the retired fields of its ``distill:``
+    mapping: one that acted is refused by name, one at the value at which it did nothing is left out and said so."""
+    ignored = refuse_retired({k: v for k, v in data.items() if k not in known})
+    distill = data.get("distill")
+    fields_ignored = []
+    if isinstance(distill, dict):
+        fields_ignored = refuse_retired(distill, "recipe option distill.", RETIRED_DISTILL_FIELDS)
+    if ignored or fields_ignored:
+        logger.warning(
+            "recipe options %s: retired, at the value at which they did nothing; ignored",
+            ", ".join([*ignored, *(f"distill.{name}" for name in fields_ignored)]),
+        )
+        data = {k: v for k, v in data.items() if k not in ignored}
+        if fields_ignored:
+            data["distill"] = {k: v for k, v in distill.items() if k not in fields_ignored}
+    return data
 
 
 @dataclass

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..retired import RETIRED_OPTIONS
 from ..rundir.run_record import digest
 from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
@@ -241,10 +242,18 @@ def plan_identity(run: RecipeRun, cfg_values: dict[str, Any], keep: Iterable[str
 
 def plan_identities(run: RecipeRun, cfg_values: dict[str, Any]) -> list[str]:
     """The identities a saved plan for these inputs may hold: :func:`plan_identity`'s first, then those of versions
-    that wrote some :data:`ADDED_LATER` settings at their defaults into the digest (any subset of them)."""
+    that wrote some :data:`ADDED_LATER` settings at their defaults into the digest (any subset of them), then the same
+    for the versions that still had the retired options (:data:`~hf_cocodr.retired.RETIRED_OPTIONS`), at the values a
+    default run had (where they did nothing)."""
     present = [k for k in ADDED_LATER if k in cfg_values]
-    subsets = itertools.chain.from_iterable(itertools.combinations(present, n) for n in range(1, len(present) + 1))
-    return [plan_identity(run, cfg_values), *(plan_identity(run, cfg_values, keep=sub) for sub in subsets)]
+    subsets = list(
+        itertools.chain.from_iterable(itertools.combinations(present, n) for n in range(1, len(present) + 1))
+    )
+    retired = {name: r.default for name, r in RETIRED_OPTIONS.items() if name not in cfg_values}
+    out = []
+    for values in (cfg_values, {**cfg_values, **retired}) if retired else (cfg_values,):
+        out += [plan_identity(run, values), *(plan_identity(run, values, keep=sub) for sub in subsets)]
+    return out
 
 
 def stage_ids(run: RecipeRun, stages: Sequence[Stage] | None = None) -> dict[str, str]:

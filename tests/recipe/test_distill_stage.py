@@ -385,11 +385,7 @@ def test_the_probe_times_documents_spread_through_the_corpora_it_will_encode():
 OPTION_VALUES = {
     "distill_teacher_temperature": 2.5,
     "distill_in_batch_weight": 0.25,
-    "distill_margin_weight": 0.125,
-    "distill_corpus_weight": 0.75,
     "distill_document_gradients": False,
-    "distill_swa": 0.5,
-    "distill_l2sp": 40.0,
 }
 
 
@@ -455,10 +451,9 @@ def _old_loss(model, cfg, similarity: str, vectors=None):
         "teacher_temperature": float(cfg.distill_teacher_temperature),
         "in_batch_weight": float(cfg.distill_in_batch_weight),
         "similarity": similarity,
-        "margin_weight": float(cfg.distill_margin_weight),  # (added since: the same option read the same way)
     }
-    if vectors is not None:  # (the whole-corpus term added since: the query side's option read the same way)
-        return QuerySideDistillLoss(model, vectors, corpus_weight=float(cfg.distill_corpus_weight), **options)
+    if vectors is not None:
+        return QuerySideDistillLoss(model, vectors, **options)
     return HybridDistillLoss(model, document_gradients=bool(cfg.distill_document_gradients), **options)
 
 
@@ -481,8 +476,6 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
     from hf_cocodr.modeling.loading import load_encoder
     from hf_cocodr.recipe.runner import _model_similarity
 
-    if side == "full":  # the whole-corpus term is the query side's (the full side refuses it)
-        options = {o: v for o, v in options.items() if o != "distill_corpus_weight"}
     rng, k, n = random.Random(3), 3, 4
     topics = sorted(tiny.TOPICS)
     queries = [tiny.sentence(rng, rng.choice(topics), 5) for _ in range(n)]
@@ -533,18 +526,7 @@ def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
         return digest(stage.identity(run, "start"))
 
     assert identity() == "ce539d4cb1c7d979"
-    since = ("distill_margin_weight", "distill_corpus_weight", "distill_swa", "distill_l2sp")
-    earlier = {k: v for k, v in OPTION_VALUES.items() if k not in since}  # the options of then
-    assert identity(**earlier) == "995eec268bc95182"
-    # an option added since is named only when on: off, the identity is the earlier one; on, another
-    assert (
-        identity(**earlier, distill_margin_weight=0.0, distill_corpus_weight=0.0, distill_swa=0.0, distill_l2sp=0.0)
-        == "995eec268bc95182"
-    )
-    assert identity(**earlier, distill_corpus_weight=1.0) != "995eec268bc95182"
-    assert identity(**earlier, distill_swa=0.5) != "995eec268bc95182"
-    assert identity(**earlier, distill_l2sp=40.0) != "995eec268bc95182"
-    assert identity(**OPTION_VALUES) != "995eec268bc95182"
+    assert identity(**OPTION_VALUES) == "995eec268bc95182"  # the options of then, each set
 
 
 def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_bert_nomlm_dir, tiny_beir, tmp_path):

@@ -66,11 +66,7 @@ PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encodi
 ARGUMENT_OPTIONS = {
     "distill_teacher_temperature": "distill_teacher_temperature",
     "distill_in_batch_weight": "distill_in_batch_weight",
-    "distill_margin_weight": "distill_margin_weight",
-    "distill_corpus_weight": "distill_corpus_weight",
     "distill_document_gradients": "distill_document_gradients",
-    "distill_swa": "distill_swa",
-    "distill_l2sp": "distill_l2sp",
 }
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
 # ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
@@ -108,12 +104,6 @@ class DistillSettings:
     distill_steps: int | None = option(None, "steps of the distillation (default: planned, or 500)")
     distill_share: float | Auto = option(AUTO, "the distillation's share of the training budget")
     distill_k: int = option(8, "distillation: the teacher's candidates per query (its top-k)")
-    distill_deep: int = option(
-        0,
-        "distillation (query side): candidates sampled per query below the teacher's top distill_k, from its ranks "
-        "distill_k+1 to distill_deep_depth, added to the listwise loss at their teacher scores (0: none)",
-    )
-    distill_deep_depth: int = option(200, "distillation: the deepest teacher rank distill_deep samples from")
     distill_teacher_weight: float | Literal["fit"] | Auto = option(
         AUTO,
         "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), fit: "
@@ -125,30 +115,6 @@ class DistillSettings:
     )
     distill_in_batch_weight: float = option(
         1.0, "distillation: weight of the in-batch contrastive term on the teacher's first candidate (0: off)"
-    )
-    distill_margin_weight: float = option(
-        0.0,
-        "distillation: weight of a Margin-MSE term on the student's and the teacher's logit margins between the "
-        "teacher's first candidate and each other one (0: off)",
-    )
-    distill_corpus_weight: float = option(
-        0.0,
-        "distillation (query side): weight of a term that pushes every document of the query's corpus the teacher "
-        "did not pick below its candidates (the candidates' share of the student's softmax over the whole corpus, "
-        "against the frozen vectors; 1: the KL over the whole corpus; 0: off)",
-    )
-    distill_swa: float = option(
-        0.0,
-        "distillation: average the trained weights over this fraction of its steps at the end (stochastic weight "
-        "averaging: the saved model is the uniform average of the weights after each of those steps; 0: off)",
-        metavar="FRACTION",
-    )
-    distill_l2sp: float = option(
-        0.0,
-        "distillation: pull the trained weights toward the starting model's: after each step every trained "
-        "parameter moves learning rate x this weight of the way back to its start (L2-SP, decoupled as AdamW's "
-        "weight decay; 0: off)",
-        metavar="WEIGHT",
     )
     distill_document_gradients: bool = option(
         True,
@@ -202,23 +168,11 @@ class DistillSettings:
                 raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus, or auto)") from None
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_corpus_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_swa", 0, 1, allow_auto=False)
-        check_number(self, "distill_l2sp", 0, 1e6, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
         if self.distill_k > MAX_DISTILL_K:  # the candidates are the rows' document columns (negative_1 ...)
             raise ConfigError(f"recipe option distill_k must be at most {MAX_DISTILL_K}, got {self.distill_k!r}")
-        check_whole(self, "distill_deep", 0, allow_none=False)
-        check_whole(self, "distill_deep_depth", 2, allow_none=False)
-        if self.distill_deep and self.distill_deep_depth < self.distill_k + self.distill_deep:
-            raise ConfigError(
-                f"recipe option distill_deep_depth {self.distill_deep_depth} leaves no room to sample distill_deep "
-                f"{self.distill_deep} candidates below the top distill_k {self.distill_k}: it must be at least "
-                f"{self.distill_k + self.distill_deep}"
-            )
         check_flag(self, "distill_document_gradients")
         if self.distill_side not in DISTILL_SIDES:
             raise ConfigError(
@@ -402,12 +356,6 @@ class DistillStage(Stage):
                 "targets": run.fps["targets"],
                 "dense_weight": cfg.distill_teacher_weight,
                 "k": cfg.distill_k,
-                # sampled deeper candidates (named only when on: the identity of a run without them is unchanged)
-                **(
-                    {"deep": cfg.distill_deep, "deep_depth": cfg.distill_deep_depth, "deep_seed": cfg.seed}
-                    if cfg.distill_deep
-                    else {}
-                ),
                 # the teacher's (and the frozen document side's) vectors are encoded in this precision
                 **({"encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
             },
@@ -415,10 +363,6 @@ class DistillStage(Stage):
             "loss": {
                 "teacher_temperature": cfg.distill_teacher_temperature,
                 "in_batch": cfg.distill_in_batch_weight,
-                # the Margin-MSE term (named only when on: the identity of a run without it is unchanged)
-                **({"margin": cfg.distill_margin_weight} if cfg.distill_margin_weight else {}),
-                # the whole-corpus term (named only when on, as the margin)
-                **({"corpus": cfg.distill_corpus_weight} if cfg.distill_corpus_weight else {}),
                 **({} if cfg.distill_document_gradients else {"document_gradients": False}),
                 **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
             },
@@ -427,10 +371,6 @@ class DistillStage(Stage):
                 {**without(run.arguments[self.name], ARGUMENT_OPTIONS.values()), **LEGACY_SETTINGS}
             ),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
-            # the weights averaged over the last steps (named only when on: the identity without it is unchanged)
-            **({"swa": cfg.distill_swa} if cfg.distill_swa else {}),
-            # the pull toward the starting weights (named only when on, as the averaging)
-            **({"l2sp": cfg.distill_l2sp} if cfg.distill_l2sp else {}),
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
@@ -545,7 +485,6 @@ class DistillStage(Stage):
         t0 = time.perf_counter()
         query_side = self.query_side(run)
         make = query_side_dataset if query_side else distill_dataset
-        deep = dict(deep=cfg.distill_deep, depth=cfg.distill_deep_depth, seed=cfg.seed) if query_side else {}
         rows = make(
             run.model,
             run.fps["model"],
@@ -555,7 +494,6 @@ class DistillStage(Stage):
             fusion=self._fusion(cfg),
             batch_size=encode_batch_size(cfg),
             session=run.encodings,
-            **deep,
         )
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
@@ -592,18 +530,6 @@ class DistillStage(Stage):
         if cfg.distill_side == "query" and self.enabled(cfg):
             before = trained_before(cfg, stages)
             _check_query_side(cfg, f"{', '.join(before)} would train the model before it" if before else None)
-        if cfg.distill_deep and self.enabled(cfg) and cfg.distill_side == "full":
-            raise ConfigError(
-                f"recipe option distill_deep {cfg.distill_deep} samples deep candidates for the query side, whose "
-                "candidates are rows of frozen vectors; with distill_side full each would be a document encoded in "
-                "every step: set distill_side query, or distill_deep 0"
-            )
-        if cfg.distill_corpus_weight and self.enabled(cfg) and cfg.distill_side == "full":
-            raise ConfigError(
-                f"recipe option distill_corpus_weight {cfg.distill_corpus_weight} weighs the query side's term over "
-                "the frozen vectors of the whole corpus; with distill_side full the corpus would be encoded in "
-                "every step: set distill_side query, or distill_corpus_weight 0"
-            )
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -662,11 +588,7 @@ class DistillStage(Stage):
             dim = model.get_embedding_dimension()
             vectors = torch.randn(len(doc_ids), dim, generator=torch.Generator().manual_seed(0))
             doc_rows = {d: i for i, d in enumerate(doc_ids)}
-            deep = int(run.cfg.distill_deep)  # the rows' width: the top k and the sampled deeper candidates
-            depth = max(k + deep, min(int(run.cfg.distill_deep_depth), len(doc_ids)))
-            return TeacherRows(
-                frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors, deep=deep, depth=depth)
-            )
+            return TeacherRows(frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors))
         return TeacherRows(teacher_rows(_Random(), asked, docs, k))
 
     @staticmethod
