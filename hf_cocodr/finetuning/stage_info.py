@@ -24,21 +24,6 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         negs += f", then self-mined (ANCE-style) every {refresh} steps"
     if getattr(trainer, "stage_type", None) == "distill":
         return distill_stage_info(trainer)
-    pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
-    if pseudo is not None:  # target pseudo pairs: no labels, no source task
-        return {
-            "type": "finetune",
-            "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
-            "method": "pseudo-pairs",
-            "pseudo pairs": pseudo,
-            "corpora": list(trainer.training_data.corpora),
-            "steps": trainer.state.global_step,
-            "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
-            "hard negatives per query": trainer._num_negatives,
-            "negatives": negatives,
-            "learning rate": a.learning_rate,
-            "seed": a.seed,
-        }
     info = {
         "type": "finetune",
         "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(
@@ -71,11 +56,6 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["corpora"] = list(trainer.target_corpora_read)  # target documents read by a method, never labels
     if getattr(trainer, "target_queries_read", None):
         info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by a method
-    joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
-    if joint:
-        info["joint target pseudo pairs"] = (
-            f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, {joint[0].batch_size} pairs per step"
-        )
     return info
 
 
@@ -155,6 +135,6 @@ def _method_cards(trainer, names: list[str], earlier: dict[str, Any]) -> dict[st
     for name in names:
         cls = active.get(name) or get_method(name)
         meta = cls.card_metadata() if cls is not None else None
-        if meta:  # (a method the card describes itself, e.g. the joint pseudo pairs, has none)
+        if meta:  # (a method the card describes itself has none)
             cards[name] = meta
     return cards

@@ -1,40 +1,32 @@
-"""The data a recipe run's stages share: the source task draw and the target pseudo pairs, loaded only for the
-stages that still have to run, and COCO's corpora."""
+"""The data a recipe run's stages share: the source task draw, loaded only for the stages that still have to run,
+and COCO's corpora."""
 
 from __future__ import annotations
 
 import time
 
-from ..data.pseudo_pairs import target_pseudo_pairs
 from ..data.training import RetrievalTrainingData
 from .context import RecipeRun
-from .settings import is_joint
-from .stage import JOINT, Stage
+from .stage import Stage
 
 # Source queries drawn to time the fine-tuning step when the budget sizes the draw (max_queries unset).
 SIZE_PROBE_QUERIES = 1000
 
 
 def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
-    """The source training data and the target pseudo pairs, for the stages that still have to run."""
+    """The source training data, for the stages that still have to run."""
     t0 = time.perf_counter()
     needed = {data for s in stages if s.enabled(run.cfg) and not run.done(s.name) for data in reads(s, run.cfg)}
     if "source" in needed:
         run.train_data = draw_source(run, source_queries(run, stages))
-    if "target_pairs" in needed:
-        run.target_data = target_pseudo_pairs(list(run.target_corpora), run.cfg.target_pairs, seed=run.cfg.seed)
     set_coco_corpora(run)
     run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
 
 
 def reads(stage: Stage, cfg) -> set[str]:
     """The data ``stage`` reads when it runs with the settings ``cfg`` (its :attr:`~hf_cocodr.recipe.Stage.reads`:
-    each datum always, where its option is true, or under the joint schedule)."""
-    return {
-        data
-        for data, when in stage.reads.items()
-        if when is None or (is_joint(cfg) if when == JOINT else bool(getattr(cfg, when)))
-    }
+    each datum always, or where its option is true)."""
+    return {data for data, when in stage.reads.items() if when is None or bool(getattr(cfg, when))}
 
 
 def set_coco_corpora(run: RecipeRun) -> None:

@@ -211,7 +211,7 @@ def stage_deadlines(
     end = t_start + float(plan.budget_seconds) - tail
     out: dict[str, float] = {}
     for s in reversed([s for s in stages if s.trains]):  # backwards from the end of the budget
-        if plan.steps_of(s.name) > 0:  # (a joint plan gives the target stage no steps of its own)
+        if plan.steps_of(s.name) > 0:  # (a stage that is off has no steps)
             out[s.name] = end
             end -= planned_seconds(plan, s.name, costs[s.name], STAGE_LOAD_SECONDS)
     return out

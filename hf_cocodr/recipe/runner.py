@@ -1,8 +1,7 @@
 """The recipe in one call (:func:`run_recipe`): the stages of :data:`~hf_cocodr.recipe.stages.STAGES` in order,
 then export, card and evaluation of the adapted and the starting model.
 
-Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``, ``OUT/distill``, ``OUT/wise``); the
-final model is
+Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/distill``, ``OUT/wise``); the final model is
 ``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
 and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
 Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present) is
@@ -16,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,7 @@ from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import guard_run
 from .inputs import load_data
-from .outputs import export_final, read_marker, write_marker
+from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .queries import corpus_names, prepare_queries
 from .schedules import choose_schedule
@@ -89,7 +88,7 @@ def run_recipe(
     overwrite_output_dir: bool = False,
     stages: Sequence[Stage | type[Stage]] | None = None,
 ) -> dict[str, Any]:
-    """Run COCO → source fine-tuning → target pseudo pairs → distillation → WiSE-FT → export → card → evaluation.
+    """Run COCO → source fine-tuning → distillation → WiSE-FT → guard → export → card → evaluation.
 
     Returns ``{eval_spec: {"ndcg@10", "recall@100", ..., "start": {...}}}``: each split's metrics for the adapted
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
@@ -99,8 +98,8 @@ def run_recipe(
             similarity are kept (raw checkpoints: CLS + dot, the COCO-DR convention).
         target_corpora: BEIR folders / JSONL files of the target domain (only their documents are read).
         source_data: a BEIR folder with labelled ``qrels/<source_split>.tsv``.
-        output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
-            ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
+        output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/distill``,
+            ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
         config: a :class:`RecipeConfig` or a mapping of its fields.
         max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
@@ -122,12 +121,12 @@ def run_recipe(
     t_start = time.perf_counter()
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
-    evals = list(evals)
-    for spec in evals:
-        parse_eval_spec(spec)  # fail early on a bad --eval
+    evals = [spec for spec in evals if parse_eval_spec(spec)]  # fail early on a bad --eval
     check_max_minutes(max_minutes)
+    check_no_retired_levers(Path(output_dir), resume)  # an earlier run's retired levers, before any work
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
-    cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
+    plain = [str(c) for c in target_corpora if _without_ids(c)]  # (nothing to rank: no pseudo-query is drawn)
+    cfg, choice = choose_schedule(cfg, has_mlm, stages, plain_corpora=plain)  # the one choice of the schedule
     methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
@@ -167,21 +166,6 @@ def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder
     return folder
 
 
-def _schedule(
-    cfg: RecipeConfig, has_mlm: bool | None, target_corpora, stages: tuple[Stage, ...]
-) -> tuple[RecipeConfig, dict[str, Any]]:
-    """:func:`choose_schedule` for the run's ``stages``, where a target corpus of plain texts (no document ids,
-    nothing to rank) makes a schedule that would draw pseudo-queries draw none."""
-    resolved, choice = choose_schedule(cfg, has_mlm, stages)
-    plain = [str(c) for c in target_corpora if _without_ids(c)]
-    if "pseudo_queries" in choice["chosen"] and resolved.pseudo_queries and plain:
-        resolved, choice = choose_schedule(replace(cfg, pseudo_queries=0), has_mlm, stages)
-        choice["set_by_user"].pop("pseudo_queries", None)
-        choice["chosen"]["pseudo_queries"] = 0
-        choice["why"] += f" ({', '.join(plain)}: plain texts without document ids, so no pseudo-query is drawn)"
-    return resolved, choice
-
-
 def _without_ids(corpus) -> bool:
     """Whether a target corpus is plain texts without document ids (a JSONL file whose first record has no ``_id``,
     a dataset without an ``_id`` column): COCO reads it, nothing can be ranked in it."""
@@ -210,19 +194,19 @@ def _config(config: RecipeConfig | dict | None, stages: tuple[Stage, ...]) -> Re
 
 
 def _without_targets(cfg: RecipeConfig, choice: dict[str, Any]) -> None:
-    """No target corpus: nothing of the target domain to read, so no COCO, no pseudo pairs, no distillation (refused
-    where the user asked for them), and the source fine-tuning even where the schedule left it out."""
+    """No target corpus: nothing of the target domain to read, so no COCO and no distillation (refused where the user
+    asked for them), and the source fine-tuning even where the schedule left it out."""
     if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
         raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
     if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
         raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
-    cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+    cfg.skip_coco = True  # nothing of the target domain to read
     if cfg.skip_distill is False and "skip_distill" in choice["chosen"]:
         cfg.skip_distill = choice["chosen"]["skip_distill"] = True
     if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
         cfg.skip_finetune, cfg.finetune_share = False, 1.0
         choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
-    logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
+    logger.warning("no target corpus given: no COCO and no distillation, only the source fine-tuning")
 
 
 def _check_before_work(
@@ -270,13 +254,13 @@ def _check_before_work(
 
 def _all_off(cfg: RecipeConfig, training: list[Stage]) -> str:
     """Which training stages are off, and the switches that turned them off (the run's options each stage's
-    settings has among ``skip_<name>``, ``target_pairs``, ``target_schedule``)."""
+    settings has among ``skip_<name>``)."""
     switches = [
         f"{f.name}={getattr(cfg, f.name)}"
         for s in training
         if s.settings is not None
         for f in fields(s.settings)
-        if f.name.startswith("skip_") or f.name == "target_pairs"
+        if f.name.startswith("skip_")
     ]
     what = ", ".join(s.label for s in training) or "no stage that trains is in the stage list"
     return f"{what} {'are' if len(training) > 1 else 'is'} all off" + (f" ({', '.join(switches)})" if switches else "")

@@ -14,7 +14,7 @@ from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import STAGES, run_recipe
 from hf_cocodr.recipe.settings import check_whole, option
 
-ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
+ONLY_TOY = dict(skip_coco=True, skip_finetune=True, wise_alpha=None, save_hybrid=False)
 
 
 def named(name, settings=None, base=Copy):

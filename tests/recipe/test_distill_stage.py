@@ -19,7 +19,6 @@ from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample
 
 CFG = dict(
     skip_coco=True,
-    target_pairs="none",
     wise_alpha=None,
     distill_side="full",  # the whole model (auto would train the query side on this CPU: tests/recipe/test_query_side.py)
     distill_steps=4,
@@ -275,14 +274,13 @@ def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
     cfg = RecipeConfig(
         skip_coco=False,
         skip_finetune=True,
-        target_pairs="none",
         wise_alpha=None,
         coco_runs=1,
         skip_distill=False,
         target_queries=["q.jsonl"],
     )
     tp = {"coco_step_s": 4.0, "distill_step_s": 2.0, "distill_teacher_s": 30.0}
-    plan = Plan(steps={"coco": 10, "finetune": 0, "target": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
+    plan = Plan(steps={"coco": 10, "finetune": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
     assert stage_deadlines(plan, cfg, 0.0) == {"distill": 280.0, "coco": 230.0}
     assert DistillStage().cost(tp, cfg, plan=plan).fixed_s == 30.0
 
