@@ -40,7 +40,7 @@ from . import planner
 from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengths, check_target_corpora
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
-from .guard import guard_run
+from .guard import Candidates, guard_run
 from .inputs import load_data
 from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
@@ -451,10 +451,11 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     from ..training_api import evaluate_all
 
     t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
-    run.guard = guard_run(run)  # (may put the starting model back)
-    run.guard, run.current = D.broadcast_object((run.guard, run.current))  # rank 0's verdict, on every rank
-    if run.guard is not None:
-        run.stage_seconds["guard"] = run.guard["seconds"]
+    verdict = guard_run(run, Candidates(start=run.model, adapted=str(run.current)))
+    verdict = D.broadcast_object(verdict)  # rank 0's verdict, on every rank
+    if verdict is not None:  # the model it keeps is the one exported
+        run.guard, run.current = verdict.record, verdict.keep
+        run.stage_seconds["guard"] = verdict.record["seconds"]
         t0 = time.perf_counter()
     D.main_first(_export, run, final_dir)
     seconds = run.stage_seconds
@@ -617,9 +618,7 @@ def _write_records(
         # every corpus encoding (by document encoder and corpus content): "encoded", or reused from the cache
         "corpus_encodings": run.corpus_encodings,
         # the queries drawn, held out and trained on per target corpus, and the label-free guard's reading
-        "queries": {
-            q.name: {**q.counts, **({"calibration": q.calibration} if q.calibration else {})} for q in run.queries
-        },
+        "queries": {q.name: q.counts for q in run.queries},
         "guard": run.guard,
     }
     if run.max_minutes is not None:

@@ -499,7 +499,7 @@ MASS_K = (1, 8, 16, 32)  # the teacher's mass reported in its top 1, 8, 16, 32 o
 def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 64) -> dict:
     """How the distillation's teacher spreads its softmax (temperature 1, as the stage's loss takes it) over its top
     ``depth`` candidates, for the first ``n_queries`` pool queries of each corpus: the mean mass of its top k for
-    each k of :data:`MASS_K`. The teacher is the stage's (``DistillStage._fusion`` of the defaults) over the warm
+    each k of :data:`MASS_K`. The teacher is the stage's (``teacher_fusion`` of the defaults) over the warm
     cache's indexes (read from a copy, so the cache is not touched)."""
     import tempfile
 
@@ -507,11 +507,11 @@ def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.recipe.config import RecipeConfig
-    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.recipe.stages.distill import teacher_fusion
     from hf_cocodr.retrieval.teacher import teacher_rankings
     from hf_cocodr.rundir.run_record import fingerprint
 
-    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
+    fusion = teacher_fusion(RecipeConfig(distill_teacher_weight=0.5))
     out: dict = {"depth": depth, "temperature": 1.0, "fusion": dataclasses.asdict(fusion), "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(warm_cache(ns, data, model), tmp, dirs_exist_ok=True)

@@ -15,7 +15,7 @@ from tiny import crash_at
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.plan import Plan
-from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample
+from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample, teacher_fusion
 
 CFG = dict(
     skip_coco=True,
@@ -537,8 +537,8 @@ def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_be
 
     from hf_cocodr.cli import main
 
-    fitted = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit"))
-    fixed = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.3))
+    fitted = teacher_fusion(RecipeConfig(distill_teacher_weight="fit"))
+    fixed = teacher_fusion(RecipeConfig(distill_teacher_weight=0.3))
     assert fitted.needs_fit and (fixed.needs_fit, fixed.dense_weight, fixed.normalize) == (False, 0.3, "z")
     for bad in ("fitted", 1.5, None):
         with pytest.raises(ConfigError, match="distill_teacher_weight"):

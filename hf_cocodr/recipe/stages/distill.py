@@ -146,7 +146,7 @@ class DistillSettings:
     pseudo_query_mix: str = option(
         "auto",
         "the kinds of pseudo-queries and their weights, e.g. span:1,keywords:1,title:1 (kinds: span, keywords, "
-        "title, ict); auto: the default mix, or one calibrated to the --target-queries of the corpus where given",
+        "title, ict); auto: the default mix (span:1,keywords:1,title:1)",
     )
     distill: dict[str, Any] = option(
         help="DistillationTrainingArguments fields of the distillation", cli=False, default_factory=dict
@@ -189,6 +189,20 @@ class DistillSettings:
             from ...retrieval.pseudo_queries import parse_mix
 
             parse_mix(self.pseudo_query_mix)
+
+
+def teacher_fusion(cfg: RecipeConfig):
+    """The fusion of the distillation's hybrid teacher (a :class:`~hf_cocodr.retrieval.fusion.FusionConfig`):
+    ``distill_teacher_weight: fit``, the rule, normalisation and weight fitted to each corpus as the saved hybrid's;
+    a number, that dense weight over z-scores of BM25's hits alone over each system's top 100 (the teacher the stage's
+    identity has always named; ``bm25_zeros`` and the default depth of 200 came later)."""
+    from ...retrieval.fusion import FusionConfig
+
+    if cfg.distill_teacher_weight == AUTO:
+        raise ConfigError("recipe option distill_teacher_weight is still auto: resolve the schedule first")
+    if cfg.distill_teacher_weight == "fit":
+        return FusionConfig()
+    return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
 
 
 def trained_before(cfg: RecipeConfig, stages) -> list[str]:
@@ -491,7 +505,7 @@ class DistillStage(Stage):
             run.target_corpora,
             distill_sources(run),
             cfg.distill_k,
-            fusion=self._fusion(cfg),
+            fusion=teacher_fusion(cfg),
             batch_size=encode_batch_size(cfg),
             session=run.encodings,
         )
@@ -590,20 +604,6 @@ class DistillStage(Stage):
             doc_rows = {d: i for i, d in enumerate(doc_ids)}
             return TeacherRows(frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors))
         return TeacherRows(teacher_rows(_Random(), asked, docs, k))
-
-    @staticmethod
-    def _fusion(cfg: RecipeConfig):
-        from ...retrieval.fusion import FusionConfig
-
-        if cfg.distill_teacher_weight == AUTO:
-            raise ConfigError("recipe option distill_teacher_weight is still auto: resolve the schedule first")
-        if (
-            cfg.distill_teacher_weight == "fit"
-        ):  # the rule, normalisation and weight fitted per corpus, as the hybrid's
-            return FusionConfig()
-        # z-scores of BM25's hits alone over each system's top 100: the teacher the stage's identity has always named
-        # (bm25_zeros and the default depth of 200 came later)
-        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
 
     def _queries_digest(self, run: RecipeRun) -> str:
         """A digest of the target queries' texts (read once per run)."""
