@@ -51,8 +51,12 @@ RETIRED_OPTIONS: dict[str, Retired] = {
 }
 # fields of DistillationTrainingArguments (a ``distill:`` mapping's)
 RETIRED_DISTILL_FIELDS: dict[str, Retired] = {
-    name: RETIRED_OPTIONS[name]
-    for name in ("distill_swa", "distill_l2sp", "distill_margin_weight", "distill_corpus_weight")
+    **{
+        name: RETIRED_OPTIONS[name]
+        for name in ("distill_swa", "distill_l2sp", "distill_margin_weight", "distill_corpus_weight")
+    },
+    # the loss's own setting now (HybridDistillLoss(temperature=...)); the recipe trains at the model's default
+    "distill_temperature": Retired("the distillation's student temperature, set in the recipe", None),
 }
 # the checkpoint state of retired callbacks (hf_cocodr.finetuning.checkpoint_state), by its name
 RETIRED_STATE: dict[str, str] = {"swa": "distill_swa", "l2sp": "distill_l2sp"}
@@ -62,19 +66,19 @@ RETIRED_STAGES: dict[str, str] = {"target": "target_pairs"}
 _UNRESOLVED_OFF = {"target_pairs": ("auto",)}
 
 
-def retired_message(name: str, label: str | None = None) -> str:
-    """The one line that refuses ``name`` (a retired option), as ``label`` names it (default: ``recipe option
-    <name>``; e.g. ``--distill-swa``, ``OUT/recipe.json: recipe option distill_swa``)."""
-    what = RETIRED_OPTIONS[name].what
+def retired_message(name: str, label: str | None = None, known: Mapping[str, Retired] = RETIRED_OPTIONS) -> str:
+    """The one line that refuses ``name`` (a retired option of ``known``), as ``label`` names it (default: ``recipe
+    option <name>``; e.g. ``--distill-swa``, ``OUT/recipe.json: recipe option distill_swa``)."""
+    what = known[name].what
     return (
         f"{label or f'recipe option {name}'} is retired ({what}: no study found it better than the default); its "
         f"code last lived in hf_cocodr commit {RETIRED_AT[:12]}: remove it, or run that commit"
     )
 
 
-def acted(name: str, value: Any) -> bool:
-    """Whether retired option ``name`` at ``value`` changed what a run computed (else it was off)."""
-    retired = RETIRED_OPTIONS[name]
+def acted(name: str, value: Any, known: Mapping[str, Retired] = RETIRED_OPTIONS) -> bool:
+    """Whether retired option ``name`` (of ``known``) at ``value`` changed what a run computed (else it was off)."""
+    retired = known[name]
     if retired.inert:
         return False
     return value != retired.default and value not in _UNRESOLVED_OFF.get(name, ())
@@ -87,6 +91,6 @@ def refuse_retired(
     ``prefix + name``; returns the retired names that did nothing (the caller ignores them and says so)."""
     found = [name for name in values if name in known]
     for name in found:
-        if acted(name, values[name]):
-            raise ConfigError(retired_message(name, prefix + name))
+        if acted(name, values[name], known):
+            raise ConfigError(retired_message(name, prefix + name, known))
     return found

@@ -3,8 +3,6 @@ and COCO's corpora."""
 
 from __future__ import annotations
 
-import time
-
 from ..data.training import RetrievalTrainingData
 from .context import RecipeRun
 from .stage import Stage
@@ -13,14 +11,10 @@ from .stage import Stage
 SIZE_PROBE_QUERIES = 1000
 
 
-def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
-    """The source training data, for the stages that still have to run."""
-    t0 = time.perf_counter()
+def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> RetrievalTrainingData | None:
+    """The source training data, for the stages that still have to run (None: none of them reads it)."""
     needed = {data for s in stages if s.enabled(run.cfg) and not run.done(s.name) for data in reads(s, run.cfg)}
-    if "source" in needed:
-        run.train_data = draw_source(run, source_queries(run, stages))
-    set_coco_corpora(run)
-    run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+    return draw_source(run, source_queries(run, stages)) if "source" in needed else None
 
 
 def reads(stage: Stage, cfg) -> set[str]:
@@ -29,11 +23,13 @@ def reads(stage: Stage, cfg) -> set[str]:
     return {data for data, when in stage.reads.items() if when is None or bool(getattr(cfg, when))}
 
 
-def set_coco_corpora(run: RecipeRun) -> None:
-    """COCO's corpora: the target corpora, and the (restricted) source corpus when it is included and drawn."""
-    run.coco_corpora = list(run.target_corpora)
-    if run.cfg.include_source_corpus and run.train_data is not None:
-        run.coco_corpora.append(source_pool_dataset(run.train_data))
+def coco_corpora(run: RecipeRun, train_data: RetrievalTrainingData | None) -> list:
+    """COCO's corpora: the target corpora, and the (restricted) source corpus of ``train_data`` when it is included
+    and drawn."""
+    corpora = list(run.target_corpora)
+    if run.cfg.include_source_corpus and train_data is not None:
+        corpora.append(source_pool_dataset(train_data))
+    return corpora
 
 
 def sizes_source(run: RecipeRun, stages: tuple[Stage, ...]) -> bool:

@@ -25,7 +25,7 @@ from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
 from .config import RecipeConfig
 from .context import RecipeRun
-from .inputs import draw_source, set_coco_corpora, sizes_source
+from .inputs import sizes_source
 from .plan import Plan
 from .stage import Cost, Stage, split_runs
 from .stages import DISTILL_MAX_PASSES, instantiate
@@ -349,28 +349,14 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
     return plan
 
 
-def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
-    """Measure this machine's step times and size the stages to the budget (unless ``plan.json`` holds the plan for
-    these inputs, or the steps are fixed); then each stage's deadline."""
+def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> Plan:
+    """Measure this machine's step times and size the stages to the budget (:func:`budget_plan`); the plan is kept
+    in ``OUT/plan.json`` (written by rank 0). The runner takes it, with each stage's deadline
+    (:func:`stage_deadlines`)."""
     from .. import distributed as D
 
-    stages = instantiate(stages)
-    if run.plan is None:
-        # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all
-        plan = D.broadcast_object(_budgeted_plan(run, stages))
-        if D.is_main():
-            atomic_write_json(run.out / "plan.json", plan.to_dict())
-        run.plan = plan
-        run.ids = stage_ids(run, stages)
-        if plan.source_queries is not None and plan.source_queries != len(run.train_data):
-            logger.info(
-                "recipe: the budget's steps use %d of %d source queries: drawing them",
-                plan.source_queries,
-                plan.source_queries_available,
-            )
-            run.train_data = draw_source(run, plan.source_queries)
-            set_coco_corpora(run)
-    if run.max_minutes is not None:
-        run.load_s = STAGE_LOAD_SECONDS
-        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, stages)
-    run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)
+    # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all
+    plan = D.broadcast_object(_budgeted_plan(run, instantiate(stages)))
+    if D.is_main():
+        atomic_write_json(run.out / "plan.json", plan.to_dict())
+    return plan

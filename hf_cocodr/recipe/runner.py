@@ -41,7 +41,7 @@ from .checks import check_budget_floor, check_distill_inputs, check_recipe_lengt
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
 from .guard import Candidates, guard_run
-from .inputs import load_data
+from .inputs import coco_corpora, draw_source, load_data
 from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .queries import corpus_names, prepare_queries
@@ -301,13 +301,37 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
     run.precision.update(encoding=run.encode_precision, encoding_why=run.encode_precision_why)
     logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])
     logger.info("recipe corpus encodings: %s (%s)", run.encode_precision, run.encode_precision_why)
-    load_data(run, stages)
-    make_plan(run, stages)
+    t0 = time.perf_counter()
+    run.train_data = load_data(run, stages)
+    run.coco_corpora = coco_corpora(run, run.train_data)
+    run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+    _plan(run, stages)
     for stage in stages:
         # (a stage that runs after adaptation only, WiSE-FT, runs where a stage before it changed the model)
         if stage.planned(run) and (not stage.after_adaptation or run.current != run.model):
             _run_stage(run, stage)
     return _finish(run, stages)
+
+
+def _plan(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
+    """A budgeted run without a saved plan measures and plans now (:func:`~hf_cocodr.recipe.planner.make_plan`), and
+    draws the source queries its steps use; then each stage's deadline."""
+    if run.plan is None:
+        run.plan = make_plan(run, stages)
+        run.ids = stage_ids(run, stages)
+        queries = run.plan.source_queries
+        if queries is not None and queries != len(run.train_data):
+            logger.info(
+                "recipe: the budget's steps use %d of %d source queries: drawing them",
+                queries,
+                run.plan.source_queries_available,
+            )
+            run.train_data = draw_source(run, queries)
+            run.coco_corpora = coco_corpora(run, run.train_data)
+    if run.max_minutes is not None:
+        run.load_s = planner.STAGE_LOAD_SECONDS
+        run.deadlines = planner.stage_deadlines(run.plan, run.cfg, run.t_start, stages)
+    run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)
 
 
 def _run_stage(run: RecipeRun, stage: Stage) -> None:

@@ -27,6 +27,9 @@ finish is run again from a cold start); the report is rewritten after every row.
     python scripts/studies/cpu_budget.py --arms query@240 --seeds 42,43,44   # fixed steps, teacher cached
     python scripts/studies/cpu_budget.py --arms query-k32@500 --seeds 42,43,44
     python scripts/studies/cpu_budget.py --report-only
+
+The arms that pass a retired option (``--distill-corpus-weight``, ``--distill-swa``) need hf_cocodr at commit
+123371a9ca5c017ea45ef09586cd2a3075201c7f, the last where their code lived; today's recipe refuses them by name.
 """
 
 from __future__ import annotations

@@ -27,9 +27,10 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from ...data.teacher import FrozenCandidateRows, TeacherRows
 from ...modeling.packing import embed_packed
 
-__all__ = ["HybridDistillLoss", "QuerySideDistillLoss"]
+__all__ = ["HybridDistillLoss", "QuerySideDistillLoss", "distill_loss"]
 
 
 class HybridDistillLoss(nn.Module):
@@ -37,8 +38,8 @@ class HybridDistillLoss(nn.Module):
 
     Args:
         model: the student ``SentenceTransformer``.
-        temperature: the student's temperature ``T_s`` (for a cosine model about 0.05, the scale 20 it was trained
-            with; for a dot-product model 1).
+        temperature: the student's temperature ``T_s``; None (the default): 0.05 for a cosine model (the scale 20
+            it was trained with), 1 for a dot-product model.
         teacher_temperature: ``T_t``, matched to the spread of the teacher's scores (z-normalised fused scores: 1).
         in_batch_weight: ``λ``; 0 turns the in-batch term off.
         similarity: ``"cosine"`` or ``"dot"``; default: the model's own ``similarity_fn_name``.
@@ -47,10 +48,12 @@ class HybridDistillLoss(nn.Module):
             forward pass.
     """
 
+    side = "full"  # what a step trains: the whole model (QuerySideDistillLoss: the query side)
+
     def __init__(
         self,
         model,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         teacher_temperature: float = 1.0,
         in_batch_weight: float = 1.0,
         similarity: str | None = None,
@@ -60,12 +63,14 @@ class HybridDistillLoss(nn.Module):
         from sentence_transformers import util
         from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
 
+        similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
+        if temperature is None:
+            temperature = 0.05 if similarity == "cosine" else 1.0
         for name, value in (("temperature", temperature), ("teacher_temperature", teacher_temperature)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"HybridDistillLoss {name} must be a positive number, got {value!r}")
         if isinstance(in_batch_weight, bool) or not isinstance(in_batch_weight, int | float) or in_batch_weight < 0:
             raise ValueError(f"HybridDistillLoss in_batch_weight must be a number >= 0, got {in_batch_weight!r}")
-        similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"HybridDistillLoss similarity must be 'cosine' or 'dot', got {similarity!r}")
         if not isinstance(document_gradients, bool):
@@ -146,6 +151,8 @@ class QuerySideDistillLoss(HybridDistillLoss):
         **kwargs: as :class:`HybridDistillLoss` (``document_gradients`` has no meaning here and is refused).
     """
 
+    side = "query"
+
     def __init__(self, model, document_embeddings, **kwargs):
         if "document_gradients" in kwargs:
             raise ValueError(
@@ -180,3 +187,19 @@ class QuerySideDistillLoss(HybridDistillLoss):
     def get_config_dict(self) -> dict:
         config = {k: v for k, v in super().get_config_dict().items() if k != "document_gradients"}
         return {**config, "documents": f"frozen ({len(self.document_embeddings)} vectors)"}
+
+
+def distill_loss(model, rows, **settings) -> HybridDistillLoss:
+    """The distillation loss ``rows`` train with its ``settings`` (those of :class:`HybridDistillLoss`):
+    :class:`QuerySideDistillLoss` against the frozen vectors of :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`
+    (``document_gradients`` has no meaning there and is left out), :class:`HybridDistillLoss` for rows of texts."""
+    rows = rows.rows if isinstance(rows, TeacherRows) else rows
+    if isinstance(rows, FrozenCandidateRows):
+        if rows.vectors is None:
+            raise ValueError(
+                "distill_loss: FrozenCandidateRows without their vectors (vectors=...): give the rows the frozen "
+                "vectors their candidates index, or build a QuerySideDistillLoss with them"
+            )
+        settings = {k: v for k, v in settings.items() if k != "document_gradients"}
+        return QuerySideDistillLoss(model, rows.vectors, **settings)
+    return HybridDistillLoss(model, **settings)

@@ -10,13 +10,16 @@ listwise KL, plus the in-batch contrast on the teacher's first candidate). The q
 teacher's indexes are cached per model and corpus (``<cache>/teacher``), so a resumed or repeated run encodes only
 the queries again.
 
-The stage's one settings source is :class:`~hf_cocodr.finetuning.DistillationTrainingArguments`: the ``distill:``
-mapping holds its fields, and the options of :data:`ARGUMENT_OPTIONS` set the fields they name.
+The loss holds its settings (as sentence-transformers' losses do): the options of :data:`LOSS_OPTIONS` are the
+settings of the loss the stage builds (:func:`loss_settings`); the ``distill:`` mapping holds the fields of
+:class:`~hf_cocodr.finetuning.DistillationTrainingArguments`, training settings only. The stage's identity is derived
+from the loss and the arguments by one helper (:func:`distill_identity`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import math
 import time
@@ -61,13 +64,16 @@ DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (disti
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
 MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
 PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encoding of the corpora
-# The recipe options that are DistillationTrainingArguments fields: option -> the field it sets (the trainer's loss
-# reads them); the ``distill:`` mapping leaves them to these options.
-ARGUMENT_OPTIONS = {
-    "distill_teacher_temperature": "distill_teacher_temperature",
-    "distill_in_batch_weight": "distill_in_batch_weight",
-    "distill_document_gradients": "distill_document_gradients",
+# The recipe options that are settings of the distillation's loss: option -> the loss's setting
+# (hf_cocodr.finetuning.losses.distill.HybridDistillLoss)
+LOSS_OPTIONS = {
+    "distill_teacher_temperature": "teacher_temperature",
+    "distill_in_batch_weight": "in_batch_weight",
+    "distill_document_gradients": "document_gradients",
 }
+# The loss's settings the stage's identity has named since its first version, whatever their value, by the names it
+# gives them (any other setting is named where it differs from the loss's default)
+IDENTITY_NAMES = {"teacher_temperature": "teacher_temperature", "in_batch_weight": "in_batch"}
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
 # ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
 LEGACY_SETTINGS = {"idro_preset": "uniform"}
@@ -91,7 +97,7 @@ def spread_sample(corpora: list[list[str]], n: int) -> list[str]:
 @dataclass
 class DistillSettings:
     """The distillation's options (``distill_*``, ``skip_distill`` and the ``distill`` mapping of
-    ``DistillationTrainingArguments`` fields; the options of :data:`ARGUMENT_OPTIONS` set the fields they name)."""
+    ``DistillationTrainingArguments`` fields; the options of :data:`LOSS_OPTIONS` are settings of its loss)."""
 
     training_options: ClassVar[str] = "distill"
     length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
@@ -180,9 +186,8 @@ class DistillSettings:
             )
         check_switch(self, "skip_distill")
         for key in self.distill if isinstance(self.distill, dict) else ():
-            option = next((o for o, f in ARGUMENT_OPTIONS.items() if f == key), None)
-            if option is not None:
-                raise ConfigError(f"recipe option distill.{key}: set the recipe option {option} instead")
+            if key in LOSS_OPTIONS:  # (fields of the arguments once: the loss's settings now)
+                raise ConfigError(f"recipe option distill.{key}: set the recipe option {key} instead")
         if self.pseudo_queries != AUTO:
             check_whole(self, "pseudo_queries", 0, allow_none=False)
         if self.pseudo_query_mix != "auto":
@@ -242,10 +247,38 @@ def _check_query_side(cfg: RecipeConfig, trained: str | None) -> None:
         )
 
 
-def without(values: dict[str, Any], names) -> dict[str, Any]:
-    """``values`` less the keys in ``names``."""
-    names = set(names)
-    return {k: v for k, v in values.items() if k not in names}
+def loss_settings(cfg: RecipeConfig) -> dict[str, Any]:
+    """The settings of the distillation's loss the options of :data:`LOSS_OPTIONS` give (the student's temperature:
+    the loss's default, by the model's similarity)."""
+    return {setting: getattr(cfg, option) for option, setting in LOSS_OPTIONS.items()}
+
+
+def loss_class(cfg: RecipeConfig) -> type:
+    """The loss class the stage trains: the query side's (frozen document vectors) or the whole model's."""
+    from ...finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
+
+    if cfg.distill_side == AUTO:
+        raise ConfigError("recipe option distill_side is still auto: resolve the schedule first")
+    return QuerySideDistillLoss if cfg.distill_side == "query" else HybridDistillLoss
+
+
+def distill_identity(loss: type, settings: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The loss and the training arguments of the stage's identity, derived from the loss class, its ``settings`` and
+    the training ``arguments``: ``loss`` names the settings of :data:`IDENTITY_NAMES` always, every other one where
+    it differs from the loss's default, and the loss's ``side`` where it is not the default loss's; ``settings`` the
+    training arguments that change what the stage computes (with :data:`LEGACY_SETTINGS`). A setting or a loss added
+    later at its default leaves the identity of a run without it unchanged."""
+    from ...finetuning.losses.distill import HybridDistillLoss
+
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(HybridDistillLoss).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    named = {IDENTITY_NAMES.get(k, k): v for k, v in settings.items() if k in IDENTITY_NAMES or v != defaults.get(k)}
+    if loss.side != HybridDistillLoss.side:
+        named["side"] = loss.side
+    return {"loss": named, "settings": trajectory({**arguments, **LEGACY_SETTINGS})}
 
 
 def _pseudo(cfg: RecipeConfig) -> int:
@@ -344,7 +377,6 @@ class DistillStage(Stage):
             warmup_steps=0.1,
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
-            **{field: getattr(cfg, option) for option, field in ARGUMENT_OPTIONS.items()},
         )
         if bf16_by_default(cfg):  # where the machine computes bf16 natively (docs/precision.md)
             defaults["bf16"] = True
@@ -374,16 +406,7 @@ class DistillStage(Stage):
                 **({"encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
             },
             "queries": self._queries_digest(run),
-            "loss": {
-                "teacher_temperature": cfg.distill_teacher_temperature,
-                "in_batch": cfg.distill_in_batch_weight,
-                **({} if cfg.distill_document_gradients else {"document_gradients": False}),
-                **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
-            },
-            # (the fields the options set are the loss's above)
-            "settings": trajectory(
-                {**without(run.arguments[self.name], ARGUMENT_OPTIONS.values()), **LEGACY_SETTINGS}
-            ),
+            **distill_identity(loss_class(cfg), loss_settings(cfg), run.arguments[self.name]),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
         }
 
@@ -463,12 +486,13 @@ class DistillStage(Stage):
     def build_trainer(
         self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows: TeacherRows | None = None
     ):
-        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns the trainer's
-        default loss (the stage's arguments describe it) on ``rows`` (the teacher's; in a probe, rows of their shape
+        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns the loss of the
+        options (:func:`loss_settings`; the loss class the rows need) on ``rows`` (the teacher's; in a probe, rows of their shape
         drawn from the target queries and documents with random teacher scores, since the teacher's rankings are
         not computed yet)."""
         from ...data.target_queries import read_target_queries
         from ...finetuning import DistillationTrainer, DistillationTrainingArguments
+        from ...finetuning.losses.distill import distill_loss
 
         query_side = self.query_side(run)
         # only the query route trains, against the starting model's vectors of the corpora
@@ -484,6 +508,7 @@ class DistillStage(Stage):
             model=model,
             args=args,
             train_dataset=rows,
+            loss=distill_loss(model, rows, **loss_settings(run.cfg)),
             card_methods=["hybrid-teacher distillation" + (" (query side)" if query_side else "")],
             negatives_label="the hybrid teacher's candidates",
             # the user's query sources by their own names (the run's query files hold them, and pseudo-queries,
