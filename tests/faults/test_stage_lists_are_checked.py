@@ -119,5 +119,5 @@ class NotAStage:
 
 @pytest.mark.parametrize("entry", ["coco", NotAStage, NotAStage(), None], ids=["str", "class", "instance", "none"])
 def test_an_entry_that_is_not_a_stage_is_refused(recipe, entry):
-    with pytest.raises(ConfigError, match=r"stages\[5\] = .*is not a Stage"):
+    with pytest.raises(ConfigError, match=rf"stages\[{len(STAGES)}\] = .*is not a Stage"):
         recipe((*STAGES, entry))
