@@ -217,9 +217,7 @@ def corpus_only_encodes_documents(has_mlm_head: bool) -> bool:
     from hf_cocodr.recipe.schedules import choose_schedule
 
     cfg, _ = choose_schedule(RecipeConfig(), has_mlm_head)
-    trains_documents = (
-        cfg.skip_coco is False or cfg.skip_finetune is False or cfg.wise_alpha
-    )
+    trains_documents = cfg.skip_coco is False or cfg.skip_finetune is False or cfg.wise_alpha
     return bool(trains_documents or (cfg.skip_distill is False and cfg.distill_side != "query"))
 
 
