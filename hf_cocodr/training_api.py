@@ -186,7 +186,7 @@ def build_idro_trainer(
 ):
     """An IDROTrainer for ``model`` on ``data`` with the named ``methods`` plugged in (their loss terms, data
     transforms and trainer hooks; see :func:`~hf_cocodr.methods.build_methods`), then the :class:`Method` instances
-    of ``extra_methods`` (e.g. :class:`~hf_cocodr.methods.joint.JointPseudoPairs`)."""
+    of ``extra_methods`` (methods built by the caller)."""
     names, instances = [], []
     if methods:
         names = validate_methods(methods, target_corpora, target_queries)

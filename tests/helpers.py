@@ -20,10 +20,8 @@ CFG = dict(
     guard="record",  # (a tiny random model's few steps read worse or better by chance: the guard's own tests decide)
     coco_steps=2,
     finetune_steps=4,
-    target_steps=2,
     refreshes=1,
     corpus_pool=None,
-    target_pairs="title_body",
     wise_alpha=0.5,
     skip_finetune=False,
     coco_runs=1,
@@ -31,14 +29,12 @@ CFG = dict(
     # once, the fine-tune with iDRO (the automatic schedule itself is tested in tests/recipe/test_schedules.py)
     coco={"per_device_train_batch_size": 8, "save_steps": 2},
     finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
-    target={"per_device_train_batch_size": 8, "save_steps": 2},
 )
 
 # the query side's distillation at its smallest: 2 steps of 4 queries against the teacher's top 3 (guard and queries
 # as each test sets them)
 QUERY_SIDE_CFG = dict(
     skip_coco=True,
-    target_pairs="none",
     wise_alpha=None,
     distill_steps=2,
     distill_k=3,
@@ -181,7 +177,6 @@ EVERY_STAGE_TWO_STEPS = dict(
     skip_coco=False,
     skip_finetune=False,
     skip_distill=False,
-    target_pairs="none",
     wise_alpha=None,
     coco_runs=1,
     coco_steps=2,

@@ -87,6 +87,7 @@ LAYERS = {
     "citations": 5,
     "config_types": 5,
     "storage": 5,
+    "retired": 5,
 }
 
 # modules (``__init__`` and ``__main__`` included) the package root may hold: the rest live in sub-packages
@@ -767,40 +768,188 @@ def test_the_citation_check_finds_a_citation(tmp_path):
     assert citations_of_reports_or_scripts(pkg) == ["hf_cocodr/a.py:3", "hf_cocodr/sub/README.md:1"]
 
 
-# ---- issue 51: the distillation's one settings source
-def unmapped_argument_options(options: set[str], arguments: set[str], mapping: dict[str, str]) -> list[str]:
-    """What breaks "one settings source": an option (of ``options``) that names a training argument (of
-    ``arguments``: the field itself, or the field after its stage prefix ``distill_``) missing from ``mapping``
-    (option -> field), an option of ``mapping`` that is not an option, or a field of ``mapping`` that is not an
-    argument."""
-    names = {o for o in options if o in arguments or o.removeprefix("distill_") in arguments}
+# ---- issue 51, 65: the distillation's loss holds its settings, its arguments the training's
+def loss_option_problems(
+    options: set[str], arguments: set[str], loss_settings: set[str], mapping: dict[str, str]
+) -> list[str]:
+    """What breaks "the loss holds its settings": an option (of ``options``) that names a training argument (of
+    ``arguments``: the field itself, or the field after its stage prefix ``distill_``), an option of ``mapping``
+    (option -> the loss's setting) that is not an option, or a setting of ``mapping`` the loss does not take."""
     return sorted(
-        [f"option {o} is not mapped" for o in names - set(mapping)]
+        [f"option {o} names a training argument" for o in options if o in arguments or o[8:] in arguments]
         + [f"{o} is not an option" for o in set(mapping) - options]
-        + [f"{f} is not a field" for f in set(mapping.values()) - arguments]
+        + [f"{f} is not a setting of the loss" for f in set(mapping.values()) - loss_settings]
     )
 
 
-def test_the_distillation_options_map_onto_its_training_arguments():
-    """Every distillation option that names a DistillationTrainingArguments field is in the stage's option -> field
-    map (so its ``distill:`` mapping leaves the field to the option), every field the map names exists, and the
-    class the ``distill:`` mapping is checked against is the one the stage trains with."""
+def test_the_distillation_options_are_settings_of_its_loss_not_of_its_arguments():
+    """No distillation option names a DistillationTrainingArguments field; the options of the stage's option -> loss
+    setting map are options and settings ``HybridDistillLoss`` takes; the class the ``distill:`` mapping is checked
+    against is the one the stage trains with."""
     from dataclasses import fields
 
     from hf_cocodr.finetuning import DistillationTrainer, DistillationTrainingArguments
-    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS, DistillSettings
+    from hf_cocodr.finetuning.losses import HybridDistillLoss
+    from hf_cocodr.recipe.stages.distill import LOSS_OPTIONS, DistillSettings
 
-    options = {f.name for f in fields(DistillSettings)}
+    options = {f.name for f in fields(DistillSettings) if f.name.startswith("distill_")}
     arguments = {f.name for f in fields(DistillationTrainingArguments)}
-    assert unmapped_argument_options(options, arguments, ARGUMENT_OPTIONS) == []
+    settings = set(inspect.signature(HybridDistillLoss).parameters) - {"model"}
+    assert loss_option_problems(options, arguments, settings, LOSS_OPTIONS) == []
     assert DistillSettings.arguments_class() is DistillationTrainer.arguments_class is DistillationTrainingArguments
 
 
-def test_the_mapping_check_sees_an_unmapped_option_and_a_missing_field():
+def test_the_loss_check_sees_an_option_that_names_an_argument_and_a_setting_the_loss_lacks():
     options, arguments = {"distill_k", "distill_seed", "distill_teacher_temperature"}, {"seed", "teacher_x"}
-    assert unmapped_argument_options(options, arguments, {"distill_teacher_temperature": "teacher_temperature"}) == [
-        "option distill_seed is not mapped",
-        "teacher_temperature is not a field",
+    mapping = {"distill_teacher_temperature": "teacher_temperature", "distill_x": "x"}
+    assert loss_option_problems(options, arguments, {"teacher_temperature"}, mapping) == [
+        "distill_x is not an option",
+        "option distill_seed names a training argument",
+        "x is not a setting of the loss",
+    ]
+
+
+# ---- issue 65: the library keeps what earned its place
+MAX_RECIPE_OPTIONS = 45
+MAX_RECIPE_FLAGS = 50  # the recipe command's flags (--help aside)
+MAX_DISTILL_ARGUMENT_FIELDS = 7  # DistillationTrainingArguments' own fields (beyond sentence-transformers')
+REFERENCE = PACKAGE.parent / "docs" / "reference.md"
+USED_BY = ("default", "user")
+
+
+def documented_options(text: str) -> dict[str, tuple[str, str]]:
+    """The rows of the options table of docs/reference.md ("What enters the library"): ``name -> (used by, what
+    for)``; a name given twice is kept as ``name#2`` (so the check can name it)."""
+    section = text.split("## What enters the library", 1)[1] if "## What enters the library" in text else ""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`") and cells[0].endswith("`"):
+            name = cells[0].strip("`")
+            rows[name if name not in rows else f"{name}#2"] = (cells[1], cells[2])
+    return rows
+
+
+def option_table_problems(names: set[str], rows: dict[str, tuple[str, str]], read: set[str]) -> list[str]:
+    """What the options table gets wrong: an option or field (of ``names``) without a row, a row without an option,
+    a row without a purpose or with another "used by" than :data:`USED_BY`, a row that says ``default`` for a name
+    the library never reads or sets (``read``: the names the package's code reads as attributes or names in its
+    schedules)."""
+    return sorted(
+        [f"{n}: no row in docs/reference.md" for n in names - set(rows)]
+        + [f"{n}: a row for no option or field" for n in set(rows) - names]
+        + [f"{n}: no purpose" for n, (used, what) in rows.items() if n in names and not what]
+        + [f"{n}: used by {used!r}" for n, (used, what) in rows.items() if n in names and used not in USED_BY]
+        + [f"{n}: no default path reads it" for n, (used, _) in rows.items() if used == "default" and n not in read]
+    )
+
+
+def names_the_package_reads(root: Path = PACKAGE) -> set[str]:
+    """Every attribute the package's code reads (``x.name``) and every string it names (``getattr(cfg, "name")``,
+    the schedules' keys), outside the fields' own definitions."""
+    out: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                out.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out.add(node.value)
+            elif isinstance(node, ast.keyword) and node.arg:
+                out.add(node.arg)
+    return out
+
+
+def recipe_flags() -> list[str]:
+    from hf_cocodr.cli.main import build_parser
+
+    parser = build_parser(["recipe"])
+    sub = next(a for a in parser._actions if isinstance(a, __import__("argparse")._SubParsersAction))
+    recipe = sub.choices["recipe"]
+    return [a.option_strings[0] for a in recipe._actions if a.option_strings and a.dest != "help"]
+
+
+def test_every_option_and_trainer_field_has_a_default_path_or_a_stated_purpose():
+    """Every recipe option and every DistillationTrainingArguments field of its own is in docs/reference.md's table,
+    as read by a default run (and the package does read it) or with the purpose a user sets it for; the recipe keeps
+    at most 45 options and 50 flags, the distillation's arguments at most 7 fields of their own."""
+    from dataclasses import fields
+
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from hf_cocodr.finetuning import DistillationTrainingArguments
+    from hf_cocodr.recipe import RecipeConfig
+
+    options = {f.name for f in fields(RecipeConfig)}
+    parent = {f.name for f in fields(SentenceTransformerTrainingArguments)}
+    own = {f.name for f in fields(DistillationTrainingArguments)} - parent
+    rows = documented_options(REFERENCE.read_text())
+    assert option_table_problems(options | own, rows, names_the_package_reads()) == []
+    assert len(options) <= MAX_RECIPE_OPTIONS, f"{len(options)} recipe options; at most {MAX_RECIPE_OPTIONS}"
+    flags = recipe_flags()
+    assert len(flags) <= MAX_RECIPE_FLAGS, f"{len(flags)} recipe flags; at most {MAX_RECIPE_FLAGS}"
+    assert len(own) <= MAX_DISTILL_ARGUMENT_FIELDS, f"DistillationTrainingArguments' own fields: {sorted(own)}"
+
+
+def test_the_option_table_check_sees_what_is_missing_or_unsaid():
+    text = (
+        "# x\n| `a` | default | a |\n## What enters the library\n\n| option or field | used by | what for |\n"
+        "|---|---|---|\n| `seed` | default | the seed |\n| `lever` | default | off by default |\n"
+        "| `gone` | user | a lever |\n| `mode` | sometimes |  |\n"
+    )
+    rows = documented_options(text)
+    assert set(rows) == {"seed", "lever", "gone", "mode"}
+    assert option_table_problems({"seed", "lever", "mode", "new"}, rows, {"seed", "mode"}) == [
+        "gone: a row for no option or field",
+        "lever: no default path reads it",
+        "mode: no purpose",
+        "mode: used by 'sometimes'",
+        "new: no row in docs/reference.md",
+    ]
+
+
+RUNNER = RECIPE / "runner.py"
+
+
+def run_assignments(path: Path) -> list[str]:
+    """``file:line run.<attr>`` for every assignment in ``path`` to an attribute of ``run`` (or to an item of one:
+    ``run.x[k] = v``), plain (tuples unpacked too), augmented or annotated."""
+
+    def flat(target):
+        return [t for e in target.elts for t in flat(e)] if isinstance(target, (ast.Tuple, ast.List)) else [target]
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets for t in flat(target)]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            inner = target.value if isinstance(target, ast.Subscript) else target
+            if isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name) and inner.value.id == "run":
+                found.append(f"{path.name}:{node.lineno} run.{inner.attr}")
+    return found
+
+
+def test_no_run_attribute_is_assigned_outside_the_runner():
+    """The runner alone changes the run's state: a stage, the planner, the inputs or the guard return what they
+    computed (the guard its verdict) and the runner assigns it."""
+    found = [f for path in sorted(RECIPE.rglob("*.py")) if path != RUNNER for f in run_assignments(path)]
+    assert found == [], "run.* assigned outside recipe/runner.py:\n" + "\n".join(found)
+    assert run_assignments(RUNNER)  # (the runner does assign them: the check sees assignments)
+
+
+def test_the_run_assignment_check_sees_each_kind(tmp_path):
+    (tmp_path / "guard.py").write_text(
+        "def f(run, other):\n    run.current = run.model\n    run.stage_seconds['g'] = 1\n"
+        "    run.n += 1\n    other.current = 2\n    x = run.current\n    a, run.plan = 1, 2\n"
+    )
+    assert run_assignments(tmp_path / "guard.py") == [
+        "guard.py:2 run.current",
+        "guard.py:3 run.stage_seconds",
+        "guard.py:4 run.n",
+        "guard.py:7 run.plan",
     ]
 
 

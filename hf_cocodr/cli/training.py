@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config_types import check_field_types, check_training_values
+from ..errors import ConfigError
 from ..recipe.config import (
     RecipeArguments,
     RecipeConfig,
@@ -23,6 +24,7 @@ from ..recipe.config import (
     check_max_minutes,
     config_from_flags,
 )
+from ..retired import RETIRED_OPTIONS, retired_message
 from ..utils import resolve_inside
 from .main import UsageError, register
 
@@ -387,10 +389,14 @@ def _add_recipe(p: argparse.ArgumentParser) -> None:
 def _run_recipe(ns: argparse.Namespace, rest: list[str]) -> int:
     from ..recipe.runner import run_recipe  # torch, transformers, datasets: only a recipe that runs needs them
 
+    for token in rest:  # a retired option's flag, by name (rather than as an unknown argument)
+        name = token.split("=", 1)[0].removeprefix("--").replace("-", "_")
+        if token.startswith("--") and name in RETIRED_OPTIONS:
+            raise ConfigError(retired_message(name, token.split("=", 1)[0]))
     if rest:
         raise UsageError(
             f"unrecognized arguments: {' '.join(rest)} (training arguments go in the --config file "
-            "under `coco:` / `finetune:`)"
+            "under `coco:` / `finetune:` / `distill:`)"
         )
     given = config_from_flags(ns, RecipeArguments)
     config = load_config(given.get("config"))

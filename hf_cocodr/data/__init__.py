@@ -1,7 +1,6 @@
 """Data: BEIR-format loading and validation, spans for COCO, training rows and negatives for iDRO.
 
-Names are imported on first use, so a light module of this package (:mod:`~hf_cocodr.data.options`) loads without
-pyarrow and numpy."""
+Names are imported on first use, so importing the package loads neither pyarrow nor numpy."""
 
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ __all__ = [
     "FrozenCandidateRows",
     "TeacherRows",
     "TeacherSource",
-    "deep_ranks",
     "frozen_candidate_rows",
     "route_queries",
     "teacher_rows",
@@ -95,15 +94,11 @@ class FrozenCandidateRows(RowsSource):
         vectors: the frozen ``(N, d)`` vectors the candidates' rows index (the starting model's vectors of the
             corpora); :class:`~hf_cocodr.DistillationTrainer`'s default loss distils against them (None: a loss
             given to the trainer holds them).
-        segments: where each corpus's vectors start in ``vectors`` (ascending, the first 0; None: one corpus), so a
-            loss over a row's whole corpus (``distill_corpus_weight``) knows which vectors are its corpus's.
     """
 
     negatives_source = "none"
 
-    def __init__(
-        self, queries: Sequence[str], scores, candidates, name: str = "teacher rows", *, vectors=None, segments=None
-    ):
+    def __init__(self, queries: Sequence[str], scores, candidates, name: str = "teacher rows", *, vectors=None):
         scores = np.asarray(scores, dtype=np.float64)
         candidates = np.asarray(candidates, dtype=np.int64)
         if not len(queries):
@@ -117,13 +112,7 @@ class FrozenCandidateRows(RowsSource):
         self.query_ids = [str(i) for i in range(len(self.query_texts))]
         self.scores, self.candidates, self.name = scores, candidates, name
         self.vectors = vectors
-        self.segments = (
-            None if segments is None else check_segments(segments, None if vectors is None else len(vectors))
-        )
         self.columns = ["query"]
-        # the top k and the sampled deeper candidates of each row, where frozen_candidate_rows sampled some:
-        # {"top": k, "deep": deep, "depth": depth} (None: the rows are the teacher's top candidates alone)
-        self.sampled: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.query_texts)
@@ -149,86 +138,33 @@ class FrozenCandidateRows(RowsSource):
         pass
 
 
-def check_segments(segments, rows: int | None) -> list[int]:
-    """``segments`` as a list of whole numbers: where each corpus's vectors start in a table of ``rows`` vectors
-    (None: not checked against a size). Refused unless the first is 0 and each is above the one before (and below
-    ``rows``)."""
-    starts = [int(s) for s in segments]
-    if not starts or starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
-        raise ValueError(f"segments must start at 0 and ascend strictly (each corpus's first row), got {starts}")
-    if rows is not None and starts[-1] >= rows:
-        raise ValueError(f"segments {starts}: the last corpus starts at or past the table's {rows} vectors")
-    return starts
-
-
-def deep_ranks(n: int, k: int, deep: int, seed: int | Sequence[int], row: int) -> np.ndarray:
-    """The ranks (0-based, ascending) of the ``deep`` candidates a row samples below the teacher's top ``k``: drawn
-    uniformly without replacement from ranks ``k .. n-1`` of its ``n`` ranked documents, by a generator seeded with
-    ``(*seed, row)`` (the same row of the same seed always draws the same ranks, whatever the other rows)."""
-    if deep <= 0:
-        return np.zeros(0, dtype=np.int64)
-    entropy = [int(seed)] if isinstance(seed, int | np.integer) else [int(x) for x in seed]
-    picked = np.random.default_rng([*entropy, int(row)]).choice(n - k, size=deep, replace=False)
-    return np.sort(picked).astype(np.int64) + k
-
-
 def frozen_candidate_rows(
-    teacher,
-    queries: Sequence[str],
-    doc_rows: Mapping[str, int],
-    k: int,
-    *,
-    name: str = "",
-    vectors=None,
-    deep: int = 0,
-    depth: int = 200,
-    seed: int | Sequence[int] = 0,
+    teacher, queries: Sequence[str], doc_rows: Mapping[str, int], k: int, *, name: str = "", vectors=None
 ):
     """:class:`FrozenCandidateRows` from the teacher's top-``k`` of each query (``doc_rows``: document id → its row
     in the frozen ``vectors``); queries with fewer than ``k`` candidates are left out and counted, as in
-    :func:`teacher_rows`.
-
-    ``deep`` > 0 adds to each row ``deep`` candidates sampled below the top ``k``, from the teacher's ranks ``k+1``
-    to ``depth`` (:func:`deep_ranks`, seeded by ``seed``, one number or several, and the row), with their teacher scores, after the top
-    ``k`` in rank order: the listwise loss then also sees documents the teacher ranks low, which cost nothing on
-    the query side (they are rows of the frozen vectors). The teacher is then searched to ``depth``; a query with
-    fewer than ``k + deep`` ranked documents is left out and counted. ``deep=0`` gives the top-``k`` rows alone."""
+    :func:`teacher_rows`."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 2:
         raise ValueError(f"frozen_candidate_rows: k must be a whole number >= 2, got {k!r}")
-    if isinstance(deep, bool) or not isinstance(deep, int) or deep < 0:
-        raise ValueError(f"frozen_candidate_rows: deep must be a whole number >= 0, got {deep!r}")
-    if deep and (isinstance(depth, bool) or not isinstance(depth, int) or depth < k + deep):
-        raise ValueError(
-            f"frozen_candidate_rows: depth must be a whole number >= k + deep = {k + deep} to sample {deep} "
-            f"candidates below the top {k}, got {depth!r}"
-        )
     queries = list(queries)
-    need = k + deep
-    ids, scores = teacher.search(queries, depth if deep else k)
-    kept = [i for i, row in enumerate(ids) if len(row) >= need]
+    ids, scores = teacher.search(queries, k)
+    kept = [i for i, row in enumerate(ids) if len(row) >= k]
     if len(kept) < len(queries):
         logger.warning(
             "distillation: %d of %d queries got fewer than %d teacher candidates and were left out",
             len(queries) - len(kept),
             len(queries),
-            need,
+            k,
         )
     if not kept:
         raise ValueError(
-            f"distillation: none of the {len(queries)} queries got {need} teacher candidates; lower k"
-            f"{' or deep' if deep else ''} or check the corpus"
+            f"distillation: none of the {len(queries)} queries got {k} teacher candidates; lower k or check the corpus"
         )
-    row_scores, row_docs = [], []
-    for i in kept:
-        ranks = [*range(k), *deep_ranks(min(len(ids[i]), depth), k, deep, seed, i).tolist()]
-        row_scores.append([float(scores[i][r]) for r in ranks])
-        row_docs.append([doc_rows[ids[i][r]] for r in ranks])
-    rows = FrozenCandidateRows(
+    row_scores = [[float(s) for s in scores[i][:k]] for i in kept]
+    row_docs = [[doc_rows[d] for d in ids[i][:k]] for i in kept]
+    return FrozenCandidateRows(
         [queries[i] for i in kept], row_scores, row_docs, name=name or "teacher rows", vectors=vectors
     )
-    if deep:
-        rows.sampled = {"top": k, "deep": deep, "depth": depth}
-    return rows
 
 
 class TeacherSource(TypedDict):

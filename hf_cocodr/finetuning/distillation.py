@@ -1,30 +1,27 @@
 """DistillationTrainer and DistillationTrainingArguments: listwise distillation of a teacher's ranking.
 
-One trainer, one config (as trl gives each method its trainer and its arguments): the trainer trains
-:class:`~hf_cocodr.finetuning.losses.distill.HybridDistillLoss` on rows ``(query, candidate_1, ..., candidate_k)``
-whose ``label`` column holds the teacher's ``k`` scores (e.g. the rows of
-:func:`hf_cocodr.retrieval.teacher.distill_dataset`), or
-:class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss` on
+One trainer, one config (as trl gives each method its trainer and its arguments): the trainer trains a distillation
+loss on rows ``(query, candidate_1, ..., candidate_k)`` whose ``label`` column holds the teacher's ``k`` scores
+(e.g. the rows of :func:`hf_cocodr.retrieval.teacher.distill_dataset`), or on
 :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`, on the row-based base it shares with
 :class:`~hf_cocodr.IDROTrainer` (resumable, a non-finite step skipped, the model card and the output folder as there).
-No clusters, no negatives refresh. The loss is built from :class:`DistillationTrainingArguments`, the one settings
-source of a distillation (the recipe's ``distill_*`` options set its fields).
+No clusters, no negatives refresh. As sentence-transformers' losses hold theirs, the loss holds its settings
+(temperatures, in-batch weight, ...: :class:`~hf_cocodr.finetuning.losses.distill.HybridDistillLoss`,
+:func:`~hf_cocodr.finetuning.losses.distill.distill_loss` picks the class the rows need); the arguments hold training
+settings only. Given no loss, the trainer trains the rows' loss at its defaults.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sentence_transformers import SentenceTransformerTrainingArguments
 
-from ..data.teacher import FrozenCandidateRows, TeacherRows
+from ..data.teacher import TeacherRows
 from ..errors import ConfigError
-from .callbacks.anchor import StartingPointAnchor
-from .callbacks.averaging import WeightAveraging
-from .losses.distill import HybridDistillLoss, QuerySideDistillLoss
+from .losses.distill import HybridDistillLoss, distill_loss
 from .rows_trainer import RowsTrainer
 from .training_args import check_max_steps
 
@@ -33,29 +30,10 @@ __all__ = ["DistillationTrainer", "DistillationTrainingArguments"]
 
 @dataclass
 class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
-    """Arguments of :class:`DistillationTrainer`; see
+    """Arguments of :class:`DistillationTrainer`: training settings only (the loss holds its own); see
     :class:`~sentence_transformers.SentenceTransformerTrainingArguments` for the rest (``per_device_train_batch_size``
     is the number of *queries* per device and step).
 
-    The loss (what the trainer's default loss, :meth:`DistillationTrainer.get_default_loss`, reads):
-        distill_temperature: the student's temperature ``T_s`` (None: 0.05 for a cosine model, its trained scale of
-            20; 1 for a dot-product model).
-        distill_teacher_temperature: ``T_t`` of the teacher's scores.
-        distill_in_batch_weight: ``λ`` of the in-batch InfoNCE term (0: off).
-        distill_margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the teacher's first candidate
-            (0: off, the loss of earlier versions exactly).
-        distill_corpus_weight: ``ν`` of the whole-corpus term of the query side
-            (:class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss`: the candidates' share of the
-            student's softmax over every document of the row's corpus; 0: off). Rows against frozen vectors only.
-        distill_document_gradients: back-propagate through the candidates (False: a forward pass only; no meaning
-            for frozen candidates).
-    The weights:
-        distill_swa: the fraction of the planned steps, at the end, whose weights are averaged (stochastic weight
-            averaging, :class:`~hf_cocodr.finetuning.callbacks.WeightAveraging`): the saved model is the uniform
-            average of the trained parameters after each of those steps. 0 (the default): off, the last step's.
-        distill_l2sp: the weight ``α`` of the pull toward the starting weights (L2-SP, decoupled as AdamW's weight
-            decay, :class:`~hf_cocodr.finetuning.callbacks.StartingPointAnchor`): after each step every trained
-            parameter moves ``lr · α`` of the way back to its value at the start. 0 (the default): off.
     Rows:
         max_length: token limit of the training texts (None: the model's own); the saved model keeps its limits.
         packed_forward: embed the queries and their candidates together, ordered by length, in one forward per
@@ -66,38 +44,6 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     overwrite_output_dir: bool = field(
         default=False,
         metadata={"help": "replace the files of an earlier or different run recorded in output_dir"},
-    )
-    distill_temperature: float | None = field(
-        default=None, metadata={"help": "student temperature (None: 0.05 for cosine models, 1 for dot products)"}
-    )
-    distill_teacher_temperature: float = field(default=1.0, metadata={"help": "teacher temperature"})
-    distill_in_batch_weight: float = field(default=1.0, metadata={"help": "weight of the in-batch InfoNCE term"})
-    distill_margin_weight: float = field(
-        default=0.0, metadata={"help": "weight of the Margin-MSE term on the margins to the first candidate (0: off)"}
-    )
-    distill_corpus_weight: float = field(
-        default=0.0,
-        metadata={
-            "help": "weight of the query side's whole-corpus term: the candidates' share of the student's softmax "
-            "over the row's corpus (0: off; frozen candidate rows only)"
-        },
-    )
-    distill_document_gradients: bool = field(
-        default=True, metadata={"help": "back-propagate through the candidates' embeddings"}
-    )
-    distill_swa: float = field(
-        default=0.0,
-        metadata={
-            "help": "average the trained weights over this fraction of the steps at the end (SWA; 0: off, the last "
-            "step's weights)"
-        },
-    )
-    distill_l2sp: float = field(
-        default=0.0,
-        metadata={
-            "help": "pull the trained weights toward the starting ones: after each step every trained parameter "
-            "moves learning rate x this weight of the way back (L2-SP, decoupled; 0: off)"
-        },
     )
     max_length: int | None = field(default=None, metadata={"help": "token limit of training texts"})
     packed_forward: bool = field(
@@ -120,29 +66,6 @@ class DistillationTrainingArguments(SentenceTransformerTrainingArguments):
     def __post_init__(self):
         super().__post_init__()
         check_max_steps(self)
-        for name in ("distill_temperature", "distill_teacher_temperature"):
-            value = getattr(self, name)
-            if value is None and name == "distill_temperature":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ConfigError(f"{name} must be a positive number, got {value!r}")
-        for name in ("distill_in_batch_weight", "distill_margin_weight", "distill_corpus_weight", "distill_l2sp"):
-            w = getattr(self, name)
-            if isinstance(w, bool) or not isinstance(w, int | float) or not 0 <= w < math.inf:
-                raise ConfigError(f"{name} must be a number >= 0, got {w!r}")
-        swa = self.distill_swa
-        if isinstance(swa, bool) or not isinstance(swa, int | float) or not 0 <= swa <= 1:
-            raise ConfigError(f"distill_swa must be a number in [0, 1] (a fraction of the steps), got {swa!r}")
-        if swa and self.load_best_model_at_end:
-            raise ConfigError(
-                "distill_swa averages the last steps' weights into the saved model, so it cannot keep the best "
-                "checkpoint's: set load_best_model_at_end false, or distill_swa 0"
-            )
-        if self.distill_l2sp * self.learning_rate > 1:
-            raise ConfigError(
-                f"distill_l2sp {self.distill_l2sp} at learning_rate {self.learning_rate} pulls more than the whole way "
-                "back to the starting weights each step (their product must be at most 1): lower distill_l2sp"
-            )
 
 
 class DistillationTrainer(RowsTrainer):
@@ -151,8 +74,10 @@ class DistillationTrainer(RowsTrainer):
     ``train_dataset`` is a ``datasets.Dataset`` (or another :class:`~hf_cocodr.data.training.RowsSource`) of rows
     ``(query, candidate_1, ..., candidate_k)`` with a ``label`` column of the teacher's ``k`` scores, or
     :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`, or a :class:`~hf_cocodr.data.teacher.TeacherRows` holding
-    either; each step hands the loss the rows' features and their scores. ``loss=None`` builds the loss from the
-    arguments (:meth:`get_default_loss`); any loss that takes ``(features, teacher scores)`` may be given instead. The keyword arguments of
+    either; each step hands the loss the rows' features and their scores. ``loss=None`` trains the rows' loss at its
+    defaults (:meth:`get_default_loss`); a loss with other settings (``distill_loss(model, rows,
+    teacher_temperature=2.0)``), or any loss that takes ``(features, teacher scores)``, may be given instead (the
+    loss holds its settings, as sentence-transformers' losses do). The keyword arguments of
     :class:`~hf_cocodr.finetuning.rows_trainer.RowsTrainer` (``card_methods``, ``target_queries_read``, ...) describe
     the run on the model card.
 
@@ -160,10 +85,12 @@ class DistillationTrainer(RowsTrainer):
         ::
 
             from hf_cocodr import DistillationTrainer, DistillationTrainingArguments, load_encoder
+            from hf_cocodr.finetuning.losses import distill_loss
 
-            args = DistillationTrainingArguments(output_dir="out/distill", per_device_train_batch_size=16,
-                                                 max_steps=200, distill_teacher_temperature=1.0)
-            trainer = DistillationTrainer(model=load_encoder("out/coco"), args=args, train_dataset=rows)
+            model = load_encoder("out/coco")
+            args = DistillationTrainingArguments(output_dir="out/distill", per_device_train_batch_size=16, max_steps=200)
+            loss = distill_loss(model, rows, teacher_temperature=2.0)  # the loss holds its settings
+            trainer = DistillationTrainer(model=model, args=args, train_dataset=rows, loss=loss)
             trainer.train()
     """
 
@@ -174,12 +101,6 @@ class DistillationTrainer(RowsTrainer):
         if isinstance(train_dataset, TeacherRows):
             train_dataset = train_dataset.rows
         super().__init__(model, args, train_dataset, *pos, **kwargs)
-        if getattr(
-            self.args, "distill_swa", 0
-        ):  # (its mean is saved with each checkpoint: a CheckpointState callback)
-            self.add_callback(WeightAveraging(self.args.distill_swa))
-        if getattr(self.args, "distill_l2sp", 0):  # (its starting weights are saved with each checkpoint)
-            self.add_callback(StartingPointAnchor(self.args.distill_l2sp))
 
     def _check_rows(self, args) -> None:
         super()._check_rows(args)
@@ -190,33 +111,9 @@ class DistillationTrainer(RowsTrainer):
             )
 
     def get_default_loss(self, model) -> HybridDistillLoss:
-        """The loss the arguments describe (when the trainer is given no loss), in the model's own similarity:
-        :class:`HybridDistillLoss`, or :class:`QuerySideDistillLoss` against the frozen vectors of
-        :class:`~hf_cocodr.data.teacher.FrozenCandidateRows` (``distill_document_gradients`` has no meaning
-        there)."""
-        a, rows = self.args, self.training_data
-        similarity = getattr(model, "similarity_fn_name", None) or "cosine"
-        temperature = a.distill_temperature
-        if temperature is None:
-            temperature = 0.05 if similarity == "cosine" else 1.0
-        options = dict(
-            temperature=temperature,
-            teacher_temperature=a.distill_teacher_temperature,
-            in_batch_weight=a.distill_in_batch_weight,
-            similarity=similarity,
-            margin_weight=a.distill_margin_weight,
-        )
-        if isinstance(rows, FrozenCandidateRows):
-            if rows.vectors is None:
-                raise ValueError(
-                    "DistillationTrainer: FrozenCandidateRows without their vectors (vectors=...): give the rows "
-                    "the frozen vectors their candidates index, or a QuerySideDistillLoss"
-                )
-            corpus = dict(corpus_weight=a.distill_corpus_weight, segments=rows.segments)
-            return QuerySideDistillLoss(model, rows.vectors, **corpus, **options)
-        if a.distill_corpus_weight:
-            raise ValueError(
-                f"DistillationTrainer: distill_corpus_weight {a.distill_corpus_weight} needs rows against frozen "
-                "vectors (FrozenCandidateRows, the query side): with candidates as text the corpus is never encoded"
-            )
-        return HybridDistillLoss(model, document_gradients=a.distill_document_gradients, **options)
+        """The loss of the training rows at its defaults (when the trainer is given no loss), in the model's own
+        similarity: :class:`~hf_cocodr.finetuning.losses.distill.HybridDistillLoss`, or
+        :class:`~hf_cocodr.finetuning.losses.distill.QuerySideDistillLoss` against the frozen vectors of
+        :class:`~hf_cocodr.data.teacher.FrozenCandidateRows` (:func:`~hf_cocodr.finetuning.losses.distill.
+        distill_loss`)."""
+        return distill_loss(model, self.training_data)

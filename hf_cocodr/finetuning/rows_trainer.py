@@ -29,6 +29,7 @@ from ..methods.base import Method
 from ..model_card import write_model_card
 from ..modeling.limits import check_lengths
 from ..modeling.packing import PackedColumns, pack_columns, task_blind
+from ..retired import RETIRED_STATE, retired_message
 from ..retrieval.encoding import encode_texts
 from ..rundir.run_record import fingerprint, model_fingerprint
 from ..rundir.state import load_state, save_state
@@ -454,6 +455,9 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         if loaded is None:
             logger.warning("%s has no hf_cocodr state: clusters and negatives start afresh", checkpoint)
             return
+        for name, option in RETIRED_STATE.items():  # a retired callback's state: the run trained with its lever
+            if name in loaded[1] or any(key.startswith(f"{name}_") for key in loaded[0]):
+                raise ConfigError(retired_message(option, f"checkpoint {checkpoint}: the state of {option}"))
         restore_state(self.state_components(), *loaded)
         logger.info("restored the training state from %s", checkpoint)
 

@@ -9,7 +9,6 @@ import numpy as np
 
 from ..methods.registry import get_method
 from ..provenance import source_info as previous_training_info
-from .callbacks.averaging import WeightAveraging
 
 
 def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, Any]:
@@ -25,21 +24,6 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         negs += f", then self-mined (ANCE-style) every {refresh} steps"
     if getattr(trainer, "stage_type", None) == "distill":
         return distill_stage_info(trainer)
-    pseudo = getattr(trainer.training_data, "pseudo_pairs_mode", None)
-    if pseudo is not None:  # target pseudo pairs: no labels, no source task
-        return {
-            "type": "finetune",
-            "title": f"contrastive fine-tuning on target pseudo pairs ({pseudo})",
-            "method": "pseudo-pairs",
-            "pseudo pairs": pseudo,
-            "corpora": list(trainer.training_data.corpora),
-            "steps": trainer.state.global_step,
-            "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
-            "hard negatives per query": trainer._num_negatives,
-            "negatives": negatives,
-            "learning rate": a.learning_rate,
-            "seed": a.seed,
-        }
     info = {
         "type": "finetune",
         "title": {"idro": "iDRO fine-tuning", "groupdro": "GroupDRO fine-tuning"}.get(
@@ -72,11 +56,6 @@ def finetune_stage_info(trainer, data_name: str, negatives: str) -> dict[str, An
         info["corpora"] = list(trainer.target_corpora_read)  # target documents read by a method, never labels
     if getattr(trainer, "target_queries_read", None):
         info["target queries"] = list(trainer.target_queries_read)  # unlabelled target queries read by a method
-    joint = [a for a in getattr(loss, "auxiliary", []) if type(a).__name__ == "TargetPairsObjective"]
-    if joint:
-        info["joint target pseudo pairs"] = (
-            f"{joint[0].pairs.pseudo_pairs_mode}, weight {joint[0].weight:g}, {joint[0].batch_size} pairs per step"
-        )
     return info
 
 
@@ -92,12 +71,6 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         candidates = int(np.asarray(labels).shape[-1]) if labels is not None else None
     except Exception:  # a rows source that cannot say
         candidates = None
-    sampled = getattr(trainer.training_data, "sampled", None)
-    if candidates is not None and sampled:
-        candidates = (
-            f"{candidates}: the teacher's top {sampled['top']} and {sampled['deep']} sampled from its ranks "
-            f"{sampled['top'] + 1}-{sampled['depth']}"
-        )
     info: dict[str, Any] = {
         "type": "distill",
         "title": "hybrid-teacher distillation" + (" (query side)" if query_side else ""),
@@ -111,14 +84,6 @@ def distill_stage_info(trainer) -> dict[str, Any]:
         "steps": trainer.state.global_step,
         "queries per step": a.per_device_train_batch_size * max(1, a.world_size) * a.gradient_accumulation_steps,
         "candidates per query": candidates,
-        # the Margin-MSE term beside the listwise KL, named only when it is on
-        "Margin-MSE weight": getattr(a, "distill_margin_weight", 0.0) or None,
-        # the query side's whole-corpus term, named only when it is on
-        "whole-corpus weight": getattr(a, "distill_corpus_weight", 0.0) or None,
-        # the weights averaged over the last steps (SWA), named only when on: the steps it did average
-        "weights averaged (SWA)": _averaged_steps(trainer),
-        # the pull toward the starting weights (L2-SP, decoupled), named only when on
-        "pull toward the start (L2-SP weight)": getattr(a, "distill_l2sp", 0.0) or None,
         "learning rate": a.learning_rate,
         "seed": a.seed,
     }
@@ -128,24 +93,6 @@ def distill_stage_info(trainer) -> dict[str, Any]:
     if getattr(trainer, "target_queries_read", None):
         info["target queries"] = list(trainer.target_queries_read)
     return info
-
-
-def _averaged_steps(trainer) -> str | None:
-    """The card's account of the weight averaging (``distill_swa``): the steps whose weights the saved model averages,
-    or that a stop came before its window, or (on a checkpoint's card, before the end) the window planned; None where
-    it is off."""
-    averaging = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, WeightAveraging)]
-    if not averaging:
-        return None
-    cb, planned = averaging[0], trainer.state.max_steps
-    first = cb.first_step(planned)
-    if not cb.ended:  # (a checkpoint's card: its weights are its step's)
-        return f"planned over steps {first}-{planned}; this checkpoint holds its own step's weights"
-    if not cb.count:
-        return f"none: the stage stopped before its window (steps {first}-{planned})"
-    if cb.count == 1:
-        return f"step {first} alone"
-    return f"steps {first}-{first + cb.count - 1} ({cb.count} steps, uniform)"
 
 
 def starting_model_info(model) -> dict[str, Any]:
@@ -188,6 +135,6 @@ def _method_cards(trainer, names: list[str], earlier: dict[str, Any]) -> dict[st
     for name in names:
         cls = active.get(name) or get_method(name)
         meta = cls.card_metadata() if cls is not None else None
-        if meta:  # (a method the card describes itself, e.g. the joint pseudo pairs, has none)
+        if meta:  # (a method the card describes itself has none)
             cards[name] = meta
     return cards

@@ -40,8 +40,7 @@ class IDROTrainer(RowsTrainer):
     when the rows carry any), as :class:`~hf_cocodr.finetuning.rows_trainer.RowsTrainer` does.
 
     Other methods plug in through the :class:`~hf_cocodr.methods.Method` hooks (``methods=[...]`` or
-    :meth:`add_method`; :func:`~hf_cocodr.methods.build_methods` builds them from names, and
-    :class:`~hf_cocodr.methods.joint.JointPseudoPairs` is the joint schedule's term): loss terms of the IDROLoss,
+    :meth:`add_method`; :func:`~hf_cocodr.methods.build_methods` builds them from names): loss terms of the IDROLoss,
     batch transforms and samplers, the encoding of queries for clustering, checkpoint state, transforms of saved
     models and model-card lines. The trainer itself knows no particular method.
 

@@ -1,12 +1,12 @@
-"""The adaptation recipe in one call: COCO on the target corpora, fine-tuning on the source labels, target pseudo
-pairs, distillation of the hybrid teacher on unlabelled target queries, WiSE-FT, then export, card and evaluation of
-the adapted and the starting model.
+"""The adaptation recipe in one call: COCO on the target corpora, fine-tuning on the source labels, distillation of
+the hybrid teacher on unlabelled target queries (or pseudo-queries of the corpora), WiSE-FT, then export, card and
+evaluation of the adapted and the starting model.
 
 - :mod:`~hf_cocodr.recipe.config`: :class:`RecipeConfig` (torch-free: the command line builds its flags from it),
   which inherits each stage's settings; :mod:`~hf_cocodr.recipe.settings`: what settings are made of.
 - :mod:`~hf_cocodr.recipe.schedules`: what ``"auto"`` settings resolve to for each kind of starting model.
 - :mod:`~hf_cocodr.recipe.stage`: the :class:`Stage` interface (settings, trainer, cost, probe, identity);
-  :mod:`~hf_cocodr.recipe.stages`: one module per stage (``coco``, ``finetune``, ``target``, ``distill``, ``wise``)
+  :mod:`~hf_cocodr.recipe.stages`: one module per stage (``coco``, ``finetune``, ``distill``, ``wise``)
   and :data:`STAGES`, their order.
 - :mod:`~hf_cocodr.recipe.plan` / :mod:`~hf_cocodr.recipe.planner` / :mod:`~hf_cocodr.recipe.probe`: the
   :class:`Plan`, how a time budget is spent on each stage's steps and deadlines, and the step-time probe (the
@@ -27,7 +27,6 @@ _LAZY = {
     "RecipeArguments": "config",
     "RecipeConfig": "config",
     "check_max_minutes": "config",
-    "is_joint": "config",
     "uses_wise": "config",
     "PAPER_SCHEDULE": "schedules",
     "SCHEDULES": "schedules",
@@ -39,7 +38,6 @@ _LAZY = {
     "CocoStage": "stages",
     "DistillStage": "stages",
     "FinetuneStage": "stages",
-    "TargetPairsStage": "stages",
     "WiseStage": "stages",
     "STAGE_SETTINGS": "stages",
     "stage_switches": "stages",

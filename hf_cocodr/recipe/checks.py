@@ -72,12 +72,6 @@ def check_distill_inputs(cfg: Any, target_corpora) -> None:
                 f"recipe option distill_k {cfg.distill_k} is more than the {docs} documents with text in the target "
                 f"corpus {corpus}: the teacher cannot rank {cfg.distill_k} candidates; lower distill_k"
             )
-        deep = getattr(cfg, "distill_deep", 0)
-        if deep and docs < cfg.distill_k + deep:
-            raise ConfigError(
-                f"recipe option distill_deep {deep} with distill_k {cfg.distill_k} needs {cfg.distill_k + deep} "
-                f"ranked documents, more than the {docs} with text in the target corpus {corpus}; lower distill_deep"
-            )
 
 
 def distill_batch(cfg: Any) -> int:

@@ -10,6 +10,7 @@ word (``--coco-runs 3`` / ``--coco-runs budget``, ``--wise-alpha 0.5`` / ``--wis
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import re
 import typing
@@ -18,13 +19,16 @@ from dataclasses import MISSING, Field, dataclass, fields, is_dataclass
 from typing import Any, Literal
 
 from ..errors import ConfigError
-from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, is_joint, no_gpu  # noqa: F401
+from ..retired import RETIRED_DISTILL_FIELDS, refuse_retired
+from .settings import AUTO, Auto, check_flag, check_training_arguments, check_whole, no_gpu  # noqa: F401
 from .settings import option as _opt
 from .stage import Stage
 from .stages import STAGE_SETTINGS, STAGES
 from .stages.distill import DISTILL_MAX_PASSES, DistillSettings  # noqa: F401  (re-exported)
 from .stages.finetune import FINETUNE_PRESETS, FinetuneSettings  # noqa: F401  (re-exported)
 from .stages.wise import WiseSettings
+
+logger = logging.getLogger("hf_cocodr.recipe")
 
 # what --encode-precision takes (hf_cocodr.modeling.precision.CORPUS_PRECISIONS; not imported here: this module
 # loads no model code)
@@ -44,11 +48,10 @@ class RecipeConfig(*CONFIG_BASES):
     """Settings of :func:`~hf_cocodr.recipe.run_recipe`: the options every stage shares (below) and each stage's
     own, inherited from the settings class of each stage of :data:`~hf_cocodr.recipe.stages.STAGES`
     (:class:`~hf_cocodr.recipe.stages.coco.CocoSettings`,
-    :class:`~hf_cocodr.recipe.stages.finetune.FinetuneSettings`, :class:`~hf_cocodr.recipe.stages.target.
-    TargetSettings`, :class:`~hf_cocodr.recipe.stages.distill.DistillSettings`,
-    :class:`~hf_cocodr.recipe.stages.wise.WiseSettings`). ``coco``, ``finetune``, ``target`` and ``distill`` hold
-    extra training-arguments fields for the four training stages (``CocoPretrainingArguments`` for ``coco``,
-    ``DistillationTrainingArguments`` for ``distill``, ``IDROTrainingArguments`` for the others; they win over the
+    :class:`~hf_cocodr.recipe.stages.finetune.FinetuneSettings`, :class:`~hf_cocodr.recipe.stages.distill.
+    DistillSettings`, :class:`~hf_cocodr.recipe.stages.wise.WiseSettings`). ``coco``, ``finetune`` and ``distill``
+    hold extra training-arguments fields for the three training stages (``CocoPretrainingArguments`` for ``coco``,
+    ``IDROTrainingArguments`` for ``finetune``, ``DistillationTrainingArguments`` for ``distill``; they win over the
     recipe's defaults).
 
     Stages, in order (each can be switched off; :data:`Auto.AUTO` settings are resolved by
@@ -62,19 +65,17 @@ class RecipeConfig(*CONFIG_BASES):
        ``"budget"`` trains as many runs of about ``coco_run_steps`` steps as COCO's share of the budget affords (3
        without a budget). ``coco_steps`` is then the steps of each run.
     2. Fine-tuning on the labelled source task (``skip_finetune``), iDRO by default.
-    3. Fine-tuning on pseudo pairs of the target corpora (``target_pairs``: ``"title_body"``, ``"ict"`` or
-       ``"none"``): a title (or one sentence) against the rest of its document, BM25 negatives from the target
-       corpus. No labels are read.
-    4. Distillation of the hybrid teacher (the starting model + BM25) on unlabelled ``target_queries``
-       (``skip_distill``; by default it runs when target queries are given), at most ``distill_max_passes`` passes.
-    5. WiSE-FT (``wise_alpha``): ``θ = (1 − α)·θ_start + α·θ_adapted``; ``None``/1 skips it.
+    3. Distillation of the hybrid teacher (the starting model + BM25) on unlabelled ``target_queries`` or on
+       pseudo-queries drawn from the target corpora (``skip_distill``; ``pseudo_queries``), at most
+       ``distill_max_passes`` passes.
+    4. WiSE-FT (``wise_alpha``): ``θ = (1 − α)·θ_start + α·θ_adapted``; ``None``/1 skips it.
 
     ``max_minutes`` budgets (training only; the evaluations asked for are reported apart) are split between the
-    stages by ``coco_share`` / ``finetune_share`` / ``target_share`` / ``distill_share`` (renormalised over the
-    stages that run; a stage switched on with an automatic share of 0 gets the mean of the others').
-    ``coco_steps`` / ``finetune_steps`` / ``target_steps`` / ``distill_steps`` fix a stage's optimizer steps
-    instead (a whole number >= 1; None: planned). 0 is refused rather than read as "skip": a stage is left out with
-    its switch (``skip_coco``, ``skip_finetune``, ``target_pairs: none``, ``skip_distill``). The stage mappings are
+    stages by ``coco_share`` / ``finetune_share`` / ``distill_share`` (renormalised over the stages that run; a
+    stage switched on with an automatic share of 0 gets the mean of the others'). ``coco_steps`` /
+    ``finetune_steps`` / ``distill_steps`` fix a stage's optimizer steps instead (a whole number >= 1; None:
+    planned). 0 is refused rather than read as "skip": a stage is left out with its switch (``skip_coco``,
+    ``skip_finetune``, ``skip_distill``). The stage mappings are
     checked against their arguments class (names, types, ranges) before anything is loaded; their ``max_steps`` is
     the recipe's to set (use the ``*_steps`` options).
     """
@@ -112,11 +113,11 @@ class RecipeConfig(*CONFIG_BASES):
     )
     guard: str = _opt(
         "on",
-        "the label-free guard: before the export, the adapted and the starting model rank queries neither trained "
-        "on (held-out pseudo-queries of the target corpora, and a held-out share of --target-queries, recorded); on: "
-        "keep the starting model where the adapted one finds the held-out pseudo-queries' documents worse beyond one "
-        "standard error, or where its training shaped that reading (a document side distilled on pseudo-queries); "
-        "record: read and record only; off",
+        "the label-free guard: before the export, the adapted and the starting model rank pseudo-queries of the "
+        "target corpora held out from training (the user's --target-queries all train); on: keep the starting model "
+        "where the adapted one finds the held-out pseudo-queries' documents worse beyond one standard error, or where "
+        "its training shaped that reading (a document side distilled on pseudo-queries); record: read and record "
+        "only; off",
         choices=("on", "record", "off"),
     )
     guard_queries: int = _opt(200, "held-out pseudo-queries per target corpus the guard reads")
@@ -137,6 +138,7 @@ class RecipeConfig(*CONFIG_BASES):
     def from_dict(cls, data: dict[str, Any]) -> RecipeConfig:
         """A checked config from a mapping (a ``--config`` file, a Python dict); unknown names are refused."""
         known = {f.name for f in fields(cls)}
+        data = _without_retired(data, known)
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
@@ -207,6 +209,25 @@ class RecipeConfig(*CONFIG_BASES):
                 check_training_arguments(option, getattr(self, option), settings.arguments_class())
 
 
+def _without_retired(data: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    """``data`` less the retired options (:mod:`hf_cocodr.retired`) and the retired fields of its ``distill:``
+    mapping: one that acted is refused by name, one at the value at which it did nothing is left out and said so."""
+    ignored = refuse_retired({k: v for k, v in data.items() if k not in known})
+    distill = data.get("distill")
+    fields_ignored = []
+    if isinstance(distill, dict):
+        fields_ignored = refuse_retired(distill, "recipe option distill.", RETIRED_DISTILL_FIELDS)
+    if ignored or fields_ignored:
+        logger.warning(
+            "recipe options %s: retired, at the value at which they did nothing; ignored",
+            ", ".join([*ignored, *(f"distill.{name}" for name in fields_ignored)]),
+        )
+        data = {k: v for k, v in data.items() if k not in ignored}
+        if fields_ignored:
+            data["distill"] = {k: v for k, v in distill.items() if k not in fields_ignored}
+    return data
+
+
 @dataclass
 class RecipeArguments:
     """What ``hf-cocodr recipe`` runs :func:`~hf_cocodr.recipe.run_recipe` on: the command's flags beside the
@@ -255,7 +276,7 @@ class RecipeArguments:
         + ") among them, plus "
         + ", ".join(f"`{name}:`" for name in STAGE_OPTIONS)
         + " mappings of each stage's training arguments (CocoPretrainingArguments for coco, "
-        "DistillationTrainingArguments for distill, IDROTrainingArguments for the others)",
+        "IDROTrainingArguments for finetune, DistillationTrainingArguments for distill)",
     )
 
     @property
@@ -387,7 +408,7 @@ def _cli_fields(cls: type) -> list[tuple[Field, Any]]:
 
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type = RecipeConfig) -> None:
     """One flag per field of ``cls`` (:class:`RecipeConfig` or :class:`RecipeArguments`) a command line can set
-    (not the ``coco`` / ``finetune`` / ``target`` mappings): ``--field-name`` or the field's ``flag``, with its help
+    (not the ``coco`` / ``finetune`` / ``distill`` mappings): ``--field-name`` or the field's ``flag``, with its help
     text and type from the field. A flag not given leaves the attribute unset, so a ``--config`` file's value
     stands; :func:`config_from_flags` reads them back."""
     for f, hint in _cli_fields(cls):

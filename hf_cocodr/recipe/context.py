@@ -64,7 +64,6 @@ class RecipeRun:
     load_s: float = 0.0  # the planned seconds of a model load + export (a budgeted run's)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     train_data: Any = None  # the source task draw (the fine-tuning's data, and COCO's source corpus)
-    target_data: Any = None  # the target pseudo pairs (their stage's data, or the joint term's)
     coco_corpora: list = field(default_factory=list)
     current: str = ""
     precision: dict[str, Any] = field(default_factory=dict)

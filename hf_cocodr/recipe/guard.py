@@ -1,19 +1,17 @@
 """The label-free guard (:func:`guard_run`): before the recipe exports, the adapted model and the starting model rank
 queries neither trained on, and the starting model is kept where the adapted one reads worse.
 
-Two readings, each pooled over the target corpora (per-corpus figures are recorded beside):
+The guard is a function of the run and its two candidates (:class:`Candidates`: the starting and the adapted model)
+that returns its verdict (:class:`GuardVerdict`: the model to export and the record); the runner acts on it.
 
-- ``pseudo_queries``: the held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: every
-  kind alike, whatever mix trained, from documents no trained pseudo-query comes from), each with its source document
-  as its one relevant document: nDCG@10 of the model's dense ranking of the corpus (a label the corpus gave for
-  free); the reading of each kind is recorded beside;
-- ``queries``: where the user gave target queries, the held-out share of them, scored against the hybrid teacher's
-  ranking (its top 10 as the relevant set; the teacher the distillation ranked with, read from its cache): nDCG@10
-  of the model's ranking, i.e. how much of the teacher's judgement the model carries to queries it never saw.
+Its reading, pooled over the target corpora (per-corpus figures are recorded beside), is ``pseudo_queries``: the
+held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: every kind alike, whatever mix
+trained, from documents no trained pseudo-query comes from), each with its source document as its one relevant
+document: nDCG@10 of the model's dense ranking of the corpus (a label the corpus gave for free); the reading of each
+kind is recorded beside. The user's target queries all train (none is held out).
 
-For each reading, the per-query difference adapted − start gives a mean and its standard error; the reading is
-``worse`` where the mean is below −1 SE, ``better`` above +1 SE, else ``no difference``. The verdict rests on the
-pseudo-queries' reading (:data:`DECIDES`); the queries' reading is recorded beside it.
+The per-query difference adapted − start gives a mean and its standard error; the reading is ``worse`` where the mean
+is below −1 SE, ``better`` above +1 SE, else ``no difference``. The verdict rests on it (:data:`DECIDES`).
 
 A reading the run's own training shaped cannot vouch for it (:func:`shaped_readings`): where the distillation trained
 the document side (``distill_side: full``) on pseudo-queries, the model learnt the very task the held-out
@@ -32,6 +30,7 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hf_cocodr.recipe")
 
 DEPTH = 10  # nDCG@10
-READINGS = ("pseudo_queries", "queries")
+READINGS = ("pseudo_queries",)
 DECIDES = ("pseudo_queries",)  # the readings the verdict rests on
 
 
@@ -139,26 +138,6 @@ class _Ranker:
         return [[self.doc_ids[order[r]] for r in row if r >= 0] for row in rows]
 
 
-def _teacher_top(run: RecipeRun, start, corpus, texts: list[str]) -> list[list[str]] | None:
-    """The hybrid teacher's top :data:`DEPTH` for each text, from the teacher's cached indexes of ``corpus``; None
-    where they are not cached (the distillation did not rank this corpus)."""
-    from ..retrieval.hybrid import HYBRID_FILE, _corpus_ids_texts  # (the retrieval stack: torch, faiss, bm25s)
-    from ..retrieval.teacher import teacher_cache_path, teacher_retriever
-
-    ids, doc_texts = _corpus_ids_texts(corpus)
-    batch = encode_batch_size(run.cfg)  # (the distillation's teacher encoding's: its cache is keyed by it)
-    if not (
-        teacher_cache_path(run.fps["model"], ids, doc_texts, run.encodings, batch_size=batch) / HYBRID_FILE
-    ).is_file():
-        return None
-    fusion = DistillStage._fusion(run.cfg)
-    hybrid, *_ = teacher_retriever(
-        start, run.fps["model"], corpus, fusion=fusion, batch_size=batch, session=run.encodings
-    )
-    found, _ = hybrid.search(texts, DEPTH)
-    return [list(r) for r in found]
-
-
 def _why(readings: dict[str, dict[str, Any]], verdict: str, shaped: dict[str, str]) -> tuple[str, str]:
     """The readings in one line, and why the verdict is what it is."""
     said = "; ".join(
@@ -174,25 +153,46 @@ def _why(readings: dict[str, dict[str, Any]], verdict: str, shaped: dict[str, st
     return said, why
 
 
-def guard_run(run: RecipeRun) -> dict[str, Any] | None:
-    """Read the guard (see the module docstring) for the model the stages left (``run.current``) against the
-    starting model; with ``guard: on`` and a ``worse`` reading, ``run.current`` becomes the starting model. Returns
-    the record (None where nothing trained or no query was held out)."""
+@dataclass(frozen=True)
+class Candidates:
+    """The two models the guard chooses between: the starting model and the one the stages left."""
+
+    start: str
+    adapted: str
+
+
+@dataclass(frozen=True)
+class GuardVerdict:
+    """What the guard decided: ``keep``, the model the run exports (the adapted one, or the starting one where
+    ``guard: on`` and the verdict is not ``not worse``), and ``record``, the reading and the verdict that
+    ``recipe.json`` and the model card keep."""
+
+    keep: str
+    record: dict[str, Any]
+
+    @property
+    def kept_start(self) -> bool:
+        """Whether the starting model is kept."""
+        return self.record.get("kept") == "start"
+
+
+def guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
+    """Read the guard (see the module docstring) for ``candidates.adapted`` against ``candidates.start``, with the
+    run's settings, held-out queries and encoding session; returns the verdict (None where nothing trained, the
+    guard is off or no query was held out). It changes nothing of the run: the runner acts on the verdict."""
 
     cfg = run.cfg
     entries = [q for q in run.queries if q.guard is not None]
-    if cfg.guard == "off" or not entries or str(run.current) == str(run.model):
+    if cfg.guard == "off" or not entries or str(candidates.adapted) == str(candidates.start):
         return None
     t0 = time.perf_counter()
     batch = encode_batch_size(cfg)
-    start, adapted = load_encoder(run.model), load_encoder(str(run.current))
+    start, adapted = load_encoder(candidates.start), load_encoder(str(candidates.adapted))
     per_query: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
     corpora: dict[str, dict[str, Any]] = {}
     by_kind: dict[str, dict[str, list[float]]] = {}  # the held-out pseudo-queries by kind (recorded, not decided on)
     for entry in entries:
-        rows = _read_rows(entry.guard)
-        pseudo = [r for r in rows if r.get("doc_id")]
-        real = [r for r in rows if not r.get("doc_id")]
+        pseudo = [r for r in _read_rows(entry.guard) if r.get("doc_id")]
         ranker = _Ranker(corpus_dataset(entry.corpus), batch, run.encodings)
         corpora[entry.name] = {}
         if pseudo:
@@ -205,24 +205,10 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
                 for r, v in zip(pseudo, scores[name]):
                     by_kind.setdefault(r.get("kind", "?"), {"start": [], "adapted": []})[name].append(v)
             corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
-        if real:
-            texts = [r["text"] for r in real]
-            teacher = _teacher_top(run, start, entry.corpus, texts)
-            if teacher is None:
-                corpora[entry.name]["queries"] = {"skipped": "the teacher's indexes of this corpus are not cached"}
-                continue
-            scores = {}
-            for name, model in (("start", start), ("adapted", adapted)):
-                tops = ranker.top(model, texts)
-                scores[name] = [ndcg_at_10(t, set(ref)) for t, ref in zip(tops, teacher)]
-                per_query["queries"][name] += scores[name]
-            corpora[entry.name]["queries"] = paired_reading(scores["start"], scores["adapted"])
     readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
     kinds = {k: paired_reading(v["start"], v["adapted"]) for k, v in by_kind.items()}
     # the decision rests on the pseudo-queries' reading (their labels are the corpus's own) where the training did not
-    # shape it; the queries' reading is recorded beside it, not decided on: against the teacher's top 10 it read a
-    # distilled model worse on held-out queries where the labels read it better (docs/adaptation.md, "The label-free
-    # guard")
+    # shape it
     shaped = shaped_readings(cfg, [q.counts for q in run.queries])
     verdict = decide(readings, shaped)
     worse = verdict != "not worse"
@@ -242,9 +228,8 @@ def guard_run(run: RecipeRun) -> dict[str, Any] | None:
     if keep_start:
         record["why"] = why
         logger.warning("guard: the starting model is kept: %s (guard: record keeps the adapted one)", why)
-        run.current = run.model
     elif worse:
         logger.warning("guard (record only): %s", why)
     else:
         logger.info("guard: the adapted model is kept (%s)", said)
-    return record
+    return GuardVerdict(keep=str(candidates.start) if keep_start else str(candidates.adapted), record=record)

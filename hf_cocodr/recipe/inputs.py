@@ -1,47 +1,36 @@
-"""The data a recipe run's stages share: the source task draw and the target pseudo pairs, loaded only for the
-stages that still have to run, and COCO's corpora."""
+"""The data a recipe run's stages share: the source task draw, loaded only for the stages that still have to run,
+and COCO's corpora."""
 
 from __future__ import annotations
 
-import time
-
-from ..data.pseudo_pairs import target_pseudo_pairs
 from ..data.training import RetrievalTrainingData
 from .context import RecipeRun
-from .settings import is_joint
-from .stage import JOINT, Stage
+from .stage import Stage
 
 # Source queries drawn to time the fine-tuning step when the budget sizes the draw (max_queries unset).
 SIZE_PROBE_QUERIES = 1000
 
 
-def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
-    """The source training data and the target pseudo pairs, for the stages that still have to run."""
-    t0 = time.perf_counter()
+def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> RetrievalTrainingData | None:
+    """The source training data, for the stages that still have to run (None: none of them reads it)."""
     needed = {data for s in stages if s.enabled(run.cfg) and not run.done(s.name) for data in reads(s, run.cfg)}
-    if "source" in needed and run.source_data is not None:  # (without it COCO trains on the target corpora alone)
-        run.train_data = draw_source(run, source_queries(run, stages))
-    if "target_pairs" in needed:
-        run.target_data = target_pseudo_pairs(list(run.target_corpora), run.cfg.target_pairs, seed=run.cfg.seed)
-    set_coco_corpora(run)
-    run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+    # (without source data COCO trains on the target corpora alone)
+    return draw_source(run, source_queries(run, stages)) if "source" in needed and run.source_data is not None else None
 
 
 def reads(stage: Stage, cfg) -> set[str]:
     """The data ``stage`` reads when it runs with the settings ``cfg`` (its :attr:`~hf_cocodr.recipe.Stage.reads`:
-    each datum always, where its option is true, or under the joint schedule)."""
-    return {
-        data
-        for data, when in stage.reads.items()
-        if when is None or (is_joint(cfg) if when == JOINT else bool(getattr(cfg, when)))
-    }
+    each datum always, or where its option is true)."""
+    return {data for data, when in stage.reads.items() if when is None or bool(getattr(cfg, when))}
 
 
-def set_coco_corpora(run: RecipeRun) -> None:
-    """COCO's corpora: the target corpora, and the (restricted) source corpus when it is included and drawn."""
-    run.coco_corpora = list(run.target_corpora)
-    if run.cfg.include_source_corpus and run.train_data is not None:
-        run.coco_corpora.append(source_pool_dataset(run.train_data))
+def coco_corpora(run: RecipeRun, train_data: RetrievalTrainingData | None) -> list:
+    """COCO's corpora: the target corpora, and the (restricted) source corpus of ``train_data`` when it is included
+    and drawn."""
+    corpora = list(run.target_corpora)
+    if run.cfg.include_source_corpus and train_data is not None:
+        corpora.append(source_pool_dataset(train_data))
+    return corpora
 
 
 def sizes_source(run: RecipeRun, stages: tuple[Stage, ...]) -> bool:

@@ -1,5 +1,6 @@
 """What the recipe's stages write besides trainer output: completion markers, the WiSE-FT and soup models, the
-final export and the fine-tuning's weight history."""
+final export and the fine-tuning's weight history; and the check that an earlier run in the output folder names no
+retired lever (:func:`check_no_retired_levers`)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..model_card import TRAINING_INFO_FILE, write_model_card
 from ..modeling.loading import load_encoder
+from ..retired import RETIRED_OPTIONS, RETIRED_STAGES, refuse_retired, retired_message
 from ..rundir.run_record import LOCK, RECORD
 from ..utils import atomic_directory, atomic_write_json
 
@@ -63,6 +66,35 @@ def lost_output(path: Path, info: dict) -> str | None:
         if f.stat().st_size != size:
             return f"{f} has {f.stat().st_size} bytes, not the {size} it was written with"
     return None
+
+
+def check_no_retired_levers(out: Path, resume: bool = True) -> None:
+    """Refuse (``ConfigError``, one line naming it) to resume a run in ``out`` that an earlier version ran with a
+    retired lever (:mod:`hf_cocodr.retired`): its ``recipe.json`` names a retired option at a value that acted, its
+    ``plan.json`` gives a retired stage steps, or a retired stage's folder is there. Resumed, such a run would go on
+    without the lever as if it had never been on; nothing to refuse where the run does not resume (it starts
+    over)."""
+    if not resume:
+        return
+    out = Path(out)
+    record = _read_json(out / "recipe.json")
+    config = record.get("config") if isinstance(record, dict) else None
+    if isinstance(config, dict):
+        refuse_retired({k: v for k, v in config.items() if k in RETIRED_OPTIONS}, f"{out / 'recipe.json'}: option ")
+    plan = _read_json(out / "plan.json")
+    for stage, option in RETIRED_STAGES.items():
+        steps = plan.get(f"{stage}_steps") if isinstance(plan, dict) else None
+        if isinstance(steps, int) and steps > 0:
+            raise ConfigError(retired_message(option, f"{out / 'plan.json'}: {stage}_steps {steps} ({option})"))
+        if (out / stage).is_dir():
+            raise ConfigError(retired_message(option, f"{out / stage}: the stage of {option}"))
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None  # (a damaged record is read as none: the run's own checks say what they need of it)
 
 
 def write_marker(path: Path, info: dict) -> None:

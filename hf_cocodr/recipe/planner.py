@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..retired import RETIRED_OPTIONS
 from ..rundir.run_record import digest
 from ..utils import atomic_write_json
 from .checks import check_budget_buys_steps
 from .config import RecipeConfig
 from .context import RecipeRun
-from .inputs import draw_source, set_coco_corpora, sizes_source
+from .inputs import sizes_source
 from .plan import Plan
 from .stage import Cost, Stage, split_runs
 from .stages import DISTILL_MAX_PASSES, instantiate
@@ -210,7 +211,7 @@ def stage_deadlines(
     end = t_start + float(plan.budget_seconds) - tail
     out: dict[str, float] = {}
     for s in reversed([s for s in stages if s.trains]):  # backwards from the end of the budget
-        if plan.steps_of(s.name) > 0:  # (a joint plan gives the target stage no steps of its own)
+        if plan.steps_of(s.name) > 0:  # (a stage that is off has no steps)
             out[s.name] = end
             end -= planned_seconds(plan, s.name, costs[s.name], STAGE_LOAD_SECONDS)
     return out
@@ -241,10 +242,18 @@ def plan_identity(run: RecipeRun, cfg_values: dict[str, Any], keep: Iterable[str
 
 def plan_identities(run: RecipeRun, cfg_values: dict[str, Any]) -> list[str]:
     """The identities a saved plan for these inputs may hold: :func:`plan_identity`'s first, then those of versions
-    that wrote some :data:`ADDED_LATER` settings at their defaults into the digest (any subset of them)."""
+    that wrote some :data:`ADDED_LATER` settings at their defaults into the digest (any subset of them), then the same
+    for the versions that still had the retired options (:data:`~hf_cocodr.retired.RETIRED_OPTIONS`), at the values a
+    default run had (where they did nothing)."""
     present = [k for k in ADDED_LATER if k in cfg_values]
-    subsets = itertools.chain.from_iterable(itertools.combinations(present, n) for n in range(1, len(present) + 1))
-    return [plan_identity(run, cfg_values), *(plan_identity(run, cfg_values, keep=sub) for sub in subsets)]
+    subsets = list(
+        itertools.chain.from_iterable(itertools.combinations(present, n) for n in range(1, len(present) + 1))
+    )
+    retired = {name: r.default for name, r in RETIRED_OPTIONS.items() if name not in cfg_values}
+    out = []
+    for values in (cfg_values, {**cfg_values, **retired}) if retired else (cfg_values,):
+        out += [plan_identity(run, values), *(plan_identity(run, values, keep=sub) for sub in subsets)]
+    return out
 
 
 def stage_ids(run: RecipeRun, stages: Sequence[Stage] | None = None) -> dict[str, str]:
@@ -340,28 +349,14 @@ def _budgeted_plan(run: RecipeRun, stages: Sequence[Stage]) -> Plan:
     return plan
 
 
-def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> None:
-    """Measure this machine's step times and size the stages to the budget (unless ``plan.json`` holds the plan for
-    these inputs, or the steps are fixed); then each stage's deadline."""
+def make_plan(run: RecipeRun, stages: Sequence[Stage] | None = None) -> Plan:
+    """Measure this machine's step times and size the stages to the budget (:func:`budget_plan`); the plan is kept
+    in ``OUT/plan.json`` (written by rank 0). The runner takes it, with each stage's deadline
+    (:func:`stage_deadlines`)."""
     from .. import distributed as D
 
-    stages = instantiate(stages)
-    if run.plan is None:
-        # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all
-        plan = D.broadcast_object(_budgeted_plan(run, stages))
-        if D.is_main():
-            atomic_write_json(run.out / "plan.json", plan.to_dict())
-        run.plan = plan
-        run.ids = stage_ids(run, stages)
-        if plan.source_queries is not None and plan.source_queries != len(run.train_data):
-            logger.info(
-                "recipe: the budget's steps use %d of %d source queries: drawing them",
-                plan.source_queries,
-                plan.source_queries_available,
-            )
-            run.train_data = draw_source(run, plan.source_queries)
-            set_coco_corpora(run)
-    if run.max_minutes is not None:
-        run.load_s = STAGE_LOAD_SECONDS
-        run.deadlines = stage_deadlines(run.plan, run.cfg, run.t_start, stages)
-    run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)
+    # every rank probes (a probe's steps are a distributed trainer's); rank 0's measurements plan them all
+    plan = D.broadcast_object(_budgeted_plan(run, instantiate(stages)))
+    if D.is_main():
+        atomic_write_json(run.out / "plan.json", plan.to_dict())
+    return plan

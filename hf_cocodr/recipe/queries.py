@@ -3,13 +3,13 @@
 For each target corpus the run writes two files into ``OUT/queries`` (JSONL, ``_id`` / ``text`` / ``kind``, and
 ``doc_id`` for a pseudo-query):
 
-- ``<corpus>.train.jsonl``: what the distillation trains on: the user's target queries routed to this corpus (less
-  those held out) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
+- ``<corpus>.train.jsonl``: what the distillation trains on: the user's target queries routed to this corpus (all of
+  them) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
   their count split among the corpora in proportion to their sizes);
 - ``<corpus>.guard.jsonl``: what the label-free guard (:mod:`hf_cocodr.recipe.guard`) reads and nothing trains on:
-  ``guard_queries`` pseudo-queries (at most one for every 4 documents) of every kind alike (:data:`~hf_cocodr.retrieval.pseudo_queries.GUARD_MIX`,
-  whatever mix trains), from documents no trained pseudo-query comes from, and, where the user gave queries for this
-  corpus, a share of them (:data:`GUARD_REAL_SHARE`, at most ``guard_queries``).
+  ``guard_queries`` pseudo-queries (at most one for every 4 documents) of every kind alike
+  (:data:`~hf_cocodr.retrieval.pseudo_queries.GUARD_MIX`, whatever mix trains), from documents no trained pseudo-query
+  comes from.
 
 The draw is seeded by the run's ``seed``, so a resumed run writes the same files. No query of an ``--eval`` split is
 ever drawn as a pseudo-query.
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hf_cocodr.recipe")
 
 QUERIES_DIR = "queries"
-GUARD_REAL_SHARE = 0.1  # the share of the user's queries of a corpus held out for the guard
 GUARD_DOC_SHARE = 4  # the guard's held-out pseudo-queries: at most one for every 4 documents of the corpus
 
 
@@ -47,7 +46,6 @@ class CorpusQueries:
     train: Path | None = None
     guard: Path | None = None
     counts: dict[str, Any] = field(default_factory=dict)
-    calibration: dict[str, Any] | None = None
     label: str = ""  # what the training file holds: the user's sources by name, and the pseudo-queries
 
 
@@ -177,8 +175,6 @@ def prepare_queries(run: RecipeRun) -> list[CorpusQueries]:
 def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: int, exclude, counter):
     """One target corpus's query files (see :func:`prepare_queries`): ``real`` the user's queries routed to it,
     ``n_train`` pseudo-queries to train on; the held-out ones beside."""
-    import numpy as np
-
     from ..retrieval.pseudo_queries import GUARD_MIX, PseudoQueryDrawer, parse_mix
 
     cfg = run.cfg
@@ -198,24 +194,15 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
         # the guard's first, every kind alike (so it reads more than what trains), from documents set apart
         pseudo_guard = drawer.draw(n_guard, GUARD_MIX, exclude=exclude, salt=1) if n_guard else []
         mix = None if cfg.pseudo_query_mix == "auto" else cfg.pseudo_query_mix
-        if cfg.pseudo_query_mix == "auto" and real:  # calibrated to the user's queries of this corpus
-            mix = drawer.calibrate([r["text"] for r in real][:200])
-            entry.calibration = drawer.calibration
         held_docs, held_texts = {p.doc_id for p in pseudo_guard}, [p.text for p in pseudo_guard]
         if n_train:
             pseudo_train = drawer.draw(n_train, parse_mix(mix), exclude=[*exclude, *held_texts], skip_docs=held_docs)
-    held_real: list[dict] = []
-    if real and n_guard:
-        take = min(n_guard, int(GUARD_REAL_SHARE * len(real)))
-        picked = set(np.random.default_rng([cfg.seed, 13]).permutation(len(real))[:take].tolist())
-        held_real = [r for i, r in enumerate(real) if i in picked]
-        real = [r for i, r in enumerate(real) if i not in picked]
 
     def row(p, i):
         return {"_id": f"pseudo:{p.kind}:{p.doc_id}:{i}", "text": p.text, "kind": p.kind, "doc_id": p.doc_id}
 
     train_rows = real + [row(p, i) for i, p in enumerate(pseudo_train)]
-    guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)] + held_real
+    guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)]
     folder = run.out / QUERIES_DIR
     if train_rows:
         entry.train = folder / f"{entry.name}.train.jsonl"
@@ -233,17 +220,15 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
         "train_pseudo_queries": len(pseudo_train),
         "train_pseudo_kinds": kinds,
         "guard_pseudo_queries": len(pseudo_guard),
-        "guard_queries": len(held_real),
     }
     logger.info(
-        "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries and %d of the "
-        "user's held out for the guard",
+        "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries held out for the "
+        "guard",
         entry.name,
         len(real),
         len(pseudo_train),
         ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none",
         len(pseudo_guard),
-        len(held_real),
     )
     return entry
 

@@ -1,8 +1,7 @@
 """The recipe in one call (:func:`run_recipe`): the stages of :data:`~hf_cocodr.recipe.stages.STAGES` in order,
 then export, card and evaluation of the adapted and the starting model.
 
-Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``, ``OUT/distill``, ``OUT/wise``); the
-final model is
+Stages write into ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/distill``, ``OUT/wise``); the final model is
 ``OUT/model``, the evaluation ``OUT/eval.json`` (each split's metrics with the starting model's under ``"start"``)
 and the run record ``OUT/recipe.json`` (settings, the schedule choice and why, the plan, the seconds of every stage).
 Each stage is resumable (the latest complete checkpoint) and a finished stage (``hf_cocodr_stage.json`` present, every
@@ -16,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +48,9 @@ from .checks import (
 )
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
-from .guard import guard_run
-from .inputs import load_data
-from .outputs import export_final, read_marker, write_marker
+from .guard import Candidates, guard_run
+from .inputs import coco_corpora, draw_source, load_data
+from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
 from .queries import corpus_names, guard_not_read, prepare_queries
 from .schedules import choose_schedule
@@ -97,7 +96,7 @@ def run_recipe(
     overwrite_output_dir: bool = False,
     stages: Sequence[Stage | type[Stage]] | None = None,
 ) -> dict[str, Any]:
-    """Run COCO → source fine-tuning → target pseudo pairs → distillation → WiSE-FT → export → card → evaluation.
+    """Run COCO → source fine-tuning → distillation → WiSE-FT → guard → export → card → evaluation.
 
     Returns ``{eval_spec: {"ndcg@10", "recall@100", ..., "start": {...}}}``: each split's metrics for the adapted
     model, with the starting model's beside them (``"start"``, unless ``evaluate_start`` is off).
@@ -110,8 +109,8 @@ def run_recipe(
             (only their documents are read).
         source_data: the labelled source task (a BEIR folder or Hub dataset with ``qrels/<source_split>.tsv``);
             ``None`` where the schedule does not fine-tune on one (else one line names the stage).
-        output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/target``,
-            ``OUT/distill``, ``OUT/wise``), the final model to ``OUT/model``.
+        output_dir: ``OUT``; stages go to ``OUT/<stage>`` (``OUT/coco``, ``OUT/finetune``, ``OUT/distill``,
+            ``OUT/wise``), the final model to ``OUT/model``.
         evals: ``DIR:SPLIT`` specifications evaluated on the final model (and on the starting model).
         config: a :class:`RecipeConfig` or a mapping of its fields.
         max_minutes: the training budget: the stages are sized so that the run, apart from the evaluations asked
@@ -147,8 +146,10 @@ def run_recipe(
     stages = check_stages(instantiate(stages), RUN_ENTRIES)  # names and options a run can keep apart
     cfg = _config(config, stages)
     model, target_corpora, source_data, evals = _inputs(model, target_corpora, source_data, output_dir, evals)
+    check_no_retired_levers(Path(output_dir), resume)  # an earlier run's retired levers, before any work
     has_mlm = checkpoint_has_mlm_head(model) if os.path.exists(str(model)) else None
-    cfg, choice = _schedule(cfg, has_mlm, target_corpora, stages)
+    plain = [str(c) for c in target_corpora if _without_ids(c)]  # (nothing to rank: no pseudo-query is drawn)
+    cfg, choice = choose_schedule(cfg, has_mlm, stages, plain_corpora=plain)  # the one choice of the schedule
     methods = _check_before_work(model, list(target_corpora), cfg, choice, stages, evals, max_minutes, source_data)
     logger.info(
         "recipe schedule for %s: %s (%s); chosen: %s; set by you: %s",
@@ -201,21 +202,6 @@ def _claim(output_dir, fps, resume: bool, overwrite: bool, entries) -> RunFolder
     return folder
 
 
-def _schedule(
-    cfg: RecipeConfig, has_mlm: bool | None, target_corpora, stages: tuple[Stage, ...]
-) -> tuple[RecipeConfig, dict[str, Any]]:
-    """:func:`choose_schedule` for the run's ``stages``, where a target corpus of plain texts (no document ids,
-    nothing to rank) makes a schedule that would draw pseudo-queries draw none."""
-    resolved, choice = choose_schedule(cfg, has_mlm, stages)
-    plain = [str(c) for c in target_corpora if _without_ids(c)]
-    if "pseudo_queries" in choice["chosen"] and resolved.pseudo_queries and plain:
-        resolved, choice = choose_schedule(replace(cfg, pseudo_queries=0), has_mlm, stages)
-        choice["set_by_user"].pop("pseudo_queries", None)
-        choice["chosen"]["pseudo_queries"] = 0
-        choice["why"] += f" ({', '.join(plain)}: plain texts without document ids, so no pseudo-query is drawn)"
-    return resolved, choice
-
-
 def _without_ids(corpus) -> bool:
     """Whether a target corpus is plain texts without document ids (a JSONL file whose first record has no ``_id``,
     a dataset without an ``_id`` column): COCO reads it, nothing can be ranked in it."""
@@ -244,19 +230,19 @@ def _config(config: RecipeConfig | dict | None, stages: tuple[Stage, ...]) -> Re
 
 
 def _without_targets(cfg: RecipeConfig, choice: dict[str, Any]) -> None:
-    """No target corpus: nothing of the target domain to read, so no COCO, no pseudo pairs, no distillation (refused
-    where the user asked for them), and the source fine-tuning even where the schedule left it out."""
+    """No target corpus: nothing of the target domain to read, so no COCO and no distillation (refused where the user
+    asked for them), and the source fine-tuning even where the schedule left it out."""
     if cfg.skip_coco is False and "skip_coco" in choice["set_by_user"]:
         raise ConfigError("at least one target corpus is needed for COCO (or set skip_coco)")
     if cfg.skip_distill is False and "skip_distill" in choice["set_by_user"] and cfg.target_queries:
         raise ConfigError("distillation needs a target corpus for its teacher to rank (or set skip_distill)")
-    cfg.skip_coco, cfg.target_pairs = True, "none"  # nothing of the target domain to read
+    cfg.skip_coco = True  # nothing of the target domain to read
     if cfg.skip_distill is False and "skip_distill" in choice["chosen"]:
         cfg.skip_distill = choice["chosen"]["skip_distill"] = True
     if cfg.skip_finetune is True and "skip_finetune" in choice["chosen"]:  # the schedule left it out, not you
         cfg.skip_finetune, cfg.finetune_share = False, 1.0
         choice["chosen"].update(skip_finetune=False, finetune_share=1.0)
-    logger.warning("no target corpus given: no COCO and no target pseudo pairs, only the source fine-tuning")
+    logger.warning("no target corpus given: no COCO and no distillation, only the source fine-tuning")
 
 
 def _check_before_work(
@@ -307,13 +293,13 @@ def _check_before_work(
 
 def _all_off(cfg: RecipeConfig, training: list[Stage]) -> str:
     """Which training stages are off, and the switches that turned them off (the run's options each stage's
-    settings has among ``skip_<name>``, ``target_pairs``, ``target_schedule``)."""
+    settings has among ``skip_<name>``)."""
     switches = [
         f"{f.name}={getattr(cfg, f.name)}"
         for s in training
         if s.settings is not None
         for f in fields(s.settings)
-        if f.name.startswith("skip_") or f.name == "target_pairs"
+        if f.name.startswith("skip_")
     ]
     what = ", ".join(s.label for s in training) or "no stage that trains is in the stage list"
     return f"{what} {'are' if len(training) > 1 else 'is'} all off" + (f" ({', '.join(switches)})" if switches else "")
@@ -356,13 +342,37 @@ def _run_stages_cached(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, A
     run.precision.update(encoding=run.encode_precision, encoding_why=run.encode_precision_why)
     logger.info("recipe precision: %s (%s)", run.precision["training"], run.precision["why"])
     logger.info("recipe corpus encodings: %s (%s)", run.encode_precision, run.encode_precision_why)
-    load_data(run, stages)
-    make_plan(run, stages)
+    t0 = time.perf_counter()
+    run.train_data = load_data(run, stages)
+    run.coco_corpora = coco_corpora(run, run.train_data)
+    run.stage_seconds["data"] = round(time.perf_counter() - t0, 1)
+    _plan(run, stages)
     for stage in stages:
         # (a stage that runs after adaptation only, WiSE-FT, runs where a stage before it changed the model)
         if stage.planned(run) and (not stage.after_adaptation or run.current != run.model):
             _run_stage(run, stage)
     return _finish(run, stages)
+
+
+def _plan(run: RecipeRun, stages: tuple[Stage, ...]) -> None:
+    """A budgeted run without a saved plan measures and plans now (:func:`~hf_cocodr.recipe.planner.make_plan`), and
+    draws the source queries its steps use; then each stage's deadline."""
+    if run.plan is None:
+        run.plan = make_plan(run, stages)
+        run.ids = stage_ids(run, stages)
+        queries = run.plan.source_queries
+        if queries is not None and queries != len(run.train_data):
+            logger.info(
+                "recipe: the budget's steps use %d of %d source queries: drawing them",
+                queries,
+                run.plan.source_queries_available,
+            )
+            run.train_data = draw_source(run, queries)
+            run.coco_corpora = coco_corpora(run, run.train_data)
+    if run.max_minutes is not None:
+        run.load_s = planner.STAGE_LOAD_SECONDS
+        run.deadlines = planner.stage_deadlines(run.plan, run.cfg, run.t_start, stages)
+    run.stage_seconds["planning"] = round(time.perf_counter() - run.t_start - sum(run.stage_seconds.values()), 1)
 
 
 def _run_stage(run: RecipeRun, stage: Stage) -> None:
@@ -540,10 +550,11 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     from ..training_api import evaluate_all
 
     t0, cfg, final_dir = time.perf_counter(), run.cfg, run.out / "model"
-    run.guard = guard_run(run)  # (may put the starting model back)
-    run.guard, run.current = D.broadcast_object((run.guard, run.current))  # rank 0's verdict, on every rank
-    if run.guard is not None:
-        run.stage_seconds["guard"] = run.guard["seconds"]
+    verdict = guard_run(run, Candidates(start=run.model, adapted=str(run.current)))
+    verdict = D.broadcast_object(verdict)  # rank 0's verdict, on every rank
+    if verdict is not None:  # the model it keeps is the one exported
+        run.guard, run.current = verdict.record, verdict.keep
+        run.stage_seconds["guard"] = verdict.record["seconds"]
         t0 = time.perf_counter()
     else:  # (its state is always said: here and in recipe.json)
         (logger.info if run.cfg.guard == "off" else logger.warning)("guard: not read (%s)", guard_not_read(run)["why"])
@@ -711,9 +722,7 @@ def _write_records(
         # every corpus encoding (by document encoder and corpus content): "encoded", or reused from the cache
         "corpus_encodings": run.corpus_encodings,
         # the queries drawn, held out and trained on per target corpus, and the label-free guard's reading
-        "queries": {
-            q.name: {**q.counts, **({"calibration": q.calibration} if q.calibration else {})} for q in run.queries
-        },
+        "queries": {q.name: q.counts for q in run.queries},
         "guard": run.guard if run.guard is not None else guard_not_read(run),
     }
     if run.max_minutes is not None:

@@ -21,12 +21,9 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
     coco_learning_rate=2e-5,
     coco_runs=1,
     skip_finetune=False,
-    target_pairs="none",
-    target_schedule="sequential",
     wise_alpha=None,
     coco_share=0.4,
     finetune_share=0.6,
-    target_share=0.0,
     finetune_preset="paper",
     skip_distill=True,
     distill_share=0.0,
@@ -80,23 +77,28 @@ SCHEDULES["no_mlm_head"] = dict(
 
 
 def choose_schedule(
-    cfg: RecipeConfig, has_mlm_head: bool | None, stages: Sequence[Stage | type[Stage]] | None = None
+    cfg: RecipeConfig,
+    has_mlm_head: bool | None,
+    stages: Sequence[Stage | type[Stage]] | None = None,
+    *,
+    plain_corpora: Sequence[str] = (),
 ) -> tuple[RecipeConfig, dict[str, Any]]:
     """Resolve every ``"auto"`` setting of ``cfg`` from :data:`SCHEDULES` by the kind of starting model, for the
     run's ``stages`` (default :data:`~hf_cocodr.recipe.stages.STAGES`).
 
     Returns the resolved config and a record of the choice (the kind, why, and which of the run's options were
     chosen vs set by the user: the recipe's own and its stages' settings) for the log, ``recipe.json`` and the model
-    card. ``schedule="paper"`` resolves "auto" to COCO-DR's stages for every kind (COCO with MLM -> iDRO; no pseudo
-    pairs, no WiSE-FT, no distillation). A model without an MLM head given unlabelled target queries gets
+    card. ``schedule="paper"`` resolves "auto" to COCO-DR's stages for every kind (COCO with MLM -> iDRO; no WiSE-FT,
+    no distillation). A model without an MLM head given unlabelled target queries gets
     ``no_mlm_head_queries`` (the distillation alone), one given the corpus alone ``no_mlm_head`` (the distillation on
     pseudo-queries drawn from it), or ``no_mlm_head_soup`` (the COCO soup) where ``pseudo_queries`` is 0,
-    ``skip_distill`` true or the run has no distillation stage. The shares and the side the distillation trains are
-    resolved against the run's stages.
+    ``skip_distill`` true or the run has no distillation stage, or where a target corpus is plain texts without
+    document ids (``plain_corpora``: nothing to draw a pseudo-query from and rank) and ``pseudo_queries`` is left to
+    the schedule. The shares and the side the distillation trains are resolved against the run's stages.
     """
     stages = instantiate(stages)
     options = run_options(stages)
-    kind, why = _kind(cfg, has_mlm_head, distills="skip_distill" in options)
+    kind, why = _kind(cfg, has_mlm_head, distills="skip_distill" in options, plain_corpora=plain_corpora)
     preset = SCHEDULES[kind] if cfg.schedule == AUTO else PAPER_SCHEDULE
     chosen, user = {}, {}
     values = asdict(cfg)
@@ -144,9 +146,11 @@ def run_options(stages: Sequence[Stage]) -> set[str]:
     return own | {f.name for s in stages if s.settings is not None for f in fields(s.settings)}
 
 
-def _kind(cfg: RecipeConfig, has_mlm_head: bool | None, distills: bool) -> tuple[str, str]:
+def _kind(
+    cfg: RecipeConfig, has_mlm_head: bool | None, distills: bool, plain_corpora: Sequence[str] = ()
+) -> tuple[str, str]:
     """The kind of starting model (the :data:`SCHEDULES` key) and why; ``distills``: whether the run has a
-    distillation stage."""
+    distillation stage; ``plain_corpora``: the target corpora without document ids."""
     kind = "mlm_head" if has_mlm_head else "no_mlm_head"
     why = (
         "the starting model has a trained MLM head"
@@ -163,6 +167,11 @@ def _kind(cfg: RecipeConfig, has_mlm_head: bool | None, distills: bool) -> tuple
         elif cfg.pseudo_queries == 0 or cfg.skip_distill is True:
             asked = "pseudo_queries 0" if cfg.pseudo_queries == 0 else "skip_distill true"
             kind, why = "no_mlm_head_soup", f"{why}, and no distillation on pseudo-queries ({asked})"
+        elif plain_corpora and cfg.pseudo_queries == AUTO:
+            kind = "no_mlm_head_soup"
+            why = (
+                f"{why}, and {', '.join(plain_corpora)}: plain texts without document ids, so no pseudo-query is drawn"
+            )
         else:
             why = f"{why}, and no query is given: the distillation on pseudo-queries drawn from the target corpora"
     return kind, why
@@ -176,8 +185,8 @@ def _plain(value: Any) -> Any:
 def _share_switched_on_stages(cfg: RecipeConfig, chosen: dict[str, Any], stages: Sequence[Stage]) -> None:
     """Give a budget share to a stage the user switched on that the schedule leaves out.
 
-    The schedule's share for a stage it does not run is 0 (the default gives no share to target pseudo pairs); a user
-    who asks for them (``target_pairs: ict``) without a share would get 2 steps. A stage that runs with an automatic
+    The schedule's share for a stage it does not run is 0 (the default gives none to the distillation of a model with
+    an MLM head); a user who switches it on (``skip_distill: false``) without a share would get 2 steps. A stage that runs with an automatic
     share of 0 gets the mean of the other running stages' shares (1 when it runs alone); the value is recorded as
     chosen. A share of 0 the user gave to a stage that runs and has no fixed step count is refused."""
     planned = [

@@ -97,11 +97,6 @@ def check_choice(obj: Any, name: str, choices: tuple[str, ...], wording: str) ->
         raise ConfigError(f"recipe option {name} must be {wording}, got {getattr(obj, name)!r}")
 
 
-def is_joint(cfg: Any) -> bool:
-    """Whether the target pseudo pairs train as a term of the source steps (rather than as a stage of their own)."""
-    return cfg.target_schedule == "joint" and cfg.target_pairs != "none" and not cfg.skip_finetune
-
-
 def no_gpu() -> bool:
     """Whether this machine has no CUDA device (the stages then train with ``use_cpu``)."""
     import torch

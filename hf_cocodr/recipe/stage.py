@@ -36,7 +36,6 @@ _NOT_TRAJECTORY = (
     "report_to",
     "use_cpu",
 )
-JOINT = "joint"  # a Stage.reads condition: read under the joint schedule only (settings.is_joint)
 UNBUDGETED_STEPS = 500  # a stage's steps without a budget and without fixed steps
 
 
@@ -108,8 +107,7 @@ class Stage:
         draws_source: whether the stage trains on the labelled source task (a budget sizes the source draw to its
             steps).
         reads: the data the stage reads while it has to run, besides the target corpora: ``"source"`` (the
-            labelled source task), ``"target_pairs"`` (the target pseudo pairs); each with the option that must be
-            true for it to be read (None: always), or :data:`JOINT` (read under the joint schedule only).
+            labelled source task), with the option that must be true for it to be read (None: always).
         after_adaptation: whether the stage runs only where a stage before it changed the model (WiSE-FT: nothing
             adapted, nothing to interpolate).
         entries: what the stage writes into ``OUT`` besides its folder ``OUT/<name>`` (e.g. COCO's ``coco-runs``).

@@ -17,9 +17,7 @@ corpus gave for free) and has a *kind*:
 query, never one longer than ``max_tokens`` tokens (the model's tokenizer, when given; else words), never one
 repeated (compared by their words, as :func:`~hf_cocodr.data.target_queries.normalize_query` compares queries: case,
 punctuation and spacing ignored), and never one with the words of a query in ``exclude`` (the user's evaluation
-queries: a run must not train on them, nor on one of them with a full stop added). Given a few of the user's real
-queries (their text only), :meth:`PseudoQueryDrawer.calibrate` makes the spans and keyword lists as long as those
-queries are and weighs each kind by how close its BM25 top-score profile comes to theirs.
+queries: a run must not train on them, nor on one of them with a full stop added).
 
 :data:`GUARD_MIX` is what the recipe's label-free guard (:mod:`hf_cocodr.recipe.guard`) holds out: every kind the
 corpus can give, in equal shares whatever mix trains, drawn (``salt``) from documents no trained pseudo-query comes
@@ -42,7 +40,7 @@ from ..utils import normalize_query
 logger = logging.getLogger(__name__)
 
 PSEUDO_QUERY_KINDS = ("span", "keywords", "title", "ict")
-# the mix drawn without queries to calibrate it (docs/adaptation.md, "Adaptation from the corpus alone", says why)
+# the mix drawn by default (docs/adaptation.md, "Adaptation from the corpus alone", says why)
 DEFAULT_MIX = {"span": 1.0, "keywords": 1.0, "title": 1.0}
 GUARD_MIX = {kind: 1.0 for kind in PSEUDO_QUERY_KINDS}  # the guard's held-out pseudo-queries: every kind alike
 SPAN_WORDS = (4, 12)  # a span's words, inclusive
@@ -166,7 +164,6 @@ class PseudoQueryDrawer:
         self._weights: list[dict[str, float]] | None = None  # per document: stem -> BM25 weight
         self._surface: list[dict[str, str]] | None = None  # per document: stem -> its first surface form
         self._first: list[dict[str, int]] | None = None  # per document: stem -> its first position
-        self.calibration: dict | None = None
 
     # -------------------------------------------------------------------------------------------------- drawing
     def available(self, kind: str) -> bool:
@@ -343,48 +340,6 @@ class PseudoQueryDrawer:
             )
             self._surface.append(surface)
             self._first.append(first)
-
-    # -------------------------------------------------------------------------------------------- calibration
-    def calibrate(self, queries: Sequence[str], *, probe: int = 200, depth: int = 100) -> dict[str, float]:
-        """Make the pseudo-queries look like ``queries`` (a few of the user's real queries, their text only): spans
-        as long as those queries are in words, keyword lists as long as their content words; and a mix weighing
-        each kind the corpus can give by how near its median BM25 top-score z (:func:`bm25_top_z` of its pseudo-
-        queries over the corpus) comes to the queries', ``exp(−|Δz|)``. Returns that mix (also kept in
-        :attr:`calibration`, with the profiles it came from)."""
-        from .index import BM25Index  # (bm25s and torch: loaded where a calibration runs)
-
-        real = [q for q in queries if isinstance(q, str) and q.strip()]
-        if not real:
-            raise ConfigError("pseudo-queries: calibrating needs at least one real query")
-        from bm25s.stopwords import STOPWORDS_EN
-
-        stop = set(STOPWORDS_EN)
-        lengths = [min(max(count_words(q), 2), SPAN_WORDS[1] + 8) for q in real]
-        content = [
-            min(max(len([w for w in _WORD.findall(q.lower()) if w not in stop and len(w) > 1]), 2), 10) for q in real
-        ]
-        self.span_lengths, self.keyword_counts = sorted(lengths), sorted(content)
-        index = BM25Index([f"{t} {b}".strip() for t, b in zip(self.titles, self.bodies)])
-        depth = min(depth, len(self.doc_ids))
-        target = float(np.median(bm25_top_z(index.search(real, depth)[0])))
-        profile, mix = {}, {}
-        for kind in PSEUDO_QUERY_KINDS:
-            if not self.available(kind):
-                continue
-            drawn = self.draw(min(probe, len(self.doc_ids)), {kind: 1.0})
-            if not drawn:
-                continue
-            z = float(np.median(bm25_top_z(index.search([p.text for p in drawn], depth)[0])))
-            profile[kind] = round(z, 4)
-            mix[kind] = round(math.exp(-abs(z - target)), 4)
-        self.calibration = {
-            "queries": len(real),
-            "median_words": float(np.median(lengths)),
-            "median_content_words": float(np.median(content)),
-            "bm25_top_z_median": {"queries": round(target, 4), **profile},
-            "mix": mix,
-        }
-        return mix
 
 
 def bm25_top_z(scores: np.ndarray) -> np.ndarray:

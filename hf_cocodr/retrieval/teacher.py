@@ -198,27 +198,20 @@ def query_side_dataset(
     batch_size: int = 64,
     cache: bool = True,
     session: EncodingSession | None = None,
-    deep: int = 0,
-    depth: int = 200,
-    seed: int = 0,
 ) -> TeacherRows:
     """The rows of query-side distillation: as :func:`distill_dataset`, but their rows are
     :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`, each candidate its row in the starting model's vectors of
     the corpora (the teacher's dense index, the corpora one after the other; the rows' ``vectors``) instead of its
-    text. ``deep`` candidates sampled from the teacher's ranks ``k+1`` to ``depth`` are added to each row
-    (:func:`~hf_cocodr.data.teacher.frozen_candidate_rows`; seeded by ``seed`` and the source's place)."""
+    text."""
     import numpy as np
 
-    queries, scores, candidates, tables, sources, offset, segments = [], [], [], [], [], 0, []
-    for part_no, (corpus, src) in enumerate(route_queries(query_specs, target_corpora)):
+    queries, scores, candidates, tables, sources, offset = [], [], [], [], [], 0
+    for corpus, src in route_queries(query_specs, target_corpora):
         hybrid, doc_ids, _, cached = teacher_retriever(
             model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache, session=session
         )
         doc_rows = {d: offset + i for i, d in enumerate(doc_ids)}
-        segments.append(offset)
-        part = frozen_candidate_rows(
-            _Batched(hybrid), src.texts, doc_rows, k, name=src.name, deep=deep, depth=depth, seed=(seed, part_no)
-        )
+        part = frozen_candidate_rows(_Batched(hybrid), src.texts, doc_rows, k, name=src.name)
         queries += part.query_texts
         scores.append(part.scores)
         candidates.append(part.candidates)
@@ -231,10 +224,7 @@ def query_side_dataset(
         np.concatenate(candidates),
         name="teacher rows",
         vectors=np.concatenate(tables),
-        segments=segments,
     )
-    if deep:
-        rows.sampled = {"top": k, "deep": deep, "depth": depth}
     return TeacherRows(rows, sources)
 
 

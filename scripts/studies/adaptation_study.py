@@ -15,6 +15,11 @@ arrive.
     python scripts/studies/adaptation_study.py --budget-minutes 8              # screen every arm, seed 42
     python scripts/studies/adaptation_study.py --arms start,default,source-only --seeds 42,43,44   # confirm with seeds
     python scripts/studies/adaptation_study.py --report-only                   # rewrite the report from the cache
+
+The arms of the target pseudo pairs (``title-body*``, ``ict``, ``source+title-body``, ``joint``,
+``contrast-pairs-split-target``, and those built on ``CONTRAST_PAIRS``) need hf_cocodr at commit
+123371a9ca5c017ea45ef09586cd2a3075201c7f, the last where that stage lived (``target_pairs`` is retired); their rows
+stay in the report.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev"
 # (pseudo_queries 0: the arms of this study are COCO and fine-tuning arms; a head-less start would otherwise get the
 # corpus-only distillation that issue 53 made its default, scripts/studies/corpus_only.py)
 BASE = {"max_queries": 1000, "corpus_pool": 2, "save_hybrid": False, "pseudo_queries": 0}
-NO_EXTRAS = {"target_pairs": "none", "wise_alpha": None}
+NO_EXTRAS = {"wise_alpha": None}
 # the COCO soup spelled out (the no_mlm_head schedule since session 6), so its rows keep their meaning
 SOUP = {"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76, **NO_EXTRAS}
 # The recipe's automatic schedule for head-less models before session 4, spelled out so its rows keep their meaning.
@@ -319,7 +324,7 @@ STARTS = {
 }
 PAPER_SCREEN = ["neither", "no-idro", "no-coco", "full"]
 WISE_ALPHAS = (0.25, 0.5, 0.75)
-STAGES = ("coco", "finetune", "target")  # ARM@STAGE: the model that stage of ARM left behind
+STAGES = ("coco", "finetune")  # ARM@STAGE: the model that stage of ARM left behind
 # screening order: the most informative first (each WiSE-FT arm right after the arm it extends)
 SCREEN = [
     "title-body",
@@ -503,7 +508,7 @@ def run_arm(arm: str, seed: int, ns, root: Path, model: str) -> dict:
     }
     max_minutes = ns.budget_minutes
     if getattr(ns, "fixed_steps", None):  # a step budget instead of a wall-clock one (tests, exact comparisons)
-        cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps, target_steps=ns.fixed_steps)
+        cfg.update(coco_steps=ns.fixed_steps, finetune_steps=ns.fixed_steps)
         max_minutes = None
     elif getattr(ns, "plan_from_seed", None) is not None and (
         seed != ns.plan_from_seed or base in getattr(ns, "steps_from", {})
@@ -555,13 +560,13 @@ def planned_steps(ns, base: str, seed: int) -> dict:
     out = {"refreshes": plan["refreshes"]}
     if plan["coco_steps"] > 0:
         out["coco_runs"] = int(plan.get("coco_runs", 1))
-    for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune"), ("target_steps", None)):
+    if plan.get("target_steps", 0) > 0:
+        raise SystemExit(f"{base}: its plan trains the retired target pseudo pairs (see the module docstring)")
+    for key, skip in (("coco_steps", "skip_coco"), ("finetune_steps", "skip_finetune")):
         if plan[key] > 0:
             out[key] = plan[key]
-        elif skip:
-            out[skip] = True
         else:
-            out["target_pairs"] = "none"
+            out[skip] = True
     return out
 
 

@@ -17,6 +17,10 @@ did not finish runs again from a cold start); the report is rewritten after ever
 
     python scripts/studies/corpus_only.py --arms pq-mix,pq-span,pq-keywords,pq-title,soup,queries --seeds 42 --core 1
     python scripts/studies/corpus_only.py --report-only
+
+The arms that pass a retired option (``--distill-deep``, ``--distill-margin-weight``, ``--distill-corpus-weight``,
+``--distill-swa``, ``--distill-l2sp``; ``queries-pq``'s mix calibrated to the user's queries) need hf_cocodr at
+commit 123371a9ca5c017ea45ef09586cd2a3075201c7f, the last where their code lived; today's recipe refuses them by name.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ finish is run again from a cold start); the report is rewritten after every row.
     python scripts/studies/cpu_budget.py --arms query@240 --seeds 42,43,44   # fixed steps, teacher cached
     python scripts/studies/cpu_budget.py --arms query-k32@500 --seeds 42,43,44
     python scripts/studies/cpu_budget.py --report-only
+
+The arms that pass a retired option (``--distill-corpus-weight``, ``--distill-swa``) need hf_cocodr at commit
+123371a9ca5c017ea45ef09586cd2a3075201c7f, the last where their code lived; today's recipe refuses them by name.
 """
 
 from __future__ import annotations
@@ -499,7 +502,7 @@ MASS_K = (1, 8, 16, 32)  # the teacher's mass reported in its top 1, 8, 16, 32 o
 def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 64) -> dict:
     """How the distillation's teacher spreads its softmax (temperature 1, as the stage's loss takes it) over its top
     ``depth`` candidates, for the first ``n_queries`` pool queries of each corpus: the mean mass of its top k for
-    each k of :data:`MASS_K`. The teacher is the stage's (``DistillStage._fusion`` of the defaults) over the warm
+    each k of :data:`MASS_K`. The teacher is the stage's (``teacher_fusion`` of the defaults) over the warm
     cache's indexes (read from a copy, so the cache is not touched)."""
     import tempfile
 
@@ -507,11 +510,11 @@ def teacher_mass(ns, data: Path, model: str, n_queries: int = 300, depth: int = 
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.recipe.config import RecipeConfig
-    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.recipe.stages.distill import teacher_fusion
     from hf_cocodr.retrieval.teacher import teacher_rankings
     from hf_cocodr.rundir.run_record import fingerprint
 
-    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
+    fusion = teacher_fusion(RecipeConfig(distill_teacher_weight=0.5))
     out: dict = {"depth": depth, "temperature": 1.0, "fusion": dataclasses.asdict(fusion), "corpora": {}}
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copytree(warm_cache(ns, data, model), tmp, dirs_exist_ok=True)

@@ -57,7 +57,7 @@ def main() -> int:
     from hf_cocodr.modeling.bundled import bundled_model_path
     from hf_cocodr.modeling.precision import resolve_corpus_precision
     from hf_cocodr.recipe.config import RecipeConfig
-    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.recipe.stages.distill import teacher_fusion
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
     from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.retrieval.teacher import teacher_retriever
@@ -71,7 +71,7 @@ def main() -> int:
     normalize = model_similarity(start) == "cosine"
     precision, _ = resolve_corpus_precision("auto")
     session = EncodingSession(precision)
-    fusion = DistillStage._fusion(
+    fusion = teacher_fusion(
         RecipeConfig(distill_teacher_weight="fit") if ns.teacher == "fit" else RecipeConfig(distill_teacher_weight=0.5)
     )
     students = [Path(s) for s in ns.students.split(",")]

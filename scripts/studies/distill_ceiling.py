@@ -10,11 +10,15 @@ generalisation. For each corpus, side by side:
 - the student's **agreement with the teacher** (nDCG@10 of its ranking against the teacher's top 10) on the pool
   queries it trained on and on those its run held out for the guard (``OUT/queries/<corpus>.guard.jsonl``).
 
-The teacher is the distillation's (``DistillStage._fusion`` of the defaults: the starting model + BM25, z-scores,
+The teacher is the distillation's (``teacher_fusion`` of the defaults: the starting model + BM25, z-scores,
 dense weight 0.5, depth 100), encoded in the precision the recipe picks on this machine; its indexes are cached
 under ``--work``. Reads the data of ``corpus_only.py`` (``distill_study.prepare_data``).
 
     python scripts/studies/distill_ceiling.py --student outputs/corpus_only/budget15/queries/seed42/run
+
+The free-vector ceiling's code (``hf_cocodr.finetuning.ceiling``) is retired from the library: run this study at
+hf_cocodr commit 123371a9ca5c017ea45ef09586cd2a3075201c7f, the last where it lived (``--steps 0`` reads the students
+alone with today's code); the held-out user queries it reads are no longer held out (they all train).
 """
 
 from __future__ import annotations
@@ -78,15 +82,15 @@ def main() -> int:
     if not ns.student:
         raise SystemExit("distill_ceiling: --student RUN is required (or --report-only)")
     os.environ["HF_COCODR_CACHE"] = str(Path(ns.cache).absolute() if ns.cache else Path(ns.work).absolute() / "cache")
+    from hf_cocodr.finetuning.ceiling import free_query_vectors, order_reachable
     from sentence_transformers import SentenceTransformer
 
     from hf_cocodr.data.beir import load_qrels, load_queries
     from hf_cocodr.evaluation.metrics import compute_metrics
-    from hf_cocodr.finetuning.ceiling import free_query_vectors, order_reachable
     from hf_cocodr.modeling.bundled import bundled_model_path
     from hf_cocodr.modeling.precision import resolve_corpus_precision
     from hf_cocodr.recipe.config import RecipeConfig
-    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.recipe.stages.distill import teacher_fusion
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
     from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.retrieval.teacher import teacher_retriever
@@ -99,7 +103,7 @@ def main() -> int:
     similarity = model_similarity(start)
     normalize = similarity == "cosine"
     precision, _ = resolve_corpus_precision("auto")
-    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit" if ns.teacher == "fit" else 0.5))
+    fusion = teacher_fusion(RecipeConfig(distill_teacher_weight="fit" if ns.teacher == "fit" else 0.5))
     out: dict = {"student": str(run_dir), "k": ns.k, "steps": ns.steps, "precision": precision, "corpora": {}}
     out["teacher"] = ns.teacher
     out.update(data=ns.data, cache=ns.cache, work=ns.work)

@@ -61,7 +61,7 @@ def main() -> int:
     from hf_cocodr.modeling.precision import resolve_corpus_precision
     from hf_cocodr.modeling.wise import soup, wise_ensemble
     from hf_cocodr.recipe.config import RecipeConfig
-    from hf_cocodr.recipe.stages.distill import DistillStage
+    from hf_cocodr.recipe.stages.distill import teacher_fusion
     from hf_cocodr.retrieval.encoding import encode_texts, model_similarity
     from hf_cocodr.retrieval.session import EncodingSession
     from hf_cocodr.retrieval.teacher import teacher_retriever
@@ -76,7 +76,7 @@ def main() -> int:
     normalize = model_similarity(start) == "cosine"
     precision, _ = resolve_corpus_precision("auto")
     session = EncodingSession(precision)
-    fusion = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.5))
+    fusion = teacher_fusion(RecipeConfig(distill_teacher_weight=0.5))
     lead = {k: float(v) for k, v in (x.split("=") for x in ns.lead.split(","))}
     corpora = {}
     for name in CORPORA:

@@ -69,7 +69,6 @@ PROBE_DOCS = 48
 SMOKE_CONFIG = dict(  # fixed tiny steps for whatever stages the schedules switch on
     coco_steps=2,
     finetune_steps=2,
-    target_steps=2,
     distill_steps=2,
     distill_k=3,
     guard_queries=12,
@@ -218,9 +217,7 @@ def corpus_only_encodes_documents(has_mlm_head: bool) -> bool:
     from hf_cocodr.recipe.schedules import choose_schedule
 
     cfg, _ = choose_schedule(RecipeConfig(), has_mlm_head)
-    trains_documents = (
-        cfg.skip_coco is False or cfg.skip_finetune is False or str(cfg.target_pairs) != "none" or cfg.wise_alpha
-    )
+    trains_documents = cfg.skip_coco is False or cfg.skip_finetune is False or cfg.wise_alpha
     return bool(trains_documents or (cfg.skip_distill is False and cfg.distill_side != "query"))
 
 

@@ -121,7 +121,7 @@ def test_identical_duplicate_qrels_rows_give_one_warning(tmp_path, capsys):
     [
         ({"finetune_steps": 0}, "skip_finetune: true"),
         ({"coco_steps": 0}, "skip_coco: true"),
-        ({"target_steps": 0}, "target_pairs: none"),
+        ({"distill_steps": 0}, "skip_distill: true"),
         ({"coco_steps": -5}, "skip_coco: true"),
     ],
 )
@@ -193,13 +193,6 @@ def test_training_data_counts_must_be_at_least_one(name, value, tiny_beir):
         RetrievalTrainingData.from_beir(tiny_beir, "train", **{name: value})
 
 
-def test_pseudo_pairs_bm25_top_k_must_be_at_least_one(tiny_beir):
-    from hf_cocodr.data.pseudo_pairs import target_pseudo_pairs
-
-    with pytest.raises(ValueError, match="bm25_top_k must be a whole number >= 1, got 0"):
-        target_pseudo_pairs([tiny_beir], "title_body", bm25_top_k=0)
-
-
 # ---------------------------------------------------------------------------------------- 7. one line, not a traceback
 @pytest.mark.parametrize("command", ["evaluate", "finetune", "pretrain"])
 def test_uncached_hub_id_offline_is_one_line(command, loads, tiny_beir, tmp_path, capsys):
@@ -248,8 +241,8 @@ def test_pretrain_model_missing_or_a_file(case, needle, loads, tiny_beir, tmp_pa
         ("finetune: {idro_tau: .inf}\n", "recipe option finetune: idro_tau must be > 0 and finite, got inf"),
         ("coco: {no_such_field: 1}\n", "recipe option coco: unknown field(s) ['no_such_field']"),
         (
-            "target: {max_steps: 3}\n",
-            "recipe option target.max_steps: the recipe sets each stage's steps; use target_steps",
+            "distill: {max_steps: 3}\n",
+            "recipe option distill.max_steps: the recipe sets each stage's steps; use distill_steps",
         ),
     ],
 )

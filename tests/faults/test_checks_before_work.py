@@ -245,13 +245,14 @@ def test_the_budget_must_exceed_the_fixed_loads_and_exports():
 
 
 def test_the_budget_must_buy_one_step_of_each_stage(monkeypatch):
-    """Hand-computed: 40 s of fixed costs, then one step each of 30 s (COCO), 20 s (fine-tuning), 15 s (target)."""
+    """Hand-computed: 40 s of fixed costs, then one step each of 30 s (COCO), 20 s (fine-tuning), 15 s
+    (distillation)."""
     import hf_cocodr.recipe.planner as planner
     from hf_cocodr.recipe import Plan, RecipeConfig
     from hf_cocodr.recipe.checks import check_budget_buys_steps
 
-    steps = {"coco": 30.0, "finetune": 20.0, "target": 15.0}
-    cfg = RecipeConfig(skip_coco=False, skip_finetune=False, target_pairs="title_body", target_schedule="sequential")
+    steps = {"coco": 30.0, "finetune": 20.0, "distill": 15.0}
+    cfg = RecipeConfig(skip_coco=False, skip_finetune=False, skip_distill=False, target_queries=["q.jsonl"])
 
     def one_step(runs: int = 1) -> dict:
         return planner.one_step_costs(Plan(stage_fields={"coco_runs": runs}), steps, cfg)
@@ -259,7 +260,7 @@ def test_the_budget_must_buy_one_step_of_each_stage(monkeypatch):
     check_budget_buys_steps({"budget_seconds": 105.0, "fixed_seconds": 40.0}, one_step())  # exactly one step each
     with pytest.raises(
         ConfigError,
-        match=r"cannot buy one step of the target stage: its probed cost is 15.00 s per "
+        match=r"cannot buy one step of the distill stage: its probed cost is 15.00 s per "
         r"step.*take 40.0 s and one step of each stage before it \(50.0 s\); give "
         r"at least 1.75 minutes",
     ):
@@ -296,7 +297,7 @@ def test_a_refusal_names_the_largest_fixed_costs():
         check_budget_buys_steps(plan, {"distill": (1.21, "1.21 s per step")})
 
 
-@pytest.mark.parametrize("stage", ["coco", "finetune", "target"])
+@pytest.mark.parametrize("stage", ["coco", "finetune"])
 def test_a_budget_below_one_probed_step_is_refused_before_any_training(
     stage, tiny_bert_dir, tiny_beir, tmp_path, monkeypatch
 ):
@@ -313,21 +314,18 @@ def test_a_budget_below_one_probed_step_is_refused_before_any_training(
     tp = {
         "coco_step_s": 1.0,
         "finetune_step_s": 1.0,
-        "target_step_s": 1.0,
         "encode_doc_s": 0.001,
         "encode_query_s": 0.001,
         f"{stage}_step_s": 400.0,
     }  # one step of `stage` costs more than the 5 minutes
     monkeypatch.setattr(planner, "measure", lambda *a, **k: dict(tp))
     cfg = {
-        "target_pairs": "title_body",
         "wise_alpha": None,
         "coco_runs": 1,
         "refreshes": 0,
         "corpus_pool": None,
         "coco": {"per_device_train_batch_size": 8},
         "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
-        "target": {"per_device_train_batch_size": 8},
     }
     out = tmp_path / "run"
     with pytest.raises(
@@ -336,7 +334,7 @@ def test_a_budget_below_one_probed_step_is_refused_before_any_training(
         r"probed cost is 400.00 s per step",
     ):
         recipe.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
-    assert not any((out / s).exists() for s in ("coco", "finetune", "target"))
+    assert not any((out / s).exists() for s in ("coco", "finetune"))
 
 
 def test_convert_caps_its_defaults_and_refuses_a_given_length_past_the_limit(

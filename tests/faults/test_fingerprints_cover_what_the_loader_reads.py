@@ -13,7 +13,7 @@ from hf_cocodr.recipe import STAGES, Stage, run_recipe
 from hf_cocodr.recipe.outputs import export_final
 from hf_cocodr.rundir.run_record import fingerprint
 
-ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
+ONLY_TOY = dict(skip_coco=True, skip_finetune=True, wise_alpha=None, save_hybrid=False)
 
 
 class ReadsTargets(Stage):

@@ -110,10 +110,8 @@ def test_recipe_stage_resumed_at_its_end_trains_nothing(tiny_bert_dir, tiny_beir
     cfg = dict(
         coco_steps=2,
         finetune_steps=3,
-        target_steps=2,
         refreshes=0,
         corpus_pool=None,
-        target_pairs="title_body",
         wise_alpha=None,
         coco_runs=1,
         coco={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"},
@@ -123,13 +121,12 @@ def test_recipe_stage_resumed_at_its_end_trains_nothing(tiny_bert_dir, tiny_beir
             "save_steps": 3,
             "lr_scheduler_type": "constant",
         },
-        target={"per_device_train_batch_size": 4, "save_steps": 2, "lr_scheduler_type": "constant"},
     )
     out = tmp_path / "run"
-    stages = ("coco", "finetune", "target")
+    stages = ("coco", "finetune")
     R.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg)
     weights = {stage: _weights(out / stage) for stage in stages}
-    planned = {"coco": 2, "finetune": 3, "target": 2}
+    planned = {"coco": 2, "finetune": 3}
     for (
         stage,
         steps,

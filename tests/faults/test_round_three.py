@@ -377,7 +377,7 @@ def test_distillation_inputs_are_checked_before_any_model_loads(
     elif case == "deep":
         config["distill_k"] = 12
     else:
-        config["target"] = {"per_device_train_batch_size": 0}
+        config["distill"] = {"per_device_train_batch_size": 0}
     cfg = tmp_path / "recipe.yaml"
     cfg.write_text(json.dumps(config))
     argv = _recipe(tiny_st_dir, distill_case, tiny_beir, tmp_path / "out", "--target-queries", queries)

@@ -14,7 +14,7 @@ from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import STAGES, run_recipe
 from hf_cocodr.recipe.settings import check_whole, option
 
-ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
+ONLY_TOY = dict(skip_coco=True, skip_finetune=True, wise_alpha=None, save_hybrid=False)
 
 
 def named(name, settings=None, base=Copy):
@@ -119,5 +119,5 @@ class NotAStage:
 
 @pytest.mark.parametrize("entry", ["coco", NotAStage, NotAStage(), None], ids=["str", "class", "instance", "none"])
 def test_an_entry_that_is_not_a_stage_is_refused(recipe, entry):
-    with pytest.raises(ConfigError, match=r"stages\[5\] = .*is not a Stage"):
+    with pytest.raises(ConfigError, match=rf"stages\[{len(STAGES)}\] = .*is not a Stage"):
         recipe((*STAGES, entry))

@@ -95,25 +95,29 @@ def test_it_trains_as_idro_trainer_with_the_distill_loss_did(tiny_st_dir, tmp_pa
     assert any(not torch.equal(before[n], new[n]) for n in new)  # it did train
 
 
-def test_the_default_loss_comes_from_the_arguments(tiny_st_dir, tmp_path):
+def test_the_loss_holds_its_settings_and_the_default_is_the_rows_loss_at_its_defaults(tiny_st_dir, tmp_path):
+    """No loss given: the rows' loss at its defaults (the student's temperature by the model's similarity); a loss
+    given with its settings is the one trained; the arguments hold no loss setting."""
+    from hf_cocodr.finetuning.losses import distill_loss
+
     model = load_encoder(str(tiny_st_dir))
-    args = DistillationTrainingArguments(
-        output_dir=str(tmp_path / "o"),
-        distill_teacher_temperature=2.0,
-        distill_in_batch_weight=0.0,
-        distill_document_gradients=False,
-        **COMMON,
-    )
+    args = DistillationTrainingArguments(output_dir=str(tmp_path / "o"), **COMMON)
     trainer = DistillationTrainer(model=model, args=args, train_dataset=teacher_rows())
     cosine = model.similarity_fn_name == "cosine"
-    expected = HybridDistillLoss(
+    plain = HybridDistillLoss(
         model,
         temperature=0.05 if cosine else 1.0,
-        teacher_temperature=2.0,
-        in_batch_weight=0.0,
-        document_gradients=False,
+        teacher_temperature=1.0,
+        in_batch_weight=1.0,
+        document_gradients=True,
     )
-    assert trainer.loss.get_config_dict() == expected.get_config_dict()
+    assert trainer.loss.get_config_dict() == plain.get_config_dict()
+    settings = dict(teacher_temperature=2.0, in_batch_weight=0.0, document_gradients=False)
+    loss = distill_loss(model, teacher_rows(), **settings)
+    assert DistillationTrainer(model=model, args=args, train_dataset=teacher_rows(), loss=loss).loss is loss
+    assert loss.get_config_dict() == {**plain.get_config_dict(), **settings}
+    with pytest.raises(TypeError):
+        DistillationTrainingArguments(output_dir=str(tmp_path / "q"), distill_teacher_temperature=2.0, **COMMON)
 
 
 def test_rows_without_teacher_scores_and_bad_settings_are_refused(tiny_st_dir, tmp_path):
@@ -126,6 +130,8 @@ def test_rows_without_teacher_scores_and_bad_settings_are_refused(tiny_st_dir, t
         DistillationTrainer(
             model=model, args=IDROTrainingArguments(output_dir=str(tmp_path / "p")), train_dataset=plain
         )
-    for bad in ({"distill_teacher_temperature": 0.0}, {"distill_in_batch_weight": -1.0}, {"max_steps": 0}):
+    with pytest.raises(ValueError):
+        DistillationTrainingArguments(output_dir=str(tmp_path / "q"), **{**COMMON, "max_steps": 0})
+    for bad in ({"teacher_temperature": 0.0}, {"in_batch_weight": -1.0}):
         with pytest.raises(ValueError):
-            DistillationTrainingArguments(output_dir=str(tmp_path / "q"), **{**COMMON, **bad})
+            HybridDistillLoss(model, **bad)

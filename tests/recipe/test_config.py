@@ -18,8 +18,9 @@ from hf_cocodr.recipe.config import (
     add_config_arguments,
     config_from_flags,
 )
+from hf_cocodr.retired import RETIRED_OPTIONS
 
-# The recipe command's flags as README and scripts use them: a contract.
+# The recipe command's flags as README and scripts use them: a contract (less the retired ones, hf_cocodr.retired).
 FLAGS = (
     "--model",
     "--target-corpus",
@@ -42,8 +43,6 @@ FLAGS = (
     "--coco-run-steps",
     "--skip-coco",
     "--skip-finetune",
-    "--target-pairs",
-    "--target-schedule",
     "--wise-alpha",
     "--train-max-length",
     "--no-start-eval",
@@ -71,6 +70,11 @@ def test_importing_the_config_loads_no_torch():
 def test_every_flag_of_the_recipe_command_is_kept_and_every_field_has_one():
     options = _parser()._option_string_actions
     assert [f for f in FLAGS if f not in options] == []
+    assert [
+        n
+        for n in RETIRED_OPTIONS
+        if f"--{n.replace('_', '-')}" in options or n in {f.name for f in fields(RecipeConfig)}
+    ] == []
     dests = {a.dest for a in options.values()}
     for f in fields(RecipeConfig):
         assert f.metadata["help"], f.name
@@ -97,8 +101,8 @@ def test_flags_parse_to_the_config_values_and_unset_flags_leave_the_defaults():
             "1e-5",
             "--coco-mlm-weight",
             "0",
-            "--target-pairs",
-            "ict",
+            "--distill-k",
+            "6",
             "--coco-run-steps",
             "30",
             "--source-split",
@@ -112,7 +116,7 @@ def test_flags_parse_to_the_config_values_and_unset_flags_leave_the_defaults():
         "coco_learning_rate": 1e-5,
         "coco_runs": "budget",
         "coco_run_steps": 30,
-        "target_pairs": "ict",
+        "distill_k": 6,
         "wise_alpha": None,
         "evaluate_start": False,
         "skip_coco": False,
@@ -159,10 +163,6 @@ def test_the_fine_tune_loss_follows_the_schedule_unless_the_user_names_one():
     from hf_cocodr.recipe.config import FINETUNE_PRESETS
 
     assert set(FINETUNE_PRESETS) == set(PRESETS)
-    from hf_cocodr.data.pseudo_pairs import PSEUDO_PAIR_MODES
-    from hf_cocodr.recipe.stages.target import PSEUDO_PAIR_MODES as NAMED  # (named there to load without numpy)
-
-    assert NAMED == PSEUDO_PAIR_MODES
     cfg, record = choose_schedule(RecipeConfig(), True)  # a trained MLM head: COCO, then the plain fine-tune
     assert cfg.finetune_preset == "uniform" and record["chosen"]["finetune_preset"] == "uniform"
     cfg, _ = choose_schedule(RecipeConfig(schedule="paper"), True)  # COCO-DR as published: iDRO

@@ -13,7 +13,6 @@ from hf_cocodr.retrieval import encoding
 
 CFG = dict(
     skip_coco=True,
-    target_pairs="none",
     wise_alpha=None,
     distill_steps=2,
     distill_k=3,

@@ -128,18 +128,18 @@ def test_the_guard_passes_a_model_that_reads_as_the_start(tiny_st_dir, tiny_beir
     assert guard["kept"] == "adapted" and guard["mode"] == "on"
 
 
-def test_the_verdict_rests_on_the_pseudo_queries_and_records_the_queries_reading():
-    """Held-out queries read against the teacher are recorded, never decided on: a model that reads worse there but
-    not on the held-out pseudo-queries is kept (hand-made per-query nDCG@10 of the start and the adapted model)."""
+def test_the_verdict_rests_on_the_pseudo_queries_reading():
+    """Hand-made per-query nDCG@10 of the start and the adapted model: within one standard error is no difference
+    (the adapted model kept), below it worse."""
     from hf_cocodr.recipe.guard import decide, paired_reading
 
-    queries = paired_reading([0.9, 0.8, 0.9, 0.7], [0.3, 0.2, 0.4, 0.1])
+    worse = paired_reading([0.9, 0.8, 0.9, 0.7], [0.3, 0.2, 0.4, 0.1])
     pseudo = paired_reading([0.5, 0.6, 0.7, 0.4], [0.52, 0.59, 0.7, 0.41])
     # by hand: differences 0.02, -0.01, 0, 0.01: mean 0.005, SD sqrt(0.0005 / 3), SE = SD / 2 = 0.0065
     assert pseudo["difference"] == 0.005 and pseudo["se"] == 0.0065 and pseudo["verdict"] == "no difference"
-    assert queries["verdict"] == "worse"
-    assert decide({"pseudo_queries": pseudo, "queries": queries}) == "not worse"
-    assert decide({"pseudo_queries": queries}) == "worse"
+    assert worse["verdict"] == "worse"
+    assert decide({"pseudo_queries": pseudo}) == "not worse"
+    assert decide({"pseudo_queries": worse}) == "worse"
 
 
 @pytest.mark.parametrize("mode", ["on", "record"])
@@ -183,10 +183,30 @@ def test_a_reading_the_training_shaped_is_not_decided_on():
     assert decide({"pseudo_queries": better}, shaped) == "unverified"
     assert decide({"pseudo_queries": worse}, shaped) == "unverified"
     assert decide({"pseudo_queries": better}) == "not worse" and decide({"pseudo_queries": worse}) == "worse"
-    assert decide({"queries": worse}, shaped) == "not worse"  # no pseudo-query held out: nothing shaped was read
+    assert decide({}, shaped) == "not worse"  # no pseudo-query held out: nothing shaped was read
     counts = [{"train_pseudo_queries": 10}, {"train_pseudo_queries": 0}]
     full = SimpleNamespace(distill_side="full", skip_distill=False, target_queries=[], pseudo_queries=10)
     assert set(shaped_readings(full, counts)) == {"pseudo_queries"}
     assert shaped_readings(SimpleNamespace(**{**vars(full), "distill_side": "query"}), counts) == {}
     assert shaped_readings(full, [{"train_pseudo_queries": 0}]) == {}  # the user's queries alone trained
     assert shaped_readings(SimpleNamespace(**{**vars(full), "skip_distill": True}), counts) == {}
+
+
+def test_the_users_queries_all_train_and_the_guard_holds_out_pseudo_queries_alone(tiny_beir, tmp_path):
+    """Every one of the user's target queries is in the training file (none is withheld for the guard, which reads
+    held-out pseudo-queries only), and the counts say so."""
+    from types import SimpleNamespace
+
+    from hf_cocodr.recipe import RecipeConfig, choose_schedule
+    from hf_cocodr.recipe.queries import prepare_queries
+
+    log = tmp_path / "log.jsonl"
+    asked = [f"user query number {i} about topic {i % 5}" for i in range(30)]
+    log.write_text("".join(json.dumps({"text": t}) + "\n" for t in asked))
+    cfg, _ = choose_schedule(RecipeConfig(target_queries=[str(log)], guard_queries=12), False)
+    out = tmp_path / "out"
+    run = SimpleNamespace(cfg=cfg, target_corpora=[str(tiny_beir)], evals=[], model=str(tmp_path / "none"), out=out)
+    (entry,) = prepare_queries(run)
+    train, held = _rows(entry.train), _rows(entry.guard)
+    assert [r["text"] for r in train] == asked and entry.counts["train_queries"] == 30
+    assert held and all(r.get("doc_id") for r in held) and "guard_queries" not in entry.counts

@@ -39,32 +39,30 @@ def _plan(**kw):
     plan = {
         "coco_steps": 10,
         "finetune_steps": 20,
-        "target_steps": 30,
+        "distill_steps": 30,
         "refreshes": 1,
         "budget_seconds": 900.0,
         "refresh_seconds_each": 70.0,
         "kmeans_seconds": 5.0,
-        "throughput": {"coco_step_s": 3.0, "finetune_step_s": 10.0, "target_step_s": 8.0},
+        "throughput": {"coco_step_s": 3.0, "finetune_step_s": 10.0, "distill_step_s": 8.0},
     }
     return {**plan, **kw}
 
 
 def test_stage_deadlines_leave_each_later_stage_its_planned_seconds():
     """Hand-computed: start at t=100, budget 900 s, WiSE-FT after training (tail 2 x 20 s): training ends by 960.
-    target 30 x 8 = 240 s -> the source stage ends by 720; it plans 20 x 10 + 70 + 5 = 275 s -> COCO ends by 445."""
+    distillation 30 x 8 = 240 s -> the source stage ends by 720; it plans 20 x 10 + 70 + 5 = 275 s -> COCO ends by
+    445."""
 
     def resolved(**kw):  # the settings as the recipe resolves them for the paper's stages (a model with MLM head)
-        return choose_schedule(RecipeConfig(**kw), True)[0]
+        return choose_schedule(RecipeConfig(skip_distill=False, target_queries=["q.jsonl"], **kw), True)[0]
 
     cfg = resolved(wise_alpha=0.5)
-    assert stage_deadlines(_plan(), cfg, 100.0) == pytest.approx({"target": 960.0, "finetune": 720.0, "coco": 445.0})
+    assert stage_deadlines(_plan(), cfg, 100.0) == pytest.approx({"distill": 960.0, "finetune": 720.0, "coco": 445.0})
     # no WiSE-FT: only the final export follows (tail 20 s); a stage without steps has no deadline
     assert stage_deadlines(_plan(coco_steps=0), resolved(wise_alpha=None), 100.0) == pytest.approx(
-        {"target": 980.0, "finetune": 740.0}
+        {"distill": 980.0, "finetune": 740.0}
     )
-    # joint schedule: the target pairs are a term of each source step (20 x (10 + 8) + 75 = 435 s)
-    joint = resolved(wise_alpha=None, target_schedule="joint", target_pairs="title_body")
-    assert stage_deadlines(_plan(target_steps=0), joint, 100.0) == pytest.approx({"finetune": 980.0, "coco": 545.0})
     # fixed steps without a budget: no deadlines
     assert stage_deadlines({**_plan(), "budget_seconds": None}, cfg, 100.0) == {}
     assert stage_deadlines({k: v for k, v in _plan().items() if k != "throughput"}, cfg, 100.0) == {}
@@ -90,20 +88,16 @@ def test_a_budgeted_recipe_ends_each_stage_by_its_deadline(
     cfg = {**CFG, "wise_alpha": None}
     with caplog.at_level(logging.WARNING, logger="hf_cocodr"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
-    assert set(seen) == {"coco", "finetune", "target"}
+    assert set(seen) == {"coco", "finetune"}
     record = json.loads((out / "recipe.json").read_text())
-    assert (record["plan"]["coco_steps"], record["plan"]["finetune_steps"], record["plan"]["target_steps"]) == (
-        2,
-        4,
-        2,
-    )
-    assert record["steps_trained"] == {"coco": 1, "finetune": 1, "target": 1}
-    assert record["stopped_by_deadline"] == {"coco": 1, "finetune": 1, "target": 1}
-    assert sum("stopped at step 1 of" in r.getMessage() for r in caplog.records) == 3
+    assert (record["plan"]["coco_steps"], record["plan"]["finetune_steps"]) == (2, 4)
+    assert record["steps_trained"] == {"coco": 1, "finetune": 1}
+    assert record["stopped_by_deadline"] == {"coco": 1, "finetune": 1}
+    assert sum("stopped at step 1 of" in r.getMessage() for r in caplog.records) == 2
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
         run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
-    assert sum("already finished" in r.getMessage() for r in caplog.records) == 3
+    assert sum("already finished" in r.getMessage() for r in caplog.records) == 2
     assert json.loads((out / "recipe.json").read_text())["steps_trained"] == record["steps_trained"]
 
 
@@ -114,11 +108,11 @@ def test_a_recipe_with_time_to_spare_trains_every_planned_step(tiny_bert_nomlm_d
         [str(tiny_beir)],
         str(tiny_beir),
         out,
-        config={**CFG, "wise_alpha": None, "skip_coco": True, "skip_finetune": True},
+        config={**CFG, "wise_alpha": None, "skip_coco": True},
         max_minutes=30.0,
     )
     record = json.loads((out / "recipe.json").read_text())
-    assert record["steps_trained"] == {"target": 2} and record["stopped_by_deadline"] == {}
+    assert record["steps_trained"] == {"finetune": 4} and record["stopped_by_deadline"] == {}
 
 
 def test_every_run_of_a_coco_soup_ends_by_its_deadline(tiny_bert_nomlm_dir, tiny_beir, tmp_path, monkeypatch):
@@ -128,7 +122,7 @@ def test_every_run_of_a_coco_soup_ends_by_its_deadline(tiny_bert_nomlm_dir, tiny
 
     monkeypatch.setattr(recipe, "stage_deadlines", lambda plan, cfg, t0, stages: {"coco": t0 - 1.0})
     out = tmp_path / "run"
-    cfg = {**CFG, "wise_alpha": None, "skip_finetune": True, "target_pairs": "none", "coco_runs": 2}
+    cfg = {**CFG, "wise_alpha": None, "skip_finetune": True, "coco_runs": 2}
     run_recipe(str(tiny_bert_nomlm_dir), [str(tiny_beir)], str(tiny_beir), out, config=cfg, max_minutes=5.0)
     for i in range(2):
         marker = json.loads((out / "coco-runs" / f"run-{i}" / "hf_cocodr_stage.json").read_text())

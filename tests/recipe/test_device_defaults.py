@@ -14,7 +14,6 @@ from hf_cocodr.recipe import settings as S
 from hf_cocodr.recipe.stages.coco import CocoStage
 from hf_cocodr.recipe.stages.distill import DistillStage
 from hf_cocodr.recipe.stages.finetune import FinetuneStage
-from hf_cocodr.recipe.stages.target import TargetPairsStage
 
 
 def _gpu(monkeypatch, gib: float | None, bf16: bool = True) -> None:
@@ -61,21 +60,20 @@ def test_bf16_by_default_on_a_gpu_with_native_bf16_only(monkeypatch):
 
 
 def test_the_stages_train_larger_batches_in_bf16_on_a_large_gpu_and_as_before_on_a_cpu(monkeypatch, tmp_path):
-    """COCO, the fine-tuning and the pseudo pairs: 32 on a CPU core, 128 on an 80 GiB card with bf16; the options
+    """COCO and the fine-tuning: 32 on a CPU core, 128 on an 80 GiB card with bf16; the options
     decide over both. The distillation: 16 on a CPU; on the card up to 64 but at least 8 steps a pass over its
     queries."""
     distill = DistillStage()
     distill.queries_digest, distill.num_queries = "x", 10_000
 
     def args(run):
-        return {s.name: s.arguments(run) for s in (CocoStage(), FinetuneStage(), TargetPairsStage(), distill)}
+        return {s.name: s.arguments(run) for s in (CocoStage(), FinetuneStage(), distill)}
 
     _gpu(monkeypatch, 80.0)
     on_gpu = args(_run(tmp_path))
     assert {k: v["per_device_train_batch_size"] for k, v in on_gpu.items()} == {
         "coco": 128,
         "finetune": 128,
-        "target": 128,
         "distill": 64,
     }
     assert all(v.get("bf16") is True for v in on_gpu.values())
@@ -93,7 +91,6 @@ def test_the_stages_train_larger_batches_in_bf16_on_a_large_gpu_and_as_before_on
     assert {k: v["per_device_train_batch_size"] for k, v in on_cpu.items()} == {
         "coco": 32,
         "finetune": 32,
-        "target": 32,
         "distill": 16,
     }
     assert not any(v.get("bf16") for v in on_cpu.values())

@@ -15,11 +15,10 @@ from tiny import crash_at
 from hf_cocodr.errors import ConfigError
 from hf_cocodr.recipe import RecipeConfig, run_recipe
 from hf_cocodr.recipe.plan import Plan
-from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample
+from hf_cocodr.recipe.stages.distill import DistillStage, spread_sample, teacher_fusion
 
 CFG = dict(
     skip_coco=True,
-    target_pairs="none",
     wise_alpha=None,
     distill_side="full",  # the whole model (auto would train the query side on this CPU: tests/recipe/test_query_side.py)
     distill_steps=4,
@@ -51,8 +50,8 @@ def test_distillation_trains_on_the_target_queries_and_is_skipped_once_finished(
     assert record["schedule"]["chosen"]["skip_distill"] is False
     assert record["steps_trained"] == {"distill": 4}
     marker = json.loads((out / "distill" / "hf_cocodr_stage.json").read_text())
-    # the 20 queries of toy:train less the 2 (10%) the guard holds out
-    assert marker["teacher"][0]["queries"] == "toy:train" and marker["teacher"][0]["num_queries"] == 18
+    # the 20 queries of toy:train, all of them (the guard holds out pseudo-queries only)
+    assert marker["teacher"][0]["queries"] == "toy:train" and marker["teacher"][0]["num_queries"] == 20
     assert "hybrid-teacher distillation" in (out / "model" / "README.md").read_text()
     assert {"ndcg@10", "bm25", "hybrid", "start"} <= set(res[f"{tiny_beir}:dev"])
 
@@ -275,14 +274,13 @@ def test_the_teacher_seconds_move_the_deadline_of_the_stage_before():
     cfg = RecipeConfig(
         skip_coco=False,
         skip_finetune=True,
-        target_pairs="none",
         wise_alpha=None,
         coco_runs=1,
         skip_distill=False,
         target_queries=["q.jsonl"],
     )
     tp = {"coco_step_s": 4.0, "distill_step_s": 2.0, "distill_teacher_s": 30.0}
-    plan = Plan(steps={"coco": 10, "finetune": 0, "target": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
+    plan = Plan(steps={"coco": 10, "finetune": 0, "distill": 10}, budget_seconds=300.0, throughput=tp)
     assert stage_deadlines(plan, cfg, 0.0) == {"distill": 280.0, "coco": 230.0}
     assert DistillStage().cost(tp, cfg, plan=plan).fixed_s == 30.0
 
@@ -380,24 +378,21 @@ def test_the_probe_times_documents_spread_through_the_corpora_it_will_encode():
     assert spread_sample([small[:3], big[:2]], 8) == ["b0", "b1", "b2", "a0", "a1"]
 
 
-# ---- one settings source: DistillationTrainingArguments (issue 51)
-# a value other than the default for each option that sets a training argument
+# ---- the loss holds its settings, the arguments the training's (issues 51, 65)
+# a value other than the default for each option that sets a setting of the loss
 OPTION_VALUES = {
     "distill_teacher_temperature": 2.5,
     "distill_in_batch_weight": 0.25,
-    "distill_margin_weight": 0.125,
-    "distill_corpus_weight": 0.75,
     "distill_document_gradients": False,
-    "distill_swa": 0.5,
-    "distill_l2sp": 40.0,
 }
 
 
 def test_the_distill_mapping_takes_only_what_the_distillation_reads():
     """The ``distill:`` mapping is checked against DistillationTrainingArguments, the class the stage trains with: an
-    iDRO field it never read is refused by name, and a field a recipe option sets is left to the option."""
+    iDRO field it never read is refused by name, a setting of the loss (a field once) is left to its option, and the
+    student's temperature (a field once) is the loss's own, retired from the recipe."""
     from hf_cocodr.finetuning import DistillationTrainingArguments
-    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS
+    from hf_cocodr.recipe.stages.distill import LOSS_OPTIONS
 
     unknown = (
         r"^recipe option distill: unknown field\(s\) \['idro_preset'\], not DistillationTrainingArguments fields$"
@@ -406,12 +401,14 @@ def test_the_distill_mapping_takes_only_what_the_distillation_reads():
         RecipeConfig(distill={"idro_preset": "uniform"}).validate()
     with pytest.raises(ConfigError, match=r"unknown field\(s\) \['modir_lambda'\]"):
         RecipeConfig(distill={"modir_lambda": 0.1}).validate()
-    for option, field in ARGUMENT_OPTIONS.items():
+    for option in LOSS_OPTIONS:
         with pytest.raises(
-            ConfigError, match=f"^recipe option distill.{field}: set the recipe option {option} instead$"
+            ConfigError, match=f"^recipe option distill.{option}: set the recipe option {option} instead$"
         ):
-            RecipeConfig(distill={field: OPTION_VALUES[option]}).validate()
-    RecipeConfig(distill={"distill_temperature": 0.1, "packed_forward": False}).validate()  # the trainer's own fields
+            RecipeConfig(distill={option: OPTION_VALUES[option]}).validate()
+    with pytest.raises(ConfigError, match="^recipe option distill.distill_temperature is retired"):
+        RecipeConfig.from_dict({"distill": {"distill_temperature": 0.1}})
+    RecipeConfig(distill={"packed_forward": False, "max_length": 64}).validate()  # the trainer's own fields
     with pytest.raises(ConfigError, match=r"no field\(s\) \['idro_preset'\]"):
         DistillationTrainingArguments.from_arguments({"output_dir": "unused", "idro_preset": "uniform"})
 
@@ -427,27 +424,22 @@ def _stub_run(tmp_path, **options):
     return run
 
 
-def test_each_option_sets_the_training_argument_the_trainer_reads(tmp_path):
-    """An option set through the recipe gives the training arguments that setting its field directly gives, and they
-    differ from the defaults' (the field is what the option moves)."""
-    from hf_cocodr.finetuning import DistillationTrainingArguments
-    from hf_cocodr.recipe.stages.distill import ARGUMENT_OPTIONS
+def test_each_option_sets_the_setting_of_the_loss_the_stage_builds(tmp_path):
+    """An option gives its setting to the loss the stage builds (and nothing to the training arguments), and it moves
+    the stage's identity."""
+    from hf_cocodr.recipe.stages.distill import LOSS_OPTIONS, loss_settings
 
-    assert set(OPTION_VALUES) == set(ARGUMENT_OPTIONS)
-    stage, plain = DistillStage(), _stub_run(tmp_path)
-    default = stage.training_arguments(plain, DistillationTrainingArguments, 5)
-    for option, field in ARGUMENT_OPTIONS.items():
-        value = OPTION_VALUES[option]
-        through_option = stage.training_arguments(
-            _stub_run(tmp_path, **{option: value}), DistillationTrainingArguments, 5
-        )
-        direct = stage.training_arguments(plain, DistillationTrainingArguments, 5, forced={field: value})
-        assert through_option == direct and getattr(through_option, field) == value
-        assert through_option != default
+    assert set(OPTION_VALUES) == set(LOSS_OPTIONS)
+    plain = _stub_run(tmp_path)
+    for option, setting in LOSS_OPTIONS.items():
+        run = _stub_run(tmp_path, **{option: OPTION_VALUES[option]})
+        assert loss_settings(run.cfg) == {**loss_settings(plain.cfg), setting: OPTION_VALUES[option]}
+        assert loss_settings(plain.cfg)[setting] != OPTION_VALUES[option]
+        assert run.arguments == plain.arguments
 
 
 def _old_loss(model, cfg, similarity: str, vectors=None):
-    """The loss the stage built by hand before the trainer built it (its ``_loss_options``)."""
+    """The loss the stage built by hand before the trainer built it from its arguments (its ``_loss_options``)."""
     from hf_cocodr.finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
 
     options = {
@@ -455,20 +447,20 @@ def _old_loss(model, cfg, similarity: str, vectors=None):
         "teacher_temperature": float(cfg.distill_teacher_temperature),
         "in_batch_weight": float(cfg.distill_in_batch_weight),
         "similarity": similarity,
-        "margin_weight": float(cfg.distill_margin_weight),  # (added since: the same option read the same way)
     }
-    if vectors is not None:  # (the whole-corpus term added since: the query side's option read the same way)
-        return QuerySideDistillLoss(model, vectors, corpus_weight=float(cfg.distill_corpus_weight), **options)
+    if vectors is not None:
+        return QuerySideDistillLoss(model, vectors, **options)
     return HybridDistillLoss(model, document_gradients=bool(cfg.distill_document_gradients), **options)
 
 
 @pytest.mark.parametrize("options", [{}, OPTION_VALUES], ids=["defaults", "options"])
 @pytest.mark.parametrize("side", ["full", "query"])
-def test_the_trainers_default_loss_is_the_one_the_stage_built(
+def test_the_loss_the_stage_builds_is_the_one_it_built_before(
     tiny_st_dir, tiny_bert_nomlm_dir, tmp_path, options, side
 ):
-    """The trainer's default loss, built from the stage's arguments, gives the value of the loss the stage built by
-    hand on a small batch: for a cosine and a dot-product model, the full and the query-side distillation."""
+    """The loss the stage builds from its options (and, at the defaults, the trainer's default loss) gives the value
+    of the loss the stage built by hand before on a small batch: for a cosine and a dot-product model, the full and
+    the query-side distillation."""
     import random
 
     import tiny
@@ -477,12 +469,12 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
 
     from hf_cocodr.data.teacher import FrozenCandidateRows, TeacherRows
     from hf_cocodr.finetuning import DistillationTrainer, DistillationTrainingArguments
+    from hf_cocodr.finetuning.losses import distill_loss
     from hf_cocodr.modeling.asymmetric import query_side_model
     from hf_cocodr.modeling.loading import load_encoder
     from hf_cocodr.recipe.runner import _model_similarity
+    from hf_cocodr.recipe.stages.distill import loss_settings
 
-    if side == "full":  # the whole-corpus term is the query side's (the full side refuses it)
-        options = {o: v for o, v in options.items() if o != "distill_corpus_weight"}
     rng, k, n = random.Random(3), 3, 4
     topics = sorted(tiny.TOPICS)
     queries = [tiny.sentence(rng, rng.choice(topics), 5) for _ in range(n)]
@@ -509,8 +501,12 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
             features = [model.preprocess(queries, task="query")]
             features += [model.preprocess([d[j] for d in docs], task="document") for j in range(k)]
             labels = torch.tensor(scores)
-        trainer = DistillationTrainer(model=model, args=args, train_dataset=TeacherRows(rows))
+        loss = distill_loss(model, TeacherRows(rows), **loss_settings(run.cfg))  # (as the stage's build_trainer)
+        trainer = DistillationTrainer(model=model, args=args, train_dataset=TeacherRows(rows), loss=loss)
         assert type(trainer.loss) is type(old) and trainer.loss.get_config_dict() == old.get_config_dict()
+        if not options:  # the trainer's default loss is the stage's at the defaults
+            default = DistillationTrainer(model=model, args=args, train_dataset=TeacherRows(rows)).loss
+            assert default.get_config_dict() == old.get_config_dict()
         with torch.no_grad():
             got, expected = float(trainer.loss(features, labels)), float(old(features, labels))
         assert got == pytest.approx(expected, rel=1e-6)
@@ -519,32 +515,26 @@ def test_the_trainers_default_loss_is_the_one_the_stage_built(
 
 
 def test_an_old_run_folders_distillation_keeps_its_identity(tmp_path):
-    """The stage's identity, pinned as the code before issue 51 computed it (its settings held ``idro_preset``), so a
-    distillation finished then is skipped on a re-run. The teacher's weight is as the schedule resolved it then (0.5):
-    given explicitly, or set by the schedule, it gives the same identity."""
+    """The stage's identity, pinned as the code before issue 65 computed it (commit 123371a: the loss's settings were
+    fields of the arguments then, the identity named them one by one; its settings held ``idro_preset``), so a
+    distillation finished then is skipped on a re-run: the whole model and the query side, at the defaults and with
+    each loss option set. The teacher's weight and the side are as the schedule resolves them."""
     from hf_cocodr.rundir.run_record import digest
 
     def identity(**options):
-        options = {"distill_teacher_weight": 0.5, **options}
+        options = {"distill_teacher_weight": 0.5, "distill_side": "full", **options}
         run = _stub_run(tmp_path, distill_steps=10, **options)
         run.plan, run.fps, run.encode_precision = Plan(steps={"distill": 10}), {"model": "m", "targets": "t"}, "fp32"
         stage = DistillStage()
         stage.queries_digest, stage.num_queries = "digest", 240
         return digest(stage.identity(run, "start"))
 
-    assert identity() == "ce539d4cb1c7d979"
-    since = ("distill_margin_weight", "distill_corpus_weight", "distill_swa", "distill_l2sp")
-    earlier = {k: v for k, v in OPTION_VALUES.items() if k not in since}  # the options of then
-    assert identity(**earlier) == "995eec268bc95182"
-    # an option added since is named only when on: off, the identity is the earlier one; on, another
-    assert (
-        identity(**earlier, distill_margin_weight=0.0, distill_corpus_weight=0.0, distill_swa=0.0, distill_l2sp=0.0)
-        == "995eec268bc95182"
-    )
-    assert identity(**earlier, distill_corpus_weight=1.0) != "995eec268bc95182"
-    assert identity(**earlier, distill_swa=0.5) != "995eec268bc95182"
-    assert identity(**earlier, distill_l2sp=40.0) != "995eec268bc95182"
-    assert identity(**OPTION_VALUES) != "995eec268bc95182"
+    assert identity() == "61c569a66b5fb125"
+    assert identity(**OPTION_VALUES) == "54a4ee34b9fe5000"  # the options of then, each set
+    assert identity(distill_side="query") == "4b1502fea890e75d"
+    assert identity(distill_side="query", **OPTION_VALUES) == "e8410475f511da8a"
+    with pytest.raises(ConfigError, match="distill_side is still auto"):
+        identity(distill_side="auto")
 
 
 def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
@@ -557,8 +547,8 @@ def test_the_teacher_weight_fit_distils_the_hybrid_fitted_to_each_corpus(tiny_be
 
     from hf_cocodr.cli import main
 
-    fitted = DistillStage._fusion(RecipeConfig(distill_teacher_weight="fit"))
-    fixed = DistillStage._fusion(RecipeConfig(distill_teacher_weight=0.3))
+    fitted = teacher_fusion(RecipeConfig(distill_teacher_weight="fit"))
+    fixed = teacher_fusion(RecipeConfig(distill_teacher_weight=0.3))
     assert fitted.needs_fit and (fixed.needs_fit, fixed.dense_weight, fixed.normalize) == (False, 0.3, "z")
     for bad in ("fitted", 1.5, None):
         with pytest.raises(ConfigError, match="distill_teacher_weight"):

@@ -22,42 +22,27 @@ def plan_budget(*args, **kwargs) -> dict:
 
 
 def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
-    """The schedule gives target pairs no share; asking for them must not plan them 2 steps. (A head-less model here
-    draws no pseudo-queries, pseudo_queries 0: its schedule is the COCO soup.)"""
+    """The schedule of a model with an MLM head gives the distillation no share; asking for it must not plan it 2
+    steps."""
     from hf_cocodr.errors import ConfigError
 
-    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "target_step_s": 8.0}
-    alone, record = choose_schedule(
-        RecipeConfig(skip_coco=True, skip_finetune=True, target_pairs="ict", pseudo_queries=0), False
-    )
-    assert alone.target_share == 1.0 and record["chosen"]["target_share"] == 1.0
+    tp = {"coco_step_s": 4.0, "finetune_step_s": 10.0, "distill_step_s": 8.0}
+    queries = dict(skip_distill=False, target_queries=["q.jsonl"])
+    alone, record = choose_schedule(RecipeConfig(skip_coco=True, skip_finetune=True, **queries), True)
+    assert alone.distill_share == 1.0 and record["chosen"]["distill_share"] == 1.0
     plan = plan_budget(480.0, tp, alone, overhead_s=40.0, pool_docs=0, n_queries=0, idro=False)
-    assert plan["target_steps"] == int(440.0 / 8.0)
+    assert plan["distill_steps"] == int(440.0 / 8.0)
     # beside the paper's two stages (shares 0.4 / 0.6) it gets their mean, 0.5, and the record says so
-    added, record = choose_schedule(RecipeConfig(target_pairs="title_body"), True)
-    assert (added.coco_share, added.finetune_share, added.target_share) == (0.4, 0.6, 0.5)
-    assert record["chosen"]["target_share"] == 0.5
+    added, record = choose_schedule(RecipeConfig(**queries), True)
+    assert (added.coco_share, added.finetune_share, added.distill_share) == (0.4, 0.6, 0.5)
+    assert record["chosen"]["distill_share"] == 0.5
     plan = plan_budget(900.0, tp, added, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
-    assert plan["target_steps"] == int(900.0 * 0.5 / 1.5 / 8.0)
+    assert plan["distill_steps"] == int(900.0 * 0.5 / 1.5 / 8.0)
     # a share the user gives is kept; a 0 for a stage that runs is refused by name; fixed steps need no share
-    assert (
-        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.2, pseudo_queries=0), False)[0].target_share
-        == 0.2
-    )
-    with pytest.raises(ConfigError, match="target_share is 0 but the target stage runs"):
-        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, pseudo_queries=0), False)
-    assert (
-        choose_schedule(RecipeConfig(target_pairs="ict", target_share=0.0, target_steps=3, pseudo_queries=0), False)[
-            0
-        ].target_steps
-        == 3
-    )
-    # beside a head-less model's COCO soup alone (share 1) it gets 1: half the budget each
-    beside_soup, _ = choose_schedule(RecipeConfig(target_pairs="title_body", pseudo_queries=0), False)
-    assert (beside_soup.coco_share, beside_soup.target_share) == (1.0, 1.0)
-    # in the joint schedule the pairs are a term of the source steps: no share of their own is needed
-    joint, _ = choose_schedule(RecipeConfig(target_pairs="title_body", target_schedule="joint"), True)
-    assert joint.target_share == 0.0
+    assert choose_schedule(RecipeConfig(distill_share=0.2, **queries), True)[0].distill_share == 0.2
+    with pytest.raises(ConfigError, match="distill_share is 0 but the distill stage runs"):
+        choose_schedule(RecipeConfig(distill_share=0.0, **queries), True)
+    assert choose_schedule(RecipeConfig(distill_share=0.0, distill_steps=3, **queries), True)[0].distill_steps == 3
 
 
 @pytest.mark.parametrize(
@@ -66,7 +51,7 @@ def test_a_stage_the_user_switches_on_gets_a_share_of_the_budget():
         dict(coco_mlm_weight=float("nan")),
         dict(wise_alpha=1.5),
         dict(coco_steps=-5),
-        dict(target_pairs="titles"),
+        dict(distill_side="sideways"),
         dict(refreshes=-1),
         dict(coco_share="half"),
     ],
@@ -83,7 +68,6 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     tp = {
         "coco_step_s": 4.0,
         "finetune_step_s": 10.0,
-        "target_step_s": 8.0,
         "encode_doc_s": 0.03,
         "encode_query_s": 0.005,
     }
@@ -95,7 +79,6 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     shares = SCHEDULES["mlm_head"]
     assert plan["coco_steps"] == int(left * shares["coco_share"] / 4.0)
     assert plan["finetune_steps"] == int(left * shares["finetune_share"] / 10.0)
-    assert plan["target_steps"] == int(left * shares["target_share"] / 8.0)
     assert plan["planned_optimizer_share"] >= 0.7
     # a small pool is refreshed, and the refresh is charged before the steps are split
     small = plan_budget(900.0, tp, cfg, overhead_s=60.0, pool_docs=1000, n_queries=1000, idro=True)
@@ -107,9 +90,9 @@ def test_planner_spends_the_budget_on_optimizer_steps():
     assert (p["coco_runs"], p["coco_steps"], p["finetune_steps"], p["refreshes"]) == (3, 66, 0, 0)
     assert p["planned_optimizer_share"] == round(3 * 66 * 4.0 / 900.0, 3) >= 0.7
     # stages that do not run get no steps, and the others share the budget
-    only, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
+    only, _ = choose_schedule(RecipeConfig(skip_coco=True, refreshes=0), True)
     p = plan_budget(900.0, tp, only, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False)
-    assert (p["coco_steps"], p["target_steps"], p["finetune_steps"]) == (0, 0, 90)
+    assert (p["coco_steps"], p["finetune_steps"]) == (0, 90)
 
 
 def test_the_budget_sizes_the_source_draw_and_charges_what_grows_with_it():
@@ -119,7 +102,7 @@ def test_the_budget_sizes_the_source_draw_and_charges_what_grows_with_it():
     leave 319 steps for 10,241 queries)."""
     from hf_cocodr.recipe import size_source_queries
 
-    cfg, _ = choose_schedule(RecipeConfig(skip_coco=True, target_pairs="none", refreshes=0), True)
+    cfg, _ = choose_schedule(RecipeConfig(skip_coco=True, refreshes=0), True)
     tp = {"finetune_step_s": 1.0, "encode_query_s": 1 / 64, "encode_doc_s": 0.0}
     kw = dict(
         overhead_s=100.0, pool_docs_per_query=2.0, max_pool_docs=20_958, mining_s_per_query=1 / 32, batch=32, idro=True

@@ -46,7 +46,6 @@ def test_the_step_probe_runs_in_the_precision_the_stages_train_in(
         "pseudo_queries": 0,
         "skip_coco": False,
         "skip_finetune": False,
-        "target_pairs": "none",
         "wise_alpha": None,
         "coco_runs": 1,
         "coco_steps": 2,

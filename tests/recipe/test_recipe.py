@@ -22,7 +22,7 @@ def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir,
     res = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
     assert set(res) == {spec} and {"ndcg@10", "recall@100"} <= set(res[spec])
     assert json.loads((out / "eval.json").read_text()) == res
-    for stage in ("coco", "finetune", "target", "wise"):
+    for stage in ("coco", "finetune", "wise"):
         assert (out / stage / "hf_cocodr_stage.json").is_file()
     model_files = {p.name for p in (out / "model").iterdir()}
     assert {"modules.json", "README.md", "model.safetensors", "eval.json"} <= model_files
@@ -45,7 +45,7 @@ def test_recipe_runs_skips_finished_stages_and_reports(tiny_bert_dir, tiny_beir,
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
         again = run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[spec], config=CFG)
     assert again == res
-    assert sum("already finished" in r.getMessage() for r in caplog.records) == 4
+    assert sum("already finished" in r.getMessage() for r in caplog.records) == 3
 
 
 def test_recipe_resumes_an_interrupted_stage(tiny_bert_dir, tiny_beir, tmp_path, monkeypatch, caplog):
@@ -148,9 +148,9 @@ def test_recipe_rejects_unknown_or_unfed_methods(tiny_bert_dir, tiny_beir, tmp_p
         )
 
 
-def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys, monkeypatch):
-    """--target-schedule joint: the pseudo pairs are a term of the source steps (no target stage), the card
-    discloses that target documents were read, and each split reports the starting model's scores beside."""
+def test_recipe_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_beir, tmp_path, capsys, monkeypatch):
+    """The recipe from the command line (flags over a --config file): each split reports the starting model's scores
+    beside the adapted one's, dense, BM25 and hybrid, and the card says so."""
     import yaml
 
     from hf_cocodr import evaluate_retrieval, load_encoder
@@ -173,10 +173,6 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
             str(out),
             "--eval",
             spec,
-            "--target-schedule",
-            "joint",
-            "--target-pairs",
-            "title_body",
             "--coco-mlm-weight",
             "0",
             "--wise-alpha",
@@ -195,18 +191,14 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     # last bits (the run encodes its corpus once, in its own batches, or takes them from the session's encoding cache)
     # can reorder tied documents: 0.0009 apart was seen once in a full-suite run, a different model is far more
     assert last[spec]["start"]["ndcg@10"] == pytest.approx(start["ndcg@10"], abs=2e-3)
-    assert not (out / "target").exists() and not (out / "wise").exists()
-    logs = json.loads((out / "finetune" / "trainer_state.json").read_text())["log_history"]
-    assert any("target_pairs_loss" in h for h in logs)
+    assert not (out / "wise").exists()
     assert record["schedule"]["kind"] == "no_mlm_head_soup"  # (CFG: pseudo_queries 0)
-    assert record["schedule"]["set_by_user"]["target_schedule"] == "joint"
     assert record["config"]["coco_mlm_weight"] == 0.0 and record["schedule"]["set_by_user"]["coco_mlm_weight"] == 0
     encoding, why = resolve_corpus_precision("auto")
     # logged and recorded: training in fp32 unless asked, corpus encodings bf16 only where the machine has it natively
     assert record["precision"] == {**_precision_choice(RecipeConfig()), "encoding": encoding, "encoding_why": why}
     assert record["precision"]["training"] == "fp32"
     card = (out / "model" / "README.md").read_text()
-    assert "training on target pseudo pairs" in card and "joint target pseudo pairs" in card
     assert "start → adapted" in card
 
     # dense, BM25 and hybrid for the start and the adapted model, as evaluate --hybrid gives them; the card says it;
@@ -242,36 +234,17 @@ def test_recipe_joint_schedule_cli_and_start_scores(tiny_bert_nomlm_dir, tiny_be
     assert saved.meta["encode_precision"] == encoding
 
 
-def test_recipe_pseudo_pairs_without_titles(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
-    """Documents without titles train sentence -> rest pairs (ict); title -> body pairs are refused by name."""
+def test_a_corpus_of_plain_texts_draws_no_pseudo_query(tiny_bert_nomlm_dir, tiny_beir, tmp_path):
+    """With the head-less schedule's own choice (no pseudo_queries given): plain texts (no document ids) give no
+    pseudo-query to rank, so the schedule draws none (the COCO soup), and says why."""
     docs = tmp_path / "docs.jsonl"
     lines = [json.loads(line) for line in open(tiny_beir / "corpus.jsonl")]
     docs.write_text("\n".join(json.dumps({"text": d["text"]}) for d in lines))
-    out = tmp_path / "o"
-    run_recipe(
-        str(tiny_bert_nomlm_dir),
-        [str(docs)],
-        str(tiny_beir),
-        out,
-        config={**CFG, "skip_coco": True, "skip_finetune": True, "wise_alpha": None, "target_pairs": "ict"},
-    )
-    record = json.loads((out / "recipe.json").read_text())
-    assert record["config"]["target_pairs"] == "ict" and record["steps_trained"] == {"target": 2}
-    # with the head-less schedule's own choice (no pseudo_queries given): plain texts give no pseudo-query to rank,
-    # so the schedule draws none (the COCO soup), and says why
-    cfg = {**{k: v for k, v in CFG.items() if k != "pseudo_queries"}, "target_pairs": "none", "wise_alpha": None}
+    cfg = {**{k: v for k, v in CFG.items() if k != "pseudo_queries"}, "wise_alpha": None}
     run_recipe(str(tiny_bert_nomlm_dir), [str(docs)], str(tiny_beir), tmp_path / "plain", config=cfg)
     record = json.loads((tmp_path / "plain" / "recipe.json").read_text())
     assert record["schedule"]["chosen"]["pseudo_queries"] == 0 and "without document ids" in record["schedule"]["why"]
     assert "distill" not in record["steps_trained"] and "coco" in record["steps_trained"]
-    with pytest.raises(ValueError, match="no titles"):
-        run_recipe(
-            str(tiny_bert_nomlm_dir),
-            [str(docs)],
-            str(tiny_beir),
-            tmp_path / "p",
-            config={**CFG, "skip_coco": True, "skip_finetune": True, "target_pairs": "title_body"},
-        )
 
 
 def test_a_stage_may_ask_for_bf16_on_a_machine_without_gpu():
@@ -291,8 +264,8 @@ def test_precision_choice_is_fp32_unless_a_stage_asks_for_bf16(monkeypatch):
         plain = _precision_choice(RecipeConfig())
         assert plain["training"] == "fp32" and plain["native_bf16"] is native
         assert ("no native bf16" in plain["why"]) is (not native)
-        asked = _precision_choice(RecipeConfig(finetune={"bf16": True}, target={"bf16": True}))
-        assert asked["training"] == "bf16 (finetune, target)"
+        asked = _precision_choice(RecipeConfig(coco={"bf16": True}, finetune={"bf16": True}))
+        assert asked["training"] == "bf16 (coco, finetune)"
         assert ("expect it slower" in asked["why"]) is (not native)
 
 

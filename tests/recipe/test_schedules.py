@@ -28,7 +28,7 @@ def test_schedule_rule_follows_the_mlm_head(tiny_bert_dir, tiny_bert_nomlm_dir):
     # paper's stages (one COCO run -> iDRO); a head-less model's fresh MLM head is warmed up first, and the record
     # says so
     for kind in ("no_mlm_head_soup", "mlm_head"):
-        assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["target_pairs"] == "none"
+        assert SCHEDULES[kind]["coco_mlm_weight"] == 1.0 and SCHEDULES[kind]["skip_distill"] is True
         assert SCHEDULES[kind]["wise_alpha"] is None and SCHEDULES[kind]["skip_coco"] is False
     soup = SCHEDULES["no_mlm_head_soup"]
     assert soup["skip_finetune"] is True and soup["coco_runs"] == "budget" and soup["pseudo_queries"] == 0

@@ -20,7 +20,6 @@ def test_a_recipe_soup_is_the_mean_of_its_runs_and_its_first_run_is_the_single_r
     cfg = dict(
         pseudo_queries=0,  # the head-less schedule's COCO soup
         skip_finetune=True,
-        target_pairs="none",
         wise_alpha=None,
         coco_steps=2,
         corpus_pool=None,
@@ -62,7 +61,6 @@ def test_a_killed_soup_resumes_to_the_uninterrupted_soup(tiny_bert_nomlm_dir, ti
     cfg = dict(
         pseudo_queries=0,  # the head-less schedule's COCO soup
         skip_finetune=True,
-        target_pairs="none",
         wise_alpha=None,
         coco_steps=3,
         corpus_pool=None,

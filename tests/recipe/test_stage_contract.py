@@ -121,7 +121,7 @@ class Toy(Stage):
         return trainer
 
 
-ONLY_TOY = dict(skip_coco=True, skip_finetune=True, target_pairs="none", wise_alpha=None, save_hybrid=False)
+ONLY_TOY = dict(skip_coco=True, skip_finetune=True, wise_alpha=None, save_hybrid=False)
 
 
 def test_the_toy_defines_only_hooks_of_the_contract():
@@ -246,10 +246,12 @@ def test_a_new_stages_plan_field_round_trips_through_the_plan_dict():
 
 def test_a_plan_written_before_the_contract_was_narrowed_loads_to_the_same_plan():
     """``data/legacy_plan.json`` was written by the planner before this change (COCO soup of 2 runs, the fine-tuning
-    with 2 refreshes, target pairs, the distillation, WiSE-FT). It loads to the plan below, writes back the same dict,
-    and gives the deadlines and one-step costs that planner computed from it (hand-checked: the distillation ends at
-    100 + 1800 - 2 x 20 s (the final export and WiSE-FT's), each stage before it that much earlier than the next
-    one's planned seconds: 280 x 1.5 + 30.5, 140 x 3, 126 x 4 + 2 x 6, so COCO's (2 x 63 x 2.5 + 20) s later)."""
+    with 2 refreshes, target pairs, the distillation, WiSE-FT). It loads to the plan below and writes back the same
+    dict, the steps of the retired target stage included (a run refuses to resume it: tests/recipe/test_retired.py),
+    and today's stages get the deadlines and one-step costs that planner computed from it (hand-checked: the
+    distillation ends at 100 + 1800 - 2 x 20 s (the final export and WiSE-FT's), each stage before it that much
+    earlier than the next one's planned seconds: 280 x 1.5 + 30.5, 126 x 4 + 2 x 6, so COCO's
+    (2 x 63 x 2.5 + 20) s later)."""
     legacy = json.loads(LEGACY_PLAN.read_text())
     plan = Plan.from_dict(legacy)
     assert plan.steps == {"coco": 63, "finetune": 126, "target": 140, "distill": 280}
@@ -260,7 +262,6 @@ def test_a_plan_written_before_the_contract_was_narrowed_loads_to_the_same_plan(
     cfg, _ = choose_schedule(
         RecipeConfig(
             coco_runs="budget",
-            target_pairs="title_body",
             skip_distill=False,
             target_queries=["q.jsonl"],
             pseudo_queries=0,
@@ -268,13 +269,10 @@ def test_a_plan_written_before_the_contract_was_narrowed_loads_to_the_same_plan(
         ),
         True,
     )
-    assert stage_deadlines(legacy, cfg, 100.0) == pytest.approx(
-        {"distill": 1860.0, "target": 1409.5, "finetune": 989.5, "coco": 473.5}
-    )
+    assert stage_deadlines(legacy, cfg, 100.0) == pytest.approx({"distill": 1860.0, "finetune": 1409.5, "coco": 893.5})
     assert one_step_costs(plan, stage_step_seconds(plan.throughput, cfg), cfg) == {
         "coco": (25.0, "2.50 s per step x 2 runs"),
         "finetune": (4.0, "4.00 s per step"),
-        "target": (3.0, "3.00 s per step"),
         "distill": (1.5, "1.50 s per step"),
     }
 

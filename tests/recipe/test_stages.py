@@ -34,9 +34,7 @@ class PassOn(Stage):
         return {"steps": self.steps}
 
 
-ONLY_TOY = dict(
-    skip_coco=True, skip_finetune=True, skip_distill=True, target_pairs="none", wise_alpha=None, save_hybrid=False
-)
+ONLY_TOY = dict(skip_coco=True, skip_finetune=True, skip_distill=True, wise_alpha=None, save_hybrid=False)
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -75,12 +73,10 @@ def test_a_toy_stage_with_a_share_gets_its_part_of_the_budget_and_a_deadline():
             return Stage.cost(self, throughput, cfg, **kw)
 
     stages = (*STAGES, Shared())
-    cfg, _ = choose_schedule(
-        RecipeConfig(skip_finetune=True, target_pairs="none", coco_runs=1, coco_share=0.5, wise_alpha=None), True
-    )
+    cfg, _ = choose_schedule(RecipeConfig(skip_finetune=True, coco_runs=1, coco_share=0.5, wise_alpha=None), True)
     tp = {"coco_step_s": 4.0, "toy_step_s": 2.0}
     plan = budget_plan(300.0, tp, cfg, overhead_s=0.0, pool_docs=0, n_queries=0, idro=False, stages=stages)
-    assert plan.steps == {"coco": 25, "finetune": 0, "target": 0, "distill": 0, "toy": 100}
+    assert plan.steps == {"coco": 25, "finetune": 0, "distill": 0, "toy": 100}
     assert plan.planned_optimizer_seconds == 300.0
     plan.throughput = tp
     assert STAGE_LOAD_SECONDS == 20.0
@@ -97,7 +93,6 @@ def test_the_plan_dict_round_trips():
     tp = {
         "coco_step_s": 4.0,
         "finetune_step_s": 10.0,
-        "target_step_s": 8.0,
         "encode_doc_s": 0.03,
         "encode_query_s": 0.005,
     }
@@ -108,7 +103,6 @@ def test_the_plan_dict_round_trips():
     assert {
         "coco_steps",
         "finetune_steps",
-        "target_steps",
         "coco_runs",
         "refreshes",
         "budget_seconds",

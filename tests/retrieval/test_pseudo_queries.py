@@ -132,16 +132,6 @@ def test_a_draw_can_set_documents_apart_and_another_salt_draws_other_documents()
     assert len(train) == 40 - len({p.doc_id for p in held})  # one span a document, from every other document
 
 
-def test_calibration_draws_spans_and_keyword_lists_as_long_as_the_queries():
-    bodies = [f"Alpha{i} beta{i} gamma{i} delta{i} epsilon{i} zeta{i} eta{i} theta{i}." for i in range(30)]
-    d = PseudoQueryDrawer([str(i) for i in range(30)], [""] * 30, bodies, seed=0)
-    mix = d.calibrate(["beta3 gamma3", "delta7 epsilon7", "alpha1 theta1"])
-    assert set(d.span_lengths) == {2} and set(d.keyword_counts) == {2}
-    assert all(count_words(p.text) == 2 for p in d.draw(10, "span:1,keywords:1"))
-    assert set(mix) == {"span", "keywords", "ict"} and all(0 < w <= 1 for w in mix.values())
-    assert d.calibration["queries"] == 3 and d.calibration["median_words"] == 2
-
-
 def test_sentences_end_at_the_full_stops_of_other_scripts_too():
     assert split_sentences("First one here. Second one! Third?  ") == ["First one here.", "Second one!", "Third?"]
     assert split_sentences("今日は晴れです。明日は雨でしょう！本当？") == [

@@ -286,14 +286,11 @@ def test_a_checkpoint_damaged_after_its_marker_falls_back_to_the_previous_one(
 RECIPE_CFG = dict(
     coco_steps=2,
     finetune_steps=2,
-    target_steps=2,
     refreshes=0,
     corpus_pool=None,
     wise_alpha=0.5,
-    target_pairs="title_body",
     coco={"per_device_train_batch_size": 8, "save_steps": 2},
     finetune={"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 2},
-    target={"per_device_train_batch_size": 8, "save_steps": 2},
 )
 
 
@@ -313,14 +310,13 @@ def test_the_recipe_reruns_exactly_the_stages_whose_inputs_changed(tiny_bert_dir
         }
 
     assert run(RECIPE_CFG) == set()
-    assert run(RECIPE_CFG) == {"coco", "finetune", "target", "wise"}
-    assert run({**RECIPE_CFG, "wise_alpha": 0.25}) == {"coco", "finetune", "target"}
-    changed = {**RECIPE_CFG, "wise_alpha": 0.25, "target": {**RECIPE_CFG["target"], "learning_rate": 1e-3}}
+    assert run(RECIPE_CFG) == {"coco", "finetune", "wise"}
+    changed = {**RECIPE_CFG, "wise_alpha": 0.25}
     assert run(changed) == {"coco", "finetune"}
     assert json.loads((out / "wise" / "hf_cocodr_stage.json").read_text())["alpha"] == 0.25
     changed["finetune"] = {**RECIPE_CFG["finetune"], "learning_rate": 1e-3}
     assert run(changed) == {"coco"}
-    assert run(changed) == {"coco", "finetune", "target", "wise"}
+    assert run(changed) == {"coco", "finetune", "wise"}
 
 
 def test_debug_shows_the_traceback_of_an_input_error(tmp_path, capsys):

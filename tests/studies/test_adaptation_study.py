@@ -38,8 +38,7 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
         "max_queries": None,
         "corpus_pool": None,
         "coco": {"per_device_train_batch_size": 8},
-        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3},
-        "target": {"per_device_train_batch_size": 8, "save_steps": 1},
+        "finetune": {"per_device_train_batch_size": 8, "num_clusters": 3, "save_steps": 1},
     }
 
     def ns(work):
@@ -48,26 +47,26 @@ def test_a_killed_study_arm_resumes_to_the_same_row(tiny_bert_nomlm_dir, tmp_pat
         )
 
     model = str(tiny_bert_nomlm_dir)
-    whole = study.run_arm("title-body", 0, ns(tmp_path / "a"), root, model)
+    whole = study.run_arm("source-only", 0, ns(tmp_path / "a"), root, model)
 
     undo = crash_at(monkeypatch, IDROTrainer, 2, "killed")
     with pytest.raises(RuntimeError, match="killed"):
-        study.run_arm("title-body", 0, ns(tmp_path / "b"), root, model)
+        study.run_arm("source-only", 0, ns(tmp_path / "b"), root, model)
     undo()
 
     with caplog.at_level(logging.INFO, logger="hf_cocodr"):
-        resumed = study.run_arm("title-body", 0, ns(tmp_path / "b"), root, model)
+        resumed = study.run_arm("source-only", 0, ns(tmp_path / "b"), root, model)
     assert any("resuming from" in r.getMessage() and "checkpoint-2" in r.getMessage() for r in caplog.records)
     assert resumed["metrics"] == whole["metrics"]
-    assert resumed["plan"]["target_steps"] == 3
+    assert resumed["plan"]["finetune_steps"] == 3
     # the WiSE-FT arm reuses the trained arm and adds only an interpolation + an evaluation
-    wise = study.run_arm("title-body+wise0.5", 0, ns(tmp_path / "b"), root, model)
+    wise = study.run_arm("source-only+wise0.5", 0, ns(tmp_path / "b"), root, model)
     assert wise["model_dir"] == resumed["model_dir"] and set(wise["metrics"]) == set(resumed["metrics"])
-    # ARM@STAGE evaluates what one stage left behind: title-body's only stage is its final model
-    staged = study.run_arm("title-body@target", 0, ns(tmp_path / "b"), root, model)
+    # ARM@STAGE evaluates what one stage left behind: source-only's only stage is its final model
+    staged = study.run_arm("source-only@finetune", 0, ns(tmp_path / "b"), root, model)
     assert staged["metrics"] == resumed["metrics"]
     with pytest.raises(SystemExit, match="no stage 'coco'"):
-        study.run_arm("title-body@coco", 0, ns(tmp_path / "b"), root, model)
+        study.run_arm("source-only@coco", 0, ns(tmp_path / "b"), root, model)
 
 
 def test_study_report_calls_differences_within_the_seed_spread_the_same(tmp_path):
@@ -146,7 +145,6 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
         "refreshes": 0,
         "skip_coco": True,
         "finetune_steps": 12,
-        "target_pairs": "none",
     }
     # seed 42's clock stopped its source stage at step 9: further seeds train 9 steps
     (plan_dir / "recipe.json").write_text(json.dumps({"steps_trained": {"finetune": 9}}))
@@ -162,7 +160,6 @@ def test_further_seeds_train_the_steps_of_the_first_seeds_plan(tmp_path):
         "coco_steps": 74,
         "coco_runs": 4,
         "skip_finetune": True,
-        "target_pairs": "none",
     }
 
 
@@ -212,7 +209,6 @@ def test_study_keeps_the_reported_rows_whose_cache_is_gone(tmp_path):
         "coco_steps": 66,
         "coco_runs": 1,
         "skip_finetune": True,
-        "target_pairs": "none",
     }
     study.write_report(ns, rows)
     assert json.loads((tmp_path / "rep.json").read_text())["arms"]["coco-mlm1"]["SciFact dev ndcg@10"]["values"] == [

@@ -1,5 +1,3 @@
-from .anchor import StartingPointAnchor
-from .averaging import WeightAveraging
 from .deadline import WallClockDeadline
 from .kmeans import KMeansClusteringCallback
 from .negatives import HardNegativeRefreshCallback
@@ -9,8 +7,6 @@ __all__ = [
     "GpuUtilization",
     "HardNegativeRefreshCallback",
     "KMeansClusteringCallback",
-    "StartingPointAnchor",
     "ThroughputMeter",
     "WallClockDeadline",
-    "WeightAveraging",
 ]

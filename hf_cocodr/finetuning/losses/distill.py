@@ -4,21 +4,15 @@ Each training row is ``(query, candidate_1, ..., candidate_k)`` with ``label`` =
 the recipe: the fused scores of the starting model + BM25 hybrid, best first). The loss is
 
     KL( softmax(t / T_t) ‖ softmax(s / T_s) )  +  λ · InfoNCE(query, candidate_1; in-batch candidates)
-        +  μ · mean_j ( (s_1 − s_j) / T_s − (t_1 − t_j) / T_t )²
 
 with ``s`` the student's similarity of the query to each candidate (the model's own similarity: dot product or
 cosine). The KL term is sentence-transformers' ``DistillKLDivLoss`` without its ``T_s²`` factor: that factor keeps
 gradients comparable for temperatures of 1 and above, but a cosine student at ``T_s = 0.05`` (its trained scale of
 20) would have its KL gradient shrunk 400-fold against the in-batch term, which would then train alone. Unscaled, the
 KL's gradient on the student's similarities is ``(p_student − p_teacher) / T_s``, the same scale as the in-batch
-term's. The in-batch term is its
-``MultipleNegativesRankingLoss`` on the teacher's first candidate, so the student keeps the in-batch contrast it was
-trained with. The third term (off unless ``margin_weight`` μ is given) is Margin-MSE (Hofstätter et al., 2020) with
-the teacher's first candidate as the positive and each other candidate as a negative, on the same logits the KL
-compares: the KL weighs a candidate's error by the teacher's probability of it, so the order of candidates the
-teacher ranks low barely moves it; the margins weigh every candidate alike. Both terms are 0 where the student's
-logits equal the teacher's up to a constant. With ``in_batch_weight=0`` and a teacher whose scores are the student's
-own (same temperatures), the loss is at its minimum, 0, and so is its gradient.
+term's. The in-batch term is its ``MultipleNegativesRankingLoss`` on the teacher's first candidate, so the student
+keeps the in-batch contrast it was trained with. With ``in_batch_weight=0`` and a teacher whose scores are the
+student's own (same temperatures), the loss is at its minimum, 0, and so is its gradient.
 
 ``document_gradients=False`` encodes the candidates without a graph (a forward pass only, about a third of the cost
 of a forward and backward pass): the loss and its value are the same, but only the queries' side of the loss moves
@@ -33,10 +27,10 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
-from ...data.teacher import check_segments
+from ...data.teacher import FrozenCandidateRows, TeacherRows
 from ...modeling.packing import embed_packed
 
-__all__ = ["HybridDistillLoss", "QuerySideDistillLoss"]
+__all__ = ["HybridDistillLoss", "QuerySideDistillLoss", "distill_loss"]
 
 
 class HybridDistillLoss(nn.Module):
@@ -44,44 +38,39 @@ class HybridDistillLoss(nn.Module):
 
     Args:
         model: the student ``SentenceTransformer``.
-        temperature: the student's temperature ``T_s`` (for a cosine model about 0.05, the scale 20 it was trained
-            with; for a dot-product model 1).
+        temperature: the student's temperature ``T_s``; None (the default): 0.05 for a cosine model (the scale 20
+            it was trained with), 1 for a dot-product model.
         teacher_temperature: ``T_t``, matched to the spread of the teacher's scores (z-normalised fused scores: 1).
         in_batch_weight: ``λ``; 0 turns the in-batch term off.
         similarity: ``"cosine"`` or ``"dot"``; default: the model's own ``similarity_fn_name``.
-        margin_weight: ``μ`` of the Margin-MSE term on the logits' margins to the first candidate; 0 (the default)
-            turns it off, and the loss is then exactly the KL + in-batch loss.
         document_gradients: back-propagate through the candidates' embeddings (default); ``False`` encodes them
             without a graph, so a step costs about the queries' forward and backward pass plus the candidates'
             forward pass.
     """
 
+    side = "full"  # what a step trains: the whole model (QuerySideDistillLoss: the query side)
+
     def __init__(
         self,
         model,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         teacher_temperature: float = 1.0,
         in_batch_weight: float = 1.0,
         similarity: str | None = None,
         document_gradients: bool = True,
-        margin_weight: float = 0.0,
     ):
         super().__init__()
         from sentence_transformers import util
         from sentence_transformers.sentence_transformer.losses import DistillKLDivLoss, MultipleNegativesRankingLoss
 
+        similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
+        if temperature is None:
+            temperature = 0.05 if similarity == "cosine" else 1.0
         for name, value in (("temperature", temperature), ("teacher_temperature", teacher_temperature)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"HybridDistillLoss {name} must be a positive number, got {value!r}")
         if isinstance(in_batch_weight, bool) or not isinstance(in_batch_weight, int | float) or in_batch_weight < 0:
             raise ValueError(f"HybridDistillLoss in_batch_weight must be a number >= 0, got {in_batch_weight!r}")
-        if (
-            isinstance(margin_weight, bool)
-            or not isinstance(margin_weight, int | float)
-            or not 0 <= margin_weight < math.inf
-        ):
-            raise ValueError(f"HybridDistillLoss margin_weight must be a number >= 0, got {margin_weight!r}")
-        similarity = similarity or getattr(model, "similarity_fn_name", None) or "cosine"
         if similarity not in ("cosine", "dot"):
             raise ValueError(f"HybridDistillLoss similarity must be 'cosine' or 'dot', got {similarity!r}")
         if not isinstance(document_gradients, bool):
@@ -92,10 +81,8 @@ class HybridDistillLoss(nn.Module):
         self.temperature = float(temperature)
         self.teacher_temperature = float(teacher_temperature)
         self.in_batch_weight = float(in_batch_weight)
-        self.margin_weight = float(margin_weight)
         pairwise = util.pairwise_cos_sim if similarity == "cosine" else util.pairwise_dot_score
         matrix = util.cos_sim if similarity == "cosine" else util.dot_score
-        self.pairwise = pairwise
         self.kl = DistillKLDivLoss(
             model,
             similarity_fct=pairwise,
@@ -131,18 +118,7 @@ class HybridDistillLoss(nn.Module):
         loss = self.kl.compute_loss_from_embeddings(embeddings, labels.to(embeddings[0].dtype)) / self.temperature**2
         if self.in_batch_weight:
             loss = loss + self.in_batch_weight * self.in_batch.compute_loss_from_embeddings(embeddings[:2], None)
-        if self.margin_weight:
-            loss = loss + self.margin_weight * self.margin_mse(embeddings, labels)
         return loss
-
-    def margin_mse(self, embeddings: list[Tensor], labels: Tensor) -> Tensor:
-        """Margin-MSE of ``[queries, candidates_1, ..., candidates_k]`` against the teacher's ``(B, k)`` scores: the
-        mean over rows and candidates ``j >= 2`` of ``((s_1 − s_j) / T_s − (t_1 − t_j) / T_t)²``."""
-        queries = embeddings[0]
-        student = torch.stack([self.pairwise(queries, c) for c in embeddings[1:]], dim=1) / self.temperature
-        teacher = labels.to(student.dtype) / self.teacher_temperature
-        margins = (student[:, :1] - student[:, 1:]) - (teacher[:, :1] - teacher[:, 1:])
-        return margins.pow(2).mean()
 
     @property
     def citation(self) -> str:
@@ -155,7 +131,6 @@ class HybridDistillLoss(nn.Module):
             "in_batch_weight": self.in_batch_weight,
             "similarity": self.similarity,
             "document_gradients": self.document_gradients,
-            **({"margin_weight": self.margin_weight} if self.margin_weight else {}),
         }
 
 
@@ -169,26 +144,16 @@ class QuerySideDistillLoss(HybridDistillLoss):
     :class:`~hf_cocodr.data.teacher.FrozenCandidateRows` gives them. With the same rows, the loss is
     :class:`HybridDistillLoss`'s with the candidates encoded by the frozen starting model.
 
-    With ``corpus_weight`` ν > 0 the loss adds ``ν · mean_i (LSE_corpus(s_i / T_s) − LSE_candidates(s_i / T_s))``:
-    the log-sum-exp of the student's logits over every document of the row's corpus (its segment of the table) less
-    that over the row's candidates, i.e. ``−log`` of the candidates' share of the student's softmax over the whole
-    corpus. At ν = 1 the KL term plus it is exactly the KL from the teacher's distribution over its candidates (zero
-    on every other document) to the student's softmax over the whole corpus: the candidates' order as before, and
-    every document the teacher did not pick pushed below them, not only the other queries' first candidates. It
-    costs one ``(B, d) × (d, N)`` product a step.
-
     Args:
         model: the student (its query route trains; its documents are never encoded here).
         document_embeddings: ``(N, d)`` vectors of the documents the candidates' rows index (normalised for a
             cosine model, as the index holds them).
-        corpus_weight: ``ν`` of the whole-corpus term; 0 (the default) turns it off, and the loss is exactly the
-            one without it.
-        segments: where each corpus's vectors start in ``document_embeddings`` (the first 0; None: one corpus); a
-            row's corpus is the segment of its first candidate.
         **kwargs: as :class:`HybridDistillLoss` (``document_gradients`` has no meaning here and is refused).
     """
 
-    def __init__(self, model, document_embeddings, corpus_weight: float = 0.0, segments=None, **kwargs):
+    side = "query"
+
+    def __init__(self, model, document_embeddings, **kwargs):
         if "document_gradients" in kwargs:
             raise ValueError(
                 "QuerySideDistillLoss: the documents are frozen vectors; document_gradients has no meaning"
@@ -197,17 +162,7 @@ class QuerySideDistillLoss(HybridDistillLoss):
         table = torch.as_tensor(document_embeddings, dtype=torch.float32)
         if table.ndim != 2 or not len(table):
             raise ValueError(f"QuerySideDistillLoss: document_embeddings must be (N, d), got {tuple(table.shape)}")
-        if (
-            isinstance(corpus_weight, bool)
-            or not isinstance(corpus_weight, int | float)
-            or not 0 <= corpus_weight < math.inf
-        ):
-            raise ValueError(f"QuerySideDistillLoss corpus_weight must be a number >= 0, got {corpus_weight!r}")
         self.document_embeddings = table  # a plain tensor: never a parameter, never saved with the model
-        self.corpus_weight = float(corpus_weight)
-        starts = check_segments([0] if segments is None else segments, len(table))
-        self.segment_starts = torch.tensor(starts, dtype=torch.long)
-        self.segment_ends = torch.tensor([*starts[1:], len(table)], dtype=torch.long)
 
     def candidate_embeddings(self, rows: Tensor, device) -> list[Tensor]:
         """The candidates' embeddings of a step: ``rows`` ``(B, k)`` of the frozen table, one ``(B, d)`` per column."""
@@ -225,35 +180,26 @@ class QuerySideDistillLoss(HybridDistillLoss):
             )
         queries = self.model(features[0])["sentence_embedding"]
         rows = labels[:, 1].round().long()
-        loss = self.compute_loss_from_embeddings(
+        return self.compute_loss_from_embeddings(
             [queries, *self.candidate_embeddings(rows, queries.device)], labels[:, 0]
         )
-        if self.corpus_weight:
-            loss = loss + self.corpus_weight * self.corpus_term(queries, rows)
-        return loss
-
-    def corpus_term(self, queries: Tensor, rows: Tensor) -> Tensor:
-        """``mean_i (LSE over the row's corpus − LSE over its candidates)`` of the student's logits ``s / T_s``
-        (see the class docstring): ≥ 0, and 0 only where the candidates are the whole corpus."""
-        device = queries.device
-        if self.document_embeddings.device != device:  # (moved once, as candidate_embeddings moves it)
-            self.document_embeddings = self.document_embeddings.to(device)
-        if self.segment_starts.device != device:  # (so every index below stays on the device: no host sync)
-            self.segment_starts, self.segment_ends = self.segment_starts.to(device), self.segment_ends.to(device)
-        table = self.document_embeddings
-        q = torch.nn.functional.normalize(queries, dim=-1) if self.similarity == "cosine" else queries
-        logits = (q @ table.to(q.dtype).T) / self.temperature  # (B, N)
-        rows = rows.to(device)
-        segment = torch.searchsorted(self.segment_starts, rows[:, 0].contiguous(), right=True) - 1
-        lo, hi = self.segment_starts[segment], self.segment_ends[segment]
-        columns = torch.arange(table.shape[0], device=device)
-        outside = (columns[None, :] < lo[:, None]) | (columns[None, :] >= hi[:, None])
-        corpus = torch.logsumexp(logits.masked_fill(outside, float("-inf")), dim=1)
-        candidates = torch.logsumexp(logits.gather(1, rows), dim=1)
-        return (corpus - candidates).mean()
 
     def get_config_dict(self) -> dict:
         config = {k: v for k, v in super().get_config_dict().items() if k != "document_gradients"}
-        if self.corpus_weight:
-            config["corpus_weight"] = self.corpus_weight
         return {**config, "documents": f"frozen ({len(self.document_embeddings)} vectors)"}
+
+
+def distill_loss(model, rows, **settings) -> HybridDistillLoss:
+    """The distillation loss ``rows`` train with its ``settings`` (those of :class:`HybridDistillLoss`):
+    :class:`QuerySideDistillLoss` against the frozen vectors of :class:`~hf_cocodr.data.teacher.FrozenCandidateRows`
+    (``document_gradients`` has no meaning there and is left out), :class:`HybridDistillLoss` for rows of texts."""
+    rows = rows.rows if isinstance(rows, TeacherRows) else rows
+    if isinstance(rows, FrozenCandidateRows):
+        if rows.vectors is None:
+            raise ValueError(
+                "distill_loss: FrozenCandidateRows without their vectors (vectors=...): give the rows the frozen "
+                "vectors their candidates index, or build a QuerySideDistillLoss with them"
+            )
+        settings = {k: v for k, v in settings.items() if k != "document_gradients"}
+        return QuerySideDistillLoss(model, rows.vectors, **settings)
+    return HybridDistillLoss(model, **settings)

@@ -1,6 +1,6 @@
 """The recipe's stages, one module each (its settings, its trainer, its cost and its probe): COCO (one run or a soup
-of runs, :mod:`.coco`), fine-tuning on the source task (:mod:`.finetune`), target pseudo pairs (:mod:`.target`),
-distillation of the hybrid teacher (:mod:`.distill`) and WiSE-FT (:mod:`.wise`); :data:`STAGES`, their order.
+of runs, :mod:`.coco`), fine-tuning on the source task (:mod:`.finetune`), distillation of the hybrid teacher
+(:mod:`.distill`) and WiSE-FT (:mod:`.wise`); :data:`STAGES`, their order.
 
 The runner goes through the stages in order; each starts from the model the stage before it wrote (``run.current``)
 and writes into ``OUT/<name>``, with a completion marker (``hf_cocodr_stage.json``) once it finished. A new stage is
@@ -21,14 +21,13 @@ from ..stage import Stage
 from .coco import MLM_HEAD_WARMUP_SHARE, CocoStage
 from .distill import DISTILL_MAX_PASSES, DistillStage
 from .finetune import FINETUNE_PRESETS, FinetuneStage, refresh_interval
-from .target import PSEUDO_PAIR_MODES, TargetPairsStage
 from .wise import WiseStage
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
 
 # The recipe's stages, in order: the one list of them. A new stage: a Stage subclass and one line here.
-STAGES: tuple[type[Stage], ...] = (CocoStage, FinetuneStage, TargetPairsStage, DistillStage, WiseStage)
+STAGES: tuple[type[Stage], ...] = (CocoStage, FinetuneStage, DistillStage, WiseStage)
 # The settings of the built-in stages, in their order (RecipeConfig inherits them).
 STAGE_SETTINGS: tuple[type, ...] = tuple(s.settings for s in STAGES if s.settings is not None)
 
@@ -36,13 +35,11 @@ __all__ = [
     "DISTILL_MAX_PASSES",
     "FINETUNE_PRESETS",
     "MLM_HEAD_WARMUP_SHARE",
-    "PSEUDO_PAIR_MODES",
     "STAGES",
     "STAGE_SETTINGS",
     "CocoStage",
     "DistillStage",
     "FinetuneStage",
-    "TargetPairsStage",
     "WiseStage",
     "instantiate",
     "refresh_interval",
@@ -69,13 +66,10 @@ def instantiate(stages: Iterable[Stage | type[Stage]] | None = None) -> tuple[St
 
 def stage_switches(cfg: RecipeConfig, stages=None) -> dict[str, tuple[bool, int | None]]:
     """Whether each training stage runs, and its fixed step count (None: planned from the budget; its
-    :meth:`~hf_cocodr.recipe.Stage.cost` says). In the joint schedule the target pairs train inside the source
-    steps, so the target stage does not run on its own."""
+    :meth:`~hf_cocodr.recipe.Stage.cost` says)."""
     return {s.name: (s.enabled(cfg), s.cost({}, cfg, plan=Plan()).steps) for s in instantiate(stages) if s.trains}
 
 
 def stage_step_seconds(tp: dict[str, float], cfg: RecipeConfig, stages=None) -> dict[str, float]:
-    """Measured seconds of one optimizer step of each training stage (its :meth:`~hf_cocodr.recipe.Stage.cost`). In
-    the joint schedule the target pairs are a term of every source step, so their cost goes to that stage (and the
-    target stage has no steps of its own)."""
+    """Measured seconds of one optimizer step of each training stage (its :meth:`~hf_cocodr.recipe.Stage.cost`)."""
     return {s.name: s.cost(tp, cfg, plan=Plan()).step_s for s in instantiate(stages) if s.trains}

@@ -10,13 +10,16 @@ listwise KL, plus the in-batch contrast on the teacher's first candidate). The q
 teacher's indexes are cached per model and corpus (``<cache>/teacher``), so a resumed or repeated run encodes only
 the queries again.
 
-The stage's one settings source is :class:`~hf_cocodr.finetuning.DistillationTrainingArguments`: the ``distill:``
-mapping holds its fields, and the options of :data:`ARGUMENT_OPTIONS` set the fields they name.
+The loss holds its settings (as sentence-transformers' losses do): the options of :data:`LOSS_OPTIONS` are the
+settings of the loss the stage builds (:func:`loss_settings`); the ``distill:`` mapping holds the fields of
+:class:`~hf_cocodr.finetuning.DistillationTrainingArguments`, training settings only. The stage's identity is derived
+from the loss and the arguments by one helper (:func:`distill_identity`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import math
 import time
@@ -61,17 +64,16 @@ DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (disti
 DISTILL_GPU_BATCH_CAP = 64  # the most queries a step by default on a GPU (device_batch_size)
 MIN_STEPS_A_PASS = 8  # a GPU's larger default batch leaves at least this many steps a pass over the queries
 PROBE_DOCS = 128  # the documents the probe encodes to time the teacher's encoding of the corpora
-# The recipe options that are DistillationTrainingArguments fields: option -> the field it sets (the trainer's loss
-# reads them); the ``distill:`` mapping leaves them to these options.
-ARGUMENT_OPTIONS = {
-    "distill_teacher_temperature": "distill_teacher_temperature",
-    "distill_in_batch_weight": "distill_in_batch_weight",
-    "distill_margin_weight": "distill_margin_weight",
-    "distill_corpus_weight": "distill_corpus_weight",
-    "distill_document_gradients": "distill_document_gradients",
-    "distill_swa": "distill_swa",
-    "distill_l2sp": "distill_l2sp",
+# The recipe options that are settings of the distillation's loss: option -> the loss's setting
+# (hf_cocodr.finetuning.losses.distill.HybridDistillLoss)
+LOSS_OPTIONS = {
+    "distill_teacher_temperature": "teacher_temperature",
+    "distill_in_batch_weight": "in_batch_weight",
+    "distill_document_gradients": "document_gradients",
 }
+# The loss's settings the stage's identity has named since its first version, whatever their value, by the names it
+# gives them (any other setting is named where it differs from the loss's default)
+IDENTITY_NAMES = {"teacher_temperature": "teacher_temperature", "in_batch_weight": "in_batch"}
 # The stage's identity before its arguments were DistillationTrainingArguments' alone: they held iDRO's
 # ``idro_preset``, which it never read. Kept in the identity, so a stage finished then is still skipped on a re-run.
 LEGACY_SETTINGS = {"idro_preset": "uniform"}
@@ -95,7 +97,7 @@ def spread_sample(corpora: list[list[str]], n: int) -> list[str]:
 @dataclass
 class DistillSettings:
     """The distillation's options (``distill_*``, ``skip_distill`` and the ``distill`` mapping of
-    ``DistillationTrainingArguments`` fields; the options of :data:`ARGUMENT_OPTIONS` set the fields they name)."""
+    ``DistillationTrainingArguments`` fields; the options of :data:`LOSS_OPTIONS` are settings of its loss)."""
 
     training_options: ClassVar[str] = "distill"
     length_options: ClassVar[tuple[str, ...]] = ("max_length",)  # the token lengths among its training arguments
@@ -108,12 +110,6 @@ class DistillSettings:
     distill_steps: int | None = option(None, "steps of the distillation (default: planned, or 500)")
     distill_share: float | Auto = option(AUTO, "the distillation's share of the training budget")
     distill_k: int = option(8, "distillation: the teacher's candidates per query (its top-k)")
-    distill_deep: int = option(
-        0,
-        "distillation (query side): candidates sampled per query below the teacher's top distill_k, from its ranks "
-        "distill_k+1 to distill_deep_depth, added to the listwise loss at their teacher scores (0: none)",
-    )
-    distill_deep_depth: int = option(200, "distillation: the deepest teacher rank distill_deep samples from")
     distill_teacher_weight: float | Literal["fit"] | Auto = option(
         AUTO,
         "distillation: the dense weight of the teacher's fusion (1: the starting model alone, 0: BM25 alone), fit: "
@@ -125,30 +121,6 @@ class DistillSettings:
     )
     distill_in_batch_weight: float = option(
         1.0, "distillation: weight of the in-batch contrastive term on the teacher's first candidate (0: off)"
-    )
-    distill_margin_weight: float = option(
-        0.0,
-        "distillation: weight of a Margin-MSE term on the student's and the teacher's logit margins between the "
-        "teacher's first candidate and each other one (0: off)",
-    )
-    distill_corpus_weight: float = option(
-        0.0,
-        "distillation (query side): weight of a term that pushes every document of the query's corpus the teacher "
-        "did not pick below its candidates (the candidates' share of the student's softmax over the whole corpus, "
-        "against the frozen vectors; 1: the KL over the whole corpus; 0: off)",
-    )
-    distill_swa: float = option(
-        0.0,
-        "distillation: average the trained weights over this fraction of its steps at the end (stochastic weight "
-        "averaging: the saved model is the uniform average of the weights after each of those steps; 0: off)",
-        metavar="FRACTION",
-    )
-    distill_l2sp: float = option(
-        0.0,
-        "distillation: pull the trained weights toward the starting model's: after each step every trained "
-        "parameter moves learning rate x this weight of the way back to its start (L2-SP, decoupled as AdamW's "
-        "weight decay; 0: off)",
-        metavar="WEIGHT",
     )
     distill_document_gradients: bool = option(
         True,
@@ -180,7 +152,7 @@ class DistillSettings:
     pseudo_query_mix: str = option(
         "auto",
         "the kinds of pseudo-queries and their weights, e.g. span:1,keywords:1,title:1 (kinds: span, keywords, "
-        "title, ict); auto: the default mix, or one calibrated to the --target-queries of the corpus where given",
+        "title, ict); auto: the default mix (span:1,keywords:1,title:1)",
     )
     distill: dict[str, Any] = option(
         help="DistillationTrainingArguments fields of the distillation", cli=False, default_factory=dict
@@ -202,23 +174,11 @@ class DistillSettings:
                 raise ConfigError(f"{e} (or fit: the fusion fitted to each corpus, or auto)") from None
         check_number(self, "distill_teacher_temperature", 1e-3, 100, allow_auto=False)
         check_number(self, "distill_in_batch_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_margin_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_corpus_weight", 0, 100, allow_auto=False)
-        check_number(self, "distill_swa", 0, 1, allow_auto=False)
-        check_number(self, "distill_l2sp", 0, 1e6, allow_auto=False)
         check_number(self, "distill_max_passes", 0.01, 1000, allow_none=True)
         check_whole(self, "distill_steps", 1, hint="; to leave the stage out set skip_distill: true")
         check_whole(self, "distill_k", 2, allow_none=False)
         if self.distill_k > MAX_DISTILL_K:  # the candidates are the rows' document columns (negative_1 ...)
             raise ConfigError(f"recipe option distill_k must be at most {MAX_DISTILL_K}, got {self.distill_k!r}")
-        check_whole(self, "distill_deep", 0, allow_none=False)
-        check_whole(self, "distill_deep_depth", 2, allow_none=False)
-        if self.distill_deep and self.distill_deep_depth < self.distill_k + self.distill_deep:
-            raise ConfigError(
-                f"recipe option distill_deep_depth {self.distill_deep_depth} leaves no room to sample distill_deep "
-                f"{self.distill_deep} candidates below the top distill_k {self.distill_k}: it must be at least "
-                f"{self.distill_k + self.distill_deep}"
-            )
         check_flag(self, "distill_document_gradients")
         if self.distill_side not in DISTILL_SIDES:
             raise ConfigError(
@@ -226,15 +186,28 @@ class DistillSettings:
             )
         check_switch(self, "skip_distill")
         for key in self.distill if isinstance(self.distill, dict) else ():
-            option = next((o for o, f in ARGUMENT_OPTIONS.items() if f == key), None)
-            if option is not None:
-                raise ConfigError(f"recipe option distill.{key}: set the recipe option {option} instead")
+            if key in LOSS_OPTIONS:  # (fields of the arguments once: the loss's settings now)
+                raise ConfigError(f"recipe option distill.{key}: set the recipe option {key} instead")
         if self.pseudo_queries != AUTO:
             check_whole(self, "pseudo_queries", 0, allow_none=False)
         if self.pseudo_query_mix != "auto":
             from ...retrieval.pseudo_queries import parse_mix
 
             parse_mix(self.pseudo_query_mix)
+
+
+def teacher_fusion(cfg: RecipeConfig):
+    """The fusion of the distillation's hybrid teacher (a :class:`~hf_cocodr.retrieval.fusion.FusionConfig`):
+    ``distill_teacher_weight: fit``, the rule, normalisation and weight fitted to each corpus as the saved hybrid's;
+    a number, that dense weight over z-scores of BM25's hits alone over each system's top 100 (the teacher the stage's
+    identity has always named; ``bm25_zeros`` and the default depth of 200 came later)."""
+    from ...retrieval.fusion import FusionConfig
+
+    if cfg.distill_teacher_weight == AUTO:
+        raise ConfigError("recipe option distill_teacher_weight is still auto: resolve the schedule first")
+    if cfg.distill_teacher_weight == "fit":
+        return FusionConfig()
+    return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
 
 
 def trained_before(cfg: RecipeConfig, stages) -> list[str]:
@@ -274,10 +247,38 @@ def _check_query_side(cfg: RecipeConfig, trained: str | None) -> None:
         )
 
 
-def without(values: dict[str, Any], names) -> dict[str, Any]:
-    """``values`` less the keys in ``names``."""
-    names = set(names)
-    return {k: v for k, v in values.items() if k not in names}
+def loss_settings(cfg: RecipeConfig) -> dict[str, Any]:
+    """The settings of the distillation's loss the options of :data:`LOSS_OPTIONS` give (the student's temperature:
+    the loss's default, by the model's similarity)."""
+    return {setting: getattr(cfg, option) for option, setting in LOSS_OPTIONS.items()}
+
+
+def loss_class(cfg: RecipeConfig) -> type:
+    """The loss class the stage trains: the query side's (frozen document vectors) or the whole model's."""
+    from ...finetuning.losses.distill import HybridDistillLoss, QuerySideDistillLoss
+
+    if cfg.distill_side == AUTO:
+        raise ConfigError("recipe option distill_side is still auto: resolve the schedule first")
+    return QuerySideDistillLoss if cfg.distill_side == "query" else HybridDistillLoss
+
+
+def distill_identity(loss: type, settings: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """The loss and the training arguments of the stage's identity, derived from the loss class, its ``settings`` and
+    the training ``arguments``: ``loss`` names the settings of :data:`IDENTITY_NAMES` always, every other one where
+    it differs from the loss's default, and the loss's ``side`` where it is not the default loss's; ``settings`` the
+    training arguments that change what the stage computes (with :data:`LEGACY_SETTINGS`). A setting or a loss added
+    later at its default leaves the identity of a run without it unchanged."""
+    from ...finetuning.losses.distill import HybridDistillLoss
+
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(HybridDistillLoss).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    named = {IDENTITY_NAMES.get(k, k): v for k, v in settings.items() if k in IDENTITY_NAMES or v != defaults.get(k)}
+    if loss.side != HybridDistillLoss.side:
+        named["side"] = loss.side
+    return {"loss": named, "settings": trajectory({**arguments, **LEGACY_SETTINGS})}
 
 
 def _pseudo(cfg: RecipeConfig) -> int:
@@ -376,7 +377,6 @@ class DistillStage(Stage):
             warmup_steps=0.1,
             dataloader_drop_last=True,
             max_length=cfg.train_max_length,
-            **{field: getattr(cfg, option) for option, field in ARGUMENT_OPTIONS.items()},
         )
         if bf16_by_default(cfg):  # where the machine computes bf16 natively (docs/precision.md)
             defaults["bf16"] = True
@@ -402,35 +402,12 @@ class DistillStage(Stage):
                 "targets": run.fps["targets"],
                 "dense_weight": cfg.distill_teacher_weight,
                 "k": cfg.distill_k,
-                # sampled deeper candidates (named only when on: the identity of a run without them is unchanged)
-                **(
-                    {"deep": cfg.distill_deep, "deep_depth": cfg.distill_deep_depth, "deep_seed": cfg.seed}
-                    if cfg.distill_deep
-                    else {}
-                ),
                 # the teacher's (and the frozen document side's) vectors are encoded in this precision
                 **({"encode_precision": run.encode_precision} if run.encode_precision != "fp32" else {}),
             },
             "queries": self._queries_digest(run),
-            "loss": {
-                "teacher_temperature": cfg.distill_teacher_temperature,
-                "in_batch": cfg.distill_in_batch_weight,
-                # the Margin-MSE term (named only when on: the identity of a run without it is unchanged)
-                **({"margin": cfg.distill_margin_weight} if cfg.distill_margin_weight else {}),
-                # the whole-corpus term (named only when on, as the margin)
-                **({"corpus": cfg.distill_corpus_weight} if cfg.distill_corpus_weight else {}),
-                **({} if cfg.distill_document_gradients else {"document_gradients": False}),
-                **({"side": cfg.distill_side} if cfg.distill_side != "full" else {}),
-            },
-            # (the fields the options set are the loss's above)
-            "settings": trajectory(
-                {**without(run.arguments[self.name], ARGUMENT_OPTIONS.values()), **LEGACY_SETTINGS}
-            ),
+            **distill_identity(loss_class(cfg), loss_settings(cfg), run.arguments[self.name]),
             "steps": self.steps(run),  # the plan's, or fewer where the cap on passes ends the stage first
-            # the weights averaged over the last steps (named only when on: the identity without it is unchanged)
-            **({"swa": cfg.distill_swa} if cfg.distill_swa else {}),
-            # the pull toward the starting weights (named only when on, as the averaging)
-            **({"l2sp": cfg.distill_l2sp} if cfg.distill_l2sp else {}),
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
@@ -511,12 +488,13 @@ class DistillStage(Stage):
     def build_trainer(
         self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False, rows: TeacherRows | None = None
     ):
-        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns the trainer's
-        default loss (the stage's arguments describe it) on ``rows`` (the teacher's; in a probe, rows of their shape
+        """The stage's :class:`~hf_cocodr.finetuning.DistillationTrainer`: ``run.current`` learns the loss of the
+        options (:func:`loss_settings`; the loss class the rows need) on ``rows`` (the teacher's; in a probe, rows of their shape
         drawn from the target queries and documents with random teacher scores, since the teacher's rankings are
         not computed yet)."""
         from ...data.target_queries import read_target_queries
         from ...finetuning import DistillationTrainer, DistillationTrainingArguments
+        from ...finetuning.losses.distill import distill_loss
 
         query_side = self.query_side(run)
         # only the query route trains, against the starting model's vectors of the corpora
@@ -532,6 +510,7 @@ class DistillStage(Stage):
             model=model,
             args=args,
             train_dataset=rows,
+            loss=distill_loss(model, rows, **loss_settings(run.cfg)),
             card_methods=["hybrid-teacher distillation" + (" (query side)" if query_side else "")],
             negatives_label="the hybrid teacher's candidates",
             # the user's query sources by their own names (the run's query files hold them, and pseudo-queries,
@@ -547,17 +526,15 @@ class DistillStage(Stage):
         t0 = time.perf_counter()
         query_side = self.query_side(run)
         make = query_side_dataset if query_side else distill_dataset
-        deep = dict(deep=cfg.distill_deep, depth=cfg.distill_deep_depth, seed=cfg.seed) if query_side else {}
         rows = make(
             run.model,
             run.fps["model"],
             run.target_corpora,
             distill_sources(run),
             cfg.distill_k,
-            fusion=self._fusion(cfg),
+            fusion=teacher_fusion(cfg),
             batch_size=encode_batch_size(cfg),
             session=run.encodings,
-            **deep,
         )
         logger.info(
             "distillation: %d training rows from the hybrid teacher (%s) in %.1f s",
@@ -594,18 +571,6 @@ class DistillStage(Stage):
         if cfg.distill_side == "query" and self.enabled(cfg):
             before = trained_before(cfg, stages)
             _check_query_side(cfg, f"{', '.join(before)} would train the model before it" if before else None)
-        if cfg.distill_deep and self.enabled(cfg) and cfg.distill_side == "full":
-            raise ConfigError(
-                f"recipe option distill_deep {cfg.distill_deep} samples deep candidates for the query side, whose "
-                "candidates are rows of frozen vectors; with distill_side full each would be a document encoded in "
-                "every step: set distill_side query, or distill_deep 0"
-            )
-        if cfg.distill_corpus_weight and self.enabled(cfg) and cfg.distill_side == "full":
-            raise ConfigError(
-                f"recipe option distill_corpus_weight {cfg.distill_corpus_weight} weighs the query side's term over "
-                "the frozen vectors of the whole corpus; with distill_side full the corpus would be encoded in "
-                "every step: set distill_side query, or distill_corpus_weight 0"
-            )
 
     # ------------------------------------------------------------------------------------------------ helpers
     @staticmethod
@@ -664,26 +629,8 @@ class DistillStage(Stage):
             dim = model.get_embedding_dimension()
             vectors = torch.randn(len(doc_ids), dim, generator=torch.Generator().manual_seed(0))
             doc_rows = {d: i for i, d in enumerate(doc_ids)}
-            deep = int(run.cfg.distill_deep)  # the rows' width: the top k and the sampled deeper candidates
-            depth = max(k + deep, min(int(run.cfg.distill_deep_depth), len(doc_ids)))
-            return TeacherRows(
-                frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors, deep=deep, depth=depth)
-            )
+            return TeacherRows(frozen_candidate_rows(_Random(), asked, doc_rows, k, vectors=vectors))
         return TeacherRows(teacher_rows(_Random(), asked, docs, k))
-
-    @staticmethod
-    def _fusion(cfg: RecipeConfig):
-        from ...retrieval.fusion import FusionConfig
-
-        if cfg.distill_teacher_weight == AUTO:
-            raise ConfigError("recipe option distill_teacher_weight is still auto: resolve the schedule first")
-        if (
-            cfg.distill_teacher_weight == "fit"
-        ):  # the rule, normalisation and weight fitted per corpus, as the hybrid's
-            return FusionConfig()
-        # z-scores of BM25's hits alone over each system's top 100: the teacher the stage's identity has always named
-        # (bm25_zeros and the default depth of 200 came later)
-        return FusionConfig(dense_weight=float(cfg.distill_teacher_weight), normalize="z", bm25_zeros=False, depth=100)
 
     def _queries_digest(self, run: RecipeRun) -> str:
         """A digest of the target queries' texts (read once per run)."""

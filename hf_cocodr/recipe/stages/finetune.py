@@ -1,6 +1,5 @@
-"""The source fine-tuning stage: iDRO (and the methods asked for) on the labelled source task, with the target
-pseudo pairs as a term of every step under the joint schedule. Its settings (:class:`FinetuneSettings`) are recipe
-options."""
+"""The source fine-tuning stage: iDRO (and the methods asked for) on the labelled source task. Its settings
+(:class:`FinetuneSettings`) are recipe options."""
 
 from __future__ import annotations
 
@@ -18,10 +17,9 @@ from ..settings import (
     check_whole,
     device_batch_size,
     gpu_bf16_default,
-    is_joint,
     option,
 )
-from ..stage import JOINT, Cost, Stage, run_arguments, source_identity, trajectory
+from ..stage import Cost, Stage, run_arguments, source_identity, trajectory
 
 if TYPE_CHECKING:
     from ..config import RecipeConfig
@@ -93,7 +91,7 @@ def refresh_interval(steps: int, refreshes: int) -> int:
 
 
 def _finetune_defaults(run: RecipeRun) -> dict[str, Any]:
-    """The recipe's fine-tuning arguments (before the user's ``finetune`` / ``target`` options)."""
+    """The recipe's fine-tuning arguments (before the user's ``finetune`` options)."""
     cfg, similarity = run.cfg, run.similarity
     return dict(
         **run_arguments(run, "finetune", logging_steps=5, save_steps=50),
@@ -121,11 +119,8 @@ def idro_trainer(
     target_corpora=(),
     negatives_label: str = "bm25",
     target_queries=(),
-    joint=None,
 ):
-    """An :class:`~hf_cocodr.finetuning.IDROTrainer` for ``run.current`` on ``data`` (the trainer of the fine-tuning
-    stages); ``joint``: the target pseudo pairs as a term of every step."""
-    from ...methods.joint import JointPseudoPairs
+    """An :class:`~hf_cocodr.finetuning.IDROTrainer` for ``run.current`` on ``data`` (the fine-tuning's trainer)."""
     from ...training_api import build_idro_trainer
 
     return build_idro_trainer(
@@ -136,8 +131,6 @@ def idro_trainer(
         target_corpora=target_corpora,
         negatives_label=negatives_label,
         target_queries=target_queries,
-        # joint schedule: target pseudo pairs as a term of every step
-        extra_methods=[JointPseudoPairs(joint)] if joint is not None else [],
     )
 
 
@@ -150,8 +143,7 @@ def train_idro(stage: Stage, run: RecipeRun, trainer) -> dict[str, Any]:
 
 
 class FinetuneStage(Stage):
-    """Fine-tuning on the labelled source task (iDRO and the methods asked for), with the target pseudo pairs as a
-    term of every step under the joint schedule. Besides its steps it costs the first K-Means over the source
+    """Fine-tuning on the labelled source task (iDRO and the methods asked for). Besides its steps it costs the first K-Means over the source
     queries and its self-negative refreshes (each encodes the mining pool and the queries again)."""
 
     name = "finetune"
@@ -159,7 +151,7 @@ class FinetuneStage(Stage):
     settings = FinetuneSettings
     share_option = "finetune_share"
     draws_source = True
-    reads = {"source": None, "target_pairs": JOINT}  # the source task; the target pairs as the joint term
+    reads = {"source": None}  # the source task
 
     def enabled(self, cfg: RecipeConfig) -> bool:
         return not cfg.skip_finetune
@@ -176,14 +168,11 @@ class FinetuneStage(Stage):
         idro: bool | None = None,
         **sizes: Any,
     ) -> Cost:
-        """Its steps (under the joint schedule the target pairs' term too: their share, and their step's seconds
-        where a plan measured by an earlier version holds the two parts), the first K-Means over the ``n_queries``
+        """Its steps, the first K-Means over the ``n_queries``
         source queries (iDRO only) and the self-negative refreshes (``refreshes``; unset: as many as cost at most
         :data:`REFRESH_BUDGET_SHARE` of ``budget_s``, at most :data:`MAX_PLANNED_REFRESHES`; 1 without a budget),
         each encoding the ``pool_docs`` mining pool and the queries again; of a ``plan``, its refreshes as planned."""
         cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
-        joint = is_joint(cfg)
-        cost.step_s += throughput.get("target_step_s", 0.0) if joint else 0.0
         if plan is not None:  # the plan's refreshes and K-Means (charged where the stage trains)
             fields = plan.stage_fields
             cost.fixed_s = fields.get("refreshes", 0) * (fields.get("refresh_seconds_each") or 0.0) + (
@@ -196,7 +185,7 @@ class FinetuneStage(Stage):
         if not self.enabled(cfg):
             cost.plan = {"refreshes": cfg.refreshes or 0, "refresh_seconds_each": 0.0, "kmeans_seconds": 0.0}
             return cost
-        cost.share = float(float(cfg.finetune_share) + (float(cfg.target_share) if joint else 0.0))
+        cost.share = float(cfg.finetune_share)
         if idro is None:
             idro = str(cfg.finetune.get("idro_preset", cfg.finetune_preset)) != "uniform"
         encode_doc, encode_query = throughput.get("encode_doc_s", 0.0), throughput.get("encode_query_s", 0.0)
@@ -226,16 +215,6 @@ class FinetuneStage(Stage):
         from ...methods import method_target_queries
 
         cfg, fps = run.cfg, run.fps
-        joint = (
-            {
-                "pairs": cfg.target_pairs,
-                "weight": cfg.joint_weight,
-                "targets": fps["targets"],
-                "settings": trajectory(run.arguments["target"]),
-            }
-            if is_joint(cfg)
-            else None
-        )
         return {
             "stage": "finetune",
             "start": start,
@@ -246,7 +225,7 @@ class FinetuneStage(Stage):
             "methods": list(cfg.methods),
             "targets": fps["targets"] if cfg.methods else None,
             "target_queries": method_target_queries(cfg.methods, cfg.target_queries),
-            "joint": joint,
+            "joint": None,  # (the retired joint target pseudo pairs: kept, so that earlier identities still match)
         }
 
     def probe(self, run: RecipeRun) -> dict[str, float]:
@@ -267,11 +246,9 @@ class FinetuneStage(Stage):
         return {"finetune_step_s": step_s, "encode_doc_s": doc_s, "encode_query_s": query_s}
 
     def build_trainer(self, run: RecipeRun, max_steps: int, *, output_dir=None, probe: bool = False):
-        """The :class:`~hf_cocodr.finetuning.IDROTrainer` on the source task (with the joint pairs' term under the
-        joint schedule), refreshing its negatives as often as the plan says (never in a probe)."""
+        """The :class:`~hf_cocodr.finetuning.IDROTrainer` on the source task, refreshing its negatives as often as the plan says (never in a probe)."""
         from ...finetuning import IDROTrainingArguments
         from ...methods import method_target_queries
-        from ...methods.joint import TargetPairsObjective
 
         cfg = run.cfg
         every = (
@@ -289,19 +266,6 @@ class FinetuneStage(Stage):
             # it (a default below the user's options, out of the stage's identity as the run's precision always was)
             negatives_encode_precision=run.encode_precision,
         )
-        joint = None
-        if is_joint(cfg):
-            kw = run.arguments["target"]
-            joint = TargetPairsObjective(
-                run.target_data,
-                cfg.joint_weight,
-                batch_size=kw["per_device_train_batch_size"],
-                num_negatives=kw["num_negatives"],
-                similarity=run.similarity,
-                scale=kw["idro_scale"],
-                max_length=kw["max_length"],
-                seed=cfg.seed,
-            )
         return idro_trainer(
             run,
             args,
@@ -310,7 +274,6 @@ class FinetuneStage(Stage):
             target_corpora=list(run.target_corpora),
             negatives_label="bm25",
             target_queries=method_target_queries(cfg.methods, cfg.target_queries),
-            joint=joint,
         )
 
     def train(self, run: RecipeRun) -> dict[str, Any] | None:
