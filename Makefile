@@ -50,7 +50,7 @@ reproduce-minilm: setup
 
 # Every benchmark that needs nothing but the shared data (hours on a CPU); bench_distill_side and bench_encode_bf16 read a study's
 # data folder and are run by hand (README, Development).
-BENCHES := bench_coco bench_encode_levers bench_encode_precision bench_evaluate bench_hybrid bench_idro \
+BENCHES := bench_coco bench_encode_levers bench_encode_precision bench_evaluate bench_file_hash bench_hybrid bench_idro \
 	bench_idro_loss bench_index_memory bench_precision bench_shard bench_step_proxy
 
 bench: setup

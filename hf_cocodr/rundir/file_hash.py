@@ -3,9 +3,8 @@ a file rests on: the run identities and their fingerprints (:func:`~hf_cocodr.ru
 starting model's evaluation, the BEIR and span caches.
 
 A file's SHA-256 covers every byte of it: a model whose middle layers changed in place, or a corpus rewritten in the
-middle at the same size, is another input. Hashing runs at about 1 GB/s on one core (a 400 MB model in about 0.4 s,
-``scripts/benchmarks/bench_file_hash.py``), and is memoized so that a command run again on the same files reads
-none of them again:
+middle at the same size, is another input. Hashing runs at about 1 GB/s on one core (a 400 MB model in about 0.4 s;
+docs/safety.md), and is memoized so that a command run again on the same files reads none of them again:
 
 * **The rule.** A file's hash is reused while its resolved path, device, inode, size, modification time and status
   change time (``st_ctime_ns``) are all those it was hashed at. The kernel sets the change time on every write, and
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..storage import cache_root
+from ..utils import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,6 @@ def _read_memo(where: str, stamp: tuple) -> str | None:
 
 
 def _write_memo(where: str, stamp: tuple, sha: str) -> None:
-    from ..utils import atomic_write_json  # (utils imports storage, as this module does: imported when used)
-
     try:
         path = _memo_file(where)
         path.parent.mkdir(parents=True, exist_ok=True)

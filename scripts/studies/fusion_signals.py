@@ -18,7 +18,7 @@ curves only, a few kB). From them:
 :data:`RULES` map what a corpus gives without labels to a (normalisation, weight); the table scores each rule on every
 corpus against max(dense, BM25) − 0.005, and ``--loco`` reports the rule chosen on the others for each corpus.
 
-    python scripts/studies/fusion_signals.py [--corpora ...] [--extra NAME=PATH:SPLIT] [--report reports/studies/fusion_signals]
+    python scripts/studies/fusion_signals.py [--corpora ...] [--extra NAME=PATH:SPLIT] [--report PATH]
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -36,7 +35,6 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import suite as S  # noqa: E402
 

@@ -16,7 +16,7 @@ standard error and a verdict at one SE. Beside them, the labels: the real dev qu
 hybrid (the recipe's own evaluation fits the hybrid given their text), paired likewise. The table gives, per reading,
 how often its verdict agrees with the labels' where the labels see a difference beyond one SE.
 
-    python scripts/studies/guard_readings.py [--work outputs/suite] [--arms default] [--report reports/studies/guard_readings]
+    python scripts/studies/guard_readings.py [--work outputs/suite] [--arms default] [--report PATH]
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +33,6 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import suite as S  # noqa: E402
 from fusion_signals import DEPTH, fused_ranks, ndcg_rows  # noqa: E402

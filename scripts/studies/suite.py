@@ -38,7 +38,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_budget import pinned_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +67,7 @@ SUITE = {
     )
 }  # fmt: skip
 # corpora brought in beside the shared data (outside the repository: research-only licences), under
-# HF_COCODR_EXTRA_DATA (default: extra_data beside the checkout); reports/studies/suite_sources.md says where each
+# HF_COCODR_EXTRA_DATA (default: extra_data beside the checkout); the suite report says where each
 # came from and how it was converted. A corpus whose folder is missing is left out of the suite (and said so).
 EXTRA = {
     c.name: c
