@@ -15,7 +15,9 @@ def load_data(run: RecipeRun, stages: tuple[Stage, ...]) -> RetrievalTrainingDat
     """The source training data, for the stages that still have to run (None: none of them reads it)."""
     needed = {data for s in stages if s.enabled(run.cfg) and not run.done(s.name) for data in reads(s, run.cfg)}
     # (without source data COCO trains on the target corpora alone)
-    return draw_source(run, source_queries(run, stages)) if "source" in needed and run.source_data is not None else None
+    return (
+        draw_source(run, source_queries(run, stages)) if "source" in needed and run.source_data is not None else None
+    )
 
 
 def reads(stage: Stage, cfg) -> set[str]:
