@@ -161,6 +161,7 @@ def run_finetune(
         "train_loss": round(float(train_out.training_loss), 6),
     }
     if evals and trainer.args.should_save:
+        trainer._declare_outputs((EVAL_FILE, "README.md"))  # (a kill while they are written: still this run's)
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
         write_model_card(args.output_dir, trainer.model, trainer.card_data())
