@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
 import shutil
 
 from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
 from .rundir.checkpoints import is_complete, latest_complete_checkpoint, mark_complete, resolve_resume, rotate
 from .rundir.run_record import TRAINER_ENTRIES, RunFolder, read_record
-from .utils import honour_umask
+from .utils import honour_umask, preserved_rng_state  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def preserved_rng_state():
-    """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
-    import numpy as np
-    import torch
-
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    states = (
-        random.getstate(),
-        np.random.get_state(),
-        torch.get_rng_state(),
-        (torch.cuda.get_rng_state_all() if cuda else None),
-    )
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
 
 
 class TrainerMixin:

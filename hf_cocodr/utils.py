@@ -394,6 +394,45 @@ def native_bf16() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def preserved_rng_state():
+    """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
+    import random
+
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    states = (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        (torch.cuda.get_rng_state_all() if cuda else None),
+    )
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+def import_mteb():
+    """The ``mteb`` module, imported (on first use only: about 9 s) with the random states kept. Importing mteb
+    seeds Python's, NumPy's and torch's global generators (its task objects are built at import time, each calling
+    ``random.seed`` / ``np.random.seed`` / ``torch.manual_seed``): imported from a training step's save (a card that
+    looks up mteb's model registry), it changed every step after the first checkpoint of a process, so a second run
+    in the same process, or a run resumed in another, trained other weights. Every mteb import of the package goes
+    through here first."""
+    if "mteb" in sys.modules:
+        return sys.modules["mteb"]
+    with preserved_rng_state():
+        import mteb
+    return mteb
+
+
 def normalize_query(text: str) -> str:
     """A query's text as the overlap guard and the de-duplication compare it: Unicode NFKC (full-width and compatibility
     forms folded), format characters dropped (zero-width spaces and joiners, soft hyphens, direction marks: the

@@ -26,7 +26,11 @@ def run(mode: str, nth: int, argv: list[str]) -> subprocess.CompletedProcess:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
     return subprocess.run(
-        [sys.executable, str(WORKER), mode, str(nth), "--", *argv], env=env, capture_output=True, text=True, timeout=600
+        [sys.executable, str(WORKER), mode, str(nth), "--", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -127,7 +131,9 @@ def test_a_recipe_killed_in_a_stages_final_save_finishes_on_the_rerun(tiny_bert_
     with pytest.raises(Killed):
         R.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=config)
     monkeypatch.undo()
-    assert (out / "coco" / "hf_cocodr_stage.json").is_file() and not (out / "finetune" / "hf_cocodr_stage.json").exists()
+    assert (out / "coco" / "hf_cocodr_stage.json").is_file() and not (
+        out / "finetune" / "hf_cocodr_stage.json"
+    ).exists()
     assert (out / "finetune" / "model.safetensors").is_file()
 
     R.run_recipe(str(tiny_bert_dir), [str(tiny_beir)], str(tiny_beir), out, config=config)
