@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import hashlib
+import json
 import logging
 import os
 import re
@@ -209,6 +211,54 @@ def carry_over(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, copy_function=link_or_copy, symlinks=True)
     else:
         link_or_copy(src, dst)
+
+
+# ------------------------------------------------------------------------------------------------- links inside
+ENTRIES_FILE = ".hf_cocodr_entries.json"  # the entries hf_cocodr wrote into a folder it replaces as a whole
+
+
+def _listed_entries(folder: Path) -> set[str] | None:
+    """The entries a folder's :data:`ENTRIES_FILE` lists as hf_cocodr's; None without a readable one."""
+    try:
+        names = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
+def link_inside(folder: str | os.PathLike, names, allowed=()) -> Path | None:
+    """The first symbolic link at or below the entries ``names`` of ``folder`` (never followed), at any depth; None
+    when there is none. ``allowed``: patterns (``fnmatch``, relative to ``folder``) of the links the caller makes
+    itself and replaces as links. Inside a folder that lists its own entries (:data:`ENTRIES_FILE`) the entries it
+    does not list are the user's, carried over as they are (never written through), and not looked into."""
+    folder = Path(folder)
+    todo = [folder / n for n in sorted(names)]
+    while todo:
+        path = todo.pop()
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            if not any(fnmatch.fnmatchcase(rel, pattern) for pattern in allowed):
+                return path
+            continue
+        if path.is_dir():
+            try:
+                children = sorted(path.iterdir())
+            except OSError:
+                continue
+            listed = _listed_entries(path)
+            todo += [c for c in children if listed is None or c.name in listed]
+    return None
+
+
+def refuse_links(folder: str | os.PathLike, names, allowed=()) -> None:
+    """Refuse, in one line naming the link and its target, a symbolic link at or below the entries ``names`` of
+    ``folder`` (see :func:`link_inside`): hf_cocodr writes those entries and never writes through a link."""
+    link = link_inside(folder, names, allowed)
+    if link is not None:
+        raise FileExistsError(
+            f"{link} is a symbolic link (to {os.readlink(link)}) where hf_cocodr writes; it never writes through a "
+            "link (the link's target is not its to change): remove the link, or give a new folder"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- the cache

@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, as_disk_fault, disk_faults
-from .storage import bounded_name, carry_over, check_not_source, staging_path, sweep_stale  # noqa: F401
+from .storage import (  # noqa: F401
+    ENTRIES_FILE,
+    _listed_entries,
+    bounded_name,
+    carry_over,
+    check_not_source,
+    remove_entry,
+    staging_path,
+    sweep_stale,
+)
 
 logger = logging.getLogger("hf_cocodr")
 
@@ -187,16 +196,19 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
 
 
-ENTRIES_FILE = ".hf_cocodr_entries.json"  # the entries atomic_directory(keep_others=True) wrote into its folder
-
-
 def _written_entries(folder: Path) -> set[str] | None:
     """The entries the manifest of ``folder`` lists (:data:`ENTRIES_FILE`); None without a readable one."""
-    try:
-        names = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+    return _listed_entries(folder)
+
+
+def destination(path: str | os.PathLike) -> Path:
+    """Where a write to ``path`` lands, its last component not followed: ``~`` expanded, made absolute, the folders
+    above it resolved (``..`` and links), the entry itself as named (a link stays the link). ``X/new/..`` and ``.``
+    name the folder they resolve to."""
+    p = Path(os.path.expanduser(os.fspath(path))).absolute()
+    if p.name in ("", ".", ".."):
+        return p.resolve()
+    return p.parent.resolve() / p.name
 
 
 @contextlib.contextmanager
@@ -205,16 +217,26 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_ot
 
     A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed; one a killed run left
     is swept by the next, see :mod:`hf_cocodr.storage`), so a half-written model directory is never visible under
-    the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``.
+    the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``. An
+    ``out_dir`` that is a symbolic link is refused before anything is written: the folder it points to is not
+    hf_cocodr's to replace.
 
     ``keep_others``: the folder keeps a list of the entries written into it (:data:`ENTRIES_FILE`); when it is
-    replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one.
+    replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one;
+    an old folder without that list has all its entries carried over that the new one does not write.
     """
-    out_dir = Path(out_dir).resolve()
+    out_dir = destination(out_dir)
+    if out_dir.is_symlink():
+        raise FileExistsError(
+            f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); hf_cocodr never writes through a link: "
+            "remove the link, or give another folder"
+        )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it.")
     sweep_stale(out_dir.parent)  # what a killed earlier run left beside it
+    if out_dir.is_dir():
+        sweep_stale(out_dir)  # and inside it (never carried over as the user's)
     tmp = staging_path(out_dir)
     tmp.mkdir()
     try:
@@ -240,12 +262,14 @@ def add_written_entries(folder: str | os.PathLike, names) -> None:
 
 def _keep_others(old: Path, new: Path) -> None:
     """List ``new``'s entries in its :data:`ENTRIES_FILE`, then carry over into it the entries of ``old`` that
-    ``old``'s list does not name (the user's; an old folder without a list was all ours)."""
+    ``old``'s list does not name (the user's). An old folder without a readable list (written by an earlier version,
+    or its list lost) has every entry the new folder does not write carried over: what no list names as hf_cocodr's
+    is never deleted."""
     mine = sorted(p.name for p in new.iterdir() if p.name != ENTRIES_FILE)
-    ours = _written_entries(old) if old.is_dir() else None
     atomic_write_text(new / ENTRIES_FILE, json.dumps(mine) + "\n")
-    if ours is None:
+    if not old.is_dir():
         return
+    ours = _written_entries(old) or set()
     for entry in sorted(old.iterdir()):
         if entry.name not in ours and entry.name != ENTRIES_FILE and not (new / entry.name).exists():
             carry_over(entry, new / entry.name)
@@ -288,8 +312,9 @@ def replace_directory(src: Path, dst: Path) -> None:
         os.replace(dst, backup)
     os.replace(src, dst)
     _fsync_dir(dst.parent)
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
+    if backup is not None:  # (a link moved aside is removed itself, never what it points to)
+        with contextlib.suppress(OSError):
+            remove_entry(backup)
 
 
 def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: str = "path") -> Path:
