@@ -383,8 +383,12 @@ def _refuse_foreign(
         )
     clash = sorted(f for f in foreign if f in writes)
     if clash:
+        shown = [
+            f"{f} (a symbolic link to {os.readlink(Path(folder) / f)})" if (Path(folder) / f).is_symlink() else f
+            for f in clash[:4]
+        ]
         raise FileExistsError(
-            f"{folder} holds {', '.join(clash[:4])}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
+            f"{folder} holds {', '.join(shown)}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
             "and this command would write (replacing it, or writing through it if it is a link); hf_cocodr never "
             "changes files it did not write: move it away or give a new folder"
         )
