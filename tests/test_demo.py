@@ -4,7 +4,6 @@ PNG (a valid image, one bar per system) and its record; a second run reuses its 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from helpers import load_demo
