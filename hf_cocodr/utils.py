@@ -352,13 +352,53 @@ def public_label(value: Any) -> Any:
     return f"{name}:{split}" if split is not None else name
 
 
+# a path inside a text: a file:// address; an absolute path of two components or more, a home (~/...) or dotted
+# relative (./..., ../...) one, a Windows one (C:\\...); not inside a URL (after ":" or "/") nor a word (and/or)
+_PART = r"[^\s/\\\"'<>()\[\]{}|,;`]+"
+_PATH_IN_TEXT = re.compile(
+    r"file://[^\s\"'<>()\[\]{}`]*"
+    rf"|(?<![\w:/.~\\-])(?:/{_PART}(?:/{_PART})+|(?:~|\.\.?)(?:/{_PART})+|[A-Za-z]:(?:\\{_PART})+)/?"
+    rf"|(?<![\w:/.~\\-]){_PART}(?:/{_PART})+/?"  # a relative path: reduced only where it exists here
+)
+_TRAILING = ".,:;!?"  # sentence punctuation after a path is not part of it
+
+
+def _reduced_path(match: re.Match) -> str:
+    text = match[0]
+    end = len(text.rstrip(_TRAILING))
+    path, tail = text[:end], text[end:]
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+        return (Path(path.rstrip("/")).name or path) + tail
+    if not path.startswith(("/", "~", ".")) and not re.match(r"[A-Za-z]:\\", path):
+        m = _SPLIT_SUFFIX.match(path)
+        if not os.path.exists(m["head"] if m else path):  # (a Hub id, a ratio, a word: not a path of this machine)
+            return match[0]
+    reduced = public_label(path)
+    if reduced == path:  # (a form public_label keeps: its last component all the same)
+        reduced = Path(path.replace("\\", "/").rstrip("/")).name or path
+    return reduced + tail
+
+
+def public_text(text: Any) -> Any:
+    """``text`` as it may leave this machine: a whole string that is a local path reduced by :func:`public_label`,
+    and in any other text every local path it holds (a ``file://`` address, an absolute path of two components or
+    more, ``~/...``, ``./...``, ``../...``, ``C:\\...``) reduced to its last component, sentence punctuation and a
+    ``:SPLIT`` suffix kept. URLs (``https://...``), Hub ids (``org/name``) and words with a slash (``and/or``) are
+    left as they are; non-strings are returned unchanged."""
+    whole = public_label(text)
+    if whole != text or not isinstance(text, str):
+        return whole
+    return _PATH_IN_TEXT.sub(_reduced_path, text)
+
+
 def public_value(obj: Any) -> Any:
-    """A copy of a JSON-able value with :func:`public_label` applied to every string, mapping keys included."""
+    """A copy of a JSON-able value with :func:`public_text` applied to every string, mapping keys included."""
     if isinstance(obj, dict):
-        return {public_label(k): public_value(v) for k, v in obj.items()}
+        return {public_text(k): public_value(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [public_value(v) for v in obj]
-    return public_label(obj)
+    return public_text(obj)
 
 
 def hub_id_problem(value: Any, *, namespace: bool = True) -> str | None:
