@@ -7,7 +7,9 @@ into place is atomic, hard links work), removed when its write fails, and recogn
 replaced is moved aside as ``.hf_cocodr-old-...`` for the moment of the swap. A staging entry whose writer is gone
 (same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run (a folder moved aside whose
 destination is missing is renamed back instead); one of another host is stale once it has not changed for
-:data:`STALE_SECONDS`. A destination name too long to fit in a staging name (file names are at most 255 bytes) is
+:data:`STALE_SECONDS`. A temporary file of an earlier version's atomic write (``.NAME.XXXXXXXX.tmp``, no writer's id in its name) is
+swept once it is a regular file of the sweeping user untouched for :data:`STALE_SECONDS`. A destination name too long
+to fit in a staging name (file names are at most 255 bytes) is
 shortened in it to a prefix and a hash (:func:`bounded_name`), so a 250-character folder name stages like any other.
 """
 
@@ -23,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -108,6 +111,26 @@ def is_stale(entry: Path, now: float | None = None) -> bool:
     return age > STALE_SECONDS
 
 
+# the temporary file of an atomic write of earlier versions of hf_cocodr (staged by tempfile.mkstemp:
+# ".NAME." + 8 letters, digits or underscores + ".tmp"); with no writer's id in its name, one is left over once it is
+# older than STALE_SECONDS, a regular file (not a link) of the user sweeping
+_LEGACY_TMP = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
+
+
+def is_legacy_leftover(entry: Path, now: float | None = None) -> bool:
+    """Whether ``entry`` is a temporary file an earlier version's atomic write left (``.NAME.XXXXXXXX.tmp``): a
+    regular file of this user, untouched for :data:`STALE_SECONDS`."""
+    if not _LEGACY_TMP.match(entry.name):
+        return False
+    try:
+        st = entry.lstat()
+    except OSError:
+        return False
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    age = (time.time() if now is None else now) - st.st_mtime
+    return stat.S_ISREG(st.st_mode) and mine and age > STALE_SECONDS
+
+
 def remove_entry(path: Path) -> None:
     """Remove a file, link or folder tree of ours; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
@@ -127,6 +150,13 @@ def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path
     except OSError:
         return removed
     for entry in entries:
+        legacy = _LEGACY_TMP.match(entry.name)
+        if legacy and (name is None or legacy[1] == bounded_name(name)) and is_legacy_leftover(entry):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                logger.warning("removed %s, a temporary file an earlier run left (over an hour old)", entry)
+                removed.append(entry)
+            continue
         if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != bounded_name(name)):
             continue
         if is_stale(entry):

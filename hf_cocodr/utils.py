@@ -10,7 +10,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,13 +142,13 @@ def _walk_no_links(path: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: readers never see half a file. The file
-    gets the mode a plain ``open`` would give it (``0o666 & ~umask``)."""
+    gets the mode a plain ``open`` would give it (``0o666 & ~umask``). The temporary file is a staging sibling
+    (:func:`~hf_cocodr.storage.staging_path`): one a kill left is removed by the next sweep of its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{bounded_name(path.name)}.", suffix=".tmp", dir=path.parent)
+    tmp = staging_path(path)  # (named as hf_cocodr's, with this process's id: what a kill leaves is swept)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # (the umask applies, as for a plain open)
     try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding=encoding) as f:
             f.write(text)
             f.flush()

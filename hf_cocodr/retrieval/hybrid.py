@@ -666,11 +666,13 @@ def _check_record(info_file: Path, info: dict[str, Any]) -> None:
         "corpus_fingerprint": string,
         "corpus": string,
         "corpus_file": (
-            lambda v: isinstance(v, dict)
-            and isinstance(v.get("path"), str)
-            and bool(v["path"])
-            and _whole(v.get("size"))
-            and _whole(v.get("mtime_ns")),
+            lambda v: (
+                isinstance(v, dict)
+                and isinstance(v.get("path"), str)
+                and bool(v["path"])
+                and _whole(v.get("size"))
+                and _whole(v.get("mtime_ns"))
+            ),
             "a mapping of path (a string), size and mtime_ns (whole numbers)",
         ),
         "encode_precision": string,
