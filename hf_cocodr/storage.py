@@ -416,12 +416,17 @@ def check_before_work(
     """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
     folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
     ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
-    be writable too. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
+    be writable too, and it must not be a symbolic link. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
     is refused (a run must never read what it writes): one check for every command."""
     if model is not None and isinstance(model, (str, os.PathLike)):
         check_not_source(output_dir, model)
     check_writable(output_dir, what)
     out = Path(output_dir).expanduser().absolute()
+    if staged_beside and out.is_symlink():  # (replaced as a whole: never a folder a link points to)
+        raise FileExistsError(
+            f"{what} {output_dir} is a symbolic link (to {os.readlink(out)}); it is written beside and renamed into "
+            "place, and hf_cocodr never writes through a link: remove the link, or give another folder"
+        )
     if staged_beside and out.exists():
         check_writable(
             out.parent, f"the folder holding {what}", hint=f"{out.name} is written beside it and renamed into place"

@@ -210,6 +210,18 @@ def destination(path: str | os.PathLike) -> Path:
     return p.parent.resolve() / p.name
 
 
+def refuse_linked_destination(path: str | os.PathLike) -> Path:
+    """:func:`destination` of ``path``, refused in one line when it is a symbolic link: a folder hf_cocodr replaces
+    as a whole is never one a link points to."""
+    out = destination(path)
+    if out.is_symlink():
+        raise FileExistsError(
+            f"{path} is a symbolic link (to {os.readlink(out)}); hf_cocodr replaces this folder as a whole and never "
+            "writes through a link: remove the link, or give another folder"
+        )
+    return out
+
+
 @contextlib.contextmanager
 def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_others: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling directory; on success it replaces ``out_dir`` in one rename.
@@ -224,12 +236,7 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_ot
     replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one;
     an old folder without that list has all its entries carried over that the new one does not write.
     """
-    out_dir = destination(out_dir)
-    if out_dir.is_symlink():
-        raise FileExistsError(
-            f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}); hf_cocodr never writes through a link: "
-            "remove the link, or give another folder"
-        )
+    out_dir = refuse_linked_destination(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it.")

@@ -57,7 +57,7 @@ from ..modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ..modeling.loading import load_encoder
 from ..rundir.run_record import CORPUS_FILE, jsonl_file, model_fingerprint
 from ..storage import carry_over
-from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolved_path
+from ..utils import atomic_directory, atomic_write_text, redact_secrets, refuse_linked_destination, resolved_path
 from .ann import APPROXIMATE_KINDS, ApproximateIndex, IndexChoice, build_approximate, index_choice, read_approximate
 from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
 from .fusion import FusionConfig, fuse
@@ -378,7 +378,8 @@ class HybridRetriever:
     # ------------------------------------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> None:
         """Write the retriever into the folder ``path`` atomically (a reader sees the old or the new one, never a
-        half-written one). The path is resolved first (``X/new/..`` is ``X``). A folder that exists and is not a saved
+        half-written one). The path is resolved first (``X/new/..`` is ``X``); one that is itself a symbolic link is
+        refused (the folder is replaced as a whole, never one a link points to). A folder that exists and is not a saved
         hybrid retriever is refused; saving over a saved retriever replaces only its own entries
         (:data:`HYBRID_ENTRIES`): anything else in the folder is carried over. A model that is a local folder is
         recorded relative to ``path``."""
@@ -387,7 +388,7 @@ class HybridRetriever:
             raise ConfigError(
                 f"save {path}: the fusion is not fitted yet (built with fit=False): call fit_fusion first"
             )
-        out = resolved_path(path)
+        out = refuse_linked_destination(path)  # (the folders above resolved; a link itself is refused)
         if out.exists() and not (out / HYBRID_FILE).is_file():
             where = "" if str(out) == str(path) else f" ({path} resolves to it)"
             raise FileExistsError(

@@ -106,3 +106,22 @@ def test_wise_keeps_a_users_file_in_its_folder(tiny_st_dir, tmp_path):
     (stage / "results by hand.csv").write_text("split,ndcg\ndev,0.41\n")
     write_wise(str(tiny_st_dir), str(tiny_st_dir), stage, 0.6)
     assert (stage / "results by hand.csv").read_text() == "split,ndcg\ndev,0.41\n"
+
+
+def test_commands_that_replace_their_folder_refuse_a_linked_one_before_any_work(
+    tiny_st_dir, tiny_beir, tmp_path, capsys
+):
+    from hf_cocodr.cli import main
+
+    mine = users_folder(tmp_path)
+    before = tree(mine)
+    link = tmp_path / "published"
+    link.symlink_to(mine, target_is_directory=True)
+    for argv in (
+        ["export", str(tiny_st_dir), str(link)],
+        ["pretrain", "--model", str(tiny_st_dir), "--corpus", str(tiny_beir), "--output_dir", str(link), "--use_cpu"],
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "symbolic link" in err and str(link) in err, argv
+    assert tree(mine) == before and link.is_symlink()
