@@ -82,7 +82,7 @@ HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, ANN_FILE, HYBRID_F
 MAPPED_MIN_DOCS = 100_000
 # the fields of hybrid.json that record paths (or a Hub id) as data: written as they are, never redacted (a model
 # folder whose name has the shape of a Hub token must still be found), as the document ids are
-DATA_FIELDS = ("model", "corpus")
+DATA_FIELDS = ("model", "corpus", "corpus_file")
 
 
 def doc_ids_digest(doc_ids: list[str]) -> str:
