@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import stat
@@ -468,8 +469,6 @@ def native_bf16() -> bool:
 @contextlib.contextmanager
 def preserved_rng_state():
     """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
-    import random
-
     import numpy as np
     import torch
 
