@@ -34,6 +34,7 @@ from .utils import (
     check_not_precious,
     check_not_source,
     honour_umask,
+    refuse_linked_destination,
 )
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,7 @@ def _check_before_export(
     if similarity not in SIMILARITY_CHOICES:
         raise ValueError(f"similarity must be one of {SIMILARITY_CHOICES}, got {similarity!r}")
     check_lengths(model_or_path, lengths)
+    refuse_linked_destination(out_dir)  # (the folder is replaced as a whole: never one a link points to)
     if not run_record:  # a trainer's export into the folder it claimed: the claim decided which entries are the user's
         check_not_precious(out_dir)
         check_not_source(out_dir, source)

@@ -24,7 +24,7 @@ from typing import Any
 from .errors import HubPushError  # raised here; defined with the other input errors (re-exported)
 from .model_card import collect_evaluations, eval_results_files
 from .rundir.run_record import EVAL_RESULTS, LOCK, RECORD
-from .utils import hub_id_problem, public_value
+from .utils import hub_id_problem, public_text, public_value
 
 logger = logging.getLogger(__name__)
 
@@ -158,6 +158,18 @@ def _public_json(path: Path) -> str | bytes | None:
     if public == record and path.name not in _PROVENANCE_FILES:
         return str(path)
     return (json.dumps(public, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def _public_markdown(path: Path) -> str | bytes:
+    """What a push uploads for the text file ``path`` (the card): the file itself when it names no local path, else
+    its text with each one reduced to its last component (:func:`hf_cocodr.utils.public_text`: ``file://``
+    addresses, absolute and home paths, relative ones that exist here, inside sentences too)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return str(path)
+    public = public_text(text)
+    return str(path) if public == text else public.encode("utf-8")
 
 
 def _inside(rel: Any) -> str | None:
@@ -306,7 +318,9 @@ def _push_contents(model_dir: Path) -> dict[str, str | bytes]:
     upload, skipped = push_plan(model_dir)
     contents: dict[str, str | bytes] = dict(_eval_results(model_dir))
     for rel, path in upload.items():
-        if path.suffix != ".json":
+        if path.suffix == ".md":  # the card: every local path in its text reduced to its last component
+            contents[rel] = _public_markdown(path)
+        elif path.suffix != ".json":
             contents[rel] = str(path)
         elif (public := _public_json(path)) is None:  # unreadable: whether it names a path cannot be told
             skipped[rel] = "not readable JSON"

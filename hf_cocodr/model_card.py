@@ -32,7 +32,7 @@ from .provenance import (
 )
 from .rundir.run_record import EVAL_RESULTS
 from .storage import staged_name
-from .utils import atomic_write_text, is_hub_id, public_value, redact_text
+from .utils import atomic_write_text, import_mteb, is_hub_id, public_value, redact_text
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,7 @@ def _mteb_dataset_path(task_name: str) -> str | None:
 
         if mteb_task_names().get(normalize_task_name(task_name)) != task_name:
             return None
-        import mteb
+        mteb = import_mteb()
 
         return mteb.get_task(task_name).metadata.dataset.get("path")
     except Exception:  # mteb missing or the task unknown

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .rundir.run_record import PROVENANCE_FILE, fingerprint, read_record
-from .utils import atomic_write_json, is_hub_id
+from .utils import atomic_write_json, import_mteb, is_hub_id
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,7 @@ def _resolve_hub_id(folder: str) -> tuple[str | None, str | None, str]:
             return name_or_path, None, "config.json _name_or_path"
     if title:  # a card that names a model mteb knows
         try:
+            import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
             from mteb.models.get_model_meta import MODEL_REGISTRY  # 9 s to import: only a titled card needs it
 
             hits = [

@@ -7,7 +7,9 @@ into place is atomic, hard links work), removed when its write fails, and recogn
 replaced is moved aside as ``.hf_cocodr-old-...`` for the moment of the swap. A staging entry whose writer is gone
 (same host, dead pid) is *stale* and :func:`sweep_stale` removes it on the next run (a folder moved aside whose
 destination is missing is renamed back instead); one of another host is stale once it has not changed for
-:data:`STALE_SECONDS`. A destination name too long to fit in a staging name (file names are at most 255 bytes) is
+:data:`STALE_SECONDS`. A temporary file of an earlier version's atomic write (``.NAME.XXXXXXXX.tmp``, no writer's id in its name) is
+swept once it is a regular file of the sweeping user untouched for :data:`STALE_SECONDS`. A destination name too long
+to fit in a staging name (file names are at most 255 bytes) is
 shortened in it to a prefix and a hash (:func:`bounded_name`), so a 250-character folder name stages like any other.
 """
 
@@ -15,12 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import hashlib
+import json
 import logging
 import os
 import re
 import shutil
 import socket
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -106,6 +111,26 @@ def is_stale(entry: Path, now: float | None = None) -> bool:
     return age > STALE_SECONDS
 
 
+# the temporary file of an atomic write of earlier versions of hf_cocodr (staged by tempfile.mkstemp:
+# ".NAME." + 8 letters, digits or underscores + ".tmp"); with no writer's id in its name, one is left over once it is
+# older than STALE_SECONDS, a regular file (not a link) of the user sweeping
+_LEGACY_TMP = re.compile(r"^\.(.+)\.[a-z0-9_]{8}\.tmp$", re.DOTALL)
+
+
+def is_legacy_leftover(entry: Path, now: float | None = None) -> bool:
+    """Whether ``entry`` is a temporary file an earlier version's atomic write left (``.NAME.XXXXXXXX.tmp``): a
+    regular file of this user, untouched for :data:`STALE_SECONDS`."""
+    if not _LEGACY_TMP.match(entry.name):
+        return False
+    try:
+        st = entry.lstat()
+    except OSError:
+        return False
+    mine = not hasattr(os, "getuid") or st.st_uid == os.getuid()
+    age = (time.time() if now is None else now) - st.st_mtime
+    return stat.S_ISREG(st.st_mode) and mine and age > STALE_SECONDS
+
+
 def remove_entry(path: Path) -> None:
     """Remove a file, link or folder tree of ours; a missing one is fine."""
     with contextlib.suppress(FileNotFoundError):
@@ -125,6 +150,13 @@ def sweep_stale(folder: str | os.PathLike, name: str | None = None) -> list[Path
     except OSError:
         return removed
     for entry in entries:
+        legacy = _LEGACY_TMP.match(entry.name)
+        if legacy and (name is None or legacy[1] == bounded_name(name)) and is_legacy_leftover(entry):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+                logger.warning("removed %s, a temporary file an earlier run left (over an hour old)", entry)
+                removed.append(entry)
+            continue
         if not is_staging_name(entry.name) or (name is not None and staged_name(entry.name) != bounded_name(name)):
             continue
         if is_stale(entry):
@@ -209,6 +241,54 @@ def carry_over(src: Path, dst: Path) -> None:
         shutil.copytree(src, dst, copy_function=link_or_copy, symlinks=True)
     else:
         link_or_copy(src, dst)
+
+
+# ------------------------------------------------------------------------------------------------- links inside
+ENTRIES_FILE = ".hf_cocodr_entries.json"  # the entries hf_cocodr wrote into a folder it replaces as a whole
+
+
+def _listed_entries(folder: Path) -> set[str] | None:
+    """The entries a folder's :data:`ENTRIES_FILE` lists as hf_cocodr's; None without a readable one."""
+    try:
+        names = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+
+
+def link_inside(folder: str | os.PathLike, names, allowed=()) -> Path | None:
+    """The first symbolic link at or below the entries ``names`` of ``folder`` (never followed), at any depth; None
+    when there is none. ``allowed``: patterns (``fnmatch``, relative to ``folder``) of the links the caller makes
+    itself and replaces as links. Inside a folder that lists its own entries (:data:`ENTRIES_FILE`) the entries it
+    does not list are the user's, carried over as they are (never written through), and not looked into."""
+    folder = Path(folder)
+    todo = [folder / n for n in sorted(names)]
+    while todo:
+        path = todo.pop()
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            if not any(fnmatch.fnmatchcase(rel, pattern) for pattern in allowed):
+                return path
+            continue
+        if path.is_dir():
+            try:
+                children = sorted(path.iterdir())
+            except OSError:
+                continue
+            listed = _listed_entries(path)
+            todo += [c for c in children if listed is None or c.name in listed]
+    return None
+
+
+def refuse_links(folder: str | os.PathLike, names, allowed=()) -> None:
+    """Refuse, in one line naming the link and its target, a symbolic link at or below the entries ``names`` of
+    ``folder`` (see :func:`link_inside`): hf_cocodr writes those entries and never writes through a link."""
+    link = link_inside(folder, names, allowed)
+    if link is not None:
+        raise FileExistsError(
+            f"{link} is a symbolic link (to {os.readlink(link)}) where hf_cocodr writes; it never writes through a "
+            "link (the link's target is not its to change): remove the link, or give a new folder"
+        )
 
 
 # ------------------------------------------------------------------------------------------------------- the cache
@@ -336,12 +416,17 @@ def check_before_work(
     """The checks of the disk made before any model loads: ``output_dir`` (and with ``cache`` hf_cocodr's cache
     folder) writable, and free space on ``output_dir``'s file system for ``factor`` times ``model``'s weight files.
     ``staged_beside``: ``output_dir`` is written as a staging sibling renamed into place, so its parent folder must
-    be writable too. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
+    be writable too, and it must not be a symbolic link. With a local ``model``, an ``output_dir`` that is the model's folder, holds it or lies inside it
     is refused (a run must never read what it writes): one check for every command."""
     if model is not None and isinstance(model, (str, os.PathLike)):
         check_not_source(output_dir, model)
     check_writable(output_dir, what)
     out = Path(output_dir).expanduser().absolute()
+    if staged_beside and out.is_symlink():  # (replaced as a whole: never a folder a link points to)
+        raise FileExistsError(
+            f"{what} {output_dir} is a symbolic link (to {os.readlink(out)}); it is written beside and renamed into "
+            "place, and hf_cocodr never writes through a link: remove the link, or give another folder"
+        )
     if staged_beside and out.exists():
         check_writable(
             out.parent, f"the folder holding {what}", hint=f"{out.name} is written beside it and renamed into place"

@@ -2,42 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import random
 import shutil
 
 from .errors import ConfigError, disk_faults
 from .hub import push_directory, validate_repo_id
-from .rundir.checkpoints import is_complete, mark_complete, resolve_resume
-from .rundir.run_record import RunFolder, read_record
-from .utils import honour_umask
+from .rundir.checkpoints import is_complete, latest_complete_checkpoint, mark_complete, resolve_resume, rotate
+from .rundir.run_record import TRAINER_ENTRIES, RunFolder, read_record
+from .utils import honour_umask, preserved_rng_state  # noqa: F401  (re-exported)
 
 logger = logging.getLogger(__name__)
-
-
-@contextlib.contextmanager
-def preserved_rng_state():
-    """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
-    import numpy as np
-    import torch
-
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    states = (
-        random.getstate(),
-        np.random.get_state(),
-        torch.get_rng_state(),
-        (torch.cuda.get_rng_state_all() if cuda else None),
-    )
-    try:
-        yield
-    finally:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.set_rng_state(states[2])
-        if states[3] is not None:
-            torch.cuda.set_rng_state_all(states[3])
 
 
 class TrainerMixin:
@@ -204,15 +179,57 @@ class TrainerMixin:
         with preserved_rng_state():
             return super().evaluate(*args, **kwargs)
 
-    def _record_outputs(self) -> None:
-        """List what this run wrote into ``output_dir`` in its owner record (after the final model is written)."""
+    def _own_record(self) -> RunFolder | None:
+        """This run's owner record of ``output_dir`` as it is on disk now (None on a process that does not save, or
+        where the folder holds another run's record)."""
         run = getattr(self, "_run_folder", None)
-        if run is not None and self.args.should_save:
-            rec = read_record(run.path)
-            if rec and rec.get("run_id") == run.run_id:
-                RunFolder(run.path, rec).save()
-                # the model files the Trainer's savers wrote (safetensors leaves 0600) get the umask's modes
-                honour_umask(*(run.path / name for name in rec["files"]))
+        if run is None or not self.args.should_save:
+            return None
+        rec = read_record(run.path)
+        return RunFolder(run.path, rec) if rec and rec.get("run_id") == run.run_id else None
+
+    def _declare_outputs(self, names=None) -> None:
+        """Before a write into ``output_dir`` outside a checkpoint (the final model, the evaluation files): declare
+        in the owner record the entries it may write (``names``; default: those a training command writes,
+        :data:`~hf_cocodr.rundir.run_record.TRAINER_ENTRIES`, and the entries of the latest complete checkpoint,
+        which the final save writes again). A run killed during the write still owns what it wrote: the re-run
+        resumes and writes it again, never taking it for the user's. :meth:`_record_outputs` then lists what was
+        written and drops the declaration of what was not."""
+        run = self._own_record()
+        if run is None:
+            return
+        if names is None:
+            names = set(TRAINER_ENTRIES)
+            latest = latest_complete_checkpoint(run.path, run.run_id)
+            if latest is not None:
+                names |= {p.name for p in latest.iterdir()}
+        run.expect(names)
+
+    def _record_outputs(self) -> None:
+        """List what this run wrote into ``output_dir`` in its owner record (after the final model is written); the
+        entries declared for that write (:meth:`_declare_outputs`) that it did not write are no longer claimed."""
+        run = self._own_record()
+        if run is not None:
+            run.save()
+            run.record["expected"] = sorted(set(run.record.get("expected", [])) & set(run.record["files"]))
+            run.save()
+            # the model files the Trainer's savers wrote (safetensors leaves 0600) get the umask's modes
+            honour_umask(*(run.path / name for name in run.record["files"]))
+
+    def _save_checkpoint(self, model, trial):
+        """The Trainer's checkpoint save, then its completion marker, then the removal of older checkpoints beyond
+        ``save_total_limit``: the Trainer removes them before the new checkpoint is complete, so a kill or a full disk
+        between the two left no complete checkpoint to resume from. Only complete checkpoints count towards the limit;
+        the newest complete ones (and the best one) are kept."""
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None  # (the Trainer's own rotation, which runs before the marker, is off)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        self._mark_checkpoint_complete(trial)
+        if self.args.should_save:
+            rotate(self._get_output_dir(trial=trial), limit, keep=self.state.best_model_checkpoint)
 
     def _mark_checkpoint_complete(self, trial) -> None:
         """Written last, atomically, once every rank has written its files (under ``torch.distributed`` each writes

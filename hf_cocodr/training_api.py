@@ -27,7 +27,7 @@ from .provenance import source_info
 from .rundir.run_record import RunFolder
 from .storage import check_before_work
 from .trainer_common import TrainerMixin
-from .utils import atomic_write_json
+from .utils import atomic_write_json, refuse_linked_destination
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def run_finetune(
         "train_loss": round(float(train_out.training_loss), 6),
     }
     if evals and trainer.args.should_save:
+        trainer._declare_outputs((EVAL_FILE, "README.md"))  # (a kill while they are written: still this run's)
         for spec, res in evaluate_all(trainer.model, list(evals), args.output_dir).items():
             result[spec] = {k: res[k] for k in ("ndcg@10", "recall@100", "mrr@10")}
         write_model_card(args.output_dir, trainer.model, trainer.card_data())
@@ -212,6 +213,8 @@ def run_pretrain(
 
     if args is None:
         args = pretraining.CocoPretrainingArguments(output_dir="outputs/coco")
+    if args.should_save:
+        refuse_linked_destination(args.output_dir)  # (the final model replaces the folder as a whole)
     check_output_dir(args, "pretrain")
     if args.should_save:
         check_before_work(args.output_dir, model, staged_beside=True)  # the final model is swapped into place

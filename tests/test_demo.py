@@ -3,38 +3,12 @@ PNG (a valid image, one bar per system) and its record; a second run reuses its 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
-from pathlib import Path
 
 import pytest
+from helpers import load_demo
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "tools" / "demo.py"
 SYSTEMS = ["bm25", "start", "hybrid", "queries", "corpus"]
-
-
-def _demo():
-    spec = importlib.util.spec_from_file_location("demo", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.fixture
-def numbered_beir(tiny_beir, tmp_path) -> Path:
-    """The toy BEIR folder with its queries judged in ``train`` only, as SciFact ships (ids q0, q1, ...)."""
-    folder = tmp_path / "toy"
-    shutil.copytree(tiny_beir, folder)
-    rows = [
-        line
-        for split in ("train", "dev")
-        for line in (folder / "qrels" / f"{split}.tsv").read_text().splitlines()[1:]
-        if line.strip()
-    ]
-    (folder / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{r}\n" for r in rows))
-    (folder / "qrels" / "dev.tsv").unlink()
-    return folder
 
 
 def test_the_smoke_demo_writes_its_table_and_picture(tiny_st_dir, numbered_beir, tmp_path, monkeypatch, capsys):
@@ -42,7 +16,7 @@ def test_the_smoke_demo_writes_its_table_and_picture(tiny_st_dir, numbered_beir,
     import matplotlib.image
 
     monkeypatch.setenv("HF_COCODR_CACHE", str(tmp_path / "cache"))
-    demo, out = _demo(), tmp_path / "demo"
+    demo, out = load_demo(), tmp_path / "demo"
     args = ["--smoke", "--model", str(tiny_st_dir), "--data", str(numbered_beir), "--source", str(numbered_beir)]
     assert demo.main([*args, "--output", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -94,6 +68,6 @@ def test_without_matplotlib_the_table_says_why_there_is_no_picture(tmp_path, mon
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
     rows = [{"key": "bm25", "system": "BM25", "ndcg@10": 0.5}]
-    picture = _demo().write_png(rows, tmp_path / "demo.png", "t")
+    picture = load_demo().write_png(rows, tmp_path / "demo.png", "t")
     assert picture["png"] is None and "matplotlib is not installed" in picture["why"]
     assert not (tmp_path / "demo.png").exists()

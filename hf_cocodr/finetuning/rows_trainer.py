@@ -468,8 +468,7 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         if self.args.should_save:
             tensors, meta = self.state_for_checkpoint()
             save_state(folder, tensors, meta)
-        super()._save_checkpoint(model, trial)
-        self._mark_checkpoint_complete(trial)
+        super()._save_checkpoint(model, trial)  # (then its completion marker: TrainerMixin)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         super()._load_from_checkpoint(resume_from_checkpoint)
@@ -515,6 +514,7 @@ class RowsTrainer(TrainerMixin, SentenceTransformerTrainer):
         for method in self.methods:  # the model in memory encodes as the saved one
             method.before_save(self)
         if not getattr(self, "_finalized", False):
+            self._declare_outputs()  # a kill during the save: the re-run owns what it wrote (and writes it again)
             with disk_faults(self.args.output_dir):  # a full disk: one OSError naming the folder
                 self.save_model(self.args.output_dir, _internal_call=True)  # _save runs the methods' save hooks
                 self.save_state()

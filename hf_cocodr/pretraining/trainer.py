@@ -420,10 +420,6 @@ class CocoPretrainer(TrainerMixin, Trainer):
         cond.load_head(Path(resume_from_checkpoint) / "condenser_head.safetensors", load_mlm_head=False)
         logger.info("resumed COCO model and Condenser head from %s", resume_from_checkpoint)
 
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        self._mark_checkpoint_complete(trial)
-
     def _load_best_model(self) -> None:
         logger.info(
             "loading the best checkpoint %s (%s %s)",
@@ -439,6 +435,7 @@ class CocoPretrainer(TrainerMixin, Trainer):
             prev = previous_training_info(self.source_model) if self.source_model else {}
             if "base_model" not in prev and self.source_model and not Path(self.source_model).exists():
                 prev["base_model"] = self.source_model
+            self._declare_outputs()  # a kill during the export: the re-run owns what it wrote (and writes it again)
             with disk_faults(self.args.output_dir):  # a full disk: one OSError naming the folder
                 self.export(self.args.output_dir, prev=prev)
                 if self.args.should_save:

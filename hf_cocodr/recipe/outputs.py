@@ -157,7 +157,7 @@ def _write_combined(st, source: Path, stage_dir: Path, stage: dict[str, Any], ma
         "datasets": list(prev.get("datasets", [])),
         "base_model": prev.get("base_model"),
     }
-    with atomic_directory(stage_dir) as tmp:
+    with atomic_directory(stage_dir, keep_others=True) as tmp:  # (a user's entry in the folder stays)
         st.save(str(tmp))
         if (source / TRAINING_INFO_FILE).is_file():
             shutil.copy2(source / TRAINING_INFO_FILE, tmp / TRAINING_INFO_FILE)

@@ -56,9 +56,9 @@ from ..data.sources import data_label, resolve_data
 from ..errors import ConfigError
 from ..modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ..modeling.loading import load_encoder
-from ..rundir.run_record import model_fingerprint
+from ..rundir.run_record import CORPUS_FILE, jsonl_file, model_fingerprint
 from ..storage import carry_over
-from ..utils import atomic_directory, atomic_write_text, redact_secrets, resolved_path
+from ..utils import atomic_directory, atomic_write_text, redact_secrets, refuse_linked_destination, resolved_path
 from .ann import APPROXIMATE_KINDS, ApproximateIndex, IndexChoice, build_approximate, index_choice, read_approximate
 from .encoding_cache import corpus_fingerprint, current_precision, document_encoder_key, fit_fusion_once
 from .fusion import FusionConfig, fuse
@@ -83,7 +83,7 @@ HYBRID_ENTRIES = (EMBEDDINGS_FILE, DOC_IDS_FILE, BM25_FOLDER, ANN_FILE, HYBRID_F
 MAPPED_MIN_DOCS = 100_000
 # the fields of hybrid.json that record paths (or a Hub id) as data: written as they are, never redacted (a model
 # folder whose name has the shape of a Hub token must still be found), as the document ids are
-DATA_FIELDS = ("model", "corpus")
+DATA_FIELDS = ("model", "corpus", "corpus_file")
 
 
 def doc_ids_digest(doc_ids: list[str]) -> str:
@@ -230,6 +230,7 @@ class HybridRetriever:
         if model_ref is not None and Path(model_ref).expanduser().exists():  # a local folder: where it is
             model_ref = str(resolved_path(model_ref))
         st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
+        source = corpus_file_record(corpus)  # (before it is read: a change while it is read is seen at load)
         dataset = corpus
         if isinstance(corpus, (str, os.PathLike)):
             path = Path(corpus)
@@ -257,6 +258,7 @@ class HybridRetriever:
             "encode_precision": current_precision(st, session),  # of the document vectors (the session's precision)
             "corpus": data_label(corpus) if isinstance(corpus, (str, os.PathLike)) else "dataset",
             "corpus_fingerprint": corpus_fingerprint(ids, texts),
+            **({"corpus_file": source} if source is not None else {}),
             "num_docs": len(ids),
             "doc_ids_sha256": doc_ids_digest(ids),
             "empty_rows": empty_rows,
@@ -383,7 +385,8 @@ class HybridRetriever:
     # ------------------------------------------------------------------------------------------------ saving
     def save(self, path: str | os.PathLike) -> None:
         """Write the retriever into the folder ``path`` atomically (a reader sees the old or the new one, never a
-        half-written one). The path is resolved first (``X/new/..`` is ``X``). A folder that exists and is not a saved
+        half-written one). The path is resolved first (``X/new/..`` is ``X``); one that is itself a symbolic link is
+        refused (the folder is replaced as a whole, never one a link points to). A folder that exists and is not a saved
         hybrid retriever is refused; saving over a saved retriever replaces only its own entries
         (:data:`HYBRID_ENTRIES`): anything else in the folder is carried over. A model that is a local folder is
         recorded relative to ``path``."""
@@ -392,7 +395,7 @@ class HybridRetriever:
             raise ConfigError(
                 f"save {path}: the fusion is not fitted yet (built with fit=False): call fit_fusion first"
             )
-        out = resolved_path(path)
+        out = refuse_linked_destination(path)  # (the folders above resolved; a link itself is refused)
         if out.exists() and not (out / HYBRID_FILE).is_file():
             where = "" if str(out) == str(path) else f" ({path} resolves to it)"
             raise FileExistsError(
@@ -525,6 +528,8 @@ class HybridRetriever:
             dense_index = None
         if corpus is not None:
             _check_saved_corpus(folder, info, corpus)
+        else:
+            _check_recorded_corpus(folder, info)
         st = _saved_query_model(folder, info, model)
         meta = {
             k: v
@@ -569,6 +574,47 @@ def _check_saved_corpus(folder: Path, info: dict[str, Any], corpus) -> None:
             f"the corpus {corpus!s} is not the one {folder} was built from ({len(ids)} documents, fingerprint "
             f"{got} against {info['num_docs']} documents, {info['corpus_fingerprint']}): build the retriever "
             "again for this corpus"
+        )
+
+
+def corpus_file_record(corpus) -> dict[str, Any] | None:
+    """Where a corpus given as a path lies and how its file looked (``{"path", "size", "mtime_ns"}``: the corpus file
+    the loader reads, resolved), for a saved retriever to tell at load, in the time of a ``stat``, whether it may have
+    changed since; None for a dataset or a path that is not there."""
+    if not isinstance(corpus, (str, os.PathLike)):
+        return None
+    path = resolved_path(corpus)
+    file = path if path.is_file() else jsonl_file(path, CORPUS_FILE)
+    try:
+        st = file.stat()
+    except OSError:
+        return None
+    return {"path": str(file), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _check_recorded_corpus(folder: Path, info: dict[str, Any]) -> None:
+    """Refuse a saved retriever whose corpus file, where it was read from and still lies, has changed since
+    (``corpus_file`` in ``hybrid.json``): its size and modification time as recorded mean unchanged (a ``stat``);
+    otherwise its ids and texts are read and their fingerprint must be the recorded one. A corpus that is no longer
+    there, one given as a dataset, and a retriever saved before this was recorded are not checked (pass
+    ``corpus=``)."""
+    recorded = info.get("corpus_file")
+    if recorded is None:
+        return
+    file = Path(recorded["path"])
+    try:
+        st = file.stat()
+    except OSError:
+        return  # moved or deleted since: nothing to compare with
+    if (st.st_size, st.st_mtime_ns) == (recorded["size"], recorded["mtime_ns"]):
+        return
+    ids, texts = _corpus_ids_texts(file)
+    got = corpus_fingerprint(ids, texts)
+    if got != info.get("corpus_fingerprint"):
+        raise ConfigError(
+            f"{folder} indexes {file} as it was when it was built ({info['num_docs']} documents, fingerprint "
+            f"{info.get('corpus_fingerprint')}); the file has changed since ({len(ids)} documents, fingerprint {got}): "
+            "build the retriever again for this corpus"
         )
 
 
@@ -627,6 +673,16 @@ def _check_record(info_file: Path, info: dict[str, Any]) -> None:
         "doc_ids_sha256": string,
         "corpus_fingerprint": string,
         "corpus": string,
+        "corpus_file": (
+            lambda v: (
+                isinstance(v, dict)
+                and isinstance(v.get("path"), str)
+                and bool(v["path"])
+                and _whole(v.get("size"))
+                and _whole(v.get("mtime_ns"))
+            ),
+            "a mapping of path (a string), size and mtime_ns (whole numbers)",
+        ),
         "encode_precision": string,
         "similarity": (lambda v: v in SUPPORTED_SIMILARITIES, f"one of {SUPPORTED_SIMILARITIES}"),
         "doc_max_length": (lambda v: v is None or _whole(v, 1), "a whole number >= 1 or null"),

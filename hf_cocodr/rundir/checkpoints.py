@@ -123,6 +123,26 @@ def latest_complete_checkpoint(output_dir: str | os.PathLike, run_id: str | None
     return None
 
 
+def rotate(output_dir: str | os.PathLike, limit: int | None, keep: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the checkpoints of ``output_dir`` older than its newest ``limit`` complete ones (``save_total_limit``;
+    None or < 1: none), except ``keep`` (the best one); returns them. Called once the newest checkpoint's marker is
+    written: a checkpoint is only ever removed when ``limit`` newer complete ones exist, so a save killed or failed
+    before its marker always leaves the complete checkpoint before it. One newer than the newest complete one (being
+    written) is never touched."""
+    if not limit or limit < 1:
+        return []
+    found = list_checkpoints(output_dir)
+    complete = [p for _, p in found if is_complete(p)]
+    if len(complete) <= limit:
+        return []
+    oldest_kept = min(int(p.name.split("-")[1]) for p in complete[-limit:])
+    best = Path(keep).name if keep else None
+    removed = [p for step, p in found if step < oldest_kept and p.name != best]
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
 def resolve_resume(value, output_dir: str | os.PathLike, run_id: str | None = None) -> str | None:
     """``True``/"true" → the latest complete, intact checkpoint of this run in ``output_dir`` (or None: start fresh,
     logged); a path → that checkpoint, which must be complete and intact; ``None``/False → None."""

@@ -35,7 +35,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..storage import is_staging_name
+from ..storage import is_staging_name, refuse_links, sweep_stale
 from ..utils import atomic_write_json, check_not_precious
 from .file_hash import file_fingerprint as _file_fingerprint
 from .locks import LOCK, RunLockedError, acquire_lock, release_lock  # noqa: F401  (re-exported)
@@ -265,12 +265,16 @@ class RunFolder:
         trainer: bool = False,
         dry_run: bool = False,
         writes: Iterable[str] = (),
+        links: Iterable[str] = (),
     ) -> RunFolder | None:
         """Check ``folder`` against the rules, lock it and write this run's record (``dry_run``: only check, write
         nothing). ``trainer``: foreign ``checkpoint-*`` folders, and foreign entries named like a file a training
         command writes (:data:`TRAINER_ENTRIES`), are refused even with ``overwrite`` (a resume could take them for
         this run's, a save would replace them). ``writes``: more entry names this command will write; a foreign
-        entry of one of those names is refused the same way."""
+        entry of one of those names is refused the same way. A symbolic link at or below an entry this command
+        writes or may replace (its own, the earlier run's, ``writes``, checkpoints), at any depth, is refused in one
+        line naming it (a write would go through it); ``links``: patterns of the links the command makes itself
+        (replaced as links, never written through)."""
         out = check_not_precious(folder)
         if dry_run:
             lock = False
@@ -282,13 +286,11 @@ class RunFolder:
             old = read_record(out)
             entries = _entries(out)
             own, foreign = _own_and_foreign(old, entries, command, identity, resume)
-            _refuse_foreign(
-                folder,
-                foreign,
-                trainer=trainer,
-                overwrite=overwrite,
-                writes=set(writes) | (TRAINER_ENTRIES if trainer else set()),
-            )
+            written = set(writes) | (TRAINER_ENTRIES if trainer else set())
+            _refuse_foreign(folder, foreign, trainer=trainer, overwrite=overwrite, writes=written)
+            refuse_links(out, (own | written | {e for e in entries if e.startswith("checkpoint-")}) & entries, links)
+            if not dry_run:
+                sweep_stale(out)  # what a killed writer left (its temporary files) before anything is written
             run_id = _settle_earlier_run(
                 folder,
                 out,
@@ -377,8 +379,12 @@ def _refuse_foreign(
         )
     clash = sorted(f for f in foreign if f in writes)
     if clash:
+        shown = [
+            f"{f} (a symbolic link to {os.readlink(Path(folder) / f)})" if (Path(folder) / f).is_symlink() else f
+            for f in clash[:4]
+        ]
         raise FileExistsError(
-            f"{folder} holds {', '.join(clash[:4])}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
+            f"{folder} holds {', '.join(shown)}{', ...' if len(clash) > 4 else ''}, which hf_cocodr did not write "
             "and this command would write (replacing it, or writing through it if it is a link); hf_cocodr never "
             "changes files it did not write: move it away or give a new folder"
         )

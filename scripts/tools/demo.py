@@ -27,6 +27,13 @@ reuses the plan, the finished recipe stages (in ``OUTPUT``) and the cached encod
 ``OUTPUT/demo.md`` (the table), ``OUTPUT/demo.png`` (nDCG@10 per system; needs matplotlib, the ``plots`` extra),
 ``OUTPUT/demo.json`` (every figure, and the systems the picture plots) and ``OUTPUT/demo.log`` (the library's log).
 
+``OUTPUT`` is claimed as every hf_cocodr command claims its folder (an owner record ``hf_cocodr_run.json`` and a
+lock): an entry of yours named like one the demo writes is refused, and so is a symbolic link at or below one (the
+demo's own links to the corpus and queries files aside), before any work. Every file is written atomically (a
+temporary sibling renamed into place). ``--fresh`` deletes only what the demo wrote: its table, picture, record, log
+and plan, the files it wrote under ``data/``, and the recipe runs' own files (each run starts over, replacing only
+its own entries).
+
     python scripts/tools/demo.py [--output outputs/demo] [--minutes 15] [--fresh]
     python scripts/tools/demo.py --smoke --model TINY_MODEL --data TINY_BEIR --source TINY_BEIR --output OUT
 
@@ -43,7 +50,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import sys
 import threading
 import time
@@ -87,44 +93,78 @@ def query_number(qid: str) -> int:
     return int(m.group(1)) if m else zlib.crc32(qid.encode())
 
 
-def prepare_data(source: Path, out: Path) -> dict[str, Any]:
-    """``out/<name>``: links to ``source``'s corpus and queries, ``qrels/log.tsv`` (train queries with an even id,
-    less any whose text is an evaluation query's) and ``qrels/dev.tsv`` (odd ids: the evaluation split).
-    Idempotent; returns the folder and the counts."""
+LINKED = ("corpus.jsonl", "queries.jsonl")  # the links the demo makes in OUTPUT/data/<name> (replaced as links)
+DATA_FILES = (*LINKED, f"qrels/{SPLIT_LOG}.tsv", f"qrels/{SPLIT_EVAL}.tsv")  # what it writes there
+ENTRIES = ("data", *RUNS.values(), PLAN_FILE, TABLE_FILE, PNG_FILE, JSON_FILE, LOG_FILE)  # what it writes in OUTPUT
+
+
+class DemoError(ValueError):
+    """A fault of the demo's input or output folder, printed in one line."""
+
+
+def _link(link: Path, target: Path) -> None:
+    """``link`` made a symbolic link to ``target`` in one rename (an earlier link of the demo is replaced itself,
+    never what it points to)."""
+    from hf_cocodr.storage import staged_file
+
+    if link.is_symlink() and Path(os.readlink(link)) == target:
+        return
+    with staged_file(link) as tmp:
+        tmp.symlink_to(target)
+
+
+def split_queries(source: Path) -> dict[str, Any]:
+    """``source``'s train judgements split by query id: ``dev`` (odd ids: the evaluation split) and ``log`` (even ids,
+    less any whose text is an evaluation query's), with the qrels header and the count of even ones. An empty
+    evaluation split is refused in one line (:class:`DemoError`): checked before any work."""
     from hf_cocodr.utils import normalize_query
 
-    folder = out / source.name
-    (folder / "qrels").mkdir(parents=True, exist_ok=True)
-    for name in ("corpus.jsonl", "queries.jsonl"):
-        link, target = folder / name, (source / name).resolve()
-        if link.is_symlink() and Path(os.readlink(link)) != target:
-            link.unlink()
-        if not link.exists():
-            link.symlink_to(target)
     lines = (source / "qrels" / "train.tsv").read_text().splitlines()
-    header, rows = lines[0], [r for r in lines[1:] if r.strip()]
+    header, rows = (lines[0] if lines else ""), [r for r in lines[1:] if r.strip()]
+    dev = [r for r in rows if query_number(_qid(r)) % 2 == 1]
+    if not dev:
+        raise DemoError(
+            f"{source / 'qrels' / 'train.tsv'} judges no query with an odd id ({len(rows)} judgements): the demo "
+            "evaluates on those; give a folder whose train qrels judge queries of both kinds"
+        )
     texts = {}
     with open(source / "queries.jsonl", encoding="utf-8") as f:
         for line in f:
             if line.strip():
                 rec = json.loads(line)
                 texts[str(rec["_id"])] = rec.get("text", "")
-    qid = lambda row: row.split("\t")[0]  # noqa: E731
-    dev = [r for r in rows if query_number(qid(r)) % 2 == 1]
-    dev_texts = {normalize_query(texts.get(qid(r), "")) for r in dev}
-    even = [r for r in rows if query_number(qid(r)) % 2 == 0]
-    log = [r for r in even if normalize_query(texts.get(qid(r), "")) not in dev_texts]
-    for split, kept in ((SPLIT_EVAL, dev), (SPLIT_LOG, log)):
-        path = folder / "qrels" / f"{split}.tsv"
-        text = header + "\n" + "".join(f"{r}\n" for r in kept)
+    dev_texts = {normalize_query(texts.get(_qid(r), "")) for r in dev}
+    even = [r for r in rows if query_number(_qid(r)) % 2 == 0]
+    log = [r for r in even if normalize_query(texts.get(_qid(r), "")) not in dev_texts]
+    return {"header": header, "dev": dev, "log": log, "even": even}
+
+
+def _qid(row: str) -> str:
+    return row.split("\t")[0]
+
+
+def prepare_data(source: Path, out: Path) -> dict[str, Any]:
+    """``out/<name>``: links to ``source``'s corpus and queries, ``qrels/log.tsv`` and ``qrels/dev.tsv``
+    (:func:`split_queries`). Idempotent, every file written atomically (a link replaced as a link); returns the
+    folder and the counts."""
+    from hf_cocodr.utils import atomic_write_text
+
+    split = split_queries(source)
+    folder = out / source.name
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    for name in LINKED:
+        _link(folder / name, (source / name).resolve())
+    for name, kept in ((SPLIT_EVAL, split["dev"]), (SPLIT_LOG, split["log"])):
+        path = folder / "qrels" / f"{name}.tsv"
+        text = split["header"] + "\n" + "".join(f"{r}\n" for r in kept)
         if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
-    count = lambda kept: len({qid(r) for r in kept})  # noqa: E731
+            atomic_write_text(path, text)
+    count = lambda kept: len({_qid(r) for r in kept})  # noqa: E731
     return {
         "folder": folder,
-        "eval_queries": count(dev),
-        "log_queries": count(log),
-        "log_dropped": count(even) - count(log),
+        "eval_queries": count(split["dev"]),
+        "log_queries": count(split["log"]),
+        "log_dropped": count(split["even"]) - count(split["log"]),
     }
 
 
@@ -308,9 +348,12 @@ def evaluate_start(model: str, folder: Path, precision: str, batch_size: int) ->
     return {"result": res, "encodings": [r.get("source") for r in session.record]}
 
 
-def run_one(kind: str, model: str, data: dict, source: Path, out: Path, budget: float | None, smoke: bool) -> dict:
+def run_one(
+    kind: str, model: str, data: dict, source: Path, out: Path, budget: float | None, smoke: bool, fresh: bool = False
+) -> dict:
     """One recipe run (``kind``: ``queries`` or ``corpus``) evaluated on the evaluation split; returns its summary,
-    what it reused and its minutes, or the one-line reason it did not run."""
+    what it reused and its minutes, or the one-line reason it did not run. ``fresh``: the run starts over, replacing
+    only an earlier run's own files there."""
     from hf_cocodr import run_recipe
     from hf_cocodr.errors import ConfigError
     from hf_cocodr.recipe.guard import DECIDES
@@ -323,13 +366,21 @@ def run_one(kind: str, model: str, data: dict, source: Path, out: Path, budget: 
     if smoke:
         config.update(SMOKE_CONFIG)
     run_dir = out / RUNS[kind]
-    earlier = (run_dir / "recipe.json").is_file()
+    earlier = not fresh and (run_dir / "recipe.json").is_file()
     spec = f"{folder}:{SPLIT_EVAL}"
     t0 = time.perf_counter()
     try:  # (the trainers print their loss lines: into the log, not between the progress bars)
         with open(out / LOG_FILE, "a", encoding="utf-8") as log, contextlib.redirect_stdout(log):
             summary = run_recipe(
-                model, [str(folder)], str(source), run_dir, evals=[spec], config=config, max_minutes=budget
+                model,
+                [str(folder)],
+                str(source),
+                run_dir,
+                evals=[spec],
+                config=config,
+                max_minutes=budget,
+                resume=not fresh,
+                overwrite_output_dir=fresh,
             )
     except (ConfigError, ValueError) as e:
         return {"error": str(e).splitlines()[0], "minutes": (time.perf_counter() - t0) / 60}
@@ -449,10 +500,11 @@ def write_png(rows: list[dict[str, Any]], path: Path, title: str) -> dict[str, A
     if bottom > 0:
         ax.set_ylabel(f"nDCG@10 (the axis starts at {bottom:.1f})")
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp)
+    from hf_cocodr.storage import staged_file
+
+    with staged_file(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
     return {"png": str(path), "bars": len(bars), "systems": [r["key"] for r in shown]}
 
 
@@ -461,7 +513,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--output", default="outputs/demo")
     ap.add_argument("--minutes", type=float, default=15.0, help="the whole run's target wall time (sizes the budgets)")
-    ap.add_argument("--fresh", action="store_true", help="delete an earlier demo run's entries in --output first")
+    ap.add_argument(
+        "--fresh", action="store_true", help="delete what an earlier demo run wrote in --output first (nothing else)"
+    )
     ap.add_argument("--model", default=None, help="default: the bundled all-MiniLM-L6-v2")
     ap.add_argument(
         "--data", default=None, help="a BEIR folder with qrels/train.tsv (default: $HF_COCODR_DATA/scifact)"
@@ -484,12 +538,66 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: {folder / what} not found; set HF_COCODR_DATA to the folder holding it", file=sys.stderr)
             return 2
     out = Path(ns.output)
-    if ns.fresh:  # the demo's own entries only, never anything else in --output
-        for name in ("data", *RUNS.values()):
-            shutil.rmtree(out / name, ignore_errors=True)
-        for name in (PLAN_FILE, TABLE_FILE, PNG_FILE, JSON_FILE, LOG_FILE):
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        split_queries(data_dir)  # (an empty evaluation split: one line, before the output folder is claimed)
+        folder = claim_output(out)
+    except (DemoError, OSError, ValueError) as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
+    try:
+        if ns.fresh:
+            remove_own(out, folder)
+        return run_demo(ns, out, data_dir, source, t_start)
+    except DemoError as e:
+        print(f"demo: {e}", file=sys.stderr)
+        return 2
+    finally:
+        folder.release()
+
+
+def claim_output(out: Path):
+    """``out`` claimed for the demo (owner record and lock, :class:`~hf_cocodr.rundir.run_record.RunFolder`): a folder
+    another hf_cocodr command wrote is refused, an entry of the user's named like one the demo writes too, and so is
+    a symbolic link at or below an entry the demo writes (its own links to the corpus and queries aside); the user's
+    other entries stay beside, untouched. Its entries are declared before any is written."""
+    from hf_cocodr.rundir.run_record import RunFolder, read_record
+
+    earlier = read_record(out)
+    if earlier is not None and earlier.get("command") != "demo":
+        raise DemoError(
+            f"{out} holds a run of `hf-cocodr {earlier.get('command')}`, not the demo's: give the demo its own folder"
+        )
+    links = [f"data/*/{name}" for name in LINKED]
+    folder = RunFolder.claim(out, "demo", None, resume=True, overwrite=True, writes=ENTRIES, links=links)
+    folder.expect(ENTRIES)
+    return folder
+
+
+def remove_own(out: Path, folder) -> None:
+    """``--fresh``: remove what an earlier demo wrote in ``out`` and nothing else: its files at the top, the files it
+    wrote under ``data/<name>/`` (then the folders left empty), and, for each recipe run, that run's own files (the
+    run starts over with ``resume=False``, which replaces only its own entries)."""
+    own = set(folder.record.get("files", [])) | set(folder.record.get("expected", []))
+    for name in (PLAN_FILE, TABLE_FILE, PNG_FILE, JSON_FILE, LOG_FILE):
+        if name in own and ((out / name).is_file() or (out / name).is_symlink()):
+            (out / name).unlink()
+    data = out / "data"
+    if "data" in own and data.is_dir() and not data.is_symlink():
+        for sub in sorted(p for p in data.iterdir() if p.is_dir() and not p.is_symlink()):
+            for name in DATA_FILES:
+                if (sub / name).is_file() or (sub / name).is_symlink():
+                    (sub / name).unlink()
+            for empty in (sub / "qrels", sub):
+                with contextlib.suppress(OSError):
+                    empty.rmdir()  # (only when empty: a file of the user's keeps its folder)
+        with contextlib.suppress(OSError):
+            data.rmdir()
+
+
+def run_demo(ns: argparse.Namespace, out: Path, data_dir: Path, source: Path, t_start: float) -> int:
+    """The demo's steps in its claimed output folder ``out``."""
+    from hf_cocodr.utils import atomic_write_text
+
     setup_logs(out / LOG_FILE)
 
     import torch
@@ -523,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
             plan = make_plan(probe["encode_minutes"], reencode, ns.minutes)
             plan.update(probe=probe, reencode=reencode)
         plan.update(inputs=inputs, cache=inputs["cache"], precision=precision)
-        plan_path.write_text(json.dumps(plan, indent=2))
+        atomic_write_text(plan_path, json.dumps(plan, indent=2))
     print_plan(plan, data, model_name, reused)
 
     est = plan["estimates_minutes"] if not reused else plan.get("estimates_rerun", plan["estimates_minutes"])
@@ -545,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         with timed_bar(f"    recipe {what}", est[kind] * 60):
-            runs[kind] = run = run_one(kind, model, data, source, out, plan["budgets"][kind], ns.smoke)
+            runs[kind] = run = run_one(kind, model, data, source, out, plan["budgets"][kind], ns.smoke, ns.fresh)
         if "error" in run:
             print(f"    not run: {run['error']}", flush=True)
             continue
@@ -569,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         f"no relevance label read for training ({total:.1f} min{', reusing earlier work' if reused else ''})"
     )
     text = table(rows, title)
-    (out / TABLE_FILE).write_text(text)
+    atomic_write_text(out / TABLE_FILE, text)
     picture = write_png(rows, out / PNG_FILE, f"{model_name} on {data['name']} (evaluation split): nDCG@10")
     record = {"rows": rows, "plan": plan, "runs": runs, "picture": picture, "minutes": round(total, 2)}
     record["start"] = {
@@ -577,7 +685,7 @@ def main(argv: list[str] | None = None) -> int:
         "encodings": start["encodings"],
         "fusion": start["result"]["fusion"],
     }
-    (out / JSON_FILE).write_text(json.dumps(record, indent=2, default=str))
+    atomic_write_text(out / JSON_FILE, json.dumps(record, indent=2, default=str))
     print()
     print(text)
     if picture["png"]:

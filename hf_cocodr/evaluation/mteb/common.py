@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
-from ...utils import hub_id_problem
+from ...utils import hub_id_problem, import_mteb
 
 MAIN_SCORE = "ndcg_at_10"
 RESULTS_REPO = "https://github.com/embeddings-benchmark/results"
@@ -86,7 +86,7 @@ def normalize_task_name(name: str) -> str:
 @lru_cache(maxsize=1)
 def mteb_task_names() -> dict[str, str]:
     """Normalised name → MTEB task name, for every task in the installed mteb (no network)."""
-    import mteb  # heavy (about 9 s): imported on first use only
+    mteb = import_mteb()  # heavy (about 9 s): imported on first use only
 
     return {normalize_task_name(t.metadata.name): t.metadata.name for t in mteb.get_tasks()}
 
@@ -94,7 +94,7 @@ def mteb_task_names() -> dict[str, str]:
 @lru_cache(maxsize=1)
 def mteb_retrieval_task_names() -> dict[str, str]:
     """Normalised name → MTEB task name, for the retrieval tasks of the installed mteb (no network)."""
-    import mteb  # heavy: imported on first use only
+    mteb = import_mteb()  # heavy: imported on first use only
 
     return {normalize_task_name(t.metadata.name): t.metadata.name for t in mteb.get_tasks(task_types=["Retrieval"])}
 

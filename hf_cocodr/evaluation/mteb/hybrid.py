@@ -21,7 +21,7 @@ import numpy as np
 from ...retrieval.fusion import FIT, FusionConfig, fuse, rule_settings
 from ...retrieval.fusion_fit import FIT_METHOD, FIT_NORMALIZATIONS
 from ...retrieval.hybrid import HybridRetriever
-from ...utils import public_label
+from ...utils import import_mteb, public_label
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +171,7 @@ def hybrid_model_meta(dense_meta, model_name: str, fusion, dense_model: str, den
     one of its own; never the hybrid's), the lexical part (bm25s) and the fusion (:func:`describe_fusion`);
     ``adapted_from`` the dense model; everything else (revision, sizes, languages, training data, license) is the
     dense meta's, since BM25 adds no parameters and nothing is trained on the task."""
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.model_meta import ModelMeta
 
     dense_model = public_label(str(dense_model))

@@ -20,6 +20,7 @@ from ...citations import CITATIONS
 from ...modeling.asymmetric import document_modules, is_asymmetric, query_modules
 from ...modeling.loading import is_sentence_transformers_dir, load_encoder, pooling_mode
 from ...provenance import is_cocodr_model, is_hub_model_id, read_card, read_provenance, resolve_hub_id
+from ...utils import import_mteb
 from .common import (
     DEFAULT_LANGUAGES,
     TRAINING_CODE_URL,
@@ -105,7 +106,7 @@ def _registry_meta(name: str | None):
     if not name:
         return None
     try:
-        import mteb  # heavy: imported on first use only
+        mteb = import_mteb()  # heavy: imported on first use only
         from mteb.models.get_model_meta import MODEL_REGISTRY
 
         if name not in MODEL_REGISTRY:
@@ -177,6 +178,7 @@ def _known_model_fields(
     opts: dict[str, Any],
 ) -> dict[str, Any]:
     """The registry's meta of a known model with only what adaptation changed replaced."""
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.model_meta import ScoringFunction  # heavy: imported on first use only
 
     fields = dict(known)
@@ -231,6 +233,7 @@ def _new_model_fields(
 ) -> dict[str, Any]:
     """mteb's own ``ModelMeta.from_sentence_transformer_model`` (no Hub access), completed from the model, the
     directory and the card."""
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.model_meta import ModelMeta, ScoringFunction  # heavy: imported on first use only
 
     with warnings_quiet():  # fill_missing=None: its default (False) only raises a deprecation warning
@@ -387,6 +390,7 @@ def model_meta_for(
         ValueError: bad model name, revision, language code or license.
         FileNotFoundError: ``model_dir`` is not a model directory.
     """
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.model_meta import ModelMeta  # heavy: imported on first use only
 
     model_name, path, model, revision = _checked_and_loaded(model_name, model_dir, model, revision)

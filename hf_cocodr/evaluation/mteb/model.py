@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...utils import import_mteb
 from .common import warnings_quiet
 
 
@@ -14,6 +15,7 @@ def mteb_model(model, meta):
     and never loads the model by name; the wrapper encodes queries with ``encode_query`` and documents with
     ``encode_document`` and scores with the model's own similarity.
     """
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper  # heavy: on first use
 
     with warnings_quiet():
@@ -26,6 +28,7 @@ def mteb_model(model, meta):
 
 def _sentence_transformers_loader():
     """mteb's loader for a sentence-transformers model (the ``loader`` of its ``ModelMeta``)."""
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper  # heavy: on first use
 
     return SentenceTransformerEncoderWrapper
@@ -45,6 +48,7 @@ def cocodr_sentence_transformer_loader(
 
     CLS pooling and dot-product similarity by default, instead of sentence-transformers' mean-pooling fallback.
     """
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer

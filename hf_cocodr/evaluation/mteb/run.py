@@ -16,6 +16,7 @@ from ...data.sources import is_offline_error
 from ...modeling.loading import _hub_has_modules_json, load_encoder, model_source
 from ...provenance import resolve_hub_id
 from ...retrieval.ann import index_choice
+from ...utils import import_mteb
 from .common import DEFAULT_LANGUAGES, check_model_name, check_revision, warnings_quiet
 from .meta import model_meta_for, model_revision, read_training_info
 from .model import mteb_model
@@ -176,7 +177,7 @@ def _strategy(cache, task, meta, provenance: dict[str, Any] | None, rel: str, in
 def _evaluate(encoder, task, cache, strategy: str, *, builtin: bool, **kwargs):
     """``mteb.evaluate`` of one task into ``cache`` with the overwrite ``strategy``; a built-in task whose data the Hub
     cannot deliver raises :class:`MTEBDataUnavailableError`, a task that fails a ``RuntimeError``."""
-    import mteb  # heavy: imported on first use only
+    mteb = import_mteb()  # heavy: imported on first use only
 
     try:
         with warnings_quiet():
@@ -277,7 +278,7 @@ def run_mteb(
         FileNotFoundError / BEIRFormatError: missing model or BEIR folder, malformed data.
         MTEBDataUnavailableError: a built-in task's data is not cached and the Hub is unreachable.
     """
-    import mteb  # heavy (about 9 s): imported on first use only
+    mteb = import_mteb()  # heavy (about 9 s): imported on first use only
 
     model_name = check_model_name(model_name)
     if revision is not None:

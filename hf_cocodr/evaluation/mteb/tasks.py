@@ -16,6 +16,7 @@ from typing import Any
 
 from ...data.beir import jsonl_file, load_beir
 from ...data.sources import resolve_data
+from ...utils import import_mteb
 from .common import DEFAULT_LANGUAGES, MAIN_SCORE, check_task_name
 
 
@@ -44,6 +45,7 @@ def beir_revision(folder: str | os.PathLike, split: str) -> str:
 @lru_cache(maxsize=1)
 def _beir_task_base():
     """The ``AbsTaskRetrieval`` subclass behind :func:`beir_task` (built on first use: mteb is a heavy import)."""
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.abstasks import AbsTaskRetrieval
 
     class BEIRFolderRetrieval(AbsTaskRetrieval):
@@ -123,6 +125,7 @@ def beir_task(
         BEIRFormatError: the folder or split is missing or malformed.
         ValueError: bad task name or language code.
     """
+    import_mteb()  # (the random states kept: hf_cocodr.utils.import_mteb)
     from mteb.abstasks.task_metadata import TaskMetadata  # heavy: imported on first use only
 
     folder = Path(resolve_data(folder, "DATA_DIR")).expanduser()  # a Hub dataset: its cached BEIR folder
@@ -156,7 +159,7 @@ def _builtin_tasks(names: Sequence[str], languages: Sequence[str] | None = None)
     Raises:
         ValueError: a name mteb does not know, or a task without a subset in ``languages``.
     """
-    import mteb  # heavy: imported on first use only
+    mteb = import_mteb()  # heavy: imported on first use only
 
     tasks = []
     for name in names:
