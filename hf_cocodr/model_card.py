@@ -392,6 +392,7 @@ def build_card_data(
         finetuning_readers=readers or ["fine-tuning"],
         recipe_schedule=data.get("recipe_schedule"),
         guard=data.get("guard"),
+        teacher_check=data.get("teacher_check"),
         queries_trained=data.get("queries_trained"),
         project_url=HF_COCODR_URL,
         start_vs_adapted=public_value(data.get("start_vs_adapted")),

@@ -1,27 +1,31 @@
 """The label-free guard (:func:`guard_run`): before the recipe exports, the adapted model and the starting model rank
-queries neither trained on, and the starting model is kept where the adapted one reads worse.
+queries neither trained on, and the adapted model is exported only where the guard can show it is better.
 
 The guard is a function of the run and its two candidates (:class:`Candidates`: the starting and the adapted model)
 that returns its verdict (:class:`GuardVerdict`: the model to export and the record); the runner acts on it.
 
-Its reading, pooled over the target corpora (per-corpus figures are recorded beside), is ``pseudo_queries``: the
-held-out pseudo-queries of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: every kind alike, whatever mix
-trained, from documents no trained pseudo-query comes from), each with its source document as its one relevant
-document: nDCG@10 of the model's dense ranking of the corpus (a label the corpus gave for free); the reading of each
-kind is recorded beside. The user's target queries all train (none is held out).
+Its readings, pooled over the target corpora (per-corpus figures are recorded beside), are read on the held-out
+documents of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: documents no trained pseudo-query comes from):
 
-The per-query difference adapted − start gives a mean and its standard error; the reading is ``worse`` where the mean
-is below −1 SE, ``better`` above +1 SE, else ``no difference``. The verdict rests on it (:data:`DECIDES`).
+- ``cloze`` (decided on): each held-out document's cloze (:mod:`~hf_cocodr.retrieval.held_out`), one of its sentences
+  with about half of the content words its rest also holds left out, against the rest of the document (the corpus
+  searched with that document replaced by its rest): nDCG@10 of the dense model's ranking. Not lexical by
+  construction (BM25 and a model imitating it lose the shared words), and not shaped by the training (no trained
+  pseudo-query comes from these documents, none is a sentence of this form);
+- ``cloze_hybrid`` (decided on): the same clozes ranked by each model's hybrid with BM25 (each with the fusion its
+  saved hybrid gets, fitted to the corpus without labels): a user who serves the hybrid must not get a worse one;
+- ``pseudo_queries`` (recorded, not decided on): the held-out pseudo-queries of every kind alike (spans, keywords,
+  titles, sentences), each with its source document: they are made of the document's own words, the task the
+  distillation trains toward, and read nearly every trained model ``better`` (docs/adaptation.md, "The guard").
 
-A reading the run's own training shaped cannot vouch for it (:func:`shaped_readings`): where the distillation trained
-the document side (``distill_side: full``) on pseudo-queries, the model learnt the very task the held-out
-pseudo-queries test (find the document a crop, a keyword set or a title came from), of every kind, held out or not,
-and their reading says ``better`` whatever the labels say. Such a reading is recorded and not decided on, and a
-verdict left with no reading to rest on is ``unverified``.
-
-Verdicts: ``worse``, ``unverified`` or ``not worse``. With ``guard: on`` (the default) the recipe keeps the starting
-model unless the verdict is ``not worse``; ``guard: record`` reads and records only. The reading lands in
-``recipe.json`` (``guard``) and on the model card, whatever it decides.
+For each reading the per-query difference adapted − start gives a mean and its standard error; it is ``worse`` where
+the mean is below −1 SE, ``better`` above +1 SE, else ``no difference``. The verdict: ``worse`` where a decided reading
+is worse; ``better`` where ``cloze`` is better (and ``cloze_hybrid`` not worse); else ``unverified`` (the guard cannot
+tell: no difference beyond the noise, or nothing held out). With ``guard: on`` (the default) the recipe exports the
+adapted model only on ``better`` and keeps the starting model otherwise, saying why in one line; ``guard: record``
+reads and records only. Where the training shaped the readings (:func:`shaped_readings`: the document side trained
+on pseudo-queries of the corpus, the very task the held-out readings test) the verdict is ``unverified``. The
+readings land in ``recipe.json`` (``guard``) and on the model card, whatever it decides.
 """
 
 from __future__ import annotations
@@ -33,11 +37,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..modeling.loading import load_encoder
+from ..retrieval.held_out import Cloze, paired
 from ..retrieval.session import EncodingSession
-from .queries import corpus_dataset
+from .queries import corpus_dataset, hybrid_queries
 from .settings import encode_batch_size
 from .stages.distill import DistillStage
 
@@ -47,8 +50,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hf_cocodr.recipe")
 
 DEPTH = 10  # nDCG@10
-READINGS = ("pseudo_queries",)
-DECIDES = ("pseudo_queries",)  # the readings the verdict rests on
+READINGS = ("cloze", "cloze_hybrid", "pseudo_queries")
+DECIDES = ("cloze", "cloze_hybrid")  # the readings the verdict rests on (the pseudo-queries' is recorded beside)
+VOUCHES = "cloze"  # the reading that must read the adapted model better for it to be exported
 
 
 def ndcg_at_10(ranked: list[str], relevant: set[str] | list[str]) -> float:
@@ -61,47 +65,37 @@ def ndcg_at_10(ranked: list[str], relevant: set[str] | list[str]) -> float:
     return dcg / ideal
 
 
-def paired_reading(start: list[float], adapted: list[float]) -> dict[str, Any]:
-    """Mean per-query scores of both models, the mean difference adapted − start, its standard error and the
-    verdict (``worse`` below −1 SE, ``better`` above +1 SE, else ``no difference``)."""
-    s, a = np.asarray(start, np.float64), np.asarray(adapted, np.float64)
-    d = a - s
-    n = len(d)
-    se = float(d.std(ddof=1) / math.sqrt(n)) if n > 1 else float("inf")
-    mean = float(d.mean()) if n else 0.0
-    verdict = "worse" if mean < -se else "better" if mean > se else "no difference"
-    return {
-        "queries": n,
-        "start": round(float(s.mean()), 4) if n else None,
-        "adapted": round(float(a.mean()), 4) if n else None,
-        "difference": round(mean, 4),
-        "se": round(se, 4) if math.isfinite(se) else None,
-        "verdict": verdict,
-    }
+# the per-query comparison of two models (adapted − start: mean, standard error, verdict at one standard error)
+paired_reading = paired
 
 
 def decide(readings: dict[str, dict[str, Any]], shaped: dict[str, str] | None = None) -> str:
     """``worse`` where a reading the verdict rests on (:data:`DECIDES`, less the ``shaped`` ones) is ``worse``;
-    ``unverified`` where each such reading read was shaped by the training (:func:`shaped_readings`); else ``not
-    worse`` (no reading to decide on included: the corpus gave no held-out pseudo-query)."""
+    ``better`` where :data:`VOUCHES` reads the adapted model better (and it was not shaped); else ``unverified``: no
+    difference beyond the noise, no reading (nothing held out), or only readings the training shaped
+    (:func:`shaped_readings`)."""
     shaped = shaped or {}
-    deciding = [r for r in DECIDES if r not in shaped]
-    if any(readings.get(r, {}).get("verdict") == "worse" for r in deciding):
+    deciding = [r for r in DECIDES if r in readings and r not in shaped]
+    if any(readings[r].get("verdict") == "worse" for r in deciding):
         return "worse"
-    unvouched = any(r in readings for r in DECIDES if r in shaped) and not any(r in readings for r in deciding)
-    return "unverified" if unvouched else "not worse"
+    if VOUCHES in deciding and readings[VOUCHES].get("verdict") == "better":
+        return "better"
+    return "unverified"
 
 
 def shaped_readings(cfg, counts: list[dict[str, Any]]) -> dict[str, str]:
-    """The guard's readings the run's training shaped, each with why (recorded, not decided on): the pseudo-queries'
-    where the distillation trained the document side (``distill_side: full``) on pseudo-queries (``counts``: each
-    target corpus's query counts, :class:`~hf_cocodr.recipe.queries.CorpusQueries`)."""
+    """The guard's readings the run's training shaped, each with why (recorded, not decided on): every held-out
+    reading where the distillation trained the document side (``distill_side: full``) on pseudo-queries
+    (``counts``: each target corpus's query counts, :class:`~hf_cocodr.recipe.queries.CorpusQueries`): the model then
+    learnt to find a document from a crop, a keyword set or a title of it, the very task the held-out readings test,
+    and they read it ``better`` whatever the labels say."""
     pseudo = sum(int(c.get("train_pseudo_queries", 0)) for c in counts)
     if pseudo and cfg.distill_side == "full" and DistillStage().enabled(cfg):
-        return {
-            "pseudo_queries": "the distillation trained the document side on pseudo-queries drawn from the corpus, "
-            'the task the held-out pseudo-queries test (docs/adaptation.md, "The label-free guard")'
-        }
+        why = (
+            "the distillation trained the document side on pseudo-queries drawn from the corpus, the task the "
+            'held-out readings test (docs/adaptation.md, "The guard")'
+        )
+        return {r: why for r in READINGS}
     return {}
 
 
@@ -138,19 +132,28 @@ class _Ranker:
         return [[self.doc_ids[order[r]] for r in row if r >= 0] for row in rows]
 
 
-def _why(readings: dict[str, dict[str, Any]], verdict: str, shaped: dict[str, str]) -> tuple[str, str]:
-    """The readings in one line, and why the verdict is what it is."""
-    said = "; ".join(
-        f"{r}: {v['difference']:+.4f} ± {v['se'] if v['se'] is not None else 'n/a'} ({v['queries']} queries, "
-        f"{v['verdict']})"
+def _said(readings: dict[str, dict[str, Any]]) -> str:
+    """The readings in one line."""
+    return "; ".join(
+        f"{r}: {v['difference']:+.4f} ± {v['se']} ({v['queries']} queries, {v['verdict']})"
+        if "difference" in v
+        else f"{r}: {v['verdict']} ({v.get('queries', 0)} queries)"
         for r, v in readings.items()
     )
-    why = (
-        f"the adapted model reads worse than the starting model beyond one standard error ({said})"
-        if verdict == "worse"
-        else f"no reading can vouch for the adapted model: {'; '.join(shaped.values())} ({said})"
-    )
-    return said, why
+
+
+def _why(readings: dict[str, dict[str, Any]], verdict: str, shaped: dict[str, str]) -> str:
+    """Why the verdict is what it is, in one line."""
+    said = _said(readings)
+    if verdict == "worse":
+        return f"the adapted model reads worse than the starting model beyond one standard error ({said})"
+    if verdict == "better":
+        return f"the adapted model reads better than the starting model on the held-out clozes ({said})"
+    if shaped:
+        return f"no reading can vouch for the adapted model: {next(iter(shaped.values()))} ({said})"
+    if VOUCHES not in readings:
+        return "no cloze could be held out of the target corpora: the guard cannot show a gain"
+    return f"the guard cannot show a gain beyond one standard error on the held-out clozes ({said})"
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ class GuardVerdict:
 def guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
     """Read the guard (see the module docstring) for ``candidates.adapted`` against ``candidates.start``, with the
     run's settings, held-out queries and encoding session; returns the verdict (None where nothing trained, the
-    guard is off or no query was held out). It changes nothing of the run: the runner acts on the verdict."""
+    guard is off or nothing was held out). It changes nothing of the run: the runner acts on the verdict."""
 
     cfg = run.cfg
     entries = [q for q in run.queries if q.guard is not None]
@@ -187,32 +190,36 @@ def guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
         return None
     t0 = time.perf_counter()
     batch = encode_batch_size(cfg)
-    start, adapted = load_encoder(candidates.start), load_encoder(str(candidates.adapted))
-    per_query: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
+    models = {"start": load_encoder(candidates.start), "adapted": load_encoder(str(candidates.adapted))}
+    pooled: dict[str, dict[str, list[float]]] = {r: {"start": [], "adapted": []} for r in READINGS}
     corpora: dict[str, dict[str, Any]] = {}
     by_kind: dict[str, dict[str, list[float]]] = {}  # the held-out pseudo-queries by kind (recorded, not decided on)
     for entry in entries:
-        pseudo = [r for r in _read_rows(entry.guard) if r.get("doc_id")]
-        ranker = _Ranker(corpus_dataset(entry.corpus), batch, run.encodings)
-        corpora[entry.name] = {}
+        rows = _read_rows(entry.guard)
+        pseudo = [r for r in rows if r.get("doc_id") and r.get("kind") != "cloze"]
+        clozes = [Cloze.from_row(r) for r in rows if r.get("kind") == "cloze"]
+        here: dict[str, dict[str, list[float]]] = {}
         if pseudo:
+            ranker = _Ranker(corpus_dataset(entry.corpus), batch, run.encodings)
             texts = [r["text"] for r in pseudo]
-            scores = {}
-            for name, model in (("start", start), ("adapted", adapted)):
-                tops = ranker.top(model, texts)
-                scores[name] = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(tops, pseudo)]
-                per_query["pseudo_queries"][name] += scores[name]
-                for r, v in zip(pseudo, scores[name]):
+            for name, model in models.items():
+                scores = [ndcg_at_10(t, {r["doc_id"]}) for t, r in zip(ranker.top(model, texts), pseudo)]
+                here.setdefault("pseudo_queries", {})[name] = scores
+                for r, v in zip(pseudo, scores):
                     by_kind.setdefault(r.get("kind", "?"), {"start": [], "adapted": []})[name].append(v)
-            corpora[entry.name]["pseudo_queries"] = paired_reading(scores["start"], scores["adapted"])
-    readings = {r: paired_reading(v["start"], v["adapted"]) for r, v in per_query.items() if v["start"]}
-    kinds = {k: paired_reading(v["start"], v["adapted"]) for k, v in by_kind.items()}
-    # the decision rests on the pseudo-queries' reading (their labels are the corpus's own) where the training did not
-    # shape it
+        if clozes:
+            for reading, per_model in _cloze_scores(run, entry, clozes, models, batch).items():
+                here[reading] = per_model
+        corpora[entry.name] = {r: paired(v["start"], v["adapted"]) for r, v in here.items()}
+        for r, v in here.items():
+            for name in ("start", "adapted"):
+                pooled[r][name] += v[name]
+    readings = {r: paired(v["start"], v["adapted"]) for r, v in pooled.items() if v["start"]}
+    kinds = {k: paired(v["start"], v["adapted"]) for k, v in by_kind.items()}
     shaped = shaped_readings(cfg, [q.counts for q in run.queries])
     verdict = decide(readings, shaped)
-    worse = verdict != "not worse"
-    keep_start = worse and cfg.guard == "on"
+    keep_start = verdict != "better" and cfg.guard == "on"
+    why = _why(readings, verdict, shaped)
     record = {
         "mode": cfg.guard,
         "readings": readings,
@@ -222,14 +229,51 @@ def guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
         **({"not_decided": shaped} if shaped else {}),
         "verdict": verdict,
         "kept": "start" if keep_start else "adapted",
+        "why": why,
         "seconds": round(time.perf_counter() - t0, 1),
     }
-    said, why = _why(readings, verdict, shaped)
     if keep_start:
-        record["why"] = why
         logger.warning("guard: the starting model is kept: %s (guard: record keeps the adapted one)", why)
-    elif worse:
+    elif verdict != "better":
         logger.warning("guard (record only): %s", why)
     else:
-        logger.info("guard: the adapted model is kept (%s)", said)
+        logger.info("guard: the adapted model is kept: %s", why)
     return GuardVerdict(keep=str(candidates.start) if keep_start else str(candidates.adapted), record=record)
+
+
+def _cloze_scores(run: RecipeRun, entry, clozes: list[Cloze], models: dict, batch: int) -> dict[str, dict]:
+    """Each model's per-cloze nDCG@10 on one corpus: ``{"cloze": {model: [...]}, "cloze_hybrid": {model: [...]}}``,
+    the clozes' dropped sentences ranked over the corpus with their documents replaced by their rests, dense and
+    fused with BM25 (each model's hybrid as the run saves it: its fusion fitted to the corpus without labels,
+    calibrated to the target queries given from its folder). A query-side model's documents go through its starting
+    model's route: the two share one view of the corpus."""
+    from ..retrieval.encoding import encode_documents  # (the retrieval stack: torch, faiss, bm25s)
+    from ..retrieval.encoding_cache import document_encoder_key
+    from ..retrieval.held_out import HeldOutView
+    from ..retrieval.hybrid import HybridRetriever, _corpus_ids_texts
+
+    ids, texts = _corpus_ids_texts(entry.corpus)
+    queries = [c.dropped for c in clozes]
+    views: dict[str, HeldOutView] = {}
+    out: dict[str, dict[str, list[float]]] = {"cloze": {}, "cloze_hybrid": {}}
+    for name, model in models.items():
+        hybrid = HybridRetriever.build(
+            model,
+            entry.corpus,
+            queries=hybrid_queries(entry.corpus, run.cfg.target_queries),
+            batch_size=batch,
+            session=run.encodings,
+        )
+        key = document_encoder_key(model)
+        if key not in views:
+            docs = hybrid.meta.get("doc_max_length")
+
+            def encode(rests, model=model, docs=docs):
+                return encode_documents(model, rests, batch_size=batch, max_length=docs, session=run.encodings)
+
+            views[key] = HeldOutView(texts, hybrid.embeddings, ids, clozes, encode)
+        view = views[key]
+        vectors = hybrid.encode_queries(queries, batch_size=batch)
+        out["cloze"][name] = view.dense_scores(vectors)
+        out["cloze_hybrid"][name] = view.hybrid_scores(queries, vectors, hybrid.fusion)
+    return out

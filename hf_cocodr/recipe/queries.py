@@ -35,6 +35,7 @@ logger = logging.getLogger("hf_cocodr.recipe")
 
 QUERIES_DIR = "queries"
 GUARD_DOC_SHARE = 4  # the guard's held-out pseudo-queries: at most one for every 4 documents of the corpus
+CLOZE_DOCS = 500  # the guard's clozes: at most one for each of this many documents no training read
 
 
 @dataclass
@@ -201,8 +202,10 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
     def row(p, i):
         return {"_id": f"pseudo:{p.kind}:{p.doc_id}:{i}", "text": p.text, "kind": p.kind, "doc_id": p.doc_id}
 
+    clozes = _held_out_clozes(cols, {p.doc_id for p in pseudo_train}, cfg.seed) if n_guard else []
     train_rows = real + [row(p, i) for i, p in enumerate(pseudo_train)]
     guard_rows = [row(p, i) for i, p in enumerate(pseudo_guard)]
+    guard_rows += [{"_id": f"cloze:{c.doc_id}", **c.as_row()} for c in clozes]
     folder = run.out / QUERIES_DIR
     if train_rows:
         entry.train = folder / f"{entry.name}.train.jsonl"
@@ -220,17 +223,38 @@ def _corpus_queries(run, entry: CorpusQueries, cols, real: list[dict], n_train: 
         "train_pseudo_queries": len(pseudo_train),
         "train_pseudo_kinds": kinds,
         "guard_pseudo_queries": len(pseudo_guard),
+        "guard_clozes": len(clozes),
     }
     logger.info(
-        "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries held out for the "
-        "guard",
+        "queries for %s: %d of the user's and %d pseudo-queries (%s) to train on; %d pseudo-queries and %d clozes "
+        "held out for the guard",
         entry.name,
         len(real),
         len(pseudo_train),
         ", ".join(f"{k} {v}" for k, v in kinds.items()) or "none",
         len(pseudo_guard),
+        len(clozes),
     )
     return entry
+
+
+def _held_out_clozes(cols, trained_docs: set[str], seed: int) -> list:
+    """The guard's clozes (:func:`~hf_cocodr.retrieval.held_out.draw_clozes`): one for each of up to
+    :data:`CLOZE_DOCS` documents no trained pseudo-query comes from, taken in a seeded order."""
+    import numpy as np
+
+    from ..data.beir import doc_text
+    from ..retrieval.held_out import draw_clozes
+
+    ids, titles, bodies = cols
+    free = [r for r in np.random.default_rng([seed, 31]).permutation(len(ids)).tolist() if ids[r] not in trained_docs]
+    texts = [doc_text(t, b) for t, b in zip(titles, bodies)]
+    clozes = []
+    for start in range(0, len(free), CLOZE_DOCS):  # (some documents give none: one sentence, too few words left)
+        clozes += draw_clozes(ids, texts, free[start : start + CLOZE_DOCS], seed)
+        if len(clozes) >= CLOZE_DOCS:
+            break
+    return clozes[:CLOZE_DOCS]
 
 
 def guard_not_read(run: RecipeRun) -> dict[str, Any]:
@@ -268,3 +292,16 @@ def distill_sources(run: RecipeRun) -> list:
     files (no target corpus to route them to)."""
     files = [(str(q.train), q.corpus, q.label) for q in run.queries if q.train is not None]
     return files if run.queries else list(run.cfg.target_queries)
+
+
+def hybrid_queries(corpus, specs) -> list[str] | None:
+    """The ``--target-queries`` given from the BEIR folder of ``corpus`` (``DIR`` or ``DIR:SPLIT``): the queries its
+    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given (or the
+    corpus is a dataset in memory: no folder of its own)."""
+    from ..data.target_queries import read_target_queries, target_query_folder
+
+    if not isinstance(corpus, (str, os.PathLike)):
+        return None
+    here = Path(corpus).expanduser().resolve()
+    texts = [t for spec in specs or () if target_query_folder(spec) == here for t in read_target_queries(spec).texts]
+    return texts or None

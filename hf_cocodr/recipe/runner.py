@@ -22,7 +22,7 @@ from typing import Any
 from .. import distributed as D
 from ..data.beir import BEIRFormatError, open_jsonl, parse_eval_spec
 from ..data.sources import data_label, resolve_data
-from ..data.target_queries import read_target_queries, refuse_eval_overlap, target_query_folder
+from ..data.target_queries import refuse_eval_overlap
 from ..errors import ConfigError
 from ..evaluation.retrieval import evaluate_retrieval
 from ..export import export_sentence_transformer
@@ -52,7 +52,7 @@ from .guard import Candidates, guard_run
 from .inputs import coco_corpora, draw_source, load_data
 from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
 from .planner import fixed_plan, make_plan, plan_identities, saved_plan, stage_ids
-from .queries import corpus_names, guard_not_read, prepare_queries
+from .queries import corpus_names, guard_not_read, hybrid_queries, prepare_queries
 from .schedules import choose_schedule
 from .settings import device_record, encode_batch_size
 from .stage import Stage
@@ -399,7 +399,8 @@ def _run_stage(run: RecipeRun, stage: Stage) -> None:
         if marker is not None and D.is_main():
             write_marker(stage_dir, {**marker, **throughput, "identity": run.ids[stage.name]})
         D.barrier()
-    run.current = str(stage_dir)
+    if not (read_marker(stage_dir) or {}).get("declined"):  # (a stage that declined to train left no model)
+        run.current = str(stage_dir)
     run.stage_seconds[stage.name] = D.main_first(_stage_seconds, stage_dir, t0)  # (rank 0 writes the marker)
 
 
@@ -639,17 +640,6 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
             )
 
 
-def _queries_of(corpus, specs) -> list[str] | None:
-    """The ``--target-queries`` given from the BEIR folder of ``corpus`` (``DIR`` or ``DIR:SPLIT``): the queries its
-    hybrid will rank, which its fusion fit is calibrated to (their text only); ``None`` when none were given (or the
-    corpus is a dataset in memory: no folder of its own)."""
-    if not isinstance(corpus, (str, os.PathLike)):
-        return None
-    here = Path(corpus).expanduser().resolve()
-    texts = [t for spec in specs or () if target_query_folder(spec) == here for t in read_target_queries(spec).texts]
-    return texts or None
-
-
 def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
     fitted to that corpus and calibrated to the target queries given from its folder, if any; encoded in ``session``
@@ -659,7 +649,7 @@ def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None)
             hybrid = HybridRetriever.build(
                 model,
                 corpus,
-                queries=_queries_of(corpus, run.cfg.target_queries),
+                queries=hybrid_queries(corpus, run.cfg.target_queries),
                 batch_size=encode_batch_size(run.cfg),
                 session=session,
             )
@@ -685,6 +675,16 @@ def _steps_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
         "capped_at_passes": {s: m["capped_at_passes"] for s, m in markers.items() if "capped_at_passes" in m},
         "throughput": {s: m["throughput"] for s, m in markers.items() if "throughput" in m},
     }
+
+
+def _teacher_check(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
+    """``{"teacher_check": ...}`` where a stage checked its teacher before training (its marker's record), else
+    ``{}``."""
+    for s in stages:
+        marker = read_marker(run.dir(s.name), run.ids.get(s.name)) if s.name in run.ids else None
+        if marker and "teacher_check" in marker:
+            return {"teacher_check": marker["teacher_check"]}
+    return {}
 
 
 def _queries_trained(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any] | None:
@@ -732,6 +732,7 @@ def _write_records(
         # the queries drawn, held out and trained on per target corpus, and the label-free guard's reading
         "queries": {q.name: q.counts for q in run.queries},
         "guard": run.guard if run.guard is not None else guard_not_read(run),
+        **_teacher_check(run, stages),
     }
     if run.max_minutes is not None:
         record["budget_seconds"] = round(run.budget_s, 1)
@@ -747,6 +748,7 @@ def _write_records(
         {
             "recipe_schedule": run.choice,
             "guard": run.guard,
+            "teacher_check": _teacher_check(run, stages).get("teacher_check"),
             "queries_trained": _queries_trained(run, stages),
             "start_vs_adapted": {
                 s: {"adapted": row(v), "start": row(v["start"])} for s, v in summary.items() if "start" in v

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .fusion import FIT, FusionConfig, candidate_parts, rule_settings
+from .held_out import paired
 from .pseudo_queries import bm25_top_z, inverse_cloze
 from .vectors import MappedIndex
 
@@ -103,21 +104,9 @@ def fit_choice(
     weights = grid if fusion.dense_weight == FIT else (float(fusion.dense_weight),)
     curves: dict[str, dict[float, float]] = {}
     per_query: dict[str, np.ndarray] = {}  # normalisation -> (pseudo-query, weight) nDCG@10
-    at = np.asarray(weights, np.float64)[:, None]
     for norm in norms:
         cfg = replace(fusion, dense_weight=0.5, normalize=norm if norm != FIT else "z", fit=None)
-        gains = np.zeros((len(rankings), len(weights)))
-        for q, (d_rows, d_scores, b_rows, b_scores, target) in enumerate(rankings):
-            cand, dense_part, bm25_part, dense_rank = candidate_parts(d_rows, d_scores, b_rows, b_scores, cfg)
-            hit = np.flatnonzero(cand == target)
-            if not hit.size:
-                continue
-            t = hit[0]
-            # every weight at once, as fuse computes each: the target's rank is the candidates fuse puts first
-            fused = at * dense_part + (1.0 - at) * bm25_part
-            tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
-            rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
-            gains[q] = np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
+        gains = grid_gains(rankings, cfg, weights)
         per_query[norm] = gains
         curves[norm] = {float(w): float(g) for w, g in zip(weights, gains.mean(axis=0))}
     best = max(v for curve in curves.values() for v in curve.values())
@@ -148,6 +137,70 @@ def fit_choice(
         j += step
         norm = norm if norm in close[nxt] else close[nxt][0]
     return norm, float(ordered[j]), curves
+
+
+def grid_gains(rankings: list[tuple], fusion: FusionConfig, weights: tuple[float, ...]) -> np.ndarray:
+    """Each pseudo-query's nDCG@10 of its one relevant row (``rankings``: as :func:`fit_choice` takes them) in the
+    ranking ``fusion`` fuses at each of ``weights``: a ``(pseudo-queries, weights)`` array (a target at fused rank
+    ``r <= 10`` scores ``1 / log2(r + 1)``, else 0; ties as :func:`~hf_cocodr.retrieval.fusion.fuse` breaks them)."""
+    at = np.asarray(weights, np.float64)[:, None]
+    gains = np.zeros((len(rankings), len(weights)))
+    for q, (d_rows, d_scores, b_rows, b_scores, target) in enumerate(rankings):
+        cand, dense_part, bm25_part, dense_rank = candidate_parts(d_rows, d_scores, b_rows, b_scores, fusion)
+        hit = np.flatnonzero(cand == target)
+        if not hit.size:
+            continue
+        t = hit[0]
+        # every weight at once, as fuse computes each: the target's rank is the candidates fuse puts first
+        fused = at * dense_part + (1.0 - at) * bm25_part
+        tied_first = (dense_rank < dense_rank[t]) | ((dense_rank == dense_rank[t]) & (cand < cand[t]))
+        rank = ((fused > fused[:, t : t + 1]) | ((fused == fused[:, t : t + 1]) & tied_first)).sum(axis=1)
+        gains[q] = np.where(rank < 10, 1.0 / np.log2(rank + 2.0), 0.0)
+    return gains
+
+
+def lead_gains(
+    fusion: FusionConfig,
+    texts: list[str],
+    embeddings: np.ndarray,
+    encode_queries: Callable[[list[str]], np.ndarray],
+    encode_documents: Callable[[list[str]], np.ndarray],
+    *,
+    n_queries: int = FIT_PSEUDO_QUERIES,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each of the fit's inverse-cloze pseudo-queries' nDCG@10 of its document by the dense ranking and by the fused
+    ranking of a fitted (or given) ``fusion``: ``(dense, hybrid)`` (see :func:`lead_over_dense`)."""
+    if fusion.needs_fit:
+        raise ConfigError("the lead over the dense model needs a fusion with its weight fitted or given")
+    share = float(fusion.fit.get("keep_share", 0.0)) if isinstance(fusion.fit, dict) else 0.0
+    picks = pseudo_queries(texts, n_queries, seed, keep_share=share)
+    if not picks:
+        return np.zeros(0), np.zeros(0)
+    depth = min(fusion.depth, len(texts))
+    side = _bm25_side(picks, texts, depth)
+    rankings = _pseudo_rankings(picks, depth, embeddings, encode_queries, encode_documents, side)
+    gains = grid_gains(rankings, fusion, (1.0, float(fusion.dense_weight)))
+    return gains[:, 0], gains[:, 1]
+
+
+def lead_over_dense(fusion: FusionConfig, texts, embeddings, encode_queries, encode_documents, **kw) -> dict[str, Any]:
+    """How far the fused ranking of a fitted (or given) ``fusion`` leads the dense model's alone, without labels: on
+    the fit's inverse-cloze pseudo-queries (:func:`pseudo_queries`, with the share of each sentence's words left in
+    its document that the fit calibrated, ``fusion.fit["keep_share"]``, else 0), each pseudo-query's nDCG@10 of its
+    document by the fusion and by the dense ranking (the fusion at weight 1), paired (hybrid − dense):
+    ``{"queries", "dense", "hybrid", "difference", "se", "verdict"}`` (``better`` beyond one standard error,
+    ``worse`` below minus one, else ``no difference``; ``no reading`` with fewer than two pseudo-queries). The
+    arguments are :func:`fit_fusion`'s (``n_queries``, ``seed``)."""
+    return lead_reading(*lead_gains(fusion, texts, embeddings, encode_queries, encode_documents, **kw))
+
+
+def lead_reading(dense, hybrid) -> dict[str, Any]:
+    """The paired reading hybrid − dense of two per-query score lists, its sides named ``dense`` and ``hybrid``."""
+    out = paired(dense, hybrid)
+    if "start" in out:
+        out["dense"], out["hybrid"] = out.pop("start"), out.pop("adapted")
+    return out
 
 
 def fit_fusion(

@@ -24,7 +24,7 @@ from ..rundir.run_record import digest
 from ..storage import cache_dir
 from .encoding import encode_documents, encode_texts
 from .fusion import FusionConfig
-from .fusion_fit import fit_fusion, is_fit_of
+from .fusion_fit import fit_fusion, is_fit_of, lead_gains, lead_reading
 from .hybrid import HYBRID_FILE, HybridRetriever, _corpus_ids_texts, corpus_fingerprint
 from .session import EncodingSession
 
@@ -241,3 +241,38 @@ class _Batched:
             ids += i
             scores += s
         return ids, scores
+
+
+def teacher_lead(
+    model,
+    model_key: Any,
+    target_corpora: Sequence,
+    query_specs: Sequence[str],
+    *,
+    fusion=None,
+    batch_size: int = 64,
+    cache: bool = True,
+    session: EncodingSession | None = None,
+) -> dict[str, Any]:
+    """Whether the hybrid teacher ranks better than the starting model alone, without labels: on each target corpus
+    the queries are routed to, its fused ranking against the dense one on the fit's inverse-cloze pseudo-queries
+    (:func:`~hf_cocodr.retrieval.fusion_fit.lead_gains`), pooled: the paired reading (hybrid − dense) with
+    ``leads`` (its verdict is ``better``) and each corpus's reading under ``corpora``."""
+    dense, hybrid, corpora = [], [], {}
+    for corpus, _ in route_queries(query_specs, target_corpora):
+        teacher, _, doc_texts, _ = teacher_retriever(
+            model, model_key, corpus, fusion=fusion, batch_size=batch_size, cache=cache, session=session
+        )
+        st = teacher.model
+        d, h = lead_gains(
+            teacher.fusion,
+            doc_texts,
+            teacher.embeddings,
+            lambda q, st=st: encode_texts(st, q, kind="query", batch_size=batch_size, session=session),
+            lambda t, st=st: encode_documents(st, t, batch_size=batch_size, session=session),
+        )
+        corpora[str(corpus)] = lead_reading(d, h)
+        dense += d.tolist()
+        hybrid += h.tolist()
+    pooled = lead_reading(dense, hybrid)
+    return {**pooled, "leads": pooled["verdict"] == "better", "corpora": corpora}

@@ -217,6 +217,97 @@ def corpus_signals(corpus: S.Corpus, ns) -> dict:
     return result
 
 
+def window_cloze(texts, count_tokens, max_tokens: int, n: int, seed: int, keep_share: float) -> list[tuple]:
+    """The inverse cloze of :func:`~hf_cocodr.retrieval.pseudo_queries.inverse_cloze` with the sentence drawn among
+    those that end within the first ``max_tokens`` tokens of their document (what the dense model reads of it): the
+    same draw rule, the same kept words."""
+    from hf_cocodr.retrieval.pseudo_queries import count_words, split_sentences
+
+    rng = np.random.default_rng(seed)
+    words_rng = np.random.default_rng([seed, 1])
+    out = []
+    for row in rng.permutation(len(texts)).tolist():
+        sentences = split_sentences(texts[row])
+        if len(sentences) < 2:
+            continue
+        ends, acc = [], ""
+        for x in sentences:
+            acc = f"{acc} {x}".strip()
+            ends.append(count_tokens(acc))
+        usable = [i for i, x in enumerate(sentences) if count_words(x) >= 4 and ends[i] <= max_tokens]
+        if not usable:
+            continue
+        pick = usable[int(rng.integers(len(usable)))]
+        words = sentences[pick].split()
+        kept = [w for w, u in zip(words, words_rng.random(len(words))) if u < keep_share]
+        parts = [" ".join(kept) if i == pick else x for i, x in enumerate(sentences)]
+        out.append((row, sentences[pick], " ".join(x for x in parts if x)))
+        if len(out) == n:
+            break
+    return out
+
+
+def window_signals(corpus: S.Corpus, ns) -> dict:
+    """The inverse cloze within the dense model's window (:func:`window_cloze`), at share 0 (``win``) and at the
+    share today's calibration picks for it from the real queries' BM25 top-score z (``win-cal``)."""
+    out_file = Path(ns.work) / "signals" / f"{corpus.name}.win.json"
+    if out_file.is_file():
+        return json.loads(out_file.read_text())
+    from hf_cocodr import load_encoder
+    from hf_cocodr.data.beir import load_beir
+    from hf_cocodr.retrieval.encoding import encode_documents, encode_texts
+    from hf_cocodr.retrieval.fusion import FusionConfig
+    from hf_cocodr.retrieval.fusion_fit import KEEP_SHARES, _bm25_side, _pseudo_rankings, keep_share_for
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.session import EncodingSession
+
+    data = load_beir(S.folder(corpus, Path(ns.work)), corpus.split)
+    model = load_encoder(S.model_path())
+    tok = model.tokenizer
+    count = lambda t: len(tok(t, add_special_tokens=False)["input_ids"])  # noqa: E731
+    session = EncodingSession(precision="bf16", cache=True)
+    hybrid = HybridRetriever.build(
+        model, data.corpus, fusion=FusionConfig(dense_weight=0.5), fit=False, session=session
+    )
+    texts, emb = list(hybrid._texts), hybrid.embeddings
+    qmap = dict(zip(data.queries["_id"], data.queries["text"]))
+    qids = [q for q in data.qrels if q in qmap and any(g > 0 for g in data.qrels[q].values())][:MAX_REAL]
+    target = float(np.median(top_z(hybrid.search_bm25([qmap[q] for q in qids], DEPTH)[0])))
+    enc_q = lambda q: encode_texts(model, q, kind="query", batch_size=64, session=session)  # noqa: E731
+    enc_d = lambda d: encode_documents(model, d, batch_size=64, session=session)  # noqa: E731
+    window = int(model.max_seq_length) - 2
+    sides, medians, picks_at = {}, {}, {}
+    for share in KEEP_SHARES:
+        picks_at[share] = window_cloze(texts, count, window, N_PSEUDO, 0, share)
+        if len(picks_at[share]) < 8:
+            break
+        sides[share] = _bm25_side(picks_at[share], texts, DEPTH)
+        medians[share] = float(np.median(top_z(sides[share][0])))
+        if medians[share] >= target:
+            break
+    fams = {}
+    if medians:
+        share = keep_share_for(medians, target)
+        for fam, sh in (("win", 0.0), ("win-cal", share)):
+            picks = picks_at[sh]
+            rankings = _pseudo_rankings(picks, DEPTH, emb, enc_q, enc_d, sides[sh])
+            fams[fam] = {
+                "curves": curves([r[:4] for r in rankings], [{r[4]: 1.0} for r in rankings], [[1.0]] * len(rankings)),
+                "stats": {
+                    "bm25_top_z": medians[sh],
+                    "dense_top_z": float(np.median(top_z(np.stack([r[1] for r in rankings])))),
+                    "overlap10": float(
+                        np.mean(overlap10(np.stack([r[0] for r in rankings]), sides[sh][1], sides[sh][0]))
+                    ),
+                    "words": float(np.median([len(p[1].split()) for p in picks])),
+                    "keep_share": sh,
+                },
+                "queries": len(picks),
+            }
+    out_file.write_text(json.dumps({"families": fams, "window": window}) + "\n")
+    return {"families": fams, "window": window}
+
+
 # ---------------------------------------------------------------------------------------------------------- rules
 def mean_curve(fam: dict, norm: str) -> np.ndarray:
     return np.asarray(fam["curves"][norm]).mean(axis=0)
@@ -322,6 +413,7 @@ def main() -> int:
     sigs = {}
     for c, corpus in S.corpora(ns).items():
         sigs[c] = corpus_signals(corpus, ns)
+        sigs[c]["families"].update(window_signals(corpus, ns)["families"])
         print(f"{c}: {sigs[c]['seconds']} s", flush=True)
     text = report(sigs, ns)
     print(text)

@@ -172,6 +172,95 @@ def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
     return result
 
 
+def row_readings_v2(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
+    """The library's held-out cloze readings (:mod:`hf_cocodr.retrieval.held_out`) of one finished row: the teacher's
+    lead over the start on the plain sentences (the corpus-only teacher: z-scores at weight 0.5), and the adapted
+    model against the start on the dropped sentences, dense and hybrid (each model's fusion fitted without queries),
+    beside the labels; cached in ``guard_v2.json``."""
+    out_file = row_dir / "guard_v2.json"
+    if out_file.is_file():
+        return json.loads(out_file.read_text())
+    run = row_dir / "run"
+    if not (run / "model").is_dir() or not (row_dir / "guard_readings.json").is_file():
+        return None
+    from hf_cocodr import load_encoder
+    from hf_cocodr.data.beir import load_beir
+    from hf_cocodr.retrieval.encoding import encode_documents, encode_texts
+    from hf_cocodr.retrieval.fusion import FusionConfig
+    from hf_cocodr.retrieval.fusion_fit import fit_fusion
+    from hf_cocodr.retrieval.held_out import HeldOutView, draw_clozes, paired
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+    from hf_cocodr.retrieval.session import EncodingSession
+
+    t0 = time.time()
+    data = load_beir(S.folder(corpus, Path(ns.work)), corpus.split)
+    start, adapted = load_encoder(S.model_path()), load_encoder(str(run / "model"))
+    session = EncodingSession(precision="bf16", cache=True)
+    hybrid = HybridRetriever.build(start, data.corpus, fusion=FusionConfig(dense_weight=0.5), fit=False,
+                                   session=session)  # fmt: skip
+    texts, ids, emb = list(hybrid._texts), hybrid.doc_ids, hybrid.embeddings
+    row_of = {d: i for i, d in enumerate(ids)}
+    trained = set()
+    for f in (run / "queries").glob("*.train.jsonl"):
+        for line in f.read_text().splitlines():
+            d = json.loads(line).get("doc_id") if line.strip() else None
+            if d in row_of:
+                trained.add(row_of[d])
+    held = [r for r in np.random.default_rng(7).permutation(len(ids)).tolist() if r not in trained][: ns.held]
+    clozes = draw_clozes(ids, texts, held, seed=7)
+    enc_d = lambda d: encode_documents(start, d, batch_size=64, session=session)  # noqa: E731
+    view = HeldOutView(texts, emb, ids, clozes, enc_d)
+    enc = {n: (lambda q, m=m: encode_texts(m, q, kind="query", batch_size=64, session=session))
+           for n, m in (("start", start), ("adapted", adapted))}  # fmt: skip
+    plain, dropped = [c.sentence for c in view.clozes], [c.dropped for c in view.clozes]
+    teacher = FusionConfig(dense_weight=0.5, normalize="z", bm25_zeros=False, depth=100)
+    qv_plain = enc["start"](plain)
+    lead = paired(view.dense_scores(qv_plain), view.hybrid_scores(plain, qv_plain, teacher))
+    fusions = {n: fit_fusion(FusionConfig(), texts, emb, enc[n], enc_d, bm25=hybrid.bm25) for n in enc}
+    dense, hyb = {}, {}
+    for n in enc:
+        qv = enc[n](dropped)
+        dense[n], hyb[n] = view.dense_scores(qv), view.hybrid_scores(dropped, qv, fusions[n])
+    result = {
+        "held_out_docs": len(held),
+        "clozes": len(view.clozes),
+        "teacher_lead": lead,
+        "cloze_dense": paired(dense["start"], dense["adapted"]),
+        "cloze_hybrid": paired(hyb["start"], hyb["adapted"]),
+        "fusions": {n: [f.normalize, f.dense_weight] for n, f in fusions.items()},
+        "labels": json.loads((row_dir / "guard_readings.json").read_text())["labels"],
+        "seconds": round(time.time() - t0, 1),
+    }
+    out_file.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def decision_v2(r: dict) -> str:
+    """What the new default would export: the start where the teacher does not lead it (the distillation would not
+    run) or where the guard cannot vouch for the adapted model (its dense cloze reading not better, or its hybrid's
+    worse), else the adapted model."""
+    if r["teacher_lead"]["verdict"] != "better":
+        return "start (teacher does not lead)"
+    if r["cloze_dense"]["verdict"] == "worse" or r["cloze_hybrid"]["verdict"] == "worse":
+        return "start (worse)"
+    if r["cloze_dense"]["verdict"] != "better":
+        return "start (unverified)"
+    return "adapted"
+
+
+def report_v2(rows: list) -> str:
+    lines = ["| arm | corpus | seed | labels dense | labels hybrid | teacher lead | cloze dense | cloze hybrid | "
+             "exports | dense gain | hybrid gain |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    cell = lambda v: f"{v['difference']:+.4f} ± {v['se']:.4f}" if "se" in v else v["verdict"]  # noqa: E731
+    for arm, c, seed, r in rows:
+        lab, what = r["labels"], decision_v2(r)
+        keep = what == "adapted"
+        lines.append(f"| {arm} | {c} | {seed} | {cell(lab['dense'])} | {cell(lab['hybrid'])} | {cell(r['teacher_lead'])} "
+                     f"| {cell(r['cloze_dense'])} | {cell(r['cloze_hybrid'])} | {what} | "
+                     f"{lab['dense']['difference'] if keep else 0:+.4f} | {lab['hybrid']['difference'] if keep else 0:+.4f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", default="outputs/suite")
@@ -180,6 +269,8 @@ def main() -> int:
     p.add_argument("--arms", default="default")
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--report", default=None)
+    p.add_argument("--held", type=int, default=400, help="held-out documents the v2 readings draw from")
+    p.add_argument("--v2", action="store_true", help="the library's held-out cloze readings and the new decision")
     ns = p.parse_args()
     suite = S.corpora(ns)
     rows = []
@@ -187,10 +278,22 @@ def main() -> int:
         for c, corpus in suite.items():
             for row_dir in sorted((Path(ns.work) / f"recipe{ns.budget_minutes:g}" / arm / c).glob("seed*")):
                 r = row_readings(row_dir, corpus, ns)
+                if ns.v2 and r and "readings" in r:
+                    r2 = row_readings_v2(row_dir, corpus, ns)
+                    if r2:
+                        rows.append((arm, c, row_dir.name, r2))
+                        print(arm, c, row_dir.name, decision_v2(r2), flush=True)
+                    continue
                 if r and "readings" in r:
                     rows.append((arm, c, row_dir.name, r))
                     print(arm, c, row_dir.name, r["labels"], {k: v["verdict"] for k, v in r["readings"].items()},
                           flush=True)  # fmt: skip
+    if ns.v2:
+        text = report_v2(rows)
+        print(text)
+        if ns.report:
+            Path(ns.report).with_suffix(".md").write_text(text)
+        return 0
     names = sorted({k for *_, r in rows for k in r["readings"]})
     lines = ["# Label-free guard readings against the labels (corpus-only recipe rows of the suite)", "",
              "| arm | corpus | seed | labels dense | labels hybrid | " + " | ".join(names) + " |",

@@ -354,7 +354,7 @@ class DistillStage(Stage):
 
         cost = super().cost(throughput, cfg, budget_s=budget_s, plan=plan)
         cost.fixed_s = throughput.get("distill_teacher_s", 0.0)
-        names = ("encode", "bm25", "fit", "rank")
+        names = ("encode", "bm25", "fit", "check", "rank")
         parts = {
             f"distill_teacher_{n}": throughput[f"distill_teacher_{n}_s"]
             for n in names
@@ -453,19 +453,21 @@ class DistillStage(Stage):
                 to_encode.append(texts)
         encode_docs, bm25_docs = sum(map(len, to_encode)), sum(map(len, to_index))
         fitted = run.cfg.distill_teacher_weight == "fit"  # each teacher built is fitted to its corpus
+        checked = run.cfg.guard != "off"  # the teacher check reads every corpus (one fit's work each)
+        all_texts = [texts for _, texts, _ in self._targets(run)]
         # the teacher encodes the documents and queries at the model's own lengths, in the run's corpus-encoding
         # precision (encode_texts: bf16 autocast where the run encodes in bf16); each cost is timed only where the
         # run pays it, on documents spread through the corpora it is paid for (their lengths, not the first rows')
         per_doc = per_bm25_doc = 0.0
         as_run = {"batch_size": batch, "normalize": normalize, "session": run.encodings}
-        if encode_docs or (fitted and to_index):  # (a fit encodes some documents again, encodings cached or not)
-            docs = spread_sample(to_encode or to_index, PROBE_DOCS if encode_docs else PROBE_DOCS // 4)
+        if encode_docs or (fitted and to_index) or checked:  # (a fit encodes some documents again, cached or not)
+            docs = spread_sample(to_encode or to_index or all_texts, PROBE_DOCS if encode_docs else PROBE_DOCS // 4)
             encode_texts(st, docs[:batch], kind="document", **as_run)  # warm-up
             t0 = time.perf_counter()
             encode_texts(st, docs, kind="document", **as_run)
             per_doc = (time.perf_counter() - t0) / len(docs)
-        if bm25_docs:
-            docs = spread_sample(to_index, PROBE_DOCS)
+        if bm25_docs or checked:
+            docs = spread_sample(to_index or all_texts, PROBE_DOCS)
             t0 = time.perf_counter()
             BM25Index(docs)
             per_bm25_doc = (time.perf_counter() - t0) / len(docs)
@@ -482,6 +484,9 @@ class DistillStage(Stage):
         if fitted and to_index:
             fit_s = sum(fit_seconds(len(texts), per_doc, per_bm25_doc, per_query) for texts in to_index)
             parts["distill_teacher_fit_s"] = round(fit_s, 4)
+        if checked:  # the teacher check: a fit's pseudo-queries ranked on every corpus (cached teachers included)
+            check_s = sum(fit_seconds(len(texts), per_doc, per_bm25_doc, per_query) for texts in all_texts)
+            parts["distill_teacher_check_s"] = round(check_s, 4)
         parts["distill_teacher_rank_s"] = round(per_query * len(queries), 4)
         return {"distill_step_s": step_s, "distill_teacher_s": round(sum(parts.values()), 4), **parts}
 
@@ -523,6 +528,12 @@ class DistillStage(Stage):
         from ...retrieval.teacher import distill_dataset, query_side_dataset
 
         cfg, planned, steps = run.cfg, run.plan.steps_of(self.name), self.steps(run)
+        check = self.teacher_check(run) if cfg.guard != "off" else None
+        if check is not None and not check["leads"] and cfg.guard == "on":
+            logger.warning(
+                "distillation: not run, the starting model is kept: %s (guard: record runs it)", check["why"]
+            )
+            return {"steps": 0, "declined": check["why"], "teacher_check": check}
         t0 = time.perf_counter()
         query_side = self.query_side(run)
         make = query_side_dataset if query_side else distill_dataset
@@ -563,7 +574,38 @@ class DistillStage(Stage):
                 trainer.state.global_step,
                 steps,
             )
-        return {**marker, "rows": len(rows), "teacher": rows.sources, **capped}
+        checked = {"teacher_check": check} if check is not None else {}
+        return {**marker, "rows": len(rows), "teacher": rows.sources, **capped, **checked}
+
+    def teacher_check(self, run: RecipeRun) -> dict[str, Any]:
+        """Whether the hybrid teacher leads the starting model, without labels
+        (:func:`~hf_cocodr.retrieval.teacher.teacher_lead`: its fused ranking against the dense one on the fit's
+        inverse-cloze pseudo-queries of each corpus the queries are routed to, pooled): the reading, ``leads``, and
+        why in one line. The distillation runs where it leads (beyond one standard error); with ``guard: on`` the
+        recipe otherwise keeps the starting model."""
+        from ...retrieval.teacher import teacher_lead
+
+        t0 = time.perf_counter()
+        lead = teacher_lead(
+            run.model,
+            run.fps["model"],
+            run.target_corpora,
+            distill_sources(run),
+            fusion=teacher_fusion(run.cfg),
+            batch_size=encode_batch_size(run.cfg),
+            session=run.encodings,
+        )
+        said = (
+            f"{lead.get('difference', 0.0):+.4f} ± {lead.get('se')} nDCG@10 over {lead['queries']} pseudo-queries, "
+            f"{lead['verdict']}"
+        )
+        lead.update(
+            method="the hybrid teacher against the starting model alone, on the fit's inverse-cloze pseudo-queries",
+            why=f"the teacher {'leads' if lead['leads'] else 'does not lead'} the starting model ({said})",
+            seconds=round(time.perf_counter() - t0, 1),
+        )
+        (logger.info if lead["leads"] else logger.warning)("distillation: teacher check: %s", lead["why"])
+        return lead
 
     def check(self, cfg: RecipeConfig, stages) -> None:
         """Refuse, before any work, a query-side distillation (``distill_side: query``) that a stage before it would
