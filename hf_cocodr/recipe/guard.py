@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from ..modeling.loading import load_encoder
 from ..retrieval.held_out import Cloze, paired
 from ..retrieval.session import EncodingSession
+from ..utils import preserved_rng_state
 from .queries import corpus_dataset, hybrid_queries
 from .settings import encode_batch_size
 from .stages.distill import DistillStage
@@ -182,7 +183,13 @@ class GuardVerdict:
 def guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
     """Read the guard (see the module docstring) for ``candidates.adapted`` against ``candidates.start``, with the
     run's settings, held-out queries and encoding session; returns the verdict (None where nothing trained, the
-    guard is off or nothing was held out). It changes nothing of the run: the runner acts on the verdict."""
+    guard is off or nothing was held out). It changes nothing of the run, its random states included (what it
+    encodes and fits draws from them): the runner acts on the verdict."""
+    with preserved_rng_state():
+        return _guard_run(run, candidates)
+
+
+def _guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
 
     cfg = run.cfg
     entries = [q for q in run.queries if q.guard is not None]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from ...errors import ConfigError
 from ...modeling.asymmetric import query_side_model
 from ...modeling.loading import load_encoder
-from ...utils import native_bf16
+from ...utils import native_bf16, preserved_rng_state
 from ..checks import DISTILL_BATCH_SIZE
 from ..queries import distill_sources
 from ..settings import (
@@ -586,15 +586,16 @@ class DistillStage(Stage):
         from ...retrieval.teacher import teacher_lead
 
         t0 = time.perf_counter()
-        lead = teacher_lead(
-            run.model,
-            run.fps["model"],
-            run.target_corpora,
-            distill_sources(run),
-            fusion=teacher_fusion(run.cfg),
-            batch_size=encode_batch_size(run.cfg),
-            session=run.encodings,
-        )
+        with preserved_rng_state():  # (what it encodes and fits leaves the training's random states as they were)
+            lead = teacher_lead(
+                run.model,
+                run.fps["model"],
+                run.target_corpora,
+                distill_sources(run),
+                fusion=teacher_fusion(run.cfg),
+                batch_size=encode_batch_size(run.cfg),
+                session=run.encodings,
+            )
         said = (
             f"{lead.get('difference', 0.0):+.4f} ± {lead.get('se')} nDCG@10 over {lead['queries']} pseudo-queries, "
             f"{lead['verdict']}"
