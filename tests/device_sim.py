@@ -248,6 +248,10 @@ def simulated_gpu(monkeypatch) -> Iterator[torch.device]:
         for name in ("save_file", "save"):
             m.setattr(safetensors.torch, name, _on_host(getattr(safetensors.torch, name)))
         m.setattr(PreTrainedModel, "save_pretrained", _saved_from_cpu(PreTrainedModel.save_pretrained))
+        # the device has no memory cache of its own (its tensors live on the host): accelerate (1.16 and later) empties
+        # a PrivateUse1 device's through torch.accelerator, which asserts a caching allocator the device lacks
+        for module in _cache_clearers():
+            m.setattr(module, "clear_device_cache", lambda garbage_collection=False: None)
         active.append(True)
         try:
             with _Factories():
@@ -275,6 +279,17 @@ def _saved_from_cpu(save_pretrained):
                 self.to(DEVICE)
 
     return saved
+
+
+def _cache_clearers() -> list:
+    """The modules of accelerate and transformers that bound accelerate's ``clear_device_cache``."""
+    import sys
+
+    return [
+        mod
+        for name, mod in list(sys.modules.items())
+        if name.split(".")[0] in ("accelerate", "transformers") and hasattr(mod, "clear_device_cache")
+    ]
 
 
 def _device_name_users(package) -> list:

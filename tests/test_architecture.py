@@ -69,6 +69,9 @@ LAYERS = {
     "modeling": 4.7,
     # the label-free fit of a fusion: the rules, the index and the pseudo-queries below it (the rules never reach it)
     "retrieval.fusion_fit": 4.75,
+    # held-out clozes and the view of a corpus without their sentences: below the fit that reads its pairs, above
+    # the index, the rules and the vectors it ranks with
+    "retrieval.held_out": 4.77,
     # the index chosen by size (exact or faiss HNSW / IVF): above the indexes it measures against
     "retrieval.ann": 4.78,
     # a run's encoding session (precision, cache, fits): below the encoders, the hybrid and the teacher that take it

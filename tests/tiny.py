@@ -5,9 +5,13 @@ Imported by ``conftest.py`` and by worker scripts launched with ``torchrun`` (wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import re
 from pathlib import Path
+
+import numpy as np
 
 TOPICS = {
     "heart": "cardiac artery blood pressure vessel pulse cholesterol statin infarction rhythm",
@@ -226,3 +230,36 @@ def hub_layouts(beir_dir: str | Path, root: str | Path) -> tuple[Path, Path]:
     for split in splits:
         (beir_qrels / f"{split}.tsv").write_text((beir_dir / "qrels" / f"{split}.tsv").read_text())
     return mteb, beir
+
+
+def synonym_toy():
+    """48 documents, each about 3 of 8 concepts; each sentence names every concept of its document by a synonym
+    no other sentence of the document uses (12 synonyms a concept): a sentence shares no content word with its
+    rest, while a crop of it shares all of its words with its document."""
+    rng = random.Random(0)
+    synonyms = {c: [f"w{c}x{s}" for s in range(12)] for c in range(8)}
+    concept = {w: c for c, ws in synonyms.items() for w in ws}
+    mixes = list(itertools.combinations(range(8), 3))
+    rng.shuffle(mixes)
+    texts = []
+    for mix in mixes[:48]:
+        picked = {c: rng.sample(synonyms[c], 4) for c in mix}
+        sentences = []
+        for s in range(4):
+            words = [picked[c][s] for c in mix] + ["the", "of", "and"]
+            rng.shuffle(words)
+            sentences.append(" ".join(words).capitalize() + ".")
+        texts.append(" ".join(sentences))
+    vocab = sorted(concept)
+
+    def bag(texts, dim, index):
+        out = np.zeros((len(texts), dim), np.float32)
+        for i, t in enumerate(texts):
+            for w in re.findall(r"\w+", t.lower()):
+                if w in concept:
+                    out[i, index(w)] += 1
+        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
+
+    lexical = lambda t: bag(t, len(vocab), vocab.index)  # noqa: E731  (its words)
+    semantic = lambda t: bag(t, 8, concept.get)  # noqa: E731  (their meaning: synonyms are one)
+    return texts, [f"d{i}" for i in range(48)], lexical, semantic

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..modeling.loading import load_encoder
-from ..retrieval.held_out import Cloze, paired
+from ..retrieval.held_out import Cloze, HeldOutView, paired
 from ..retrieval.session import EncodingSession
 from ..utils import preserved_rng_state
 from .queries import corpus_dataset, hybrid_queries
@@ -256,7 +256,6 @@ def _cloze_scores(run: RecipeRun, entry, clozes: list[Cloze], models: dict, batc
     model's route: the two share one view of the corpus."""
     from ..retrieval.encoding import encode_documents  # (the retrieval stack: torch, faiss, bm25s)
     from ..retrieval.encoding_cache import document_encoder_key
-    from ..retrieval.held_out import HeldOutView
     from ..retrieval.hybrid import HybridRetriever, _corpus_ids_texts
 
     ids, texts = _corpus_ids_texts(entry.corpus)

@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from .fusion import fuse
 from .pseudo_queries import MIN_SENTENCE_WORDS, count_words, split_sentences
+from .vectors import MappedIndex
 
 DROP_SHARE = 0.5  # the share of the shared content words a dropped cloze leaves out (each with this probability)
 MIN_LEFT = 3  # a dropped cloze keeps at least this many words (else its document gives no cloze)
@@ -141,8 +143,6 @@ class HeldOutView:
     def dense(self, query_vectors: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact inner-product top-``depth`` ``(scores, rows)`` over the corpus with the held-out documents' vectors
         those of their rests (equal scores in row order)."""
-        from .vectors import MappedIndex
-
         q = np.asarray(query_vectors, np.float32)
         n = len(self.embeddings)
         k = min(depth, n)
@@ -172,8 +172,6 @@ class HeldOutView:
     def hybrid_scores(self, queries: list[str], query_vectors: np.ndarray, fusion) -> list[float]:
         """Each query's nDCG@10 of its target by the fused ranking (``fusion``: a fitted
         :class:`~hf_cocodr.retrieval.fusion.FusionConfig`)."""
-        from .fusion import fuse
-
         self._check(len(query_vectors))
         d_s, d_r = self.dense(query_vectors, fusion.depth)
         b_s, b_r = self.bm25(queries, fusion.depth)

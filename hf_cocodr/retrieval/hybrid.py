@@ -231,10 +231,7 @@ class HybridRetriever:
             model_ref = str(resolved_path(model_ref))
         st = load_encoder(str(model)) if isinstance(model, (str, os.PathLike)) else model
         source = corpus_file_record(corpus)  # (before it is read: a change while it is read is seen at load)
-        dataset = corpus
-        if isinstance(corpus, (str, os.PathLike)):
-            path = Path(corpus)
-            dataset = _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)
+        dataset = _read_corpus(corpus)
         ids, texts = _corpus_ids_texts(dataset)
         if not ids:
             raise ConfigError(f"the corpus {corpus!r} has no documents")
@@ -885,3 +882,11 @@ def _holds_router_model(folder: Path) -> bool:
         return str(modules[0]["type"]).rsplit(".", 1)[-1] == "Router"
     except (OSError, ValueError, LookupError, TypeError):
         return False
+
+
+def _read_corpus(corpus):
+    """``corpus`` as a dataset: a BEIR folder's or a JSONL file's documents read, a dataset as it is."""
+    if not isinstance(corpus, (str, os.PathLike)):
+        return corpus
+    path = Path(corpus)
+    return _load_jsonl_dataset(path, "corpus") if path.is_file() else load_corpus(path)

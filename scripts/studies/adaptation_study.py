@@ -39,7 +39,9 @@ EVALS = [("scifact", "train", "SciFact dev"), ("nfcorpus", "dev", "NFCorpus dev"
 # Source data as in the demo: 1,000 SQuAD questions, a mining pool of positives + BM25 top-2.
 # (pseudo_queries 0: the arms of this study are COCO and fine-tuning arms; a head-less start would otherwise get the
 # corpus-only distillation that issue 53 made its default, scripts/studies/corpus_only.py)
-BASE = {"max_queries": 1000, "corpus_pool": 2, "save_hybrid": False, "pseudo_queries": 0}
+# (guard: record: an arm's model is what it trained, the guard's verdict recorded beside it; before the guard read
+# held-out clozes it read nothing in these arms, which hold out no pseudo-query)
+BASE = {"max_queries": 1000, "corpus_pool": 2, "save_hybrid": False, "pseudo_queries": 0, "guard": "record"}
 NO_EXTRAS = {"wise_alpha": None}
 # the COCO soup spelled out (the no_mlm_head schedule since session 6), so its rows keep their meaning
 SOUP = {"skip_finetune": True, "coco_mlm_weight": 1.0, "coco_runs": "budget", "coco_run_steps": 76, **NO_EXTRAS}

@@ -161,7 +161,7 @@ def cli() -> list[str]:
 # ---------------------------------------------------------------------------------------------------------- baseline
 def baseline_row(corpus: Corpus, ns) -> dict:
     """The start, BM25 and the fitted hybrid on ``corpus`` (``hf-cocodr evaluate --hybrid``), cached."""
-    out = Path(ns.work) / "baseline" / corpus.name
+    out = Path(ns.work) / ns.baseline / corpus.name
     row_file = out / "row.json"
     if row_file.is_file():
         return json.loads(row_file.read_text())
@@ -191,7 +191,7 @@ def baseline_row(corpus: Corpus, ns) -> dict:
 # ------------------------------------------------------------------------------------------------------------ recipe
 ARMS = {
     # today's corpus-only default: 8,000 pseudo-queries of the default mix distilled from the fixed hybrid into the
-    # query side, then WiSE-FT 0.75; the guard records
+    # query side, then WiSE-FT 0.75; the teacher check and the guard record (the table reads what guard: on exports)
     "default": [],
 }
 
@@ -225,6 +225,7 @@ def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
             bm25=ev["bm25"]["ndcg@10"],
             steps=rec.get("steps_trained", {}),
             guard={k: (rec.get("guard") or {}).get(k) for k in ("verdict", "kept", "readings", "why")},
+            teacher_check={k: (rec.get("teacher_check") or {}).get(k) for k in ("leads", "difference", "se", "why")},
             kept=rec.get("kept") or rec.get("outcome"),
             wall_seconds=rec.get("wall_seconds"),
         )
@@ -243,8 +244,8 @@ def spread(vals: list[float]) -> str:
 
 def cached(ns, suite: dict[str, Corpus]) -> tuple[dict, dict]:
     work = Path(ns.work)
-    base = {c: json.loads((work / "baseline" / c / "row.json").read_text())
-            for c in suite if (work / "baseline" / c / "row.json").is_file()}  # fmt: skip
+    base = {c: json.loads((work / ns.baseline / c / "row.json").read_text())
+            for c in suite if (work / ns.baseline / c / "row.json").is_file()}  # fmt: skip
     recipe: dict[str, dict[str, dict[int, dict]]] = {}
     root = work / f"recipe{ns.budget_minutes:g}"
     for f in sorted(root.glob("*/*/seed*/row.json")) if root.is_dir() else []:
@@ -254,13 +255,40 @@ def cached(ns, suite: dict[str, Corpus]) -> tuple[dict, dict]:
     return base, recipe
 
 
+def exported(row: dict) -> bool:
+    """Whether ``guard: on`` (the default) would have exported the adapted model of a ``--guard record`` row: the
+    teacher check found a lead (else no distillation ran) and the guard read it ``better``."""
+    lead = (row.get("teacher_check") or {}).get("leads")
+    return lead is not False and (row.get("guard") or {}).get("verdict") == "better"
+
+
 def arm_cells(rows: dict[int, dict]) -> dict:
     done = [r for r in rows.values() if "dense" in r]
     d = [r["dense"] - r["start"] for r in done]
     h = [r["hybrid"] - r["start_hybrid"] for r in done]
+    # what a user of the default gets: the adapted model where the guard exports it, the start (no change) elsewhere
+    d_on = [g if exported(r) else 0.0 for g, r in zip(d, done)]
+    h_on = [g if exported(r) else 0.0 for g, r in zip(h, done)]
     verdicts = [str((r.get("guard") or {}).get("verdict")) for r in done]
-    return {"seeds": len(done), "dense": d, "hybrid": h, "verdicts": verdicts,
-            "holds": bool(done) and statistics.mean(d) >= -MARGIN and statistics.mean(h) >= -MARGIN}  # fmt: skip
+    leads = [str((r.get("teacher_check") or {}).get("leads")) for r in done]
+    return {"seeds": len(done), "dense": d, "hybrid": h, "verdicts": verdicts, "leads": leads,
+            "dense_on": d_on, "hybrid_on": h_on,
+            "holds": bool(done) and statistics.mean(d_on) >= -MARGIN and statistics.mean(h_on) >= -MARGIN,
+            "labels_see": labels_see(d, h)}  # fmt: skip
+
+
+def labels_see(d: list[float], h: list[float]) -> str:
+    """What the labels read of the adapted model against the start, beyond the seeds' spread and the margin:
+    ``better`` / ``worse`` (dense and hybrid agree, or one is within the margin) or ``no difference``."""
+    if not d:
+        return "–"
+    sides = []
+    for vals in (d, h):
+        m, half = statistics.mean(vals), (max(vals) - min(vals)) / 2
+        sides.append("better" if m - half > MARGIN else "worse" if m + half < -MARGIN else "no difference")
+    if "worse" in sides:
+        return "worse"
+    return "better" if "better" in sides else "no difference"
 
 
 def loco(recipe: dict, suite: list[str]) -> list[dict]:
@@ -314,15 +342,17 @@ def report(ns) -> None:
         )
     for arm, by_corpus in recipe.items():
         lines += ["", f"## Recipe arm `{arm}` ({' '.join(ARMS.get(arm, [])) or 'the defaults'})", "",
-                  "| corpus | seeds | dense gain | hybrid gain | holds (both ≥ −0.005) | guard verdicts |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+                  "| corpus | seeds | adapted: dense gain | adapted: hybrid gain | labels read | teacher leads | "
+                  "guard verdicts | exported (guard: on): dense | hybrid | holds (both ≥ −0.005) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in suite:
             if c not in by_corpus:
                 continue
             cell = arm_cells(by_corpus[c])
             lines.append(
                 f"| {c} | {cell['seeds']} | {spread(cell['dense'])} | {spread(cell['hybrid'])} | "
-                f"{'yes' if cell['holds'] else '**no**'} | {', '.join(cell['verdicts'])} |"
+                f"{cell['labels_see']} | {', '.join(cell['leads'])} | {', '.join(cell['verdicts'])} | "
+                f"{spread(cell['dense_on'])} | {spread(cell['hybrid_on'])} | {'yes' if cell['holds'] else '**no**'} |"
             )
     if ns.loco:
         lines += ["", "## Leave one corpus out", "", "| left out | arm chosen on the others | holds there | dense | "
@@ -346,6 +376,7 @@ def main() -> int:
     p.add_argument("--corpora", default=None, help="a comma-separated subset of the suite")
     p.add_argument("--extra", action="append", help="NAME=PATH:SPLIT, another BEIR folder in the suite")
     p.add_argument("--arms", default="default")
+    p.add_argument("--baseline", default="baseline", help="the folder under --work of the baseline rows")
     p.add_argument("--seeds", default="42")
     p.add_argument("--core", type=int, default=None)
     p.add_argument("--budget-minutes", type=float, default=15.0)

@@ -28,7 +28,7 @@ def _recipe_argv(model, beir, out: Path) -> list[str]:
     return [
         "-q", "recipe", "--model", str(model), "--target-corpus", str(beir), "--source-data", str(beir),
         "--output_dir", str(out), "--target-queries", f"{beir}:train", "--skip-coco", "true",
-        "--target-pairs", "none", "--wise-alpha", "none", "--distill-steps", "2",
+        "--wise-alpha", "none", "--distill-steps", "2",
     ]  # fmt: skip
 
 

@@ -64,7 +64,7 @@ def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path
         "--model", str(model), "--target-corpus", str(beir), "--source-data", str(beir),
         "--output_dir", str(out), "--config", str(config),
         "--target-queries", f"{beir}:train", "--eval", f"{beir}:dev",
-        "--skip-coco", "true", "--target-pairs", "none", "--wise-alpha", "none",
+        "--skip-coco", "true", "--wise-alpha", "none",
         "--distill-steps", "3", "--distill-k", "4", "--distill-side", "query",
         "--distill-in-batch-weight", "0", "--guard", "record",
     ]  # fmt: skip
@@ -133,7 +133,7 @@ def test_a_budgeted_recipe_under_torchrun_plans_once_and_every_rank_trains_its_s
         "-m", "hf_cocodr", "-q", "recipe",
         "--model", str(nodrop_st), "--target-corpus", str(beir), "--source-data", str(beir),
         "--output_dir", str(out), "--config", str(config), "--target-queries", f"{beir}:train",
-        "--eval", f"{beir}:dev", "--skip-coco", "true", "--target-pairs", "none", "--distill-side", "query",
+        "--eval", f"{beir}:dev", "--skip-coco", "true", "--distill-side", "query",
         "--max-minutes", "1.5", "--distill-max-passes", "3",
     ]  # fmt: skip
     proc = run_checked(cmd, HF_COCODR_CACHE=str(tmp_path / "cache"))

@@ -4,11 +4,8 @@ better on crops of its documents but worse on clozes (a lexical model against a 
 
 from __future__ import annotations
 
-import itertools
-import random
-import re
-
 import numpy as np
+import tiny
 
 from hf_cocodr.recipe.guard import decide
 from hf_cocodr.retrieval.fusion import FusionConfig, fuse
@@ -75,44 +72,11 @@ def test_the_view_searches_the_corpus_as_a_copy_with_the_rests_in_place():
     assert view.hybrid_scores(texts, q, half) == by_hand
 
 
-def _toy():
-    """48 documents, each about 3 of 8 concepts; each sentence names every concept of its document by a synonym
-    no other sentence of the document uses (12 synonyms a concept): a sentence shares no content word with its
-    rest, while a crop of it shares all of its words with its document."""
-    rng = random.Random(0)
-    synonyms = {c: [f"w{c}x{s}" for s in range(12)] for c in range(8)}
-    concept = {w: c for c, ws in synonyms.items() for w in ws}
-    mixes = list(itertools.combinations(range(8), 3))
-    rng.shuffle(mixes)
-    texts = []
-    for mix in mixes[:48]:
-        picked = {c: rng.sample(synonyms[c], 4) for c in mix}
-        sentences = []
-        for s in range(4):
-            words = [picked[c][s] for c in mix] + ["the", "of", "and"]
-            rng.shuffle(words)
-            sentences.append(" ".join(words).capitalize() + ".")
-        texts.append(" ".join(sentences))
-    vocab = sorted(concept)
-
-    def bag(texts, dim, index):
-        out = np.zeros((len(texts), dim), np.float32)
-        for i, t in enumerate(texts):
-            for w in re.findall(r"\w+", t.lower()):
-                if w in concept:
-                    out[i, index(w)] += 1
-        return out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-9)
-
-    lexical = lambda t: bag(t, len(vocab), vocab.index)  # noqa: E731  (its words)
-    semantic = lambda t: bag(t, 8, concept.get)  # noqa: E731  (their meaning: synonyms are one)
-    return texts, [f"d{i}" for i in range(48)], lexical, semantic
-
-
 def test_a_model_better_on_crops_but_worse_on_clozes_is_refused():
     """The start reads meaning (synonyms are one), the 'adapted' model reads words: on crops of the documents (the
     pseudo-queries the training draws) it reads better, on clozes (the rest of the document names the same things
     by other words) far worse; the verdict rests on the clozes: worse."""
-    texts, ids, lexical, semantic = _toy()
+    texts, ids, lexical, semantic = tiny.synonym_toy()
     crops = PseudoQueryDrawer(ids, [""] * len(ids), texts, seed=0).draw(48, {"span": 1.0})
 
     def crop_scores(encode):

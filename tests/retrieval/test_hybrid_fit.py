@@ -332,8 +332,11 @@ def test_the_queries_set_the_share_of_words_kept(tiny_st_dir, worded_corpus):
     # without queries: the plain inverse cloze, the same fit as queries that ask for no share
     plain = HybridRetriever.build(str(tiny_st_dir), worded_corpus, fusion={"depth": 20})
     assert plain.fusion.fit["keep_share"] == 0.0 and "real_queries" not in plain.fusion.fit
-    drop = ("real_queries", "bm25_top_z_median")
+    drop = ("real_queries", "bm25_top_z_median", "agreement")
     assert {k: v for k, v in unmatched.fusion.fit.items() if k not in drop} == plain.fusion.fit
+    # (the tiny random model agrees with BM25 no more than chance on the pseudo-queries: nothing for the queries'
+    # agreement to fall short of, the weight is the fit's)
+    assert unmatched.fusion.fit["agreement"]["pseudo_queries"] < 0.05 and "ranks_alone" not in unmatched.fusion.fit
     assert (unmatched.fusion.dense_weight, unmatched.fusion.normalize) == (
         plain.fusion.dense_weight,
         plain.fusion.normalize,
