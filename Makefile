@@ -8,6 +8,8 @@ export HF_COCODR_DATA ?= $(abspath ../shared/data)
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 PYTEST_ARGS ?=
+# test workers (pytest-xdist): the suite's processes share the cores (each worker's torch computes on its share)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test test-fast lint reproduce reproduce-minilm bench clean
 
@@ -29,7 +31,7 @@ demo: setup
 	$(BIN)/python scripts/tools/demo.py
 
 test: setup
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest tests -m "not slow" $(PYTEST_ARGS)

@@ -15,6 +15,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # (the `native_bf16` fixture), so both paths are tested on every machine.
 os.environ["HF_COCODR_NATIVE_BF16"] = "0"
 os.environ.setdefault("HF_COCODR_CACHE", tempfile.mkdtemp(prefix="hf_cocodr_cache_"))
+# under pytest-xdist (make test runs 2 workers) each worker computes on its share of the cores, not on all of them
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pytest  # noqa: E402

@@ -4,7 +4,7 @@ For each target corpus the run writes two files into ``OUT/queries`` (JSONL, ``_
 ``doc_id`` for a pseudo-query):
 
 - ``<corpus>.train.jsonl``: what the distillation trains on: the user's target queries routed to this corpus (all of
-  them) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.data.pseudo_queries`;
+  them) and ``pseudo_queries`` pseudo-queries drawn from its documents (:mod:`hf_cocodr.retrieval.pseudo_queries`;
   their count split among the corpora in proportion to their sizes);
 - ``<corpus>.guard.jsonl``: what the label-free guard (:mod:`hf_cocodr.recipe.guard`) reads and nothing trains on:
   ``guard_queries`` pseudo-queries (at most one for every 4 documents) of every kind alike

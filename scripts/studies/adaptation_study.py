@@ -673,7 +673,14 @@ def write_report(ns, rows: dict) -> None:
         )
         for _, _, label in EVALS
     }
-    findings = Path(ns.findings).read_text().strip() if ns.findings and Path(ns.findings).is_file() else ""
+    findings = ""
+    if ns.findings and Path(ns.findings).is_file():  # (written once, beside the table: linked, never copied)
+        link = (
+            os.path.relpath(Path(ns.findings).resolve(), Path(ns.report).resolve().parent)
+            if ns.report
+            else ns.findings
+        )
+        findings = f"Findings (written once, beside this table): [{Path(ns.findings).name}]({link})"
 
     start_name = getattr(ns, "start", "all-MiniLM-L6-v2")
     start_opt = f"--start {start_name} " if start_name != "all-MiniLM-L6-v2" else ""

@@ -446,7 +446,7 @@ def write_report(ns, rows: dict) -> None:
     lines = [f"# {ns.title}: {ns.budget_minutes:g} minutes on one core, from {start_from}", ""]
     findings = Path(ns.findings)
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     cpu = f"{any_row['cpu']} ({'native bf16' if any_row['native_bf16'] else 'no native bf16'})" if any_row else "?"
     lines += [
         f"all-MiniLM-L6-v2, `--max-minutes {ns.budget_minutes:g}`, one core of a {cpu} (`taskset -c {ns.core}`, "

@@ -355,7 +355,7 @@ def write_report(ns, rows: dict) -> None:
     ]
     findings = Path(ns.findings)
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         f"all-MiniLM-L6-v2, `--max-minutes {ns.budget_minutes:g}`, one core (`taskset -c {ns.core}`, "
         "`OMP_NUM_THREADS=1`), a fresh `HF_COCODR_CACHE` and output folder per row, timed from the command's start. "

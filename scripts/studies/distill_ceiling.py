@@ -187,7 +187,7 @@ def write_report(ns, out: dict) -> None:
     lines = [f"# {title}", ""]
     findings = Path(ns.out + "_findings.md")
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         f"Student: the query-side model of `{run_dir.name}` ({run_dir}). Teacher: "
         + (

@@ -379,7 +379,7 @@ def write_report(ns, rows: dict) -> None:
     ]
     findings = Path(ns.findings)
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         f"Budget {ns.budget_minutes:g} minutes of training per arm (one core, `taskset -c N`, `OMP_NUM_THREADS=1`); "
         "nDCG@10 on the dev splits at 256 tokens: SciFact's odd-id half of the `train` claims, NFCorpus `dev`. "

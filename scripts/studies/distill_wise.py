@@ -180,7 +180,7 @@ def main() -> int:
     lines = ["# WiSE-FT of the query-side students, after the fact", ""]
     findings = Path(ns.out + "_findings.md")  # written by hand from the table, kept when the table is rendered again
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         f"Dev nDCG@10 gain over the start (SciFact {corpora['scifact'][-1]:.4f}, NFCorpus {corpora['nfcorpus'][-1]:.4f}"
         f"; corpus vectors in {precision}) of the query route (1 − α)·start + α·student, the document route the "

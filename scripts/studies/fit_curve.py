@@ -104,7 +104,7 @@ def render(ns, out: dict) -> str:
     lines = ["# The fitting curve of the query-side distillation: 3, 5, 10 and 15 passes over the user's queries", ""]
     findings = Path(ns.out + "_findings.md")
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         "all-MiniLM-L6-v2, the recipe's query-side distillation of the fitted teacher, the study's pools as the user's "
         "queries (SciFact's even-id half of the train claims, NFCorpus train), one shared warm cache (every row trains "

@@ -181,7 +181,13 @@ def main() -> int:
         )
     findings = Path(ns.out + "_findings.md")
     if findings.exists():
-        lines = [lines[0], "", findings.read_text().strip(), "", *lines[1:]]
+        lines = [
+            lines[0],
+            "",
+            f"Findings (written once, beside this table): [{findings.name}]({findings.name})",
+            "",
+            *lines[1:],
+        ]
     atomic_write_text(Path(ns.out + ".md"), "\n".join(lines) + "\n")
     atomic_write_json(
         Path(ns.out + ".json"),

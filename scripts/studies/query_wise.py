@@ -102,7 +102,7 @@ def write_report(ns, rows: dict, alphas: list[float]) -> None:
     lines = ["# WiSE-FT of the query route: a query-side student interpolated toward the start", ""]
     findings = Path(ns.findings)
     if findings.is_file():
-        lines += [findings.read_text().strip(), ""]
+        lines += [f"Findings (written once, beside this table): [{findings.name}]({findings.name})", ""]
     lines += [
         f"Command: `python scripts/studies/query_wise.py --arms {ns.arms} --alphas {ns.alphas} --splits {ns.splits}`. "
         "Students: the "

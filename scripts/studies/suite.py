@@ -41,6 +41,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from cpu_budget import pinned_run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+NOTES = ("<!-- findings: written by hand, kept when the table is written again -->", "<!-- end of findings -->")
 MARGIN = 0.005  # the tolerance: a hybrid ≥ max(dense, BM25) − MARGIN, an adapted model ≥ start − MARGIN
 SQUAD_QUERIES = 1000
 
@@ -360,6 +361,11 @@ def report(ns) -> None:
         for r in loco(recipe, list(suite)):
             lines.append(f"| {r['held_out']} | {r['chosen']} | {r['holds_there']} | {r['dense']} | {r['hybrid']} |")
     lines += ["", "Commands:", "", "```", *ns.commands, "```", ""]
+    if ns.report:  # the findings written by hand between the markers of the page are kept as they are
+        page = Path(ns.report).with_suffix(".md")
+        kept = page.read_text() if page.is_file() else ""
+        found = kept[kept.find(NOTES[0]) : kept.find(NOTES[1]) + len(NOTES[1])] if NOTES[1] in kept else ""
+        lines[1:1] = ["", found or f"{NOTES[0]}\n{NOTES[1]}"]
     text = "\n".join(lines)
     print(text)
     if ns.report:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,10 +28,19 @@ def launch_env(**extra: str) -> dict:
     return env
 
 
-def torchrun(port_base: int) -> list[str]:
-    """``torchrun --nproc_per_node 2`` on a port of its own (``port_base`` + this process's id mod 1000)."""
+def free_port() -> int:
+    """A TCP port of loopback that no process holds now (the OS picks it), so runs in parallel test workers never
+    share one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun(port_base: int | None = None) -> list[str]:
+    """``torchrun --nproc_per_node 2`` on a free port of its own (:func:`free_port`; ``port_base`` is no longer
+    read: every caller gets a port no other holds)."""
     exe = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    return [exe, "--nproc_per_node", "2", "--master_port", str(port_base + os.getpid() % 1000)]
+    return [exe, "--nproc_per_node", "2", "--master_port", str(free_port())]
 
 
 def run_checked(cmd: list[str], cwd=None, **env: str) -> subprocess.CompletedProcess:

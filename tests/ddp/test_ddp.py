@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from .launch import free_port
+
 WORKER = Path(__file__).parent / "worker.py"
 pytestmark = pytest.mark.slow
 
@@ -26,7 +28,7 @@ def _env():
 def run(mode, model_dir, beir, out, batch, extra="", ddp=False):
     if ddp:
         torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-        cmd = [torchrun, "--nproc_per_node", "2", "--master_port", str(29500 + os.getpid() % 1000), str(WORKER)]
+        cmd = [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), str(WORKER)]
     else:
         cmd = [sys.executable, str(WORKER)]
     cmd += [mode, str(model_dir), str(beir), str(out), str(batch)] + ([extra] if extra else [])
