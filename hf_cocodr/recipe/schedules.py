@@ -1,5 +1,5 @@
 """The schedule presets: the settings an ``"auto"`` value of :class:`~hf_cocodr.recipe.RecipeConfig` resolves to,
-by the kind of starting model. Why each preset is what it is: ``reports/studies/adaptation_notes.md``."""
+by the kind of starting model. Why each preset is what it is: ``docs/adaptation.md`` (and the studies it links)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ PAPER_SCHEDULE: dict[str, Any] = dict(
 
 # By the kind of starting model. A value the user sets explicitly always wins over these.
 # the pseudo-queries a head-less model's corpus-only schedule draws (split among the target corpora by size): three
-# passes over them fill about 15 minutes of one core with native bf16 (reports/studies/adaptation_notes.md)
+# passes over them fill about 15 minutes of one core with native bf16 (docs/adaptation.md)
 CORPUS_PSEUDO_QUERIES = 8000
 
 SCHEDULES: dict[str, dict[str, Any]] = {
@@ -45,15 +45,15 @@ SCHEDULES: dict[str, dict[str, Any]] = {
         PAPER_SCHEDULE, coco_runs=Auto.BUDGET, skip_finetune=True, coco_share=1.0, finetune_share=0.0
     ),
     # A trained MLM head (BERT, Condenser, COCO-DR checkpoints): COCO, then the plain contrastive fine-tune (the
-    # paper-setting ablation's best arm; reports/studies/adaptation_notes.md).
+    # paper-setting ablation's best arm; docs/adaptation.md).
     "mlm_head": dict(PAPER_SCHEDULE, finetune_preset="uniform"),
 }
 # No MLM head and unlabelled target queries given (--target-queries): the whole budget on distilling the hybrid
-# teacher (the starting model + BM25) into the model, no COCO (reports/studies/adaptation_notes.md says why).
+# teacher (the starting model + BM25) into the model, no COCO (docs/adaptation.md links the study).
 # The teacher is the hybrid fitted to each corpus (the saved hybrid's fusion), not the fixed z-score fusion at 0.5:
-# issue 49's screen, reports/studies/adaptation_notes.md "The fitted teacher". At most 5 passes over the user's queries where the query
+# issue 49's screen, docs/adaptation.md. At most 5 passes over the user's queries where the query
 # side trains (the whole model keeps 3, the most measured there): with the fitted teacher the query encoder
-# under-fits its own queries at 3 (reports/studies/adaptation_notes.md "Five passes").
+# under-fits its own queries at 3 (docs/adaptation.md).
 SCHEDULES["no_mlm_head_queries"] = dict(
     SCHEDULES["no_mlm_head_soup"],
     skip_coco=True,

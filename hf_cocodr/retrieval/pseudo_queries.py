@@ -40,7 +40,7 @@ from ..utils import normalize_query
 logger = logging.getLogger(__name__)
 
 PSEUDO_QUERY_KINDS = ("span", "keywords", "title", "ict")
-# the mix drawn by default (reports/studies/adaptation_notes.md, "Adaptation from the corpus alone", says why)
+# the mix drawn by default (docs/adaptation.md, "Adaptation from the corpus alone")
 DEFAULT_MIX = {"span": 1.0, "keywords": 1.0, "title": 1.0}
 GUARD_MIX = {kind: 1.0 for kind in PSEUDO_QUERY_KINDS}  # the guard's held-out pseudo-queries: every kind alike
 SPAN_WORDS = (4, 12)  # a span's words, inclusive

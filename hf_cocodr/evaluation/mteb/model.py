@@ -48,8 +48,7 @@ def cocodr_sentence_transformer_loader(
 
     CLS pooling and dot-product similarity by default, instead of sentence-transformers' mean-pooling fallback.
     """
-    # (no import_mteb here: the snippet carries this function's source, which may name only mteb and
-    # sentence-transformers; mteb, which calls it, is imported by then)
+    import_mteb()  # (the random states kept; the snippet's copy of this function leaves this line out)
     from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer

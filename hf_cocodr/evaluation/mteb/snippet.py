@@ -56,7 +56,9 @@ def _header(meta, model) -> list[str]:
             "",
             "",
         ]
-        header += inspect.getsource(cocodr_sentence_transformer_loader).splitlines() + ["", ""]
+        # (self-contained: the line that imports mteb through hf_cocodr's import_mteb stays behind)
+        source = inspect.getsource(cocodr_sentence_transformer_loader).splitlines()
+        header += [line for line in source if not line.strip().startswith("import_mteb()")] + ["", ""]
     else:
         header += [
             "from mteb.models.model_meta import ModelMeta, ScoringFunction",

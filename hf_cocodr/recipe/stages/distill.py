@@ -54,10 +54,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hf_cocodr.recipe.distill")
 
 # the distillation's cap on passes over the queries: the pseudo-queries of the corpus alone and the paper schedule's
-# (DISTILL_MAX_PASSES), and the user's --target-queries (QUERIES_MAX_PASSES; reports/studies/adaptation_notes.md says why)
+# (DISTILL_MAX_PASSES), and the user's --target-queries (QUERIES_MAX_PASSES; docs/adaptation.md links the study)
 DISTILL_MAX_PASSES = 3.0
 QUERIES_MAX_PASSES = 5.0
-# the distillation's learning rate unless the distill mapping sets one (reports/studies/adaptation_notes.md says why)
+# the distillation's learning rate unless the distill mapping sets one (docs/adaptation.md links the study)
 DISTILL_LEARNING_RATE = 5e-5
 MAX_DISTILL_K = 64  # the candidates are the rows' document columns
 DISTILL_SIDES = ("auto", "full", "query")  # what the distillation trains (distill_side; auto: resolve_distill_side)
@@ -221,8 +221,7 @@ def trained_before(cfg: RecipeConfig, stages) -> list[str]:
 def resolve_distill_side(cfg: RecipeConfig, stages, on_gpu: bool) -> tuple[str, str]:
     """``(side, why)`` for ``distill_side: auto``: ``query`` when the distillation runs, starts from the starting
     model (no training stage before it, :func:`trained_before`), and either the machine has no GPU or the
-    distillation trains on pseudo-queries; ``full`` otherwise (why: the "Which side trains by default" paragraph of
-    reports/studies/adaptation_notes.md). A WiSE-FT after it interpolates the query route alone."""
+    distillation trains on pseudo-queries; ``full`` otherwise (why: docs/adaptation.md and the studies it links). A WiSE-FT after it interpolates the query route alone."""
     before = trained_before(cfg, stages)
     pseudo = _pseudo(cfg) > 0
     if on_gpu and not pseudo:
