@@ -50,9 +50,7 @@ KEEP_SHARES = (0.0, 0.125, 0.25, 0.375, 0.5, 0.75, 1.0)
 DEPTH = 10  # the top documents whose agreement between the two systems is read
 # Given the queries: where the two systems agree on less than AGREEMENT_FLOOR of the share of their top documents they
 # agree on for the pseudo-queries (and that share is at least AGREEMENT_MIN, so that it says anything), the dense
-# model ranks alone (docs/hybrid.md: on an SEC-filings corpus the systems agree on 12% of the queries' top 10 and 22%
-# of the pseudo-queries', and the fit gave BM25 a weight that cost 0.12 nDCG@10 below the dense model; on eight other
-# corpora the ratio is 0.85 or more)
+# model ranks alone (docs/hybrid.md, "When one system ranks alone")
 AGREEMENT_FLOOR = 0.75
 AGREEMENT_MIN = 0.05
 # a system that alone scores less than this share of the other's on the pseudo-queries adds nothing the fit can
