@@ -378,8 +378,9 @@ def top_agreement(dense_rows, bm25_rows, bm25_scores, num_docs: int, k: int = DE
 
 
 def fit_outcome(fusion: FusionConfig) -> str:
-    """How the label-free fit of ``fusion`` ended, in words for the log: ``"fitted without labels: ..."``, or ``"not
-    fitted: <reason>"`` where the fit took its fallback (too few pseudo-queries), or ``"given by hand: ..."``."""
+    """How the label-free fit of ``fusion`` ended, in words for the log: ``"fitted without labels: ..."`` (with why
+    one system ranks alone, where it does), or ``"not fitted: <reason>"`` where the fit took its fallback (too few
+    pseudo-queries), or ``"given by hand: ..."``."""
     fit = fusion.fit if isinstance(fusion.fit, dict) else None
     normalizes = "normalize" in rule_settings(fusion.rule)
     rule = f"{fusion.normalize if normalizes else fusion.rule}, dense weight {fusion.dense_weight}"
@@ -387,7 +388,8 @@ def fit_outcome(fusion: FusionConfig) -> str:
         return f"given by hand: {rule}"
     if fit.get("fallback"):
         return f"not fitted: {fit['fallback']}"
-    return f"fitted without labels: {rule} ({fit.get('pseudo_queries', '?')} pseudo-queries)"
+    alone = f"; {fit['ranks_alone']}" if fit.get("ranks_alone") else ""
+    return f"fitted without labels: {rule} ({fit.get('pseudo_queries', '?')} pseudo-queries{alone})"
 
 
 def log_fit(fusion: FusionConfig, what: str, seconds: float | None = None) -> None:

@@ -60,6 +60,7 @@ def test_where_bm25_is_useless_the_dense_model_ranks_alone():
     queries = _synonym_queries(texts, 24)
     fitted = fit_fusion(FusionConfig(), texts, semantic(texts), semantic, semantic, queries=queries)
     assert fitted.dense_weight == 1.0 and "ranks_alone" in fitted.fit, fitted.fit
+    assert fitted.fit["ranks_alone"] in fusion_fit.fit_outcome(fitted)  # (the build log says why)
     assert fitted.fit["bm25_alone"] < fusion_fit.ALONE_MIN_SHARE * fitted.fit["dense_alone"]
     # the hybrid is the dense ranking: each query's fused top 10 is its dense top 10, in order
     bm25 = BM25Index(texts)
