@@ -310,8 +310,8 @@ def loco(recipe: dict, suite: list[str]) -> list[dict]:
                 best, best_gain = arm, gain
         held_cell = arm_cells(recipe[best][held]) if best else None
         out.append({"held_out": held, "chosen": best, "holds_there": held_cell["holds"] if held_cell else None,
-                    "dense": spread(held_cell["dense"]) if held_cell else "–",
-                    "hybrid": spread(held_cell["hybrid"]) if held_cell else "–"})  # fmt: skip
+                    "dense": spread(held_cell["dense_on"]) if held_cell else "–",
+                    "hybrid": spread(held_cell["hybrid_on"]) if held_cell else "–"})  # fmt: skip
     return out
 
 
@@ -350,15 +350,20 @@ def report(ns) -> None:
             if c not in by_corpus:
                 continue
             cell = arm_cells(by_corpus[c])
+            if not cell["seeds"]:  # no row ran to the end: say how each ended
+                ended = ", ".join(f"seed {k}: exit {r.get('returncode')}" for k, r in sorted(by_corpus[c].items()))
+                lines.append(f"| {c} | 0 | ({ended}: see its log.txt) | | | | | | | |")
+                continue
             lines.append(
                 f"| {c} | {cell['seeds']} | {spread(cell['dense'])} | {spread(cell['hybrid'])} | "
                 f"{cell['labels_see']} | {', '.join(cell['leads'])} | {', '.join(cell['verdicts'])} | "
                 f"{spread(cell['dense_on'])} | {spread(cell['hybrid_on'])} | {'yes' if cell['holds'] else '**no**'} |"
             )
     if ns.loco:
-        lines += ["", "## Leave one corpus out", "", "| left out | arm chosen on the others | holds there | dense | "
-                  "hybrid |", "|---|---|---|---|---|"]  # fmt: skip
-        for r in loco(recipe, list(suite)):
+        lines += ["", "## Leave one corpus out", "", "| left out | arm chosen on the others | holds there | exported: "
+                  "dense | hybrid |", "|---|---|---|---|---|"]  # fmt: skip
+        ran = [c for c in suite if any(arm_cells(by.get(c, {}))["seeds"] for by in recipe.values())]
+        for r in loco(recipe, ran):  # (over the corpora some row ran to the end on)
             lines.append(f"| {r['held_out']} | {r['chosen']} | {r['holds_there']} | {r['dense']} | {r['hybrid']} |")
     lines += ["", "Commands:", "", "```", *ns.commands, "```", ""]
     if ns.report:  # the findings written by hand between the markers of the page are kept as they are
