@@ -56,15 +56,19 @@ AGREEMENT_MIN = 0.05
 # a system that alone scores less than this share of the other's on the pseudo-queries adds nothing the fit can
 # see: the other ranks alone (the walk toward equal weights would otherwise hand it a weight within the noise)
 ALONE_MIN_SHARE = 0.25
+# what a fit checks beyond its curves, recorded with it: a fit recorded without it (made before these checks, e.g. a
+# cached teacher's) is fitted again rather than reused (is_fit_of)
+FIT_CHECKS = f"ranks alone: share {ALONE_MIN_SHARE:g}, agreement {AGREEMENT_FLOOR:g} over {AGREEMENT_MIN:g}"
 
 # the fit's pseudo-queries: the inverse cloze of the corpus's pseudo-query module (one module draws every kind)
 pseudo_queries = inverse_cloze
 
 
 def is_fit_of(fitted: FusionConfig, asked: FusionConfig) -> bool:
-    """Whether ``fitted`` is ``asked`` with what ``asked`` leaves to ``"fit"`` fitted (its other settings the same),
-    so a fit made earlier (a cached retriever's) can stand for fitting ``asked`` again on the same corpus and model."""
-    if fitted.fit is None or fitted.needs_fit or not asked.needs_fit:
+    """Whether ``fitted`` is ``asked`` with what ``asked`` leaves to ``"fit"`` fitted (its other settings the same,
+    and fitted with today's checks, :data:`FIT_CHECKS`), so a fit made earlier (a cached retriever's) can stand for
+    fitting ``asked`` again on the same corpus and model."""
+    if fitted.fit is None or fitted.needs_fit or not asked.needs_fit or fitted.fit.get("checks") != FIT_CHECKS:
         return False
     fields = fitted.fit.get("fitted", ["dense_weight"])  # earlier versions fitted the weight alone
     unfitted = replace(fitted, fit=None, dense_weight=FIT, **({"normalize": FIT} if "normalize" in fields else {}))
@@ -243,7 +247,7 @@ def fit_fusion(
     if not fusion.needs_fit:
         return fusion
     picks = pseudo_queries(texts, n_queries, seed)
-    record: dict[str, Any] = {"method": FIT_METHOD, "pseudo_queries": len(picks), "seed": seed}
+    record: dict[str, Any] = {"method": FIT_METHOD, "checks": FIT_CHECKS, "pseudo_queries": len(picks), "seed": seed}
     record["fitted"] = [n for n in ("normalize", "dense_weight") if getattr(fusion, n) == FIT]
     if "normalize" not in rule_settings(fusion.rule):  # a rule such as "rrf" normalises nothing
         record["fitted"] = [n for n in record["fitted"] if n != "normalize"]

@@ -299,8 +299,12 @@ def test_a_budgeted_run_times_the_distillation_and_charges_the_teacher_before_th
         plans.append(json.loads((tmp_path / out / "recipe.json").read_text())["plan"])
     first, cached = (p["throughput"] for p in plans)
     assert first["distill_step_s"] > 0 and cached["distill_step_s"] > 0
-    # uncached: 80 documents and 20 queries to encode; cached: the queries alone
-    assert first["distill_teacher_s"] > cached["distill_teacher_s"] >= 0
+    # uncached: 80 documents and 20 queries to encode; cached: the queries alone (the teacher check, which both runs
+    # pay, timed on each run's own clock, is left out of the comparison: its noise is not the cache's saving)
+    saved = ("distill_teacher_encode_s", "distill_teacher_bm25_s", "distill_teacher_fit_s")
+    assert sum(first.get(k, 0.0) for k in saved) > 0 and sum(cached.get(k, 0.0) for k in saved) == 0
+    assert first["distill_teacher_s"] > first.get("distill_teacher_check_s", 0.0)
+    assert cached["distill_teacher_s"] >= cached.get("distill_teacher_check_s", 0.0) >= 0
     assert plans[0]["fixed_seconds"] >= first["distill_teacher_s"]
     assert any("stage distill: must end within" in r.getMessage() for r in caplog.records)
 

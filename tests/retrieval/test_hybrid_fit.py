@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from hf_cocodr.errors import ConfigError
+from hf_cocodr.retrieval import fusion_fit
 from hf_cocodr.retrieval.fusion import FIT, FusionConfig, fuse, normalized
 from hf_cocodr.retrieval.fusion_fit import (
     FIT_GRID,
@@ -155,15 +157,19 @@ def test_a_fusion_saved_by_an_earlier_version_reads_as_z_scores():
 
 def test_a_cached_fit_stands_for_the_fit_asked_only_when_it_fitted_the_same_things():
     asked = FusionConfig(depth=20)
+    checks = {"checks": fusion_fit.FIT_CHECKS}
     fitted = FusionConfig(
-        depth=20, dense_weight=0.3, normalize="minmax", fit={"fitted": ["normalize", "dense_weight"]}
+        depth=20, dense_weight=0.3, normalize="minmax", fit={"fitted": ["normalize", "dense_weight"], **checks}
     )
     assert is_fit_of(fitted, asked)
     assert not is_fit_of(fitted, FusionConfig(depth=30))  # other settings
     assert not is_fit_of(fitted, FusionConfig(depth=20, normalize="z"))  # the rule given: only the weight to fit
     # an earlier version's fit: z-scores, the weight alone
-    old = FusionConfig(depth=20, dense_weight=0.3, normalize=True, fit={"method": "..."})
+    old = FusionConfig(depth=20, dense_weight=0.3, normalize=True, fit={"method": "...", **checks})
     assert is_fit_of(old, FusionConfig(depth=20, normalize="z")) and not is_fit_of(old, asked)
+    # a fit made before the checks that leave one system to rank alone is made again, not reused
+    unchecked = replace(fitted, fit={"fitted": ["normalize", "dense_weight"]})
+    assert not is_fit_of(unchecked, asked)
     assert not is_fit_of(FusionConfig(depth=20, dense_weight=0.3), asked)  # given by hand: nothing was fitted
 
 
