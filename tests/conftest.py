@@ -21,6 +21,7 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 sys.path.insert(0, str(Path(__file__).parent))
 
+import launcher  # noqa: E402,F401  (its fork server starts in the suite's environment)
 import pytest  # noqa: E402
 import tiny  # noqa: E402
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launcher
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -44,7 +46,9 @@ def torchrun(port_base: int | None = None) -> list[str]:
 
 
 def run_checked(cmd: list[str], cwd=None, **env: str) -> subprocess.CompletedProcess:
-    """``cmd`` run to completion in :func:`launch_env` (``env`` on top); a failure shows its stderr's end."""
-    proc = subprocess.run(cmd, env=launch_env(**env), capture_output=True, text=True, timeout=900, cwd=cwd)
+    """``cmd`` run to completion in :func:`launch_env` (``env`` on top); a failure shows its stderr's end. A single
+    ``python`` process is forked from the suite's fork server (``tests/launcher.py``: the same process, without the
+    imports' start-up); ``torchrun`` is launched."""
+    proc = launcher.run(cmd, env=launch_env(**env), timeout=900, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import launcher
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from .launch import free_port
 
 WORKER = Path(__file__).parent / "worker.py"
 pytestmark = pytest.mark.slow
@@ -26,14 +23,13 @@ def _env():
 
 
 def run(mode, model_dir, beir, out, batch, extra="", ddp=False):
-    if ddp:
-        torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-        cmd = [torchrun, "--nproc_per_node", "2", "--master_port", str(free_port()), str(WORKER)]
-    else:
-        cmd = [sys.executable, str(WORKER)]
-    cmd += [mode, str(model_dir), str(beir), str(out), str(batch)] + ([extra] if extra else [])
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    # two ranks as torchrun starts them (its environment), forked from the suite's fork server, or one process
+    cmd = [sys.executable, str(WORKER), mode, str(model_dir), str(beir), str(out), str(batch)] + (
+        [extra] if extra else []
+    )
+    procs = launcher.run_ranks(cmd, 2, env=_env()) if ddp else [launcher.run(cmd, env=_env(), timeout=900)]
+    for proc in procs:
+        assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2 if ddp else 1)]
     params = [load_file(str(out / f"params{r}.safetensors")) for r in range(2 if ddp else 1)]
     return ranks, params

@@ -5,16 +5,16 @@ batch 4 adapt the model as one process of batch 8 does, and print the same resul
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+import launcher
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from .launch import run_checked, torchrun
+from .launch import launch_env, run_checked, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,9 @@ def beir(tmp_path_factory):
     return tiny.make_beir(tmp_path_factory.mktemp("recipe_ddp_beir") / "b", n_docs=60, n_queries=40)
 
 
-def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path) -> subprocess.CompletedProcess:
+def _recipe(launch: list[str] | None, model, beir, out: Path, batch: int, cache: Path):
+    """The recipe launched by ``launch`` (its result), or with ``None`` as two ranks forked from the suite's fork server
+    in the environment torchrun gives its ranks (each rank's result)."""
     config = out.parent / f"{out.name}.yaml"
     config.write_text(
         "distill:\n"
@@ -59,7 +61,7 @@ def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path
         "  save_steps: 2\n"
         "  weight_decay: 0.0\n"
     )
-    cmd = launcher + [
+    cmd = (launch or [sys.executable]) + [
         "-m", "hf_cocodr", "-q", "recipe",
         "--model", str(model), "--target-corpus", str(beir), "--source-data", str(beir),
         "--output_dir", str(out), "--config", str(config),
@@ -68,7 +70,12 @@ def _recipe(launcher: list[str], model, beir, out: Path, batch: int, cache: Path
         "--distill-steps", "3", "--distill-k", "4", "--distill-side", "query",
         "--distill-in-batch-weight", "0", "--guard", "record",
     ]  # fmt: skip
-    return run_checked(cmd, cwd=out.parent, HF_COCODR_CACHE=str(cache))
+    if launch is not None:
+        return run_checked(cmd, cwd=out.parent, HF_COCODR_CACHE=str(cache))
+    ranks = launcher.run_ranks(cmd, 2, env=launch_env(HF_COCODR_CACHE=str(cache)), cwd=out.parent)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr[-4000:]
+    return ranks
 
 
 def _printed(proc) -> list[dict]:
@@ -89,10 +96,13 @@ def _close(a, b, tol=1e-5):
 
 
 def test_two_ranks_run_the_recipe_as_one_process_with_their_joint_batch(nodrop_st, beir, tmp_path):
-    two = _recipe(_torchrun(), nodrop_st, beir, tmp_path / "two", 4, tmp_path / "cache2")
+    two = _recipe(
+        None, nodrop_st, beir, tmp_path / "two", 4, tmp_path / "cache2"
+    )  # (two ranks, as torchrun starts them)
     one = _recipe([sys.executable], nodrop_st, beir, tmp_path / "one", 8, tmp_path / "cache1")
-    printed = _printed(two)
-    assert len(printed) == 1, two.stdout  # rank 0's result only (torchrun --tee prefixes each rank's lines)
+    assert _printed(two[1]) == [], two[1].stdout  # rank 0's result only
+    printed = _printed(two[0])
+    assert len(printed) == 1, two[0].stdout
     (single,) = _printed(one)
     _close(printed[0], single)  # the adapted and the starting model's metrics, dense and hybrid
     rec_two = json.loads((tmp_path / "two" / "recipe.json").read_text())

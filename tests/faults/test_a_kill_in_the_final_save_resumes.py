@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import launcher
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -25,13 +26,7 @@ def run(mode: str, nth: int, argv: list[str]) -> subprocess.CompletedProcess:
     # (the checkout under test first on the path, whatever copy of hf_cocodr the environment has installed)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
-    return subprocess.run(
-        [sys.executable, str(WORKER), mode, str(nth), "--", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return launcher.run([sys.executable, WORKER, mode, nth, "--", *argv], env=env)
 
 
 def trainer_argv(kind: str, model: Path, data: Path, out: Path) -> list[str]:

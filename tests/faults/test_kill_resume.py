@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
+import launcher
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -23,13 +23,7 @@ pytestmark = pytest.mark.slow
 
 def run(mode, step, cli_args):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run(
-        [sys.executable, str(WORKER), mode, str(step), "--", *cli_args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return launcher.run([sys.executable, WORKER, mode, step, "--", *cli_args], env=env)
 
 
 def finetune_args(model, data, out):
