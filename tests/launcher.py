@@ -49,6 +49,7 @@ def _child(request: dict) -> int:
 
     os.environ.clear()
     os.environ.update(request["env"])
+    tempfile.tempdir = None  # (the server's imports may have fixed it: read $TMPDIR again)
     if request["cwd"]:
         os.chdir(request["cwd"])
     null = os.open(os.devnull, os.O_RDONLY)

@@ -15,6 +15,7 @@ most :data:`MAX_ROOT_MODULES` modules.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import subprocess
 import sys
@@ -179,13 +180,18 @@ def _module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
 
 
+@functools.cache
+def _modules(root: Path) -> frozenset[str]:
+    return frozenset(_module_name(p, root) for p in root.rglob("*.py"))
+
+
 def module_level_imports(path: Path, root: Path = PACKAGE) -> set[str]:
     """The hf_cocodr modules ``path`` imports when it is imported (module body only, not functions and not
     ``if TYPE_CHECKING:``), each with the packages above it whose ``__init__`` runs first, except the packages
     ``path`` itself lives in (they are already initialising when it runs)."""
     rel = path.relative_to(root.parent).with_suffix("")
     package = list(rel.parts[:-1])
-    modules = {_module_name(p, root) for p in root.rglob("*.py")}
+    modules = _modules(root)
     found: set[str] = set()
 
     def visit(nodes):
@@ -338,9 +344,8 @@ def function_level_import_problems(root: Path = PACKAGE) -> list[str]:
     would close no import cycle at module level."""
     paths = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph = {m: module_level_imports(p, root) for m, p in paths.items()}
-    heavy = {
-        m: set().union(*(_third_party_at_import(paths[t]) for t in _loaded_by(m, graph) if t in paths)) for m in paths
-    }
+    third_party = {m: _third_party_at_import(p) for m, p in paths.items()}
+    heavy = {m: set().union(*(third_party[t] for t in _loaded_by(m, graph) if t in paths)) for m in paths}
     problems = []
     for module, path in sorted(paths.items()):
         package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]

@@ -4,6 +4,7 @@ shards gather in rank order, tensors gather without gradient; and all of them ar
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from hf_cocodr import distributed as D
 
-pytestmark = pytest.mark.slow  # spawns 2 processes (about a minute on a shared core)
+pytestmark = pytest.mark.slow  # runs 2 processes
 
 
 def _worker(rank: int, world: int, out: str) -> None:
@@ -48,10 +49,12 @@ def _worker(rank: int, world: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    import torch.multiprocessing as mp
+    import launcher
 
     out = tmp_path_factory.mktemp("dist")
-    mp.spawn(_worker, args=(2, str(out)), nprocs=2, join=True)
+    # this file run as each of two ranks (forked from the suite's fork server, in torchrun's environment)
+    for rank in launcher.run_ranks([sys.executable, __file__, str(out)], 2):
+        assert rank.returncode == 0, rank.stderr[-4000:]
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(2)]
 
 
@@ -85,3 +88,7 @@ def test_single_process_is_a_no_op():
     t = torch.ones(2)
     assert D.all_gather_tensor(t) is t
     D.barrier()
+
+
+if __name__ == "__main__":
+    _worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), sys.argv[1])

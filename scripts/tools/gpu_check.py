@@ -108,7 +108,7 @@ class Setup:
         )
 
 
-def subset_data(root: Path, out: Path, docs: int = 200) -> Path:
+def subset_data(root: Path, out: Path, docs: int = 80) -> Path:
     """A slice of NFCorpus as a BEIR folder (its first ``docs`` documents, the queries judged on them) for
     ``--smoke``."""
     src, dst = root / "nfcorpus", out / "nfcorpus"

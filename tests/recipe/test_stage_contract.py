@@ -138,7 +138,7 @@ def test_a_toy_stage_is_probed_planned_under_a_budget_given_a_deadline_run_and_r
     out, args = tmp_path / "run", (str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir))
     crashing = Toy(crash_at=3)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_recipe(*args, out, config=ONLY_TOY, stages=(crashing,), max_minutes=0.5)
+        run_recipe(*args, out, config=ONLY_TOY, stages=(crashing,), max_minutes=0.15)
     plan = json.loads((out / "plan.json").read_text())
     step_s = plan["throughput"]["toy_step_s"]
     assert step_s >= STEP_SLEEP_S  # the probe timed the toy's own trainer, its sleeping callback included
@@ -151,7 +151,7 @@ def test_a_toy_stage_is_probed_planned_under_a_budget_given_a_deadline_run_and_r
     assert len(deadline) == 1  # the stage got its deadline
     assert crashing.trained == [1, 2, 3]
     resumed = Toy()
-    run_recipe(*args, out, config=ONLY_TOY, stages=(resumed,), max_minutes=0.5)
+    run_recipe(*args, out, config=ONLY_TOY, stages=(resumed,), max_minutes=0.15)
     marker = json.loads((out / "toy" / "hf_cocodr_stage.json").read_text())
     assert resumed.probed == []  # the saved plan is kept: no second probe
     assert resumed.rounds == 2  # and its field read back from plan.json
