@@ -96,9 +96,8 @@ def _close(a, b, tol=1e-5):
 
 
 def test_two_ranks_run_the_recipe_as_one_process_with_their_joint_batch(nodrop_st, beir, tmp_path):
-    two = _recipe(
-        None, nodrop_st, beir, tmp_path / "two", 4, tmp_path / "cache2"
-    )  # (two ranks, as torchrun starts them)
+    # two ranks as torchrun starts them (its environment), against one process with their joint batch
+    two = _recipe(None, nodrop_st, beir, tmp_path / "two", 4, tmp_path / "cache2")
     one = _recipe([sys.executable], nodrop_st, beir, tmp_path / "one", 8, tmp_path / "cache1")
     assert _printed(two[1]) == [], two[1].stdout  # rank 0's result only
     printed = _printed(two[0])

@@ -1,7 +1,8 @@
-"""Sharded corpus encoding: two CPU ranks (torchrun, gloo) == one process, for every caller that encodes a corpus
-(the index of the evaluation, the hybrid build, the teacher, the fusion fit's documents, the hard-negatives refresh),
-a corpus whose size does not divide by the ranks and a rank with an empty slice included; the ``evaluate`` and
-``mteb --hybrid`` commands print the same JSON (``mteb`` writes the same results files, once)."""
+"""Sharded corpus encoding: two CPU ranks (gloo; started in torchrun's environment, the commands under torchrun itself)
+== one process, for every caller that encodes a corpus (the index of the evaluation, the hybrid build, the teacher,
+the fusion fit's documents, the hard-negatives refresh), a corpus whose size does not divide by the ranks and a rank
+with an empty slice included; the ``evaluate`` and ``mteb --hybrid`` commands print the same JSON (``mteb`` writes
+the same results files, once)."""
 
 from __future__ import annotations
 
