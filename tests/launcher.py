@@ -54,6 +54,7 @@ def _child(request: dict) -> int:
         os.chdir(request["cwd"])
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    os.close(null)
     for fd, path in ((1, request["out"]), (2, request["err"])):
         handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(handle, fd)
@@ -233,6 +234,16 @@ def run(command, *, env: dict[str, str] | None = None, cwd=None, timeout: float 
         return _forked([command], [env], cwd, timeout)[0]
 
 
+def free_port() -> int:
+    """A TCP port of loopback that no process holds now (the OS picks it), so runs in parallel test workers never
+    share one."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_ranks(
     command, ranks: int = 2, *, env: dict[str, str] | None = None, cwd=None, timeout: float = 900
 ) -> list[subprocess.CompletedProcess]:
@@ -240,14 +251,11 @@ def run_ranks(
     the environment ``torchrun --nproc_per_node RANKS`` gives its ranks (RANK, LOCAL_RANK, WORLD_SIZE, the master's
     address and a free port, one thread each), forked from the server: each rank's result, in rank order. A test of
     what torchrun itself does (its agent, ``--tee``, its exit codes) launches torchrun."""
-    import socket
-
     command = [str(c) for c in command]
     env = dict(os.environ if env is None else env)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    job = dict(WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    job = dict(
+        WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())
+    )
     job.update(GROUP_RANK="0", ROLE_WORLD_SIZE=str(ranks), OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
     envs = [dict(env, **job, RANK=str(r), LOCAL_RANK=str(r), ROLE_RANK=str(r)) for r in range(ranks)]
     with _lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import launcher
 import numpy as np
 import pytest
 import torch
@@ -49,8 +50,6 @@ def _worker(rank: int, world: int, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    import launcher
-
     out = tmp_path_factory.mktemp("dist")
     # this file run as each of two ranks (forked from the suite's fork server, in torchrun's environment)
     for rank in launcher.run_ranks([sys.executable, __file__, str(out)], 2):

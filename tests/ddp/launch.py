@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import launcher
+from launcher import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,14 +30,6 @@ def launch_env(**extra: str) -> dict:
     return env
 
 
-def free_port() -> int:
-    """A TCP port of loopback that no process holds now (the OS picks it), so runs in parallel test workers never
-    share one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def torchrun(port_base: int | None = None) -> list[str]:
     """``torchrun --nproc_per_node 2`` on a free port of its own (:func:`free_port`; ``port_base`` is no longer
     read: every caller gets a port no other holds)."""
@@ -52,3 +44,12 @@ def run_checked(cmd: list[str], cwd=None, **env: str) -> subprocess.CompletedPro
     proc = launcher.run(cmd, env=launch_env(**env), timeout=900, cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def ranks_checked(cmd: list[str], cwd=None, **env: str) -> list[subprocess.CompletedProcess]:
+    """``cmd`` (``python ...``) as two ranks in torchrun's environment (``launcher.run_ranks``) over
+    :func:`launch_env` (``env`` on top), each to a successful end; each rank's result, in rank order."""
+    ranks = launcher.run_ranks(cmd, 2, env=launch_env(**env), cwd=cwd)
+    for rank in ranks:
+        assert rank.returncode == 0, rank.stderr[-4000:]
+    return ranks

@@ -8,13 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-import launcher
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from .launch import launch_env, run_checked, torchrun
+from .launch import ranks_checked, run_checked, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +71,7 @@ def _recipe(launch: list[str] | None, model, beir, out: Path, batch: int, cache:
     ]  # fmt: skip
     if launch is not None:
         return run_checked(cmd, cwd=out.parent, HF_COCODR_CACHE=str(cache))
-    ranks = launcher.run_ranks(cmd, 2, env=launch_env(HF_COCODR_CACHE=str(cache)), cwd=out.parent)
-    for rank in ranks:
-        assert rank.returncode == 0, rank.stderr[-4000:]
-    return ranks
+    return ranks_checked(cmd, cwd=out.parent, HF_COCODR_CACHE=str(cache))
 
 
 def _printed(proc) -> list[dict]:

@@ -11,11 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import launcher
 import numpy as np
 import pytest
 
-from .launch import launch_env, run_checked, torchrun
+from .launch import ranks_checked, run_checked, torchrun
 
 WORKER = Path(__file__).parent / "shard_worker.py"
 CHUNK = 8  # 81 documents: 11 chunks (the last of one document), dealt 5 / 6 to the two ranks
@@ -37,8 +36,7 @@ def shard_runs(tiny_st_dir, shard_beir, tmp_path_factory):
     base = tmp_path_factory.mktemp("shard_runs")
     args = [str(WORKER), str(tiny_st_dir), str(shard_beir)]
     # two ranks as torchrun starts them, forked from the suite's fork server (the commands below launch torchrun)
-    for rank in launcher.run_ranks([sys.executable] + args + [str(base / "two"), str(CHUNK)], 2, env=launch_env()):
-        assert rank.returncode == 0, rank.stderr[-4000:]
+    ranks_checked([sys.executable] + args + [str(base / "two"), str(CHUNK)])
     run_checked([sys.executable] + args + [str(base / "one"), str(CHUNK)])
 
     def load(folder, rank):
