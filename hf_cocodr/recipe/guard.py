@@ -13,7 +13,8 @@ documents of ``OUT/queries/<corpus>.guard.jsonl`` (:mod:`.queries`: documents no
   construction (BM25 and a model imitating it lose the shared words), and not shaped by the training (no trained
   pseudo-query comes from these documents, none is a sentence of this form);
 - ``cloze_hybrid`` (decided on): the same clozes ranked by each model's hybrid with BM25 (each with the fusion its
-  saved hybrid gets, fitted to the corpus without labels): a user who serves the hybrid must not get a worse one;
+  saved hybrid gets: the start's, fitted to the corpus without labels, which a query-side model keeps,
+  :mod:`.fusions`): a user who serves the hybrid must not get a worse one;
 - ``pseudo_queries`` (recorded, not decided on): the held-out pseudo-queries of every kind alike (spans, keywords,
   titles, sentences), each with its source document: they are made of the document's own words, the task the
   distillation trains toward, and read nearly every trained model ``better`` (docs/adaptation.md, "The guard").
@@ -100,8 +101,11 @@ def shaped_readings(cfg, counts: list[dict[str, Any]]) -> dict[str, str]:
     return {}
 
 
-def _read_rows(path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def read_rows(path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file, split at newlines only: a document's text may hold a character ``str.splitlines``
+    also breaks at (U+0085, U+2028, a form feed, ...), which JSON leaves unescaped when it writes non-ASCII text."""
+    with open(path, encoding="utf-8", newline="") as f:
+        return [json.loads(line) for line in f.read().split("\n") if line.strip()]
 
 
 class _Ranker:
@@ -202,7 +206,7 @@ def _guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
     corpora: dict[str, dict[str, Any]] = {}
     by_kind: dict[str, dict[str, list[float]]] = {}  # the held-out pseudo-queries by kind (recorded, not decided on)
     for entry in entries:
-        rows = _read_rows(entry.guard)
+        rows = read_rows(entry.guard)
         pseudo = [r for r in rows if r.get("doc_id") and r.get("kind") != "cloze"]
         clozes = [Cloze.from_row(r) for r in rows if r.get("kind") == "cloze"]
         here: dict[str, dict[str, list[float]]] = {}
@@ -251,9 +255,9 @@ def _guard_run(run: RecipeRun, candidates: Candidates) -> GuardVerdict | None:
 def _cloze_scores(run: RecipeRun, entry, clozes: list[Cloze], models: dict, batch: int) -> dict[str, dict]:
     """Each model's per-cloze nDCG@10 on one corpus: ``{"cloze": {model: [...]}, "cloze_hybrid": {model: [...]}}``,
     the clozes' dropped sentences ranked over the corpus with their documents replaced by their rests, dense and
-    fused with BM25 (each model's hybrid as the run saves it: its fusion fitted to the corpus without labels,
-    calibrated to the target queries given from its folder). A query-side model's documents go through its starting
-    model's route: the two share one view of the corpus."""
+    fused with BM25 (each model's hybrid as the run saves it: the start's fusion fitted to the corpus without labels,
+    calibrated to the target queries given from its folder; a query-side model keeps it, :mod:`.fusions`). A
+    query-side model's documents go through its starting model's route: the two share one view of the corpus."""
     from ..retrieval.encoding import encode_documents  # (the retrieval stack: torch, faiss, bm25s)
     from ..retrieval.encoding_cache import document_encoder_key
     from ..retrieval.hybrid import HybridRetriever, _corpus_ids_texts
@@ -262,15 +266,18 @@ def _cloze_scores(run: RecipeRun, entry, clozes: list[Cloze], models: dict, batc
     queries = [c.dropped for c in clozes]
     views: dict[str, HeldOutView] = {}
     out: dict[str, dict[str, list[float]]] = {"cloze": {}, "cloze_hybrid": {}}
-    for name, model in models.items():
+    fusions: dict[str, Any] = {}
+    for name, model in models.items():  # (the start first: a query-side model's hybrid keeps its fusion)
+        key = document_encoder_key(model)
         hybrid = HybridRetriever.build(
             model,
             entry.corpus,
+            fusion=fusions.get(key),
             queries=hybrid_queries(entry.corpus, run.cfg.target_queries),
             batch_size=batch,
             session=run.encodings,
         )
-        key = document_encoder_key(model)
+        fusions.setdefault(key, hybrid.fusion)
         if key not in views:
             docs = hybrid.meta.get("doc_max_length")
 

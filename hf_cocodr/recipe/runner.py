@@ -48,6 +48,7 @@ from .checks import (
 )
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
+from .fusions import kept_eval_fusion, kept_fusion
 from .guard import Candidates, guard_run
 from .inputs import coco_corpora, draw_source, load_data
 from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
@@ -573,30 +574,45 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     train_seconds = round(sum(seconds.values()), 1)  # data + planning + stages + export
     t0 = time.perf_counter()
     final = load_encoder(str(final_dir))
-    reusing = run.encodings.with_reuse()  # a target corpus that is also evaluated is encoded once by the final model
+    start_model = load_encoder(run.model)  # (a query-side final model's hybrids keep its fusions: .fusions)
     batch = encode_batch_size(cfg)
-    results = evaluate_all(
-        final, run.evals, final_dir if D.is_main() else None, batch_size=batch, hybrid=True, session=reusing
-    )
+    starts: dict[str, dict] = {}
+    if run.evals and cfg.evaluate_start:  # (first: the final model's hybrid evaluation keeps its fusion)
+        t1 = time.perf_counter()
+        starts = _run_start_eval(run.model, run.evals, run.out, batch, run.encodings)
+        seconds["start_evaluation"] = round(time.perf_counter() - t1, 1)
+        t0 += time.perf_counter() - t1
+    reusing = run.encodings.with_reuse()  # a target corpus that is also evaluated is encoded once by the final model
+    results: dict[str, dict] = {}
+    for spec in run.evals:
+        fusion = kept_eval_fusion(final, start_model, starts.get(spec))
+        results.update(
+            evaluate_all(
+                final,
+                [spec],
+                final_dir if D.is_main() else None,
+                batch_size=batch,
+                hybrid=True,
+                session=reusing,
+                **({"fusion": fusion} if fusion else {}),
+            )
+        )
     summary = {spec: split_hybrid(r) for spec, r in results.items()}
     seconds["evaluation"] = round(time.perf_counter() - t0, 1)
     if cfg.save_hybrid and run.target_corpora:
         t0 = time.perf_counter()
-        _save_hybrids(run, final, reusing)
+        _save_hybrids(run, final, reusing, start_model)
         seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     del reusing  # (the final model's kept indexes)
-    if run.evals and cfg.evaluate_start:
-        t0 = time.perf_counter()
-        for spec, start in _run_start_eval(run.model, run.evals, run.out, batch, run.encodings).items():
-            summary[spec]["start"] = start
-            logger.info(
-                "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
-                spec,
-                summary[spec]["ndcg@10"],
-                start["ndcg@10"],
-                summary[spec]["ndcg@10"] - start["ndcg@10"],
-            )
-        seconds["start_evaluation"] = round(time.perf_counter() - t0, 1)
+    for spec, start in starts.items():
+        summary[spec]["start"] = start
+        logger.info(
+            "%s: nDCG@10 %.4f adapted vs %.4f starting model (%+.4f)",
+            spec,
+            summary[spec]["ndcg@10"],
+            start["ndcg@10"],
+            summary[spec]["ndcg@10"] - start["ndcg@10"],
+        )
     if D.is_main():
         _write_records(run, stages, summary, train_seconds, final_dir)
     logger.info(
@@ -640,15 +656,17 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
             )
 
 
-def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None) -> None:
+def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None, start=None) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
-    fitted to that corpus and calibrated to the target queries given from its folder, if any; encoded in ``session``
-    (the run's)."""
+    fitted to that corpus and calibrated to the target queries given from its folder, if any (where the final model
+    shares its document route with ``start``, the loaded starting model, the start's fusion, :mod:`.fusions`);
+    encoded in ``session`` (the run's)."""
     for corpus, folder in hybrid_folders(run.out, run.target_corpora):
         try:
             hybrid = HybridRetriever.build(
                 model,
                 corpus,
+                fusion=kept_fusion(run, model, start, corpus, session) if start is not None else None,
                 queries=hybrid_queries(corpus, run.cfg.target_queries),
                 batch_size=encode_batch_size(run.cfg),
                 session=session,

@@ -203,8 +203,6 @@ def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
     row_file = folder_ / "row.json"
     if row_file.is_file():
         return json.loads(row_file.read_text())
-    shutil.rmtree(folder_, ignore_errors=True)
-    folder_.mkdir(parents=True)
     data = folder(corpus, Path(ns.work))
     out, cache = (folder_ / "run").absolute(), (folder_ / "cache").absolute()
     cmd = ["taskset", "-c", str(ns.core)] if ns.core is not None else []
@@ -214,7 +212,46 @@ def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
         "--output_dir", str(out), "--eval", f"{data}:{corpus.split}", "--max-minutes", f"{ns.budget_minutes:g}",
         "--guard", "record", "--seed", str(seed), *ARMS[arm],
     ]  # fmt: skip
-    row = {"corpus": corpus.name, "arm": arm, "seed": seed, **pinned_run(folder_, cmd, cache)}
+    if (out / "recipe.json").is_file():  # the run finished, its row not written (its driver stopped): adopted
+        row = {"corpus": corpus.name, "arm": arm, "seed": seed, "command": " ".join(cmd), "returncode": 0,
+               "adopted": True}  # fmt: skip
+    else:
+        shutil.rmtree(folder_, ignore_errors=True)
+        folder_.mkdir(parents=True)
+        row = {"corpus": corpus.name, "arm": arm, "seed": seed, **pinned_run(folder_, cmd, cache)}
+    return _row_results(row, out, data, corpus, row_file)
+
+
+def reread_row(corpus: Corpus, arm: str, seed: int, ns) -> dict | None:
+    """A finished recipe row read again with today's code: its command run again in its folder (the recipe resumes:
+    every stage finished, so only the guard, the export, the evaluation and the saved hybrids run again, from the
+    row's kept encoding cache); the training's record is the first run's. None where the row has no run folder."""
+    folder_ = Path(ns.work) / f"recipe{ns.budget_minutes:g}" / arm / corpus.name / f"seed{seed}"
+    row_file, out = folder_ / "row.json", (folder_ / "run").absolute()
+    if not row_file.is_file() or not (out / "recipe.json").is_file():
+        return None
+    first = json.loads(row_file.read_text())
+    if first.get("reread") == ns.reread_tag:
+        return first
+    data = folder(corpus, Path(ns.work))
+    cmd = first["command"].split()
+    if ns.core is not None:
+        cmd = ["taskset", "-c", str(ns.core)] + (cmd[3:] if cmd[0] == "taskset" else cmd)
+    again = pinned_run(folder_, cmd, (folder_ / "cache").absolute())
+    if again["returncode"] != 0:
+        raise SystemExit(f"{folder_}: the re-read failed: {again.get('refused_or_failed')}")
+    row = {k: first[k] for k in ("corpus", "arm", "seed", "command", "returncode") if k in first}
+    row["first_run"] = {k: first.get(k) for k in ("dense", "hybrid", "guard", "teacher_check", "command_seconds")}
+    row.update(reread=ns.reread_tag, reread_seconds=again["command_seconds"])
+    return _row_results(row, out, data, corpus, row_file)
+
+
+def _fusion(hybrid: dict) -> dict:
+    f = hybrid.get("fusion") or {}
+    return {k: f.get(k) for k in ("normalize", "dense_weight")}
+
+
+def _row_results(row: dict, out: Path, data: Path, corpus: Corpus, row_file: Path) -> dict:
     if row["returncode"] == 0:
         ev = json.loads((out / "eval.json").read_text())[f"{data}:{corpus.split}"]
         rec = json.loads((out / "recipe.json").read_text())
@@ -229,8 +266,9 @@ def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
             teacher_check={k: (rec.get("teacher_check") or {}).get(k) for k in ("leads", "difference", "se", "why")},
             kept=rec.get("kept") or rec.get("outcome"),
             wall_seconds=rec.get("wall_seconds"),
+            fusions={"start": _fusion(ev["start"]["hybrid"]), "adapted": _fusion(ev["hybrid"])},
         )
-    shutil.rmtree(cache, ignore_errors=True)  # (the run's encodings: hundreds of MB a row, never read again)
+    # (the run's encodings, OUT/../cache, are kept: a re-read of the row with today's code reads them)
     row_file.write_text(json.dumps(row, indent=2) + "\n")
     return row
 
@@ -382,7 +420,7 @@ def report(ns) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("baseline", "recipe", "report"))
+    p.add_argument("what", choices=("baseline", "recipe", "reread", "report"))
     p.add_argument("--work", default="outputs/suite")
     p.add_argument("--corpora", default=None, help="a comma-separated subset of the suite")
     p.add_argument("--extra", action="append", help="NAME=PATH:SPLIT, another BEIR folder in the suite")
@@ -392,6 +430,7 @@ def main() -> int:
     p.add_argument("--core", type=int, default=None)
     p.add_argument("--budget-minutes", type=float, default=15.0)
     p.add_argument("--loco", action="store_true")
+    p.add_argument("--reread-tag", default="reread", help="reread: what the re-read rows are marked with")
     p.add_argument("--report", default=None, help="write the table to REPORT.md and the rows to REPORT.json")
     p.add_argument("--commands", action="append", default=[], help="the commands to print under the table")
     ns = p.parse_args()
@@ -409,6 +448,14 @@ def main() -> int:
                     row = recipe_row(corpus, arm, seed, ns)
                     print(json.dumps({k: row.get(k) for k in ("corpus", "arm", "seed", "dense", "start", "hybrid",
                                                              "start_hybrid", "returncode")}), flush=True)  # fmt: skip
+    elif ns.what == "reread":
+        for seed in [int(s) for s in ns.seeds.split(",")]:
+            for arm in ns.arms.split(","):
+                for corpus in suite.values():
+                    row = reread_row(corpus, arm, seed, ns)
+                    if row is not None:
+                        print(json.dumps({k: row.get(k) for k in ("corpus", "arm", "seed", "dense", "start", "hybrid",
+                                                                 "start_hybrid", "reread")}), flush=True)  # fmt: skip
     else:
         report(ns)
     return 0

@@ -230,3 +230,47 @@ def test_a_teacher_that_does_not_lead_the_start_is_not_distilled(tiny_st_dir, ti
     assert np.allclose(final.encode_query(texts), start.encode_query(texts), atol=1e-5)
     card = (out / "model" / "README.md").read_text()
     assert "it did not, so the distillation was not run and this model is the starting model" in card
+
+
+def test_a_query_side_models_hybrids_keep_the_starts_fusion(tiny_st_dir, tiny_beir, tmp_path):
+    """The adapted model trained its query side alone: its saved hybrid and its evaluated hybrid keep the fusion the
+    start's got on the same corpus (the saved one: as the start's saved hybrid would be fitted; the evaluated one: as
+    the start's evaluation fitted it), so the two hybrids differ by the query encoder alone; a model whose documents
+    are encoded otherwise is fitted for itself."""
+    from hf_cocodr.modeling.loading import load_encoder
+    from hf_cocodr.recipe.fusions import kept_eval_fusion, shares_documents
+    from hf_cocodr.retrieval.hybrid import HybridRetriever
+
+    out = tmp_path / "out"
+    cfg = {**CFG, "guard": "record", "save_hybrid": True}
+    run_recipe(str(tiny_st_dir), [str(tiny_beir)], str(tiny_beir), out, evals=[f"{tiny_beir}:dev"], config=cfg,
+               max_minutes=30.0)  # fmt: skip
+    start, adapted = load_encoder(str(tiny_st_dir)), load_encoder(str(out / "model"))
+    assert shares_documents(adapted, start)
+    assert json.loads((out / "recipe.json").read_text())["guard"]["kept"] == "adapted"  # (the trained model)
+    fitted = HybridRetriever.build(start, str(tiny_beir)).fusion  # the start's, fitted without labels
+    saved = json.loads((out / "hybrid" / tiny_beir.name / "hybrid.json").read_text())["fusion"]
+    assert (saved["normalize"], saved["dense_weight"]) == (fitted.normalize, fitted.dense_weight)
+    grid, mine = saved["fit"]["grid_ndcg_at_10"], fitted.fit["grid_ndcg_at_10"]  # (the start's fit: its curves,
+    for norm, curve in mine.items():  # up to the batch and precision the run encoded in)
+        assert grid[norm] == pytest.approx(curve, abs=0.01)
+    ev = json.loads((out / "eval.json").read_text())[f"{tiny_beir}:dev"]
+    start_fusion = ev["start"]["hybrid"]["fusion"]
+    assert ev["hybrid"]["fusion"] == start_fusion and start_fusion["fit"]["real_queries"] > 0
+    other = load_encoder(str(tiny_st_dir))
+    with torch.no_grad():  # a document side that trained: its own fit
+        next(other.parameters()).add_(1.0)
+    assert not shares_documents(other, start) and kept_eval_fusion(other, start, ev["start"]) is None
+    assert kept_eval_fusion(adapted, start, ev["start"]) == start_fusion
+
+
+def test_the_guards_rows_are_read_whatever_characters_their_texts_hold(tmp_path):
+    """A held-out document's text may hold a character ``str.splitlines`` breaks at (U+0085 in MS MARCO, U+2028, a
+    form feed): the queries module writes it as it is (JSON leaves non-ASCII unescaped), and the guard reads every
+    row whole."""
+    from hf_cocodr.recipe.guard import read_rows
+    from hf_cocodr.recipe.queries import _write
+
+    rows = [{"_id": "a", "text": "one\x85two"}, {"_id": "b", "text": "three\u2028four\x0cfive\rsix"}]
+    _write(tmp_path / "q.jsonl", rows)
+    assert read_rows(tmp_path / "q.jsonl") == rows
