@@ -225,14 +225,17 @@ def recipe_row(corpus: Corpus, arm: str, seed: int, ns) -> dict:
 def reread_row(corpus: Corpus, arm: str, seed: int, ns) -> dict | None:
     """A finished recipe row read again with today's code: its command run again in its folder (the recipe resumes:
     every stage finished, so only the guard, the export, the evaluation and the saved hybrids run again, from the
-    row's kept encoding cache); the training's record is the first run's. None where the row has no run folder."""
+    row's kept encoding cache; a run whose stages finished and whose last steps failed ends so too); the training's
+    record is the first run's. None where the row has no run folder or its stages did not finish."""
     folder_ = Path(ns.work) / f"recipe{ns.budget_minutes:g}" / arm / corpus.name / f"seed{seed}"
     row_file, out = folder_ / "row.json", (folder_ / "run").absolute()
-    if not row_file.is_file() or not (out / "recipe.json").is_file():
+    if not row_file.is_file() or not out.is_dir():
         return None
     first = json.loads(row_file.read_text())
     if first.get("reread") == ns.reread_tag:
         return first
+    if not (out / "recipe.json").is_file() and not (out / "wise" / "hf_cocodr_stage.json").is_file():
+        return None  # (a run that failed before its stages finished is run again by `recipe`, not re-read)
     data = folder(corpus, Path(ns.work))
     cmd = first["command"].split()
     if ns.core is not None:
@@ -309,11 +312,21 @@ def arm_cells(rows: dict[int, dict]) -> dict:
     d_on = [g if exported(r) else 0.0 for g, r in zip(d, done)]
     h_on = [g if exported(r) else 0.0 for g, r in zip(h, done)]
     verdicts = [str((r.get("guard") or {}).get("verdict")) for r in done]
+    readings = [_readings(r) for r in done]
     leads = [str((r.get("teacher_check") or {}).get("leads")) for r in done]
-    return {"seeds": len(done), "dense": d, "hybrid": h, "verdicts": verdicts, "leads": leads,
+    return {"seeds": len(done), "dense": d, "hybrid": h, "verdicts": verdicts, "leads": leads, "readings": readings,
             "dense_on": d_on, "hybrid_on": h_on,
             "holds": bool(done) and statistics.mean(d_on) >= -MARGIN and statistics.mean(h_on) >= -MARGIN,
             "labels_see": labels_see(d, h)}  # fmt: skip
+
+
+def _readings(row: dict) -> str:
+    """The guard's two decided readings of a row (adapted − start on the clozes, dense / hybrid, each ± its SE)."""
+    got = (row.get("guard") or {}).get("readings") or {}
+    parts = [
+        f"{got[k]['difference']:+.3f}±{got[k]['se']:.3f}" for k in ("cloze", "cloze_hybrid") if "se" in got.get(k, {})
+    ]
+    return " / ".join(parts) or "–"
 
 
 def labels_see(d: list[float], h: list[float]) -> str:
@@ -382,19 +395,21 @@ def report(ns) -> None:
     for arm, by_corpus in recipe.items():
         lines += ["", f"## Recipe arm `{arm}` ({' '.join(ARMS.get(arm, [])) or 'the defaults'})", "",
                   "| corpus | seeds | adapted: dense gain | adapted: hybrid gain | labels read | teacher leads | "
-                  "guard verdicts | exported (guard: on): dense | hybrid | holds (both ≥ −0.005) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "guard verdicts | guard's clozes, dense / hybrid | exported (guard: on): dense | hybrid | "
+                  "holds (both ≥ −0.005) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in suite:
             if c not in by_corpus:
                 continue
             cell = arm_cells(by_corpus[c])
             if not cell["seeds"]:  # no row ran to the end: say how each ended
                 ended = ", ".join(f"seed {k}: exit {r.get('returncode')}" for k, r in sorted(by_corpus[c].items()))
-                lines.append(f"| {c} | 0 | ({ended}: see its log.txt) | | | | | | | |")
+                lines.append(f"| {c} | 0 | ({ended}: see its log.txt) | | | | | | | | |")
                 continue
             lines.append(
                 f"| {c} | {cell['seeds']} | {spread(cell['dense'])} | {spread(cell['hybrid'])} | "
                 f"{cell['labels_see']} | {', '.join(cell['leads'])} | {', '.join(cell['verdicts'])} | "
+                f"{'; '.join(cell['readings'])} | "
                 f"{spread(cell['dense_on'])} | {spread(cell['hybrid_on'])} | {'yes' if cell['holds'] else '**no**'} |"
             )
     if ns.loco:
