@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .queries import hybrid_queries
+from .settings import encode_batch_size
+
 if TYPE_CHECKING:
     from ..retrieval.fusion import FusionConfig
     from ..retrieval.session import EncodingSession
@@ -23,7 +26,7 @@ if TYPE_CHECKING:
 
 def shares_documents(model, start) -> bool:
     """Whether ``model`` encodes documents as ``start`` does (a query-side model of it, or the start itself)."""
-    from ..retrieval.encoding_cache import document_encoder_key
+    from ..retrieval.encoding_cache import document_encoder_key  # (torch)
 
     return document_encoder_key(model) == document_encoder_key(start)
 
@@ -31,9 +34,7 @@ def shares_documents(model, start) -> bool:
 def start_fusion(run: RecipeRun, start, corpus, session: EncodingSession | None) -> FusionConfig:
     """The fusion of the starting model's hybrid over ``corpus`` as the recipe saves it (fitted once per ``session``:
     the teacher's fit, reused)."""
-    from ..retrieval.hybrid import HybridRetriever
-    from .queries import hybrid_queries
-    from .settings import encode_batch_size
+    from ..retrieval.hybrid import HybridRetriever  # (the retrieval stack: torch, faiss, bm25s)
 
     hybrid = HybridRetriever.build(
         start,

@@ -95,10 +95,12 @@ def test_a_cold_two_minute_run_plans_and_records_each_fixed_cost(tiny_st_dir, ti
     assert record["steps_trained"]["distill"] >= 1
     # the teacher (fitted, the schedule's choice given queries) is fitted to the corpus it builds: a planned cost
     assert record["schedule"]["chosen"]["distill_teacher_weight"] == "fit" and costs["distill_teacher_fit"] > 0
-    # the teacher's encoding, the only one: the guard (its hybrids of both models) and the saved hybrid read it, their
-    # documents going through the starting model's route
+    # the teacher's encoding, the only one: the guard (its hybrids of both models) and the saved hybrid read it from
+    # the disk cache, their documents going through the starting model's route (the start's hybrid whose fusion the
+    # saved one keeps reads the final model's index, held in memory: the same route)
     sources = [r["source"] for r in record["corpus_encodings"]]
-    assert sources[0] == "encoded" and len(sources) > 1 and set(sources[1:]) == {"disk cache"}
+    assert sources[0] == "encoded" and len(sources) > 1 and "disk cache" in sources[1:]
+    assert set(sources[1:]) <= {"disk cache", "memory"}
     # cold, the probe encoded the corpus's 80 documents (fewer than it samples: all of them) after a warm-up batch
     assert [n for kind, n in probed if kind == "document"][-1] == 80
     # warm: the same run again plans no encoding (the teacher's indexes and the encoding are cached)
