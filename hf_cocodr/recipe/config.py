@@ -113,11 +113,11 @@ class RecipeConfig(*CONFIG_BASES):
     )
     guard: str = _opt(
         "on",
-        "the label-free guard: before the export, the adapted and the starting model rank pseudo-queries of the "
-        "target corpora held out from training (the user's --target-queries all train); on: keep the starting model "
-        "where the adapted one finds the held-out pseudo-queries' documents worse beyond one standard error, or where "
-        "its training shaped that reading (a document side distilled on pseudo-queries); record: read and record "
-        "only; off",
+        "the label-free guard: before the export, the adapted and the starting model rank clozes of target "
+        "documents held out from training (the user's --target-queries all train); on: export the adapted "
+        "model only where it finds the held-out clozes' documents better beyond one standard error and neither its "
+        "dense nor its hybrid reading is worse beyond two, else keep the starting model (also where its training "
+        "shaped the readings: a document side distilled on pseudo-queries); record: read and record only; off",
         choices=("on", "record", "off"),
     )
     guard_queries: int = _opt(200, "held-out pseudo-queries per target corpus the guard reads")

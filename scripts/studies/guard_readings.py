@@ -9,6 +9,13 @@ documents the training's pseudo-queries did not come from (``OUT/queries/<corpus
 - ``nolex``: the same sentence with every word the rest of its document shares removed (at least 3 words left): BM25
   cannot find the rest from what is left, only meaning can, so the reading is not lexical by construction;
 - ``nolex-half``: half of the shared words removed (seeded);
+- ``sub-half`` / ``sub-all``: half (all) of the shared words *replaced* by their nearest word in the start model's
+  input word embeddings that is a whole word of another stem (``profits`` → ``revenues``, ``heart`` → ``cardiac``;
+  a word with no such neighbour is dropped): the query keeps its meaning and loses its words, so BM25 finds the rest
+  only through the words left, and no trained pseudo-query is of this form;
+- ``para``: a window of at most 12 words of the sentence (question-length) with half of its content words replaced
+  so, against its whole document (the answer holds the sentence, as a question's answer does); ``para-all``: all of
+  them replaced; ``para-drop``: half of them dropped, none replaced (the trained crops' form, on held-out documents);
 
 each as the dense model's nDCG@10 of the rest (``dense``) and as the hybrid's (``hybrid``: each model with the fusion
 its own hybrid would get without queries, the label-free fit), per query paired adapted − start: the mean, its
@@ -59,12 +66,64 @@ def drop_shared(query: str, rest: str, share: float, rng) -> str:
     return " ".join(out)
 
 
-def held_out_picks(texts: list[str], skip_rows: set[int], seed: int = 7) -> dict[str, list]:
+class Substitutes:
+    """Each word's nearest word in a model's input word embeddings (cosine) that is one word piece, alphabetic and of
+    another stem; None where none is among its 16 nearest."""
+
+    def __init__(self, model):
+        import Stemmer
+        import torch
+
+        first = model[0]
+        self.tok = first.tokenizer
+        weight = first.auto_model.get_input_embeddings().weight.detach().float()
+        self.emb = torch.nn.functional.normalize(weight, dim=-1)
+        self.vocab = self.tok.convert_ids_to_tokens(list(range(self.emb.shape[0])))
+        self.stem = Stemmer.Stemmer("english").stemWord
+        self.memo: dict[str, str | None] = {}
+
+    def __call__(self, word: str) -> str | None:
+        key = word.lower()
+        if key not in self.memo:
+            ids = self.tok(key, add_special_tokens=False).input_ids
+            best = None
+            if len(ids) == 1:
+                top = (self.emb @ self.emb[ids[0]]).topk(16).indices.tolist()
+                for t in top[1:]:
+                    cand = self.vocab[t]
+                    if cand.isalpha() and len(cand) > 2 and self.stem(cand) != self.stem(key):
+                        best = cand
+                        break
+            self.memo[key] = best
+        return self.memo[key]
+
+
+def replace_words(query: str, pick, share: float, rng, subs: Substitutes) -> str:
+    """``query`` with a ``share`` of the words ``pick`` accepts replaced by :class:`Substitutes` (dropped where a word
+    has none)."""
+    out = []
+    for w in query.split():
+        core = "".join(_WORD.findall(w)).lower()
+        if core and pick(core) and rng.random() < share:
+            s = subs(core)
+            if s:
+                out.append(s)
+            continue
+        out.append(w)
+    return " ".join(out)
+
+
+def held_out_picks(texts: list[str], skip_rows: set[int], seed: int = 7, subs: Substitutes | None = None):
     """The readings' pseudo-queries: ``(row, query, rest)`` per family, from documents outside ``skip_rows``."""
+    from bm25s.stopwords import STOPWORDS_EN
+
     from hf_cocodr.retrieval.pseudo_queries import count_words, split_sentences
 
+    stop = set(STOPWORDS_EN)
     rng = np.random.default_rng(seed)
     fams: dict[str, list] = {"ict": [], "nolex": [], "nolex-half": []}
+    if subs is not None:
+        fams.update({"sub-half": [], "sub-all": [], "para": [], "para-all": [], "para-drop": []})
     for row in rng.permutation(len(texts)).tolist():
         if row in skip_rows:
             continue
@@ -79,15 +138,41 @@ def held_out_picks(texts: list[str], skip_rows: set[int], seed: int = 7) -> dict
             q2 = drop_shared(q, rest, share, rng)
             if len(q2.split()) >= 3:
                 fams[fam].append((row, q2, rest))
+        if subs is not None:
+            shared = {w.lower() for w in _WORD.findall(rest)} - stop
+            for fam, share in (("sub-half", 0.5), ("sub-all", 1.0)):
+                q2 = replace_words(q, shared.__contains__, share, rng, subs)
+                if len(q2.split()) >= 3:
+                    fams[fam].append((row, q2, rest))
+            words = q.split()
+            at = int(rng.integers(max(1, len(words) - 11)))
+            window = " ".join(words[at : at + 12])
+            content = lambda w: w not in stop and len(w) > 2  # noqa: E731
+            for fam, q3 in (
+                ("para", replace_words(window, content, 0.5, rng, subs)),
+                ("para-all", replace_words(window, content, 1.0, rng, subs)),
+                (
+                    "para-drop",
+                    " ".join(
+                        w
+                        for w in window.split()
+                        if not (content("".join(_WORD.findall(w)).lower()) and rng.random() < 0.5)
+                    ),
+                ),
+            ):
+                if len(q3.split()) >= 3:
+                    fams[fam].append((row, q3, texts[row]))
         if len(fams["ict"]) >= N_HELD:
             break
     return fams
 
 
 def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
-    out_file = row_dir / "guard_readings.json"
+    out_file = row_dir / ns.cache_name
     if out_file.is_file():
         return json.loads(out_file.read_text())
+    if ns.cached:
+        return None
     run = row_dir / "run"
     if not (run / "model").is_dir() or not (run / "eval.json").is_file():
         return None
@@ -127,7 +212,7 @@ def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
         for name in ("start", "adapted")
     }
     result: dict = {"fusions": {k: [v.normalize, v.dense_weight] for k, v in fusions.items()}, "readings": {}}
-    for fam, picks in held_out_picks(texts, trained_docs).items():
+    for fam, picks in held_out_picks(texts, trained_docs, subs=Substitutes(start) if ns.subs else None).items():
         if len(picks) < 8:
             continue
         side = _bm25_side(picks, texts, DEPTH)
@@ -145,6 +230,9 @@ def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
         result["readings"][f"{fam}-dense"] = verdict(per["adapted"][0] - per["start"][0])
         result["readings"][f"{fam}-hybrid"] = verdict(per["adapted"][1] - per["start"][1])
         result["readings"][f"{fam}-dense"]["start"] = round(float(per["start"][0].mean()), 4)
+        # the teacher's lead: the start's hybrid (its fusion fitted without queries, the corpus-only teacher's)
+        # against the start alone
+        result["readings"][f"{fam}-lead"] = verdict(per["start"][1] - per["start"][0])
     # the labels: the real queries, per query (dense; hybrid with each model's fusion fitted given their text)
     qmap = dict(zip(data.queries["_id"], data.queries["text"]))
     qids = [q for q in data.qrels if q in qmap and any(g > 0 for g in data.qrels[q].values())]
@@ -163,9 +251,17 @@ def row_readings(row_dir: Path, corpus: S.Corpus, ns) -> dict | None:
             dense.append(ndcg_rows(g[-1], list(t.values())))
             hyb.append(ndcg_rows(g[w_i], list(t.values())))
         labels[name] = (np.array(dense), np.array(hyb))
+        if name == "start":  # the teacher, as the corpus-only recipe fits it (no queries)
+            w_t = int(round(float(fusions["start"].dense_weight) / 0.05))
+            lead = []
+            for q, ds, dr, bs, br in zip(qids, d_s, d_r, b_s, b_r):
+                t = {row_of[d]: float(g) for d, g in data.qrels[q].items() if d in row_of and g > 0}
+                g = fused_ranks(dr, ds, br, bs, fusions["start"].normalize, t)
+                lead.append(ndcg_rows(g[w_t], list(t.values())) - ndcg_rows(g[-1], list(t.values())))
     result["labels"] = {
         "dense": verdict(labels["adapted"][0] - labels["start"][0]),
         "hybrid": verdict(labels["adapted"][1] - labels["start"][1]),
+        "lead": verdict(np.array(lead)),
     }
     result["seconds"] = round(time.time() - t0, 1)
     out_file.write_text(json.dumps(result, indent=1) + "\n")
@@ -271,6 +367,9 @@ def main() -> int:
     p.add_argument("--report", default=None)
     p.add_argument("--held", type=int, default=400, help="held-out documents the v2 readings draw from")
     p.add_argument("--v2", action="store_true", help="the library's held-out cloze readings and the new decision")
+    p.add_argument("--subs", action="store_true", help="also the families of replaced words (sub-half, sub-all, para)")
+    p.add_argument("--cached", action="store_true", help="report the rows already read, read no other")
+    p.add_argument("--cache-name", default="guard_readings.json", help="the file each row's readings are cached in")
     ns = p.parse_args()
     suite = S.corpora(ns)
     rows = []
@@ -296,8 +395,8 @@ def main() -> int:
         return 0
     names = sorted({k for *_, r in rows for k in r["readings"]})
     lines = ["# Label-free guard readings against the labels (corpus-only recipe rows of the suite)", "",
-             "| arm | corpus | seed | labels dense | labels hybrid | " + " | ".join(names) + " |",
-             "|---|---|---|---|---|" + "---|" * len(names)]  # fmt: skip
+             "| arm | corpus | seed | labels dense | labels hybrid | labels: teacher lead | " + " | ".join(names) + " |",
+             "|---|---|---|---|---|---|" + "---|" * len(names)]  # fmt: skip
     agree = {n: [0, 0] for n in names}
     for arm, c, seed, r in rows:
         lab = r["labels"]
@@ -308,14 +407,19 @@ def main() -> int:
                 cells.append("–")
                 continue
             cells.append(f"{v['difference']:+.4f} ± {v['se']:.4f}")
-            target = lab["hybrid" if n.endswith("hybrid") else "dense"]["verdict"]
+            side = "hybrid" if n.endswith("hybrid") else "lead" if n.endswith("lead") else "dense"
+            if side not in lab:
+                continue
+            target = lab[side]["verdict"]
             if target != "no difference":
                 agree[n][1] += 1
                 agree[n][0] += v["verdict"] == target
         lines.append(f"| {arm} | {c} | {seed} | {lab['dense']['difference']:+.4f} ± {lab['dense']['se']:.4f} | "
-                     f"{lab['hybrid']['difference']:+.4f} ± {lab['hybrid']['se']:.4f} | " + " | ".join(cells) + " |")  # fmt: skip
+                     f"{lab['hybrid']['difference']:+.4f} ± {lab['hybrid']['se']:.4f} | "
+                     + (f"{lab['lead']['difference']:+.4f} ± {lab['lead']['se']:.4f}" if "lead" in lab else "–")
+                     + " | " + " | ".join(cells) + " |")  # fmt: skip
     lines += ["", "Agreement with the labels where they see a difference beyond one SE (dense readings against the "
-              "dense labels, hybrid against hybrid):", ""]  # fmt: skip
+              "dense labels, hybrid against hybrid, the teacher's lead against its lead on the labels):", ""]  # fmt: skip
     lines += [f"- `{n}`: {a} of {t}" for n, (a, t) in agree.items()]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -99,16 +99,23 @@ def test_a_model_better_on_crops_but_worse_on_clozes_is_refused():
 
 
 def test_the_verdict_by_hand():
-    """Better on the clozes (and the hybrid's not worse) is ``better``; a worse decided reading is ``worse``;
-    within one standard error, or nothing read, ``unverified``; a reading the training shaped decides nothing."""
+    """Better on the clozes (and no decided reading worse beyond two standard errors) is ``better``; a decided reading
+    below two standard errors is ``worse``; one below one standard error only, within one, or nothing read,
+    ``unverified`` or ``better`` as the clozes read; a reading the training shaped decides nothing."""
     better = paired([0.5, 0.6, 0.7, 0.4], [0.7, 0.8, 0.9, 0.6])
     worse = paired([0.5, 0.6, 0.7, 0.4], [0.3, 0.4, 0.55, 0.2])
     same = paired([0.5, 0.6, 0.7, 0.4], [0.52, 0.59, 0.7, 0.41])
     # by hand: differences 0.02, -0.01, 0, 0.01: mean 0.005, SD sqrt(0.0005 / 3), SE = SD / 2 = 0.0065
     assert same["difference"] == 0.005 and same["se"] == 0.0065 and same["verdict"] == "no difference"
+    # by hand: differences -0.02, -0.01, -0.02, 0.01: mean -0.01, SD sqrt(0.0006 / 3), SE = 0.0071: below one SE and
+    # above two
+    slightly = paired([0.5, 0.6, 0.7, 0.4], [0.48, 0.59, 0.68, 0.41])
+    assert slightly["difference"] == -0.01 and slightly["se"] == 0.0071 and slightly["verdict"] == "worse"
     assert decide({"cloze": better, "cloze_hybrid": same}) == "better"
+    assert decide({"cloze": better, "cloze_hybrid": slightly}) == "better"  # a veto needs two standard errors
     assert decide({"cloze": better, "cloze_hybrid": worse}) == "worse"
     assert decide({"cloze": worse, "cloze_hybrid": better}) == "worse"
+    assert decide({"cloze": slightly, "cloze_hybrid": better}) == "unverified"
     assert decide({"cloze": same, "cloze_hybrid": better}) == "unverified"
     assert decide({}) == "unverified"
     shaped = {"cloze": "trained on them", "cloze_hybrid": "trained on them"}
