@@ -46,17 +46,25 @@ def start_fusion(run: RecipeRun, start, corpus, session: EncodingSession | None)
     return hybrid.fusion
 
 
-def kept_fusion(run: RecipeRun, model, start, corpus, session: EncodingSession | None) -> FusionConfig | None:
+def kept_fusion(
+    run: RecipeRun, model, start, corpus, session: EncodingSession | None, *, shared: bool | None = None
+) -> FusionConfig | None:
     """The fusion ``model``'s hybrid over ``corpus`` keeps: the start's (:func:`start_fusion`) where ``model`` shares
-    its document route with ``start`` (``start``: the loaded starting model); None (fitted for ``model`` itself)
-    otherwise."""
-    return start_fusion(run, start, corpus, session) if shares_documents(model, start) else None
+    its document route with ``start`` (``start``: the loaded starting model; ``shared``: that answer where the caller
+    has it, :func:`shares_documents`); None (fitted for ``model`` itself) otherwise."""
+    if shared is None:
+        shared = shares_documents(model, start)
+    return start_fusion(run, start, corpus, session) if shared else None
 
 
-def kept_eval_fusion(model, start, start_result: dict[str, Any] | None) -> dict[str, Any] | None:
+def kept_eval_fusion(
+    model, start, start_result: dict[str, Any] | None, *, shared: bool | None = None
+) -> dict[str, Any] | None:
     """The fusion the evaluation of ``model``'s hybrid on one split keeps: the one the starting model's evaluation
     of that split fitted (``start_result``: its result as the recipe records it, ``hybrid.fusion``), where ``model``
-    shares its document route with ``start``; None (fitted for ``model``) otherwise or where the start was not
-    evaluated."""
+    shares its document route with ``start`` (``shared``: that answer where the caller has it); None (fitted for
+    ``model``) otherwise or where the start was not evaluated."""
     fusion = ((start_result or {}).get("hybrid") or {}).get("fusion")
-    return dict(fusion) if fusion and shares_documents(model, start) else None
+    if not fusion:
+        return None
+    return dict(fusion) if (shares_documents(model, start) if shared is None else shared) else None

@@ -48,7 +48,7 @@ from .checks import (
 )
 from .config import RecipeConfig, check_max_minutes, check_stages, config_class
 from .context import RecipeRun
-from .fusions import kept_eval_fusion, kept_fusion
+from .fusions import kept_eval_fusion, kept_fusion, shares_documents
 from .guard import Candidates, guard_run
 from .inputs import coco_corpora, draw_source, load_data
 from .outputs import check_no_retired_levers, export_final, read_marker, write_marker
@@ -575,6 +575,7 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     t0 = time.perf_counter()
     final = load_encoder(str(final_dir))
     start_model = load_encoder(run.model)  # (a query-side final model's hybrids keep its fusions: .fusions)
+    shared = shares_documents(final, start_model)  # (one fingerprint of each document route, for every split)
     batch = encode_batch_size(cfg)
     starts: dict[str, dict] = {}
     if run.evals and cfg.evaluate_start:  # (first: the final model's hybrid evaluation keeps its fusion)
@@ -585,7 +586,7 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     reusing = run.encodings.with_reuse()  # a target corpus that is also evaluated is encoded once by the final model
     results: dict[str, dict] = {}
     for spec in run.evals:
-        fusion = kept_eval_fusion(final, start_model, starts.get(spec))
+        fusion = kept_eval_fusion(final, start_model, starts.get(spec), shared=shared)
         results.update(
             evaluate_all(
                 final,
@@ -601,7 +602,7 @@ def _finish(run: RecipeRun, stages: tuple[Stage, ...]) -> dict[str, Any]:
     seconds["evaluation"] = round(time.perf_counter() - t0, 1)
     if cfg.save_hybrid and run.target_corpora:
         t0 = time.perf_counter()
-        _save_hybrids(run, final, reusing, start_model)
+        _save_hybrids(run, final, reusing, start_model, shared=shared)
         seconds["hybrid_retrievers"] = round(time.perf_counter() - t0, 1)
     del reusing  # (the final model's kept indexes)
     for spec, start in starts.items():
@@ -656,7 +657,9 @@ def check_hybrid_folders(out: Path, target_corpora) -> None:
             )
 
 
-def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None, start=None) -> None:
+def _save_hybrids(
+    run: RecipeRun, model, session: EncodingSession | None = None, start=None, shared: bool | None = None
+) -> None:
     """A hybrid retriever (the final model + BM25) for each target corpus in ``OUT/hybrid/<corpus name>``, its fusion
     fitted to that corpus and calibrated to the target queries given from its folder, if any (where the final model
     shares its document route with ``start``, the loaded starting model, the start's fusion, :mod:`.fusions`);
@@ -666,7 +669,7 @@ def _save_hybrids(run: RecipeRun, model, session: EncodingSession | None = None,
             hybrid = HybridRetriever.build(
                 model,
                 corpus,
-                fusion=kept_fusion(run, model, start, corpus, session) if start is not None else None,
+                fusion=kept_fusion(run, model, start, corpus, session, shared=shared) if start is not None else None,
                 queries=hybrid_queries(corpus, run.cfg.target_queries),
                 batch_size=encode_batch_size(run.cfg),
                 session=session,

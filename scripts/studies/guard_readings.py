@@ -398,6 +398,7 @@ def main() -> int:
              "| arm | corpus | seed | labels dense | labels hybrid | labels: teacher lead | " + " | ".join(names) + " |",
              "|---|---|---|---|---|---|" + "---|" * len(names)]  # fmt: skip
     agree = {n: [0, 0] for n in names}
+    vouched = {n: [0, 0] for n in names}  # reads better where the labels do not: of the rows where they do not
     for arm, c, seed, r in rows:
         lab = r["labels"]
         cells = []
@@ -411,6 +412,9 @@ def main() -> int:
             if side not in lab:
                 continue
             target = lab[side]["verdict"]
+            if target != "better":
+                vouched[n][1] += 1
+                vouched[n][0] += v["verdict"] == "better"
             if target != "no difference":
                 agree[n][1] += 1
                 agree[n][0] += v["verdict"] == target
@@ -420,7 +424,8 @@ def main() -> int:
                      + " | " + " | ".join(cells) + " |")  # fmt: skip
     lines += ["", "Agreement with the labels where they see a difference beyond one SE (dense readings against the "
               "dense labels, hybrid against hybrid, the teacher's lead against its lead on the labels):", ""]  # fmt: skip
-    lines += [f"- `{n}`: {a} of {t}" for n, (a, t) in agree.items()]
+    lines += [f"- `{n}`: {a} of {t}; reads `better` where the labels do not: {vouched[n][0]} of {vouched[n][1]}"
+              for n, (a, t) in agree.items()]  # fmt: skip
     text = "\n".join(lines) + "\n"
     print(text)
     if ns.report:

@@ -343,9 +343,37 @@ def labels_see(d: list[float], h: list[float]) -> str:
     return "better" if "better" in sides else "no difference"
 
 
+# the guard's rules compared on the same rows (each read from the rows' recorded readings): the veto of a decided
+# reading at one standard error (the rule of 2026-12-03) and at two (the library's since 2026-12-04)
+GUARD_VETOES = {"veto at 1 SE": 1.0, "veto at 2 SE": 2.0}
+
+
+def rule_verdict(row: dict, veto: float) -> str:
+    """The guard's verdict on a row's recorded readings under a veto at ``veto`` standard errors: ``worse`` where
+    the dense or the hybrid cloze reading is below −veto SE, ``better`` where the dense one is above +1 SE, else
+    ``unverified`` (and the row's own verdict where it has no cloze reading)."""
+    got = (row.get("guard") or {}).get("readings") or {}
+    cloze = got.get("cloze") or {}
+    if "se" not in cloze:
+        return str((row.get("guard") or {}).get("verdict"))
+    decided = [r for r in (cloze, got.get("cloze_hybrid") or {}) if "se" in r]
+    if any(r["difference"] < -veto * r["se"] for r in decided):
+        return "worse"
+    return "better" if cloze["difference"] > cloze["se"] else "unverified"
+
+
+def with_rule(by_corpus: dict, veto: float) -> dict:
+    """An arm's rows with each guard verdict read again under :func:`rule_verdict`."""
+    return {
+        c: {s: {**r, "guard": {**(r.get("guard") or {}), "verdict": rule_verdict(r, veto)}} for s, r in rows.items()}
+        for c, rows in by_corpus.items()
+    }
+
+
 def loco(recipe: dict, suite: list[str]) -> list[dict]:
     """Leave-one-corpus-out: for each corpus, the arm chosen on the others (the one that holds on every other corpus
-    with the largest mean dense gain over them) and whether it holds on the one left out."""
+    with the largest mean dense gain as exported over them; the first such arm on a tie) and whether it holds on the
+    one left out."""
     out = []
     for held in suite:
         rest = [c for c in suite if c != held]
@@ -356,7 +384,7 @@ def loco(recipe: dict, suite: list[str]) -> list[dict]:
             cells = {c: arm_cells(by_corpus[c]) for c in suite}
             if not all(cells[c]["holds"] for c in rest):
                 continue
-            gain = statistics.mean(statistics.mean(cells[c]["dense"]) for c in rest)
+            gain = statistics.mean(statistics.mean(cells[c]["dense_on"]) for c in rest)
             if best_gain is None or gain > best_gain:
                 best, best_gain = arm, gain
         held_cell = arm_cells(recipe[best][held]) if best else None
@@ -418,6 +446,26 @@ def report(ns) -> None:
         ran = [c for c in suite if any(arm_cells(by.get(c, {}))["seeds"] for by in recipe.values())]
         for r in loco(recipe, ran):  # (over the corpora some row ran to the end on)
             lines.append(f"| {r['held_out']} | {r['chosen']} | {r['holds_there']} | {r['dense']} | {r['hybrid']} |")
+        if "default" in recipe:  # the guard's rules on the default's rows
+            rules = {name: with_rule(recipe["default"], veto) for name, veto in GUARD_VETOES.items()}
+            lines += ["", "## The guard's veto, leave one corpus out", "",
+                      "The default's rows read again under each rule (from their recorded cloze readings); per "
+                      "corpus, each rule's verdicts per seed and what it exports, then the rule chosen on the other "
+                      "corpora.", "",
+                      "| corpus | labels read | " + " | ".join(f"{n}: verdicts, exported dense / hybrid" for n in rules)
+                      + " |", "|---|---|" + "---|" * len(rules)]  # fmt: skip
+            for c in ran:
+                cells = {n: arm_cells(by.get(c, {})) for n, by in rules.items()}
+                first = next(iter(cells.values()))
+                lines.append(f"| {c} | {first['labels_see']} | " + " | ".join(
+                    f"{', '.join(x['verdicts'])}; {spread(x['dense_on'])} / {spread(x['hybrid_on'])}"
+                    for x in cells.values()) + " |")  # fmt: skip
+            lines += ["", "| left out | rule chosen on the others | holds there | exported: dense | hybrid |",
+                      "|---|---|---|---|---|"]  # fmt: skip
+            for r in loco(rules, ran):
+                lines.append(
+                    f"| {r['held_out']} | {r['chosen']} | {r['holds_there']} | {r['dense']} | {r['hybrid']} |"
+                )
     lines += ["", "Commands:", "", "```", *ns.commands, "```", ""]
     if ns.report:  # the findings written by hand between the markers of the page are kept as they are
         page = Path(ns.report).with_suffix(".md")

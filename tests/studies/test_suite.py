@@ -72,3 +72,22 @@ def test_leave_one_corpus_out_chooses_on_the_others():
     assert rows["a"]["chosen"] == rows["b"]["chosen"] == "safe" and rows["a"]["holds_there"]
     # left out c: bold holds on a and b and gains more there; on c it fails
     assert rows["c"]["chosen"] == "bold" and rows["c"]["holds_there"] is False
+
+
+def test_the_guards_rules_read_again_from_the_recorded_readings():
+    """A row's verdict under a veto at one or two standard errors, by hand: a hybrid reading at −1.4 SE vetoes at one
+    and not at two; the dense reading vouches above +1 SE either way."""
+    suite = _suite()
+    row = _row(0.01, 0.008, "worse")
+    row["guard"]["readings"] = {
+        "cloze": {"difference": 0.0128, "se": 0.0083},  # +1.5 SE
+        "cloze_hybrid": {"difference": -0.0061, "se": 0.0044},  # -1.4 SE
+    }
+    assert suite.rule_verdict(row, 1.0) == "worse" and suite.rule_verdict(row, 2.0) == "better"
+    again = suite.with_rule({"a": {42: row}}, 2.0)  # a copy read again; the recorded row unchanged
+    assert again["a"][42]["guard"]["verdict"] == "better" and row["guard"]["verdict"] == "worse"
+    row["guard"]["readings"]["cloze"] = {"difference": 0.005, "se": 0.0083}
+    assert suite.rule_verdict(row, 2.0) == "unverified"
+    row["guard"]["readings"]["cloze_hybrid"] = {"difference": -0.02, "se": 0.0044}
+    assert suite.rule_verdict(row, 2.0) == "worse"
+    assert suite.rule_verdict({"guard": {"verdict": "not read"}}, 2.0) == "not read"
