@@ -497,6 +497,7 @@ def main() -> int:
     p.add_argument("--report", default=None, help="write the table to REPORT.md and the rows to REPORT.json")
     p.add_argument("--commands", action="append", default=[], help="the commands to print under the table")
     ns = p.parse_args()
+    ns.work = str(Path(ns.work).resolve())  # (the runs key their evaluations by the built folders' absolute paths)
     suite = corpora(ns)
     if ns.what == "baseline":
         for corpus in suite.values():
