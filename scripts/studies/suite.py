@@ -194,6 +194,9 @@ ARMS = {
     # today's corpus-only default: 8,000 pseudo-queries of the default mix distilled from the fixed hybrid into the
     # query side, then WiSE-FT 0.75; the teacher check and the guard record (the table reads what guard: on exports)
     "default": [],
+    # a screen (issue 64, item 3): the teacher the recipe saves (its fusion fitted to the corpus without labels)
+    # distilled instead of the fixed z-score one, whose check reads no lead on SQuAD (reports/studies/teacher_leads.md)
+    "fit-teacher": ["--distill-teacher-weight", "fit"],
 }
 
 
