@@ -67,4 +67,6 @@ def kept_eval_fusion(
     fusion = ((start_result or {}).get("hybrid") or {}).get("fusion")
     if not fusion:
         return None
-    return dict(fusion) if (shares_documents(model, start) if shared is None else shared) else None
+    if shared is None:
+        shared = shares_documents(model, start)
+    return dict(fusion) if shared else None
